@@ -1,0 +1,793 @@
+"""The pure-numpy definition of blockquant (SPEC.md), bit for bit.
+
+This module is the executable form of the contract: the Rust core must produce exactly what these
+functions produce. It is written to be read, not to be fast. Everything is vectorized over the
+whole array; the only Python loop over blocks is the rare exact-summation fallback of ``absmean``.
+
+Reading order:
+
+1. Minifloat codecs: E4M3 / E5M2 / E2M1 values and F16 / BF16 / UE4M3 / UE8M0 scales, all done
+   with integer operations on the float32 bit pattern (no float casts that could hide rounding).
+2. Scales: rounding a scale to its dtype (SPEC §4), encoding and decoding scale bytes.
+3. Geometry: blocks, the scale grid, the storage shape (SPEC §2, §8).
+4. Calibration: the amplitude alpha of each block and the raw scale (SPEC §3).
+5. Quantizing, packing, dequantizing, bytes (SPEC §5 to §9).
+
+Conventions: a 0-d tensor is treated as shape ``(1,)`` for blocks, packing and the scale grid,
+while ``RefQTensor.shape`` keeps ``()``. All arithmetic on values and scales is float32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import numpy as np
+
+from .errors import (
+    LayoutError,
+    MissingGlobalScaleError,
+    NonFiniteError,
+    QuantError,
+    ScaleError,
+    SchemeError,
+    UnexpectedGlobalScaleError,
+    UnsupportedSchemeError,
+)
+from .scheme import QuantMode, QuantScheme, QuantValue, ScaleDtype
+
+__all__ = [
+    "RefQTensor",
+    "quantize",
+    "dequantize",
+    "to_bytes",
+    "from_bytes",
+    "round_scale",
+    "encode_scales",
+    "decode_scales",
+    "encode_float",
+    "decode_float",
+    "scale_grid_shape",
+    "storage_shape",
+    "storage_dtype",
+]
+
+F32_MAX = np.float32(np.finfo(np.float32).max)
+
+CALIBRATIONS = ("minmax", "absmean")
+ROUNDINGS = ("half_away", "half_even")
+SCALE_ROUNDINGS = ("up", "nearest")
+
+
+# =================================================================================================
+# 1. Minifloat codecs
+# =================================================================================================
+
+
+@dataclass(frozen=True)
+class Minifloat:
+    """A small binary float format: sign bit, ``ebits`` exponent bits, ``mbits`` mantissa bits.
+
+    ``max_mag`` is the magnitude code (code without the sign) of the largest finite value: rounding
+    saturates there. ``specials`` says what the all-ones exponent means when decoding:
+    ``"ieee"`` (mantissa 0 is infinity, else NaN), ``"fn"`` (only S.1111.111 is NaN: OCP E4M3FN)
+    or ``"none"`` (every code is a finite number: E2M1).
+    """
+
+    name: str
+    ebits: int
+    mbits: int
+    bias: int
+    max_mag: int
+    specials: str
+
+    @property
+    def sign_bit(self) -> int:
+        return 1 << (self.ebits + self.mbits)
+
+
+E4M3 = Minifloat("E4M3", 4, 3, 7, 0x7E, "fn")
+E5M2 = Minifloat("E5M2", 5, 2, 15, 0x7B, "ieee")
+E2M1 = Minifloat("E2M1", 2, 1, 1, 0x7, "none")
+F16 = Minifloat("F16", 5, 10, 15, 0x7BFF, "ieee")
+BF16 = Minifloat("BF16", 8, 7, 127, 0x7F7F, "ieee")
+
+FLOAT_VALUE_FORMATS = {QuantValue.E4M3: E4M3, QuantValue.E5M2: E5M2, QuantValue.E2M1: E2M1}
+
+
+def _f32_fields(x: np.ndarray):
+    """Split float32 values into (sign, biased exponent, mantissa), as int64 arrays."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.int64)
+    return bits >> 31, (bits >> 23) & 0xFF, bits & 0x7FFFFF
+
+
+def _round_magnitude(x: np.ndarray, fmt: Minifloat, mode: str) -> np.ndarray:
+    """Magnitude code (int64) of |x| in ``fmt``, rounded to nearest-even or up, saturating at
+    ``fmt.max_mag``. Works on the f32 bit pattern: x = sig * 2**lsb_exp exactly, and the format's
+    quantum (the spacing of its values around |x|) is a power of two 2**q_exp; the code is
+    round(sig / 2**(q_exp - lsb_exp)) offset by the binade. Infinity saturates like any large value.
+    """
+    _, e_field, mant = _f32_fields(x)
+    # f32 subnormals have exponent field 0 but the scale of field 1, and no implicit leading 1.
+    e1 = np.maximum(e_field, 1)
+    sig = mant | np.where(e_field > 0, 1 << 23, 0)
+    lsb_exp = e1 - 150  # |x| = sig * 2**lsb_exp
+    # The binade of |x|, floored at the format's smallest normal binade (below it the format is
+    # subnormal and its quantum stops shrinking). Every format here has 1 - bias >= -126, so f32
+    # subnormal inputs always land in that floor.
+    binade = np.maximum(e1 - 127, 1 - fmt.bias)
+    q_exp = binade - fmt.mbits
+    # shift >= 23 - mbits > 0. Past 25 every sig (< 2**24) is below half a quantum, so clamping
+    # keeps the result and keeps the shift inside the integer width.
+    shift = np.minimum(q_exp - lsb_exp, 25)
+    q = sig >> shift
+    rem = sig - (q << shift)
+    if mode == "nearest":
+        half = np.int64(1) << (shift - 1)
+        q = q + ((rem > half) | ((rem == half) & ((q & 1) == 1)))
+    elif mode == "up":
+        q = q + (rem > 0)
+    else:  # pragma: no cover - internal callers pass a checked mode
+        raise AssertionError(mode)
+    # q counts quanta from the bottom of the binade's exponent; a carry to 2**(mbits+1) rolls into
+    # the next binade by itself, because codes of consecutive values are consecutive integers.
+    mag = ((binade + fmt.bias - 1) << fmt.mbits) + q
+    return np.minimum(mag, fmt.max_mag)
+
+
+def _encode_minifloat(x: np.ndarray, fmt: Minifloat, mode: str = "nearest") -> np.ndarray:
+    """Sign + magnitude code (int64) of finite or infinite float32 ``x``. The sign bit is kept
+    even when the magnitude rounds to 0, so -0 stays -0 and -tiny becomes -0 (as a cast does)."""
+    sign, _, _ = _f32_fields(x)
+    return np.where(sign == 1, fmt.sign_bit, 0) | _round_magnitude(x, fmt, mode)
+
+
+def _decode_minifloat(codes: np.ndarray, fmt: Minifloat) -> np.ndarray:
+    """float32 value of each code of ``fmt`` (NaN and infinity codes included)."""
+    codes = np.asarray(codes).astype(np.int64) & (2 * fmt.sign_bit - 1)
+    negative = (codes & fmt.sign_bit) != 0
+    mag = codes & (fmt.sign_bit - 1)
+    e_field = mag >> fmt.mbits
+    mant = mag & ((1 << fmt.mbits) - 1)
+    # Normal: (2**mbits + mant) * 2**(e - bias - mbits); subnormal (e = 0): mant * 2**(1 - bias - mbits).
+    sig = np.where(e_field > 0, mant + (1 << fmt.mbits), mant)
+    exp = np.maximum(e_field, 1) - fmt.bias - fmt.mbits
+    # ldexp in float64 is exact, and every value of these formats is a float32.
+    value = np.ldexp(sig.astype(np.float64), exp.astype(np.int32)).astype(np.float32)
+    top = (1 << fmt.ebits) - 1
+    if fmt.specials == "ieee":
+        value = np.where((e_field == top) & (mant == 0), np.float32(np.inf), value)
+        value = np.where((e_field == top) & (mant != 0), np.float32(np.nan), value)
+    elif fmt.specials == "fn":
+        value = np.where(mag == fmt.sign_bit - 1, np.float32(np.nan), value)
+    return np.where(negative, -value, value).astype(np.float32)
+
+
+def _float_format(value: QuantValue) -> Minifloat:
+    if not isinstance(value, QuantValue):
+        raise TypeError(f"value is a QuantValue, got {value!r}")
+    if not value.is_float:
+        raise SchemeError(f"{value} is not a float value (E4M3, E5M2 or E2M1)")
+    return FLOAT_VALUE_FORMATS[value]
+
+
+def encode_float(x_f32, value: QuantValue) -> np.ndarray:
+    """Codes (uint8) of ``x_f32`` in the float value format: round to nearest, ties to even,
+    saturating to +-max (infinities too); -0 stays -0. NaN has no code in E2M1 and is never
+    quantized, so NaN raises NonFiniteError for every format."""
+    fmt = _float_format(value)
+    x = np.asarray(x_f32, dtype=np.float32)
+    _check_not_nan(x)
+    return _encode_minifloat(x, fmt).astype(np.uint8)
+
+
+def decode_float(codes_uint8, value: QuantValue) -> np.ndarray:
+    """float32 value of each code (only the low ``bits`` bits of each code are read)."""
+    fmt = _float_format(value)
+    return _decode_minifloat(np.asarray(codes_uint8), fmt)
+
+
+def _check_not_nan(x: np.ndarray) -> None:
+    bad = np.flatnonzero(np.isnan(x.ravel()))
+    if bad.size:
+        i = int(bad[0])
+        raise NonFiniteError(f"non-finite value nan at flat index {i}")
+
+
+# --- UE8M0: 2**(e - 127), e in 0..254; no zero, no subnormals; 0xFF is NaN --------------------
+
+
+def _ue8m0_round(s: np.ndarray, mode: str) -> np.ndarray:
+    """UE8M0 code (int64) of float32 scales s >= 0 (decision 5 of the reference's brief)."""
+    _, e_field, mant = _f32_fields(s)
+    subnormal = e_field == 0  # includes 0; 2**-127 is itself an f32 subnormal (mantissa 0x400000)
+    if mode == "up":
+        # Normal: 2**(E-127) * (1 + m) rounds up to 2**(E-127+1) unless m == 0.
+        # Subnormal: <= 2**-127 gives code 0, (2**-127, 2**-126) gives code 1.
+        code = np.where(subnormal, mant > 0x400000, e_field + (mant != 0))
+    else:
+        # Nearest with 0 mantissa bits: the midpoint of [2**k, 2**(k+1)] is mantissa 0x400000;
+        # ties go to the even code. Subnormals: midpoint of [2**-127, 2**-126] is 0x600000, and
+        # everything below 2**-127 saturates to the smallest code 0.
+        odd = (e_field & 1) == 1
+        up = (mant > 0x400000) | ((mant == 0x400000) & odd)
+        code = np.where(subnormal, mant > 0x600000, e_field + up)
+    return np.clip(code.astype(np.int64), 0, 254)
+
+
+def _ue8m0_decode(codes: np.ndarray) -> np.ndarray:
+    codes = np.asarray(codes).astype(np.int64)
+    value = np.ldexp(1.0, (codes - 127).astype(np.int32)).astype(np.float32)
+    return np.where(codes == 255, np.float32(np.nan), value).astype(np.float32)
+
+
+# =================================================================================================
+# 2. Scales: rounding (SPEC §4) and bytes
+# =================================================================================================
+
+# The rounding format of each scale dtype (UE8M0 has its own functions, F32 is the identity).
+SCALE_FORMATS = {ScaleDtype.F16: F16, ScaleDtype.BF16: BF16, ScaleDtype.UE4M3: E4M3}
+
+
+def _as_f32(arr, what: str) -> np.ndarray:
+    """A real numeric array as float32 (round to nearest even), or TypeError."""
+    a = np.asarray(arr)
+    if a.dtype.name == "bfloat16":
+        return a.astype(np.float32)
+    if a.dtype.kind not in "fiu" or a.dtype.kind == "b":
+        raise TypeError(f"{what} must be real numbers, got dtype {a.dtype}")
+    with np.errstate(over="ignore"):  # float64 beyond f32 range becomes inf, caught by callers
+        return a.astype(np.float32)
+
+
+def round_scale(arr, dtype: ScaleDtype, mode: str = "up") -> np.ndarray:
+    """Round scales (>= 0, finite) to ``dtype`` and return them as float32 (SPEC §4).
+
+    ``up``: the smallest value of the dtype >= s, saturating at the dtype's max.
+    ``nearest``: round to nearest, ties to even, saturating at the dtype's max.
+    The input is first converted to float32. -0 becomes +0. F32 is the identity.
+    """
+    if not isinstance(dtype, ScaleDtype):
+        raise TypeError(f"dtype is a ScaleDtype, got {dtype!r}")
+    _check_option("mode", mode, SCALE_ROUNDINGS)
+    s = _as_f32(arr, "scales")
+    _check_scale_values(s)
+    s = np.asarray(s + np.float32(0), dtype=np.float32)  # -0 + 0 = +0: never a negative zero
+    if dtype is ScaleDtype.F32:
+        return s
+    if dtype is ScaleDtype.UE8M0:
+        return _ue8m0_decode(_ue8m0_round(s, mode)).reshape(s.shape)
+    fmt = SCALE_FORMATS[dtype]
+    return _decode_minifloat(_round_magnitude(s, fmt, mode), fmt).reshape(s.shape)
+
+
+def _check_scale_values(s: np.ndarray) -> None:
+    flat = s.ravel()
+    bad = np.flatnonzero(~np.isfinite(flat) | (flat < 0))
+    if bad.size:
+        i = int(bad[0])
+        raise ScaleError(f"scales must be finite and >= 0, got {float(flat[i])!r} at index {i}")
+
+
+def _scale_codes(s: np.ndarray, dtype: ScaleDtype) -> np.ndarray:
+    """The exact code of each scale (sign and NaN kept, so decoded bytes re-encode to the same
+    bytes); ScaleError naming the first scale the dtype cannot hold exactly."""
+    s = np.ascontiguousarray(s, dtype=np.float32).ravel()
+    nan = np.isnan(s)
+    if dtype is ScaleDtype.F32:
+        return s.view(np.uint32)
+    if dtype is ScaleDtype.BF16:
+        bits = s.view(np.uint32)
+        codes, back = bits >> 16, (bits >> 16) << 16
+    elif dtype is ScaleDtype.F16:
+        # IEEE half: numpy's float16 converts representable values (and NaN payloads) exactly.
+        with np.errstate(over="ignore"):
+            half = s.astype(np.float16)
+        codes, back = half.view(np.uint16), half.astype(np.float32).view(np.uint32)
+    elif dtype is ScaleDtype.UE4M3:
+        codes = np.where(nan, 0x7F, _encode_minifloat(s, E4M3))
+        codes = codes | np.where(nan & np.signbit(s), 0x80, 0)
+        back = _decode_minifloat(codes, E4M3).view(np.uint32)
+    else:  # UE8M0
+        codes = np.where(nan, 255, _ue8m0_round(np.abs(s), "nearest"))
+        back = _ue8m0_decode(codes).view(np.uint32)
+    wrong = ~nan & (back != s.view(np.uint32))
+    if wrong.any():
+        i = int(np.flatnonzero(wrong)[0])
+        raise ScaleError(f"scale {float(s[i])!r} at index {i} is not exactly representable in {dtype}")
+    return codes
+
+
+_SCALE_BYTE_DTYPES = {
+    ScaleDtype.F32: "<u4",
+    ScaleDtype.F16: "<u2",
+    ScaleDtype.BF16: "<u2",
+    ScaleDtype.UE8M0: "u1",
+    ScaleDtype.UE4M3: "u1",
+}
+
+
+def encode_scales(arr_f32, dtype: ScaleDtype) -> bytes:
+    """Little-endian bytes of scales that ``dtype`` holds exactly (F32 4 bytes, F16/BF16 2 bytes,
+    UE8M0 one byte = e, UE4M3 one byte = the E4M3 code). Not a rounding: see round_scale."""
+    s = _as_f32(arr_f32, "scales")
+    return _scale_codes(s, dtype).astype(_SCALE_BYTE_DTYPES[dtype]).tobytes()
+
+
+def decode_scales(data, dtype: ScaleDtype, n: int) -> np.ndarray:
+    """``n`` scales from their bytes, as float32 (flat). Any bit pattern decodes (NaN, negative)."""
+    data = _as_bytes(data)
+    expected = n * dtype.nbytes
+    if len(data) != expected:
+        raise LayoutError(f"expected {expected} bytes for {n} {dtype} scales, got {len(data)}")
+    codes = np.frombuffer(data, dtype=_SCALE_BYTE_DTYPES[dtype]).astype(np.uint32)
+    if dtype is ScaleDtype.F32:
+        return codes.view(np.float32).copy()
+    if dtype is ScaleDtype.BF16:
+        return (codes << 16).view(np.float32)
+    if dtype is ScaleDtype.F16:
+        return codes.astype(np.uint16).view(np.float16).astype(np.float32)
+    if dtype is ScaleDtype.UE4M3:
+        return _decode_minifloat(codes, E4M3)
+    return _ue8m0_decode(codes)
+
+
+# =================================================================================================
+# 3. Geometry: blocks, scale grid, storage
+# =================================================================================================
+
+
+def _check_shape(shape) -> Tuple[int, ...]:
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(f"a shape is a sequence of ints, got {shape!r}") from None
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
+            raise TypeError(f"a shape is a sequence of ints, got an element {d!r}")
+    dims = tuple(int(d) for d in dims)
+    if any(d < 0 for d in dims):
+        raise LayoutError(f"a shape has dims >= 0, got {dims}")
+    return dims
+
+
+def _rank1(shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    """The shape blocks and packing see: a 0-d tensor is one element of shape (1,)."""
+    return shape if len(shape) > 0 else (1,)
+
+
+def _block_dims(shape1: Tuple[int, ...], scheme: QuantScheme) -> Tuple[int, ...]:
+    """The block size padded with leading 1s to the tensor's rank."""
+    block = scheme.block.size
+    if len(block) > len(shape1):
+        raise SchemeError(
+            f"a block of {len(block)} dims {list(block)} does not fit a tensor of rank "
+            f"{len(shape1)} (shape {shape1}) under {scheme!r}"
+        )
+    return (1,) * (len(shape1) - len(block)) + block
+
+
+def scale_grid_shape(shape, scheme: QuantScheme) -> Tuple[int, ...]:
+    """Shape of the scale grid: (1,) per-tensor, else ceil(dim / block) on each axis."""
+    shape1 = _rank1(_check_shape(shape))
+    if scheme.block is None:
+        return (1,)
+    return tuple(-(-n // b) for n, b in zip(shape1, _block_dims(shape1, scheme)))
+
+
+def _packing(scheme: QuantScheme, rank: int):
+    """(axis, values per word, word dtype) of a packed store, or None for Native."""
+    store = scheme.store
+    if not store.is_packed:
+        return None
+    if store.dim >= rank:
+        raise SchemeError(
+            f"packing dim {store.dim} counts from the innermost axis and must be < the tensor's "
+            f"rank {rank}, under {scheme!r}"
+        )
+    word_bits, word_dtype = (32, np.uint32) if store.kind == "packed_u32" else (8, np.uint8)
+    return rank - 1 - store.dim, word_bits // scheme.value.bits, np.dtype(word_dtype)
+
+
+def storage_dtype(scheme: QuantScheme) -> np.dtype:
+    """int8 (Native int values), uint8 (Native float values, PackedNative), uint32 (PackedU32)."""
+    if scheme.store.kind == "packed_u32":
+        return np.dtype(np.uint32)
+    if scheme.store.kind == "packed_native" or scheme.value.is_float:
+        return np.dtype(np.uint8)
+    return np.dtype(np.int8)
+
+
+def storage_shape(shape, scheme: QuantScheme) -> Tuple[int, ...]:
+    """Shape of the value storage: the tensor's (0-d as (1,)), the packed axis shrunk to
+    ceil(n / values per word)."""
+    shape1 = _rank1(_check_shape(shape))
+    packing = _packing(scheme, len(shape1))
+    if packing is None:
+        return shape1
+    ax, per, _ = packing
+    return shape1[:ax] + (-(-shape1[ax] // per),) + shape1[ax + 1 :]
+
+
+def _scales_per_element(grid: np.ndarray, shape1, scheme: QuantScheme) -> np.ndarray:
+    """Each element's scale: the scale of the block it falls in (broadcast for per-tensor)."""
+    if scheme.block is None:
+        return np.broadcast_to(grid.reshape(()), shape1)
+    block = _block_dims(shape1, scheme)
+    index = np.ix_(*[np.arange(n) // b for n, b in zip(shape1, block)])
+    return grid[index]
+
+
+def _block_rows(x1: np.ndarray, scheme: QuantScheme):
+    """The tensor cut into its blocks: (rows, counts) with one zero-padded row per block, in the
+    grid's row-major order, and the number of real elements of each (edge blocks are partial)."""
+    if scheme.block is None:
+        return x1.reshape(1, -1), np.array([x1.size], dtype=np.int64)
+    block = _block_dims(x1.shape, scheme)
+    grid = tuple(-(-n // b) for n, b in zip(x1.shape, block))
+    padded = np.pad(x1, [(0, g * b - n) for n, b, g in zip(x1.shape, block, grid)])
+    # (g0, b0, g1, b1, ...) -> (g0, g1, ..., b0, b1, ...) -> (blocks, elements per block)
+    tiled = padded.reshape([d for gb in zip(grid, block) for d in gb])
+    rank = len(block)
+    tiled = tiled.transpose(list(range(0, 2 * rank, 2)) + list(range(1, 2 * rank, 2)))
+    rows = tiled.reshape(math.prod(grid), math.prod(block))
+    counts = np.ones((), dtype=np.int64)
+    for n, b, g in zip(x1.shape, block, grid):
+        counts = np.multiply.outer(counts, np.minimum(b, n - np.arange(g, dtype=np.int64) * b))
+    return rows, counts.reshape(-1)
+
+
+# =================================================================================================
+# 4. Calibration (SPEC §3)
+# =================================================================================================
+
+
+def _half_range(value: QuantValue) -> np.float32:
+    """(qmax - qmin) / 2, exact in float32 (127.5, 127, 7.5, 7, 1.5, 1, 448, 57344, 6)."""
+    return np.float32((value.qmax - value.qmin) / 2)
+
+
+def _ulp(v: np.ndarray) -> np.ndarray:
+    """Spacing of float32 values at |v| > 0, as float64: 2**(E-150) normal, 2**-149 subnormal."""
+    _, e_field, _ = _f32_fields(v)
+    return np.ldexp(1.0, (np.maximum(e_field, 1) - 150).astype(np.int32))
+
+
+def _exact_abs_sums(a: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per row of |x| (float32), the exact sum of the row correctly rounded to float64.
+
+    numpy's float64 sum is exact when no partial sum can round: every partial sum is a multiple
+    of u (the ulp of the row's smallest nonzero value) and at most count * max, so if that bound
+    is <= 2**53 * u all partial sums are representable. Other rows use math.fsum (rare)."""
+    sums = a.astype(np.float64).sum(axis=1)
+    if a.shape[1] == 0:
+        return sums
+    amax = a.max(axis=1)
+    smallest = np.where(a > 0, a, np.float32(np.inf)).min(axis=1)
+    smallest = np.where(amax > 0, smallest, np.float32(1))  # all-zero rows: sum 0, exact
+    exact = counts * amax.astype(np.float64) <= np.ldexp(_ulp(smallest), 53)
+    for i in np.flatnonzero(~exact):
+        sums[i] = math.fsum(a[i].tolist())
+    return sums
+
+
+def _amplitudes(rows: np.ndarray, counts: np.ndarray, calibration: str) -> np.ndarray:
+    """alpha of each block (float32): max |x| (minmax) or f32(exact sum |x| / count) (absmean)."""
+    a = np.abs(rows)
+    if a.shape[1] == 0:  # an empty tensor, per-tensor: nothing to measure
+        return np.zeros(rows.shape[0], dtype=np.float32)
+    if calibration == "minmax":
+        return a.max(axis=1)
+    sums = _exact_abs_sums(a, counts)
+    mean = np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
+    return mean.astype(np.float32)
+
+
+def _raw_scales(x1: np.ndarray, scheme: QuantScheme, calibration: str) -> np.ndarray:
+    """s_raw = alpha / ((qmax - qmin) / 2) per block, as float32 in the grid's shape.
+    (One f32 division: equal to SPEC's (a + a) / (qmax - qmin) and never overflowing.)"""
+    rows, counts = _block_rows(x1, scheme)
+    alpha = _amplitudes(rows, counts, calibration)
+    s_raw = alpha / _half_range(scheme.value)
+    return s_raw.reshape(scale_grid_shape(x1.shape, scheme))
+
+
+# =================================================================================================
+# 5. Quantizing, packing, dequantizing, bytes
+# =================================================================================================
+
+
+@dataclass(frozen=True, eq=False)
+class RefQTensor:
+    """A quantized tensor: the value storage (SPEC §8), the stored scales as float32 in the grid's
+    shape (two-level: the block scales b_i), the per-tensor scale g of a two-level scheme, the
+    original shape and the scheme."""
+
+    values: np.ndarray
+    scales: np.ndarray
+    global_scale: Optional[float]
+    shape: Tuple[int, ...]
+    scheme: QuantScheme
+
+    def to_bytes(self) -> bytes:
+        return to_bytes(self)
+
+    def dequantize(self, dtype=np.float32) -> np.ndarray:
+        return dequantize(self, dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return _expected_nbytes(self.scheme, self.shape)
+
+
+def _check_option(name: str, value, allowed) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} is a string, one of {allowed}, got {value!r}")
+    if value not in allowed:
+        raise QuantError(f"{name} must be one of {allowed}, got {value!r}")
+
+
+def _check_scheme(scheme) -> None:
+    if not isinstance(scheme, QuantScheme):
+        raise TypeError(f"scheme is a QuantScheme, got {scheme!r}")
+    if scheme.mode is not QuantMode.Symmetric:
+        raise UnsupportedSchemeError(f"Quantization not supported for scheme {scheme!r}")
+
+
+def _check_fit(shape: Tuple[int, ...], scheme: QuantScheme) -> None:
+    """Scheme/tensor mismatches: a block with more dims than the tensor, a packing dim >= rank."""
+    scale_grid_shape(shape, scheme)
+    storage_shape(shape, scheme)
+
+
+def _input_as_f32(x) -> np.ndarray:
+    """The input as float32 (round to nearest even); TypeError for non-float dtypes."""
+    a = np.asarray(x)
+    if a.dtype.name == "bfloat16":
+        return a, a.astype(np.float32)
+    if a.dtype.kind != "f" or a.dtype.itemsize not in (2, 4, 8):
+        raise TypeError(f"quantize takes float16, bfloat16, float32 or float64, got dtype {a.dtype}")
+    with np.errstate(over="ignore"):  # float64 beyond f32 range: inf, reported below
+        return a, a.astype(np.float32)
+
+
+def _check_finite(original: np.ndarray, x32: np.ndarray) -> None:
+    bad = np.flatnonzero(~np.isfinite(x32.ravel()))
+    if bad.size == 0:
+        return
+    i = int(bad[0])
+    given = float(original.ravel()[i])
+    if math.isfinite(given):  # a float64 too large for float32
+        raise NonFiniteError(
+            f"non-finite value {float(x32.ravel()[i])!r} at flat index {i} "
+            f"({given!r} overflows float32)"
+        )
+    raise NonFiniteError(f"non-finite value {given!r} at flat index {i}")
+
+
+def _global_from_arg(global_scale) -> np.float32:
+    """An explicit per-tensor scale as float32: a finite real >= 0, else TypeError/ScaleError."""
+    a = np.asarray(global_scale)
+    if a.ndim != 0:
+        raise TypeError(f"global_scale is one real number, got shape {a.shape}")
+    g = _as_f32(a, "global_scale")
+    if not np.isfinite(g) or g < 0:
+        raise ScaleError(f"global_scale must be finite and >= 0, got {global_scale!r}")
+    return np.float32(g + np.float32(0))  # -0 -> +0
+
+
+def _explicit_scales(scales, shape1, scheme: QuantScheme, mode: str) -> np.ndarray:
+    """The caller's scales checked for shape and values, rounded to their dtype (float32 grid)."""
+    s = _as_f32(scales, "scales")
+    grid = scale_grid_shape(shape1, scheme)
+    if scheme.block is None:
+        if s.shape not in ((), (1,)):
+            raise ScaleError(f"a per-tensor scheme takes one scale, got scales of shape {s.shape}")
+        s = s.reshape(1)
+    elif s.shape != grid:
+        raise ScaleError(
+            f"expected scales of the grid's shape {grid} ({math.prod(grid)} scales), "
+            f"got shape {s.shape}"
+        )
+    return round_scale(s, scheme.scale_dtype, mode)
+
+
+def _effective_scales(stored: np.ndarray, g: Optional[float]) -> np.ndarray:
+    """e = stored scale (one level) or b_i * g (two-level, one f32 multiply). The product
+    saturates at f32 max: b rounded up near the dtype's max times g can round past f32 max."""
+    if g is None:
+        return stored
+    with np.errstate(over="ignore"):
+        return np.minimum(stored * np.float32(g), F32_MAX)
+
+
+def _compute_scales(x1, scheme, calibration, scale_rounding):
+    """Stored scales and g from the data (SPEC §3-§5)."""
+    s_raw = _raw_scales(x1, scheme, calibration)
+    if not scheme.is_two_level:
+        return round_scale(s_raw, scheme.scale_dtype, scale_rounding), None
+    # Two-level: g maps the largest raw scale onto the block dtype's max. If every block is zero
+    # (or g underflows to 0 for a tiny tensor), g = 1: no division by zero, ever.
+    top = s_raw.max() if s_raw.size else np.float32(0)
+    g = np.float32(top) / np.float32(scheme.block.dtype.max)
+    if g == 0:
+        g = np.float32(1)
+    b = round_scale(s_raw / g, scheme.block.dtype, scale_rounding)
+    return b, float(g)
+
+
+def _int_codes(x_s: np.ndarray, value: QuantValue, rounding: str) -> np.ndarray:
+    """int8 codes: clamp to [qmin, qmax] (integers, so clamping first is the same as after),
+    then round half away from zero or half to even."""
+    v = np.clip(x_s, np.float32(value.qmin), np.float32(value.qmax))
+    if rounding == "half_even":
+        q = np.rint(v)
+    else:
+        t = np.trunc(v)
+        q = np.where(np.abs(v - t) >= np.float32(0.5), t + np.sign(v), t)  # v - t is exact
+    return q.astype(np.int8)
+
+
+def _pack(fields: np.ndarray, ax: int, per: int, bits: int, word_dtype) -> np.ndarray:
+    """Pack unsigned ``bits``-bit fields along axis ``ax``, ``per`` to a word, the first value in
+    the least significant bits; each line is zero-padded on its own to whole words."""
+    f = np.moveaxis(fields.astype(np.uint64), ax, -1)
+    n = f.shape[-1]
+    words = -(-n // per)
+    f = np.pad(f, [(0, 0)] * (f.ndim - 1) + [(0, words * per - n)])
+    f = f.reshape(f.shape[:-1] + (words, per))
+    shifts = np.arange(per, dtype=np.uint64) * np.uint64(bits)
+    packed = np.bitwise_or.reduce(f << shifts, axis=-1)
+    return np.ascontiguousarray(np.moveaxis(packed.astype(word_dtype), -1, ax))
+
+
+def _unpack(words: np.ndarray, ax: int, per: int, bits: int, n: int) -> np.ndarray:
+    """The inverse of _pack: unsigned fields (int64), ``n`` long along ``ax``."""
+    w = np.moveaxis(words.astype(np.uint64), ax, -1)
+    shifts = np.arange(per, dtype=np.uint64) * np.uint64(bits)
+    fields = (w[..., None] >> shifts) & np.uint64((1 << bits) - 1)
+    fields = fields.reshape(w.shape[:-1] + (w.shape[-1] * per,))[..., :n]
+    return np.moveaxis(fields.astype(np.int64), -1, ax)
+
+
+def _store(codes: np.ndarray, scheme: QuantScheme) -> np.ndarray:
+    """Storage array (SPEC §8) of the codes (int8 for int values, uint8 for float values)."""
+    packing = _packing(scheme, codes.ndim)
+    if packing is None:
+        return np.ascontiguousarray(codes)
+    ax, per, word_dtype = packing
+    bits = scheme.value.bits
+    fields = codes.astype(np.int64) & ((1 << bits) - 1)  # the code truncated to its bits
+    return _pack(fields, ax, per, bits, word_dtype)
+
+
+def _decoded_values(values: np.ndarray, scheme: QuantScheme, shape1) -> np.ndarray:
+    """float32 value of each stored code (before scaling), in the shape ``shape1``."""
+    bits = scheme.value.bits
+    packing = _packing(scheme, len(shape1))
+    if packing is None:
+        fields = values.astype(np.int64)  # Native int8 is already sign-extended
+    else:
+        ax, per, _ = packing
+        fields = _unpack(values, ax, per, bits, shape1[ax])
+    mask = (1 << bits) - 1
+    if scheme.value.is_float:
+        return _decode_minifloat(fields & mask, FLOAT_VALUE_FORMATS[scheme.value])
+    sign = 1 << (bits - 1)
+    return (((fields & mask) ^ sign) - sign).astype(np.float32)  # sign-extend from ``bits``
+
+
+def quantize(
+    x,
+    scheme: QuantScheme,
+    *,
+    calibration: str = "minmax",
+    rounding: str = "half_away",
+    scale_rounding: str = "up",
+    scales=None,
+    global_scale=None,
+) -> RefQTensor:
+    """Quantize ``x`` under ``scheme`` (SPEC §3-§8)."""
+    # Validation order: argument types, mode, scheme/tensor fit, non-finite input, scales.
+    if not isinstance(scheme, QuantScheme):
+        raise TypeError(f"scheme is a QuantScheme, got {scheme!r}")
+    _check_option("calibration", calibration, CALIBRATIONS)
+    _check_option("rounding", rounding, ROUNDINGS)
+    _check_option("scale_rounding", scale_rounding, SCALE_ROUNDINGS)
+    original, x32 = _input_as_f32(x)
+    _check_scheme(scheme)
+    shape = tuple(original.shape)
+    shape1 = _rank1(shape)
+    _check_fit(shape, scheme)
+    _check_finite(original, x32)
+    x1 = x32.reshape(shape1)
+
+    if global_scale is not None and not scheme.is_two_level:
+        raise UnexpectedGlobalScaleError(
+            f"a per-tensor scale should come with a two-level scheme, got {scheme!r}"
+        )
+    if scales is not None:
+        if scheme.is_two_level and global_scale is None:
+            raise MissingGlobalScaleError(f"{scheme!r} requires a per-tensor scale")
+        g = float(_global_from_arg(global_scale)) if scheme.is_two_level else None
+        stored = _explicit_scales(scales, shape1, scheme, scale_rounding)
+    elif global_scale is not None:
+        raise ScaleError("global_scale= is given without the block scales: pass scales= too")
+    else:
+        stored, g = _compute_scales(x1, scheme, calibration, scale_rounding)
+
+    # Values against the stored (effective) scale: x / e as an f32 division; e = 0 gives code 0.
+    e = _scales_per_element(_effective_scales(stored, g), shape1, scheme)
+    x_s = np.zeros(shape1, dtype=np.float32)
+    with np.errstate(over="ignore"):  # x / tiny e can overflow to inf: it clamps or saturates
+        np.divide(x1, e, out=x_s, where=e != 0)
+    if scheme.value.is_float:
+        codes = _encode_minifloat(x_s, FLOAT_VALUE_FORMATS[scheme.value]).astype(np.uint8)
+    else:
+        codes = _int_codes(x_s, scheme.value, rounding)
+    return RefQTensor(_store(codes, scheme), stored, g, shape, scheme)
+
+
+def dequantize(qt: RefQTensor, dtype=np.float32) -> np.ndarray:
+    """x_hat = f32(decode(q)) * e, one f32 multiply; then cast to ``dtype`` if asked (SPEC §7)."""
+    if not isinstance(qt, RefQTensor):
+        raise TypeError(f"dequantize takes a RefQTensor, got {type(qt).__name__}")
+    out = np.dtype(dtype)
+    if out.name != "bfloat16" and (out.kind != "f" or out.itemsize not in (2, 4, 8)):
+        raise TypeError(f"dequantize returns float16, bfloat16, float32 or float64, got {out}")
+    scheme = qt.scheme
+    shape1 = _rank1(qt.shape)
+    q = _decoded_values(qt.values, scheme, shape1)
+    e = _scales_per_element(_effective_scales(qt.scales, qt.global_scale), shape1, scheme)
+    with np.errstate(over="ignore", invalid="ignore"):  # only reachable from odd bytes
+        x_hat = (q * e).astype(np.float32).reshape(qt.shape)
+    return x_hat if out == np.float32 else x_hat.astype(out)
+
+
+def to_bytes(qt: RefQTensor) -> bytes:
+    """Value storage (little-endian), then the scales in their dtype, then g as f32 (SPEC §9)."""
+    scheme = qt.scheme
+    values = qt.values.astype(storage_dtype(scheme).newbyteorder("<")).tobytes()
+    scales = encode_scales(qt.scales.ravel(), scheme.scale_dtype)
+    tail = np.float32(qt.global_scale).astype("<f4").tobytes() if scheme.is_two_level else b""
+    return values + scales + tail
+
+
+def _expected_nbytes(scheme: QuantScheme, shape) -> int:
+    storage = math.prod(storage_shape(shape, scheme)) * storage_dtype(scheme).itemsize
+    n_scales = math.prod(scale_grid_shape(shape, scheme))
+    return storage + n_scales * scheme.scale_dtype.nbytes + (4 if scheme.is_two_level else 0)
+
+
+def _as_bytes(data) -> bytes:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"data is bytes-like, got {type(data).__name__}")
+    return bytes(data)
+
+
+def from_bytes(data, scheme: QuantScheme, shape) -> RefQTensor:
+    """Rebuild a quantized tensor from to_bytes' layout. The length must match exactly; any bit
+    pattern is accepted in the values and scales (no code-range validation)."""
+    data = _as_bytes(data)
+    _check_scheme(scheme)
+    shape = _check_shape(shape)
+    _check_fit(shape, scheme)
+    expected = _expected_nbytes(scheme, shape)
+    if len(data) != expected:
+        raise LayoutError(
+            f"expected {expected} bytes for {scheme!r} and shape {shape}, got {len(data)}"
+        )
+    vshape = storage_shape(shape, scheme)
+    vdtype = storage_dtype(scheme)
+    n_values = math.prod(vshape) * vdtype.itemsize
+    grid = scale_grid_shape(shape, scheme)
+    n_scales = math.prod(grid)
+    scale_end = n_values + n_scales * scheme.scale_dtype.nbytes
+    values = np.frombuffer(data[:n_values], dtype=vdtype.newbyteorder("<"))
+    values = values.astype(vdtype).reshape(vshape)
+    scales = decode_scales(data[n_values:scale_end], scheme.scale_dtype, n_scales).reshape(grid)
+    g = None
+    if scheme.is_two_level:
+        g = float(np.frombuffer(data[scale_end:], dtype="<f4")[0])
+    return RefQTensor(values, scales, g, shape, scheme)

@@ -1,0 +1,129 @@
+//! burn's byte layout (SPEC §9): value storage little-endian, then the scales in their dtype,
+//! then (two-level only) the per-tensor scale as f32. Dense, no padding, no header.
+
+use crate::error::{QuantError, Result};
+use crate::layout::Layout;
+use crate::pack::Storage;
+use crate::quantize::Scales;
+
+/// Serialize a quantized tensor. `scales` must already fit `layout` (see [`Scales::from_stored`]).
+pub fn to_bytes(layout: &Layout, storage: Storage<'_>, scales: &Scales) -> Vec<u8> {
+    let dtype = layout.scheme.scale_dtype();
+    let mut out = Vec::with_capacity(layout.total_bytes());
+    match storage {
+        Storage::U8(b) => out.extend_from_slice(b),
+        Storage::U32(ws) => ws.iter().for_each(|w| out.extend_from_slice(&w.to_le_bytes())),
+    }
+    for &s in &scales.stored {
+        dtype.write_le(s, &mut out);
+    }
+    if let Some(g) = scales.global {
+        out.extend_from_slice(&g.to_le_bytes());
+    }
+    debug_assert_eq!(out.len(), layout.total_bytes());
+    out
+}
+
+/// The parts of a byte layout: storage bytes (words little-endian), decoded scales, global.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Parts<'a> {
+    pub storage: &'a [u8],
+    pub scales: Scales,
+}
+
+/// Split `data` into its parts. The length must match exactly; every scale must decode to a
+/// finite, non-negative number (a NaN code is corrupt data, not a scale).
+pub fn from_bytes<'a>(layout: &Layout, data: &'a [u8]) -> Result<Parts<'a>> {
+    let expected = layout.total_bytes();
+    if data.len() != expected {
+        return Err(QuantError::Layout(format!(
+            "expected {expected} bytes for {} with shape {:?}, got {}",
+            layout.scheme,
+            layout.shape,
+            data.len()
+        )));
+    }
+    let (storage, rest) = data.split_at(layout.storage_bytes());
+    let dtype = layout.scheme.scale_dtype();
+    let sb = dtype.size_bytes();
+    let (scale_bytes, global_bytes) = rest.split_at(layout.num_scales * sb);
+    let stored: Vec<f32> = scale_bytes.chunks_exact(sb).map(|c| dtype.read_le(c)).collect();
+    let global = (global_bytes.len() == 4).then(|| {
+        f32::from_le_bytes([global_bytes[0], global_bytes[1], global_bytes[2], global_bytes[3]])
+    });
+    let scales = Scales::from_stored(layout, stored, global).map_err(|e| match e {
+        QuantError::Scale(m) => QuantError::Layout(format!("corrupt scales: {m}")),
+        other => other,
+    })?;
+    Ok(Parts { storage, scales })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pack::{Storage, StorageMut};
+    use crate::quantize::{quantize, ExplicitScales, QuantizeOptions};
+    use crate::scheme::{QuantScheme, QuantStore, QuantValue, ScaleDtype};
+
+    fn spec_example_scheme() -> QuantScheme {
+        QuantScheme::default()
+            .with_value(QuantValue::Q8S)
+            .with_store(QuantStore::Native)
+            .per_block(&[4], ScaleDtype::UE4M3)
+            .unwrap()
+            .per_tensor(ScaleDtype::F32)
+    }
+
+    /// SPEC §9's 14-byte example, byte for byte.
+    #[test]
+    fn spec_example_round_trips() {
+        let data = [
+            0x00, 0x19, 0x33, 0x4c, 0x66, 0x7f, 0x80, 0xff, 0x30, 0x20, 0x00, 0x00, 0x40, 0x40,
+        ];
+        let layout = Layout::new(&spec_example_scheme(), &[8]).unwrap();
+        assert_eq!(layout.total_bytes(), 14);
+        let parts = from_bytes(&layout, &data).unwrap();
+        assert_eq!(parts.scales.stored, [0.5, 0.125]);
+        assert_eq!(parts.scales.global, Some(3.0));
+        assert_eq!(parts.scales.effective, [1.5, 0.375]);
+        let again = to_bytes(&layout, Storage::U8(parts.storage), &parts.scales);
+        assert_eq!(again, data);
+    }
+
+    /// The same bytes from quantize with explicit scales (the in-range values).
+    #[test]
+    fn spec_example_from_quantize() {
+        let layout = Layout::new(&spec_example_scheme(), &[8]).unwrap();
+        let x = [0.0f32, 37.5, 76.5, 114.0, 38.25, 47.625, -47.625, -0.375];
+        let mut out = vec![0u8; 8];
+        let scales = quantize(
+            &x,
+            &layout,
+            &QuantizeOptions::default(),
+            Some(ExplicitScales {
+                scales: Some(&[0.5, 0.125]),
+                global: Some(3.0),
+            }),
+            StorageMut::U8(&mut out),
+        )
+        .unwrap();
+        let bytes = to_bytes(&layout, Storage::U8(&out), &scales);
+        // -47.625 / 0.375 = -127: Q8S cannot store the example's -128.
+        assert_eq!(
+            bytes,
+            [0x00, 0x19, 0x33, 0x4c, 0x66, 0x7f, 0x81, 0xff, 0x30, 0x20, 0x00, 0x00, 0x40, 0x40]
+        );
+    }
+
+    #[test]
+    fn wrong_lengths_are_layout_errors() {
+        let layout = Layout::new(&spec_example_scheme(), &[8]).unwrap();
+        for len in [0, 13, 15] {
+            let err = from_bytes(&layout, &vec![0u8; len]).unwrap_err();
+            assert!(matches!(err, QuantError::Layout(ref m) if m.contains("expected 14 bytes") && m.contains(&format!("got {len}"))));
+        }
+        let mut data = vec![0u8; 14];
+        data[8] = 0x7F; // a NaN UE4M3 scale
+        assert!(matches!(from_bytes(&layout, &data), Err(QuantError::Layout(_))));
+    }
+}

@@ -1,0 +1,420 @@
+//! Calibration (SPEC §3): the amplitude α of every block (or of the tensor).
+//!
+//! `minmax` is max |x|. `absmean` is mean |x| with the sum taken exactly: the f64 sum of a
+//! block is kept when it is provably exact (every partial sum representable), else recomputed
+//! with an exact accumulator. Exactness makes the result independent of summation order, so
+//! threads and the numpy reference agree to the bit.
+
+use rayon::prelude::*;
+
+use crate::layout::Layout;
+
+/// How α is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Calibration {
+    /// α = max |x| over the block.
+    #[default]
+    MinMax,
+    /// α = mean |x| over the block (BitNet b1.58).
+    AbsMean,
+}
+
+/// Work per rayon task, in elements: small arrays stay on one thread.
+pub(crate) const MIN_TASK_ELEMS: usize = 1 << 16;
+
+/// α for every block of `layout` (one value for per-tensor).
+pub fn amplitudes(x: &[f32], layout: &Layout, calibration: Calibration) -> Vec<f32> {
+    if layout.per_tensor {
+        return vec![tensor_amplitude(x, calibration)];
+    }
+    let gc = layout.grid_cols();
+    let mut alpha = vec![0.0f32; layout.num_scales];
+    if layout.num_elements == 0 || gc == 0 {
+        return alpha;
+    }
+    let bc = layout.block_cols();
+    let rows_per_block: usize = layout.block[..layout.rank() - 1].iter().product();
+    let elems_per_grid_row = rows_per_block * layout.row_len();
+    let grid_rows_per_task = (MIN_TASK_ELEMS / elems_per_grid_row.max(1)).max(1);
+    let cols_per_task = (MIN_TASK_ELEMS / (rows_per_block * bc).max(1)).max(1);
+    alpha
+        .par_chunks_mut(gc)
+        .with_min_len(grid_rows_per_task)
+        .enumerate()
+        .for_each(|(g, arow)| {
+            arow.par_chunks_mut(cols_per_task)
+                .enumerate()
+                .for_each(|(ci, achunk)| {
+                    let k0 = ci * cols_per_task;
+                    match calibration {
+                        Calibration::MinMax => max_abs_cols(x, layout, g, k0, achunk),
+                        Calibration::AbsMean => mean_abs_cols(x, layout, g, k0, achunk),
+                    }
+                });
+        });
+    alpha
+}
+
+/// Calls `f(row)` for every tensor row in grid row `g` (the rows its blocks span).
+fn for_each_row_in_grid_row(layout: &Layout, g: usize, mut f: impl FnMut(usize)) {
+    let rank = layout.rank();
+    let lead = rank - 1;
+    // Start and end of the row range on each leading axis.
+    let mut lo = vec![0usize; lead];
+    let mut hi = vec![0usize; lead];
+    let mut rem = g;
+    for ax in (0..lead).rev() {
+        let gi = rem % layout.grid[ax];
+        rem /= layout.grid[ax];
+        lo[ax] = gi * layout.block[ax];
+        hi[ax] = (lo[ax] + layout.block[ax]).min(layout.dims[ax]);
+    }
+    if lead == 0 {
+        f(0);
+        return;
+    }
+    let mut idx = lo.clone();
+    loop {
+        let mut row = 0;
+        for ax in 0..lead {
+            row = row * layout.dims[ax] + idx[ax];
+        }
+        f(row);
+        // Odometer over the leading axes, innermost fastest.
+        let mut ax = lead;
+        loop {
+            if ax == 0 {
+                return;
+            }
+            ax -= 1;
+            idx[ax] += 1;
+            if idx[ax] < hi[ax] {
+                break;
+            }
+            idx[ax] = lo[ax];
+        }
+    }
+}
+
+fn max_abs_cols(x: &[f32], layout: &Layout, g: usize, k0: usize, out: &mut [f32]) {
+    let n = layout.row_len();
+    let bc = layout.block_cols();
+    for_each_row_in_grid_row(layout, g, |row| {
+        let line = &x[row * n..(row + 1) * n];
+        for (j, a) in out.iter_mut().enumerate() {
+            let start = (k0 + j) * bc;
+            let seg = &line[start..(start + bc).min(n)];
+            *a = max_abs(seg).max(*a);
+        }
+    });
+}
+
+fn mean_abs_cols(x: &[f32], layout: &Layout, g: usize, k0: usize, out: &mut [f32]) {
+    let n = layout.row_len();
+    let bc = layout.block_cols();
+    let mut acc = vec![AbsSum::default(); out.len()];
+    for_each_row_in_grid_row(layout, g, |row| {
+        let line = &x[row * n..(row + 1) * n];
+        for (j, a) in acc.iter_mut().enumerate() {
+            let start = (k0 + j) * bc;
+            a.add_all(&line[start..(start + bc).min(n)]);
+        }
+    });
+    let gc = layout.grid_cols();
+    for (j, (a, o)) in acc.iter().zip(out.iter_mut()).enumerate() {
+        let count = layout.block_count(g * gc + k0 + j);
+        let sum = if a.is_exact(count) {
+            a.sum
+        } else {
+            // Rare: a block whose magnitudes span > ~2^29. Sum it again, exactly.
+            let mut exact = ExactSum::default();
+            let start = (k0 + j) * bc;
+            for_each_row_in_grid_row(layout, g, |row| {
+                let line = &x[row * n..(row + 1) * n];
+                exact.add_all(&line[start..(start + bc).min(n)]);
+            });
+            exact.to_f64()
+        };
+        *o = mean(sum, count);
+    }
+}
+
+fn mean(sum: f64, count: usize) -> f32 {
+    if count == 0 {
+        0.0
+    } else {
+        (sum / count as f64) as f32
+    }
+}
+
+/// max |x| of a slice; written so it compiles to packed max instructions.
+#[inline]
+pub(crate) fn max_abs(xs: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let mut chunks = xs.chunks_exact(8);
+    for c in &mut chunks {
+        for i in 0..8 {
+            let a = c[i].abs();
+            lanes[i] = if a > lanes[i] { a } else { lanes[i] };
+        }
+    }
+    let mut m = 0.0f32;
+    for &a in lanes.iter() {
+        m = if a > m { a } else { m };
+    }
+    for v in chunks.remainder() {
+        let a = v.abs();
+        m = if a > m { a } else { m };
+    }
+    m
+}
+
+fn tensor_amplitude(x: &[f32], calibration: Calibration) -> f32 {
+    match calibration {
+        Calibration::MinMax => x
+            .par_chunks(MIN_TASK_ELEMS)
+            .map(max_abs)
+            .reduce(|| 0.0, f32::max),
+        Calibration::AbsMean => {
+            let a = x
+                .par_chunks(MIN_TASK_ELEMS)
+                .map(|c| {
+                    let mut a = AbsSum::default();
+                    a.add_all(c);
+                    a
+                })
+                .reduce(AbsSum::default, AbsSum::merge);
+            let sum = if a.is_exact(x.len()) {
+                a.sum
+            } else {
+                x.par_chunks(MIN_TASK_ELEMS)
+                    .map(|c| {
+                        let mut e = ExactSum::default();
+                        e.add_all(c);
+                        e
+                    })
+                    .reduce(ExactSum::default, ExactSum::merge)
+                    .to_f64()
+            };
+            mean(sum, x.len())
+        }
+    }
+}
+
+/// An f64 sum of |x| with what it takes to prove it exact.
+#[derive(Debug, Clone, Copy)]
+struct AbsSum {
+    sum: f64,
+    max: f32,
+    /// The smallest nonzero |x| (its ulp divides every partial sum).
+    min_nonzero: f32,
+}
+
+impl Default for AbsSum {
+    fn default() -> Self {
+        Self {
+            sum: 0.0,
+            max: 0.0,
+            min_nonzero: f32::INFINITY,
+        }
+    }
+}
+
+impl AbsSum {
+    fn add_all(&mut self, xs: &[f32]) {
+        for &x in xs {
+            let a = x.abs();
+            self.sum += a as f64;
+            self.max = if a > self.max { a } else { self.max };
+            if a != 0.0 && a < self.min_nonzero {
+                self.min_nonzero = a;
+            }
+        }
+    }
+
+    fn merge(self, o: Self) -> Self {
+        Self {
+            sum: self.sum + o.sum,
+            max: self.max.max(o.max),
+            min_nonzero: self.min_nonzero.min(o.min_nonzero),
+        }
+    }
+
+    /// Every partial sum is a multiple of u = ulp(min_nonzero) and at most count·max; if that
+    /// is ≤ 2^53·u, all of them are exact in f64, in any order.
+    fn is_exact(&self, count: usize) -> bool {
+        if self.max == 0.0 {
+            return true;
+        }
+        if !self.max.is_finite() {
+            return false;
+        }
+        let e = ((self.min_nonzero.to_bits() >> 23) as i32).max(1);
+        let ulp = 2f64.powi(e - 127 - 23);
+        (count as f64) * (self.max as f64) <= 2f64.powi(53) * ulp
+    }
+}
+
+/// The exact sum of |x| over f32 values: mantissas accumulated per exponent, combined into a
+/// wide integer, then rounded once to f64 (what Python's `math.fsum` returns).
+#[derive(Debug, Clone)]
+struct ExactSum {
+    by_exp: Box<[u64; 255]>,
+}
+
+impl Default for ExactSum {
+    fn default() -> Self {
+        Self {
+            by_exp: Box::new([0; 255]),
+        }
+    }
+}
+
+/// Limbs of the wide accumulator: 2^(254+24+40) fits in 6 × 64 bits.
+const LIMBS: usize = 6;
+
+impl ExactSum {
+    fn add_all(&mut self, xs: &[f32]) {
+        for &x in xs {
+            let b = x.to_bits() & 0x7FFF_FFFF;
+            let e = (b >> 23) as usize;
+            if e == 255 {
+                continue; // non-finite: rejected later by the quantize pass
+            }
+            let m = (b & 0x7F_FFFF) as u64 | if e == 0 { 0 } else { 0x80_0000 };
+            self.by_exp[e] += m;
+        }
+    }
+
+    fn merge(mut self, o: Self) -> Self {
+        for (a, b) in self.by_exp.iter_mut().zip(o.by_exp.iter()) {
+            *a += b;
+        }
+        self
+    }
+
+    /// Σ by_exp[e] · 2^(max(e,1) - 150), correctly rounded to f64.
+    fn to_f64(&self) -> f64 {
+        // Integer in units of 2^-149.
+        let mut big = [0u64; LIMBS];
+        for (e, &m) in self.by_exp.iter().enumerate() {
+            if m == 0 {
+                continue;
+            }
+            let shift = e.max(1) - 1;
+            add_shifted(&mut big, m, shift);
+        }
+        big_to_f64(&big, -149)
+    }
+}
+
+fn add_shifted(big: &mut [u64; LIMBS], m: u64, shift: usize) {
+    let limb = shift / 64;
+    let off = shift % 64;
+    let wide = (m as u128) << off;
+    let mut carry = 0u128;
+    for (i, part) in [wide as u64, (wide >> 64) as u64].into_iter().enumerate() {
+        if limb + i >= LIMBS {
+            break;
+        }
+        let s = big[limb + i] as u128 + part as u128 + carry;
+        big[limb + i] = s as u64;
+        carry = s >> 64;
+    }
+    let mut i = limb + 2;
+    while carry != 0 && i < LIMBS {
+        let s = big[i] as u128 + carry;
+        big[i] = s as u64;
+        carry = s >> 64;
+        i += 1;
+    }
+}
+
+/// `big · 2^exp` rounded to nearest even f64 (the result is far from f64's limits here).
+fn big_to_f64(big: &[u64; LIMBS], exp: i32) -> f64 {
+    let Some(top) = (0..LIMBS).rev().find(|&i| big[i] != 0) else {
+        return 0.0;
+    };
+    let msb = top * 64 + 63 - big[top].leading_zeros() as usize; // bit index of the leading 1
+    let bit = |i: usize| (big[i / 64] >> (i % 64)) & 1;
+    if msb < 53 {
+        let mut v = 0u64;
+        for i in (0..=msb).rev() {
+            v = (v << 1) | bit(i);
+        }
+        return v as f64 * 2f64.powi(exp);
+    }
+    let low = msb - 52; // bits below the 53-bit mantissa
+    let mut mant = 0u64;
+    for i in (low..=msb).rev() {
+        mant = (mant << 1) | bit(i);
+    }
+    let half = bit(low - 1) == 1;
+    let sticky = (0..low - 1).any(|i| bit(i) == 1);
+    if half && (sticky || mant & 1 == 1) {
+        mant += 1; // may become 2^53: still exact as f64
+    }
+    mant as f64 * 2f64.powi(exp + low as i32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheme::{QuantScheme, QuantStore, ScaleDtype};
+
+    #[test]
+    fn exact_sum_beats_naive_f64() {
+        // 1e30 + many tiny values: the naive f64 sum loses the tiny ones; fsum does not.
+        let mut xs = vec![1e30f32];
+        xs.extend(std::iter::repeat_n(1e14f32, 1000));
+        let mut e = ExactSum::default();
+        e.add_all(&xs);
+        let exact = 1e30f32 as f64 + 1000.0 * (1e14f32 as f64);
+        assert_eq!(e.to_f64(), exact);
+        let mut a = AbsSum::default();
+        a.add_all(&xs);
+        assert!(!a.is_exact(xs.len()));
+    }
+
+    #[test]
+    fn exact_sum_rounds_ties_to_even() {
+        // 2^53 + 1 is a tie between 2^53 and 2^53 + 2: even → 2^53.
+        let mut e = ExactSum::default();
+        e.add_all(&[2f32.powi(53), 1.0]);
+        assert_eq!(e.to_f64(), 2f64.powi(53));
+        let mut e = ExactSum::default();
+        e.add_all(&[2f32.powi(53), 1.0, 2f32.powi(-20)]);
+        assert_eq!(e.to_f64(), 2f64.powi(53) + 2.0);
+        let mut e = ExactSum::default();
+        e.add_all(&[f32::from_bits(1), f32::from_bits(1), -0.5]);
+        assert_eq!(e.to_f64(), 0.5 + 2.0 * 2f64.powi(-149));
+    }
+
+    #[test]
+    fn small_range_sums_are_provably_exact() {
+        let xs: Vec<f32> = (0..32).map(|i| i as f32 * 0.37 - 5.0).collect();
+        let mut a = AbsSum::default();
+        a.add_all(&xs);
+        assert!(a.is_exact(32));
+        let mut e = ExactSum::default();
+        e.add_all(&xs);
+        assert_eq!(a.sum, e.to_f64());
+    }
+
+    #[test]
+    fn block_amplitudes_over_a_2d_block_with_partial_edges() {
+        let scheme = QuantScheme::default()
+            .with_store(QuantStore::Native)
+            .per_block(&[2, 3], ScaleDtype::F32)
+            .unwrap();
+        let layout = Layout::new(&scheme, &[3, 4]).unwrap();
+        let x: Vec<f32> = (0..12).map(|i| -(i as f32)).collect();
+        // Blocks: rows {0,1} × cols {0,1,2}, rows {0,1} × col {3}, row {2} × ..., row {2} × col 3.
+        assert_eq!(
+            amplitudes(&x, &layout, Calibration::MinMax),
+            [6.0, 7.0, 10.0, 11.0]
+        );
+        let means = amplitudes(&x, &layout, Calibration::AbsMean);
+        assert_eq!(means, [3.0, 5.0, 9.0, 11.0]);
+    }
+}

@@ -1,0 +1,218 @@
+//! Value codes (SPEC §6, §7): one scaled f32 to an 8-bit code, and a code back to f32.
+//!
+//! The kernels are generic over [`Encode`] so each (value, rounding) pair compiles to its own
+//! branch-free loop.
+
+use crate::layout::Packing;
+use crate::minifloat::{MiniFloat, E2M1, E4M3, E5M2};
+use crate::scheme::QuantValue;
+
+/// Ties in integer rounding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Rounding {
+    /// Half away from zero: burn's and ggml's `round`.
+    #[default]
+    HalfAway,
+    /// Half to even: numpy, ONNX, PyTorch.
+    HalfEven,
+}
+
+/// Turns `x / e` into an 8-bit code: ints sign-extended two's complement, floats their bit
+/// pattern (E2M1 in the low nibble).
+pub trait Encode: Copy + Send + Sync {
+    fn encode(&self, xs: f32) -> u8;
+}
+
+/// Integer values with half-away-from-zero ties.
+#[derive(Clone, Copy)]
+pub struct IntHalfAway {
+    pub qmin: f32,
+    pub qmax: f32,
+}
+
+/// Integer values with ties to even.
+#[derive(Clone, Copy)]
+pub struct IntHalfEven {
+    pub qmin: f32,
+    pub qmax: f32,
+}
+
+impl Encode for IntHalfAway {
+    #[inline(always)]
+    fn encode(&self, xs: f32) -> u8 {
+        // Clamping first is exact (qmin/qmax are integers and rounding is monotone), and keeps
+        // the truncating cast in range. NaN never gets here (inputs are checked).
+        let v = xs.max(self.qmin).min(self.qmax);
+        let t = v as i32; // truncates toward zero
+        let frac = v - t as f32; // exact for |v| < 2^23
+        let q = t + (frac >= 0.5) as i32 - (frac <= -0.5) as i32;
+        q as i8 as u8
+    }
+}
+
+impl Encode for IntHalfEven {
+    #[inline(always)]
+    fn encode(&self, xs: f32) -> u8 {
+        let v = xs.max(self.qmin).min(self.qmax);
+        let t = v as i32;
+        let frac = v - t as f32;
+        let odd = t & 1 != 0;
+        let up = (frac > 0.5) | ((frac == 0.5) & odd);
+        let down = (frac < -0.5) | ((frac == -0.5) & odd);
+        let q = t + up as i32 - down as i32;
+        q as i8 as u8
+    }
+}
+
+/// Float values: round to nearest even on the bit pattern, saturating.
+#[derive(Clone, Copy)]
+pub struct FloatCode(pub MiniFloat);
+
+impl Encode for FloatCode {
+    #[inline(always)]
+    fn encode(&self, xs: f32) -> u8 {
+        self.0.encode(xs)
+    }
+}
+
+/// The minifloat format of a float value.
+pub fn minifloat(value: QuantValue) -> Option<MiniFloat> {
+    match value {
+        QuantValue::E4M3 => Some(E4M3),
+        QuantValue::E5M2 => Some(E5M2),
+        QuantValue::E2M1 => Some(E2M1),
+        _ => None,
+    }
+}
+
+/// Decode table indexed by a stored field (Native: the whole byte).
+pub fn decode_table(value: QuantValue, packing: &Packing) -> Vec<f32> {
+    let fields = 1usize << packing.field_bits.min(8);
+    let bits = value.bits();
+    (0..fields)
+        .map(|f| {
+            let f = f as u32;
+            match minifloat(value) {
+                Some(fmt) => fmt.decode((f & ((1 << bits) - 1)) as u8),
+                // Sign-extend from the field's width: Native fields are whole int8 bytes.
+                None => {
+                    let w = packing.field_bits;
+                    (((f << (32 - w)) as i32) >> (32 - w)) as f32
+                }
+            }
+        })
+        .collect()
+}
+
+/// Whether a stored field is a valid code of `value` (used when taking storage from a caller).
+pub fn field_is_valid(value: QuantValue, packing: &Packing, field: u32) -> bool {
+    match minifloat(value) {
+        Some(fmt) => {
+            let bits = value.bits();
+            if field >> bits != 0 {
+                return false; // Native E2M1 with a non-zero high nibble
+            }
+            fmt.decode(field as u8).is_finite()
+                && fmt.decode(field as u8).abs() <= fmt.max_value()
+        }
+        None => {
+            let w = packing.field_bits;
+            let v = (((field << (32 - w)) as i32) >> (32 - w)) as f32;
+            let (lo, hi) = value.range();
+            v >= lo && v <= hi
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn int_rounding_modes() {
+        let away = IntHalfAway {
+            qmin: -127.0,
+            qmax: 127.0,
+        };
+        let even = IntHalfEven {
+            qmin: -127.0,
+            qmax: 127.0,
+        };
+        let cases = [
+            (0.5f32, 1i8, 0i8),
+            (1.5, 2, 2),
+            (2.5, 3, 2),
+            (-0.5, -1, 0),
+            (-1.5, -2, -2),
+            (-2.5, -3, -2),
+            (0.49999997, 0, 0),
+            (-0.49999997, 0, 0),
+            (126.5, 127, 126),
+            (1000.0, 127, 127),
+            (-1000.0, -127, -127),
+            (-0.0, 0, 0),
+            (f32::MAX, 127, 127),
+        ];
+        for (x, a, e) in cases {
+            assert_eq!(away.encode(x) as i8, a, "away {x}");
+            assert_eq!(even.encode(x) as i8, e, "even {x}");
+            assert_eq!(x.round().clamp(-127.0, 127.0) as i8, a);
+            assert_eq!(x.round_ties_even().clamp(-127.0, 127.0) as i8, e);
+        }
+    }
+
+    #[test]
+    fn int_rounding_matches_std_on_a_sweep() {
+        let away = IntHalfAway {
+            qmin: -8.0,
+            qmax: 7.0,
+        };
+        let even = IntHalfEven {
+            qmin: -8.0,
+            qmax: 7.0,
+        };
+        let mut x = -10.0f32;
+        while x < 10.0 {
+            assert_eq!(away.encode(x) as i8, x.round().clamp(-8.0, 7.0) as i8, "{x}");
+            assert_eq!(
+                even.encode(x) as i8,
+                x.round_ties_even().clamp(-8.0, 7.0) as i8,
+                "{x}"
+            );
+            x += 1.0 / 64.0;
+        }
+    }
+
+    #[test]
+    fn native_and_packed_decode_tables() {
+        let native = Packing {
+            word_bits: 8,
+            per: 1,
+            field_bits: 8,
+            axis: 0,
+            outer: 1,
+            n_axis: 1,
+            inner: 1,
+            words_axis: 1,
+        };
+        let packed = Packing {
+            field_bits: 4,
+            per: 2,
+            ..native.clone()
+        };
+        let t = decode_table(QuantValue::Q4S, &native);
+        assert_eq!(t[0xFF], -1.0);
+        assert_eq!(t[0x7F], 127.0);
+        let t = decode_table(QuantValue::Q4S, &packed);
+        assert_eq!(t.len(), 16);
+        assert_eq!(t[0xF], -1.0);
+        assert_eq!(t[0x8], -8.0);
+        assert!(field_is_valid(QuantValue::Q4S, &packed, 0x9)); // -7
+        assert!(!field_is_valid(QuantValue::Q4S, &packed, 0x8)); // -8
+        assert!(!field_is_valid(QuantValue::Q4S, &native, 0x08)); // 8 as int8
+        assert!(!field_is_valid(QuantValue::E2M1, &native, 0x17));
+        assert!(!field_is_valid(QuantValue::E4M3, &native, 0x7F));
+        assert!(!field_is_valid(QuantValue::E5M2, &native, 0x7C));
+        assert!(field_is_valid(QuantValue::E5M2, &native, 0xFB));
+    }
+}

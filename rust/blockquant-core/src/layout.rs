@@ -1,0 +1,314 @@
+//! The geometry a scheme takes on a given shape: the block grid (SPEC §2) and the storage
+//! packing (SPEC §8). Every tensor-dependent rule of the scheme is checked here, once.
+
+use crate::error::{QuantError, Result};
+use crate::scheme::{QuantScheme, QuantStore, QuantValue};
+
+/// How values sit in storage words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Packing {
+    /// 8 (int8/uint8 storage) or 32 (uint32 storage).
+    pub word_bits: u32,
+    /// Values per word: 1 for Native.
+    pub per: usize,
+    /// Bits of one field: 8 for Native (sign-extended ints), else the value's bits.
+    pub field_bits: u32,
+    /// The packed axis, counted from the outermost (only meaningful when `per > 1`).
+    pub axis: usize,
+    /// Elements before, along and after the packed axis.
+    pub outer: usize,
+    pub n_axis: usize,
+    pub inner: usize,
+    /// Words along the packed axis: `ceil(n_axis / per)`.
+    pub words_axis: usize,
+}
+
+impl Packing {
+    pub fn num_words(&self) -> usize {
+        self.outer * self.words_axis * self.inner
+    }
+    pub fn word_bytes(&self) -> usize {
+        self.word_bits as usize / 8
+    }
+    pub fn field_mask(&self) -> u32 {
+        if self.field_bits == 32 {
+            u32::MAX
+        } else {
+            (1u32 << self.field_bits) - 1
+        }
+    }
+}
+
+/// A scheme applied to a shape: grid, scales and storage sizes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layout {
+    pub scheme: QuantScheme,
+    /// The caller's shape (may be 0-d).
+    pub shape: Vec<usize>,
+    /// The shape the kernels see: a 0-d tensor is `[1]`.
+    pub dims: Vec<usize>,
+    pub num_elements: usize,
+    /// Block extent on every axis (per-tensor: the whole tensor, at least 1 per axis).
+    pub block: Vec<usize>,
+    /// Scale grid shape (per-tensor: `[1]`).
+    pub grid: Vec<usize>,
+    pub num_scales: usize,
+    pub per_tensor: bool,
+    pub packing: Packing,
+}
+
+impl Layout {
+    /// Check `scheme` against `shape` and work out the geometry.
+    pub fn new(scheme: &QuantScheme, shape: &[usize]) -> Result<Self> {
+        scheme.validate()?;
+        scheme.check_supported()?;
+        let dims: Vec<usize> = if shape.is_empty() {
+            vec![1]
+        } else {
+            shape.to_vec()
+        };
+        let rank = dims.len();
+        let num_elements = checked_product(&dims).ok_or_else(|| {
+            QuantError::Layout(format!("shape {shape:?} has more elements than fit in memory"))
+        })?;
+        let (block, grid, per_tensor) = match &scheme.block {
+            None => (dims.iter().map(|&d| d.max(1)).collect(), vec![1], true),
+            Some(b) => {
+                let size = b.size();
+                if size.len() > rank {
+                    return Err(QuantError::Scheme(format!(
+                        "block {size:?} has {} dimensions, more than the tensor's shape {shape:?} ({} after treating 0-d as (1,))",
+                        size.len(),
+                        rank
+                    )));
+                }
+                let mut block = vec![1; rank - size.len()];
+                block.extend_from_slice(size);
+                let grid = dims
+                    .iter()
+                    .zip(&block)
+                    .map(|(&d, &b)| d.div_ceil(b))
+                    .collect();
+                (block, grid, false)
+            }
+        };
+        let num_scales = grid.iter().product();
+        let packing = packing_for(scheme, &dims)?;
+        checked_product(&[packing.num_words(), packing.word_bytes()]).ok_or_else(|| {
+            QuantError::Layout(format!("shape {shape:?} has more elements than fit in memory"))
+        })?;
+        Ok(Self {
+            scheme: *scheme,
+            shape: shape.to_vec(),
+            dims,
+            num_elements,
+            block,
+            grid,
+            num_scales,
+            per_tensor,
+            packing,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.dims.len()
+    }
+
+    /// Length of the last axis (a "row").
+    pub fn row_len(&self) -> usize {
+        *self.dims.last().unwrap()
+    }
+
+    pub fn num_rows(&self) -> usize {
+        if self.row_len() == 0 {
+            0
+        } else {
+            self.num_elements / self.row_len()
+        }
+    }
+
+    /// Block extent along the last axis.
+    pub fn block_cols(&self) -> usize {
+        *self.block.last().unwrap()
+    }
+
+    /// Grid extent along the last axis.
+    pub fn grid_cols(&self) -> usize {
+        *self.grid.last().unwrap()
+    }
+
+    /// True when every block is one row segment (1-D blocks, or per-tensor on a 1-D tensor): the
+    /// grid row of tensor row `r` is then `r` itself.
+    pub fn rows_map_directly(&self) -> bool {
+        self.block[..self.rank() - 1].iter().all(|&b| b == 1)
+    }
+
+    /// Offset into the scale grid of the first block of tensor row `row`.
+    pub fn grid_row_offset(&self, row: usize) -> usize {
+        if self.per_tensor {
+            return 0;
+        }
+        let gc = self.grid_cols();
+        if self.rows_map_directly() {
+            return row * gc;
+        }
+        let rank = self.rank();
+        let mut rem = row;
+        let mut offset = 0;
+        let mut grid_stride = gc;
+        for ax in (0..rank - 1).rev() {
+            let i = rem % self.dims[ax];
+            rem /= self.dims[ax];
+            offset += (i / self.block[ax]) * grid_stride;
+            grid_stride *= self.grid[ax];
+        }
+        offset
+    }
+
+    /// Storage shape (SPEC §8): the packed axis shrinks to `ceil(n / per)` words.
+    pub fn storage_shape(&self) -> Vec<usize> {
+        let mut s = self.dims.clone();
+        if self.packing.per > 1 {
+            s[self.packing.axis] = self.packing.words_axis;
+        }
+        s
+    }
+
+    /// Bytes of the value storage.
+    pub fn storage_bytes(&self) -> usize {
+        self.packing.num_words() * self.packing.word_bytes()
+    }
+
+    /// Bytes of the whole `to_bytes()` layout (SPEC §9).
+    pub fn total_bytes(&self) -> usize {
+        self.storage_bytes()
+            + self.num_scales * self.scheme.scale_dtype().size_bytes()
+            + if self.scheme.is_two_level() { 4 } else { 0 }
+    }
+
+    /// Number of elements in block `k` of the grid (partial edge blocks are smaller).
+    pub fn block_count(&self, grid_index: usize) -> usize {
+        if self.per_tensor {
+            return self.num_elements;
+        }
+        let mut rem = grid_index;
+        let mut count = 1;
+        for ax in (0..self.rank()).rev() {
+            let g = rem % self.grid[ax];
+            rem /= self.grid[ax];
+            let start = g * self.block[ax];
+            count *= self.block[ax].min(self.dims[ax] - start);
+        }
+        count
+    }
+}
+
+fn checked_product(xs: &[usize]) -> Option<usize> {
+    let n = xs.iter().try_fold(1usize, |acc, &x| acc.checked_mul(x))?;
+    // Keep byte counts of f32 data addressable too.
+    n.checked_mul(4).map(|_| n)
+}
+
+fn packing_for(scheme: &QuantScheme, dims: &[usize]) -> Result<Packing> {
+    let bits = scheme.value.bits();
+    let rank = dims.len();
+    let (word_bits, dim) = match scheme.store {
+        QuantStore::Native => {
+            return Ok(Packing {
+                word_bits: 8,
+                per: 1,
+                field_bits: 8,
+                axis: rank - 1,
+                outer: dims[..rank - 1].iter().product(),
+                n_axis: dims[rank - 1],
+                inner: 1,
+                words_axis: dims[rank - 1],
+            })
+        }
+        QuantStore::PackedU32(d) => (32, d),
+        QuantStore::PackedNative(d) => (8, d),
+    };
+    if dim >= rank {
+        return Err(QuantError::Scheme(format!(
+            "packing dim {dim} counts from the innermost axis and must be < the tensor's rank {rank}"
+        )));
+    }
+    let axis = rank - 1 - dim;
+    let per = (word_bits / bits) as usize;
+    Ok(Packing {
+        word_bits,
+        per,
+        field_bits: bits,
+        axis,
+        outer: dims[..axis].iter().product(),
+        n_axis: dims[axis],
+        inner: dims[axis + 1..].iter().product(),
+        words_axis: dims[axis].div_ceil(per),
+    })
+}
+
+/// Whether `value` stores sign-extended two's complement ints.
+pub fn is_int(value: QuantValue) -> bool {
+    !value.is_float()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheme::ScaleDtype;
+
+    fn scheme(store: QuantStore, block: Option<&[usize]>) -> QuantScheme {
+        let s = QuantScheme::default()
+            .with_value(QuantValue::Q4S)
+            .with_store(store);
+        match block {
+            Some(b) => s.per_block(b, ScaleDtype::F16).unwrap(),
+            None => s,
+        }
+    }
+
+    #[test]
+    fn partial_edge_blocks_and_grid() {
+        let l = Layout::new(&scheme(QuantStore::Native, Some(&[2, 4])), &[5, 3, 9]).unwrap();
+        assert_eq!(l.block, [1, 2, 4]);
+        assert_eq!(l.grid, [5, 2, 3]);
+        assert_eq!(l.num_scales, 30);
+        // Block (0, 1, 2): rows 2..3 (1 of 2), cols 8..9 (1 of 4).
+        assert_eq!(l.block_count(5), 1);
+        assert_eq!(l.block_count(0), 8);
+        assert_eq!(l.grid_row_offset(0), 0);
+        assert_eq!(l.grid_row_offset(1), 0);
+        assert_eq!(l.grid_row_offset(2), 3);
+        assert_eq!(l.grid_row_offset(3), 6);
+    }
+
+    #[test]
+    fn a_q4_3x3_tensor_takes_3_words() {
+        let l = Layout::new(&scheme(QuantStore::PackedU32(0), None), &[3, 3]).unwrap();
+        assert_eq!(l.storage_shape(), [3, 1]);
+        assert_eq!(l.storage_bytes(), 12);
+        let l = Layout::new(&scheme(QuantStore::PackedNative(1), None), &[3, 3]).unwrap();
+        assert_eq!(l.storage_shape(), [2, 3]);
+    }
+
+    #[test]
+    fn tensor_dependent_rules() {
+        let too_deep = Layout::new(&scheme(QuantStore::Native, Some(&[2, 4])), &[8]);
+        assert!(matches!(too_deep, Err(QuantError::Scheme(_))));
+        let bad_dim = Layout::new(&scheme(QuantStore::PackedU32(2), None), &[4, 4]);
+        assert!(matches!(bad_dim, Err(QuantError::Scheme(_))));
+        let huge = Layout::new(&scheme(QuantStore::Native, None), &[usize::MAX / 2, 3]);
+        assert!(matches!(huge, Err(QuantError::Layout(_))));
+    }
+
+    #[test]
+    fn zero_d_is_one_element() {
+        let l = Layout::new(&scheme(QuantStore::PackedU32(0), Some(&[32])), &[]).unwrap();
+        assert_eq!(l.dims, [1]);
+        assert_eq!(l.grid, [1]);
+        assert_eq!(l.storage_shape(), [1]);
+        let empty = Layout::new(&scheme(QuantStore::Native, Some(&[32])), &[0, 5]).unwrap();
+        assert_eq!(empty.num_scales, 0);
+        assert_eq!(empty.num_rows(), 0);
+    }
+}

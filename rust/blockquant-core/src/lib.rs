@@ -1,0 +1,30 @@
+//! blockquant-core: low-bit block quantization, in pure Rust.
+//!
+//! The pieces, in the order data flows through them:
+//! - [`scheme`]: what a quantized tensor is (values, store, scale levels) and its rules;
+//! - [`layout`]: that scheme on a concrete shape: block grid, storage packing;
+//! - [`calibrate`]: the amplitude of each block; [`scale`]: rounding scales to their dtype;
+//! - [`codec`] and [`minifloat`]: one value to its code and back;
+//! - [`quantize`] and [`pack`]: the kernels; [`bytes`]: burn's byte layout;
+//! - [`pool`]: the bounded thread pool every kernel runs in.
+
+pub mod bytes;
+pub mod calibrate;
+pub mod codec;
+pub mod error;
+pub mod layout;
+pub mod minifloat;
+pub mod pack;
+pub mod pool;
+pub mod quantize;
+pub mod scale;
+pub mod scheme;
+
+pub use calibrate::Calibration;
+pub use codec::Rounding;
+pub use error::{QuantError, Result};
+pub use layout::Layout;
+pub use pack::{Storage, StorageMut};
+pub use quantize::{ExplicitScales, QuantizeOptions, Scales};
+pub use scale::ScaleRounding;
+pub use scheme::{BlockScale, QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype};

@@ -1,0 +1,326 @@
+//! Scale dtypes: rounding a raw f32 scale to what the dtype can hold (SPEC §4), and the bytes.
+//!
+//! Rounding works in each dtype's code space: round to the nearest code (ties to even), then, for
+//! `Up`, step one code up if that fell below the raw scale. Codes are monotone in value for
+//! non-negative numbers, so the step gives the smallest representable value ≥ the raw scale.
+
+use half::{bf16, f16};
+
+use crate::error::{QuantError, Result};
+use crate::minifloat::{exp2i, E4M3};
+use crate::scheme::ScaleDtype;
+
+/// How a raw scale becomes a stored one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ScaleRounding {
+    /// The smallest representable value ≥ the raw scale (burn's rule): the block's largest
+    /// value never clips.
+    #[default]
+    Up,
+    /// Round to nearest, ties to even (a plain cast; NVFP4 producers, GGUF): values may clip.
+    Nearest,
+}
+
+const F16_MAX_BITS: u16 = 0x7BFF;
+const BF16_MAX_BITS: u16 = 0x7F7F;
+const UE8M0_MAX_CODE: u32 = 254;
+
+impl ScaleDtype {
+    /// The largest finite value.
+    pub fn max_value(self) -> f32 {
+        match self {
+            Self::F32 => f32::MAX,
+            Self::F16 => 65504.0,
+            Self::BF16 => bf16::from_bits(BF16_MAX_BITS).to_f32(),
+            Self::UE8M0 => exp2i(127),
+            Self::UE4M3 => 448.0,
+        }
+    }
+
+    /// The smallest value > 0.
+    pub fn smallest_positive(self) -> f32 {
+        match self {
+            Self::F32 => f32::from_bits(1),
+            Self::F16 => exp2i(-24),
+            Self::BF16 => bf16::from_bits(1).to_f32(),
+            Self::UE8M0 => exp2i(-127),
+            Self::UE4M3 => exp2i(-9),
+        }
+    }
+
+    /// UE8M0 has no zero: its smallest value stands in for it (SPEC §4's zero rule).
+    pub fn has_zero(self) -> bool {
+        self != Self::UE8M0
+    }
+
+    /// Round a scale (finite, ≥ 0) to this dtype; returns the stored code. −0 is stored as +0.
+    pub fn round_code(self, s: f32, mode: ScaleRounding) -> u32 {
+        let s = if s == 0.0 { 0.0 } else { s };
+        let nearest = self.nearest_code(s);
+        match mode {
+            ScaleRounding::Nearest => nearest,
+            ScaleRounding::Up if self.decode_code(nearest) < s && nearest < self.max_code() => {
+                nearest + 1
+            }
+            ScaleRounding::Up => nearest,
+        }
+    }
+
+    /// Round a scale (finite, ≥ 0) to this dtype and return the stored value as f32 (exact).
+    #[inline]
+    pub fn round(self, s: f32, mode: ScaleRounding) -> f32 {
+        match self {
+            // The identity: skip the code round trip on the hot path.
+            Self::F32 => {
+                if s == 0.0 {
+                    0.0
+                } else {
+                    s
+                }
+            }
+            _ => self.decode_code(self.round_code(s, mode)),
+        }
+    }
+
+    /// The code of the largest finite value.
+    fn max_code(self) -> u32 {
+        match self {
+            Self::F32 => f32::MAX.to_bits(),
+            Self::F16 => F16_MAX_BITS as u32,
+            Self::BF16 => BF16_MAX_BITS as u32,
+            Self::UE8M0 => UE8M0_MAX_CODE,
+            Self::UE4M3 => E4M3.max_code,
+        }
+    }
+
+    /// Round to nearest, ties to even, saturating at the largest value.
+    fn nearest_code(self, s: f32) -> u32 {
+        match self {
+            Self::F32 => s.to_bits(),
+            Self::F16 => {
+                let h = f16::from_f32(s);
+                if h.is_infinite() {
+                    F16_MAX_BITS as u32
+                } else {
+                    h.to_bits() as u32
+                }
+            }
+            Self::BF16 => {
+                let h = bf16::from_f32(s);
+                if h.is_infinite() {
+                    BF16_MAX_BITS as u32
+                } else {
+                    h.to_bits() as u32
+                }
+            }
+            Self::UE4M3 => E4M3.encode(s) as u32,
+            Self::UE8M0 => ue8m0_nearest(s),
+        }
+    }
+
+    /// The value of a stored code.
+    pub fn decode_code(self, code: u32) -> f32 {
+        match self {
+            Self::F32 => f32::from_bits(code),
+            Self::F16 => f16::from_bits(code as u16).to_f32(),
+            Self::BF16 => bf16::from_bits(code as u16).to_f32(),
+            Self::UE4M3 => E4M3.decode(code as u8),
+            Self::UE8M0 => {
+                if code > UE8M0_MAX_CODE {
+                    f32::NAN
+                } else {
+                    exp2i(code as i32 - 127)
+                }
+            }
+        }
+    }
+
+    /// Whether `v` is exactly one of this dtype's values.
+    pub fn is_representable(self, v: f32) -> bool {
+        v.is_finite() && v >= 0.0 && self.decode_code(self.nearest_code(v)) == v
+    }
+
+    /// Append the little-endian encoding of `v`, which must be representable.
+    pub fn write_le(self, v: f32, out: &mut Vec<u8>) {
+        let code = self.nearest_code(v);
+        match self.size_bytes() {
+            4 => out.extend_from_slice(&code.to_le_bytes()),
+            2 => out.extend_from_slice(&(code as u16).to_le_bytes()),
+            _ => out.push(code as u8),
+        }
+    }
+
+    /// Read one little-endian scale. `bytes.len()` must be `size_bytes()`.
+    pub fn read_le(self, bytes: &[u8]) -> f32 {
+        let code = match bytes.len() {
+            4 => u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+            2 => u16::from_le_bytes([bytes[0], bytes[1]]) as u32,
+            _ => bytes[0] as u32,
+        };
+        self.decode_code(code)
+    }
+}
+
+/// UE8M0 nearest: a float with no mantissa bits, so RNE on the f32 bit pattern decides between
+/// two powers of two; ties go to the even exponent code. No zero: 0 and tiny values give 2^-127.
+fn ue8m0_nearest(s: f32) -> u32 {
+    let bits = s.to_bits();
+    let exp = bits >> 23;
+    let man = bits & 0x7F_FFFF;
+    let code = if exp == 0 {
+        // f32 subnormal: between 2^-127 (code 0, mantissa 0x40_0000) and 2^-126 (code 1).
+        (man > 0x60_0000) as u32
+    } else {
+        let up = (man > 0x40_0000) || (man == 0x40_0000 && exp & 1 == 1);
+        exp + up as u32
+    };
+    code.min(UE8M0_MAX_CODE)
+}
+
+/// Check caller-given scales: finite and ≥ 0 (SPEC §3).
+pub fn check_scales(scales: &[f32], what: &str) -> Result<()> {
+    if let Some((i, s)) = scales
+        .iter()
+        .enumerate()
+        .find(|(_, s)| !s.is_finite() || **s < 0.0)
+    {
+        let why = if s.is_finite() { "negative" } else { "non-finite" };
+        return Err(QuantError::Scale(format!(
+            "{what} must be finite and >= 0, got {why} {s} at index {i}"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ScaleRounding::{Nearest, Up};
+
+    fn next_up(v: f32) -> f32 {
+        f32::from_bits(v.to_bits() + 1)
+    }
+    fn next_down(v: f32) -> f32 {
+        f32::from_bits(v.to_bits() - 1)
+    }
+
+    #[test]
+    fn f32_is_the_identity() {
+        for s in [0.0, 1e-45, 0.1, 3.0, 1e38, f32::MAX] {
+            assert_eq!(ScaleDtype::F32.round(s, Up), s);
+            assert_eq!(ScaleDtype::F32.round(s, Nearest), s);
+        }
+    }
+
+    #[test]
+    fn zero_rule() {
+        for d in ScaleDtype::ALL {
+            let want = if d.has_zero() { 0.0 } else { exp2i(-127) };
+            assert_eq!(d.round(0.0, Up), want, "{d}");
+            assert_eq!(d.round(0.0, Nearest), want, "{d}");
+            assert_eq!(d.round(-0.0, Up).to_bits(), want.to_bits(), "{d}");
+        }
+    }
+
+    /// At every dtype's edges: exact values stay, one f32 ulp above steps up (Up) and stays
+    /// (Nearest), and anything past the max saturates.
+    #[test]
+    fn boundaries_of_every_dtype() {
+        for d in ScaleDtype::ALL {
+            let max = d.max_value();
+            let tiny = d.smallest_positive();
+            for v in [tiny, 1.0, 0.5, max] {
+                assert_eq!(d.round(v, Up), v, "{d} {v}");
+                assert_eq!(d.round(v, Nearest), v, "{d} {v}");
+            }
+            if d != ScaleDtype::F32 {
+                assert_eq!(d.round(max * 1.5, Up), max, "{d}");
+                assert_eq!(d.round(max * 1.5, Nearest), max, "{d}");
+            }
+            assert_eq!(d.round(f32::MAX, Nearest), max, "{d}");
+            if d != ScaleDtype::F32 {
+                assert!(d.round(next_up(1.0), Up) > 1.0, "{d}");
+                assert_eq!(d.round(next_up(1.0), Nearest), 1.0, "{d}");
+                assert_eq!(d.round(next_down(1.0), Nearest), 1.0, "{d}");
+                assert!(d.round(next_down(1.0), Up) == 1.0, "{d}");
+                assert_eq!(d.round(next_up(tiny), Nearest), tiny, "{d}");
+                assert!(d.round(next_up(tiny), Up) > tiny, "{d}");
+            }
+            if d.has_zero() && d != ScaleDtype::F32 {
+                // Below the smallest value: up gives it, nearest gives 0 below half of it.
+                assert_eq!(d.round(tiny / 4.0, Up), tiny, "{d}");
+                assert_eq!(d.round(tiny / 4.0, Nearest), 0.0, "{d}");
+            }
+        }
+    }
+
+    #[test]
+    fn f16_specifics() {
+        let d = ScaleDtype::F16;
+        assert_eq!(d.round(65505.0, Up), 65504.0);
+        assert_eq!(d.round(65519.0, Nearest), 65504.0); // would round to inf as a plain cast
+        assert_eq!(d.round(exp2i(-25), Nearest), 0.0); // tie with 0 → even (0)
+        assert_eq!(d.round(next_up(exp2i(-25)), Nearest), exp2i(-24));
+        assert_eq!(d.round(1.0 + exp2i(-11), Nearest), 1.0); // tie → even
+        assert_eq!(d.round(1.0 + exp2i(-11), Up), 1.0 + exp2i(-10));
+    }
+
+    #[test]
+    fn ue8m0_specifics() {
+        let d = ScaleDtype::UE8M0;
+        assert_eq!(d.round(3.0, Up), 4.0);
+        assert_eq!(d.round(2.0, Up), 2.0);
+        assert_eq!(d.round(next_up(2.0), Up), 4.0);
+        // 1.5·2^k ties to the even exponent code: 1.5 → code 127 (odd) or 128 (even) → 2.0
+        assert_eq!(d.round(1.5, Nearest), 2.0);
+        // 3.0 = 1.5·2: codes 128 (2.0, even) and 129 (4.0) → 2.0
+        assert_eq!(d.round(3.0, Nearest), 2.0);
+        assert_eq!(d.round(next_up(3.0), Nearest), 4.0);
+        assert_eq!(d.round(exp2i(-140), Up), exp2i(-127));
+        assert_eq!(d.round(exp2i(-140), Nearest), exp2i(-127));
+        assert_eq!(d.round(f32::MAX, Up), exp2i(127));
+        assert_eq!(d.round(exp2i(127) * 1.2, Up), exp2i(127));
+        let tie = f32::from_bits(0x60_0000); // 1.5·2^-127
+        assert_eq!(d.round(tie, Nearest), exp2i(-127));
+        assert_eq!(d.round(next_up(tie), Nearest), exp2i(-126));
+    }
+
+    #[test]
+    fn ue4m3_specifics() {
+        let d = ScaleDtype::UE4M3;
+        assert_eq!(d.round(0.3, Up), 0.3125);
+        assert_eq!(d.round(0.3, Nearest), 0.3125);
+        assert_eq!(d.round(449.0, Up), 448.0);
+        assert_eq!(d.round(1e6, Nearest), 448.0);
+        assert_eq!(d.round(exp2i(-10), Nearest), 0.0); // tie with 0 → even
+        assert_eq!(d.round(exp2i(-10), Up), exp2i(-9));
+    }
+
+    #[test]
+    fn bytes_round_trip() {
+        for d in ScaleDtype::ALL {
+            for s in [0.0f32, 0.125, 3.0, d.max_value(), d.smallest_positive()] {
+                let v = d.round(s, Up);
+                let mut out = Vec::new();
+                d.write_le(v, &mut out);
+                assert_eq!(out.len(), d.size_bytes());
+                assert_eq!(d.read_le(&out).to_bits(), v.to_bits(), "{d} {s}");
+            }
+        }
+        let mut out = Vec::new();
+        ScaleDtype::UE4M3.write_le(0.5, &mut out);
+        ScaleDtype::UE4M3.write_le(0.125, &mut out);
+        assert_eq!(out, [0x30, 0x20]);
+    }
+
+    #[test]
+    fn representability() {
+        assert!(ScaleDtype::UE4M3.is_representable(0.5));
+        assert!(!ScaleDtype::UE4M3.is_representable(0.3));
+        assert!(!ScaleDtype::UE8M0.is_representable(0.0));
+        assert!(ScaleDtype::F16.is_representable(65504.0));
+        assert!(!ScaleDtype::F16.is_representable(65505.0));
+        assert!(!ScaleDtype::F32.is_representable(f32::NAN));
+        assert!(!ScaleDtype::F32.is_representable(-1.0));
+    }
+}

@@ -1,0 +1,396 @@
+//! The scheme model (SPEC §1): value type, store, mode and scale levels, with the validity rules.
+//!
+//! Small `Copy` enums and a builder, after burn/cubecl's `QuantScheme`. `Display` prints the same
+//! text as the Python `repr`, so error messages read the same from either side.
+
+use std::fmt;
+
+use crate::error::{QuantError, Result};
+
+/// Blocks have at most this many dimensions.
+pub const MAX_BLOCK_DIMS: usize = 5;
+
+/// The type of each stored value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuantValue {
+    Q8F,
+    Q8S,
+    Q4F,
+    Q4S,
+    Q2F,
+    Q2S,
+    E4M3,
+    E5M2,
+    E2M1,
+}
+
+impl QuantValue {
+    pub const ALL: [QuantValue; 9] = [
+        Self::Q8F,
+        Self::Q8S,
+        Self::Q4F,
+        Self::Q4S,
+        Self::Q2F,
+        Self::Q2S,
+        Self::E4M3,
+        Self::E5M2,
+        Self::E2M1,
+    ];
+
+    /// Bits of one stored value.
+    pub fn bits(self) -> u32 {
+        match self {
+            Self::Q8F | Self::Q8S | Self::E4M3 | Self::E5M2 => 8,
+            Self::Q4F | Self::Q4S | Self::E2M1 => 4,
+            Self::Q2F | Self::Q2S => 2,
+        }
+    }
+
+    /// The representable range `[qmin, qmax]`.
+    pub fn range(self) -> (f32, f32) {
+        match self {
+            Self::Q8F => (-128.0, 127.0),
+            Self::Q8S => (-127.0, 127.0),
+            Self::Q4F => (-8.0, 7.0),
+            Self::Q4S => (-7.0, 7.0),
+            Self::Q2F => (-2.0, 1.0),
+            Self::Q2S => (-1.0, 1.0),
+            Self::E4M3 => (-448.0, 448.0),
+            Self::E5M2 => (-57344.0, 57344.0),
+            Self::E2M1 => (-6.0, 6.0),
+        }
+    }
+
+    /// `(qmax - qmin) / 2`, exact in f32. The raw scale is `alpha / half_range`: the same value as
+    /// SPEC's `(alpha + alpha) / (qmax - qmin)` (both round the same real), without overflowing
+    /// when `alpha > f32::MAX / 2`.
+    pub fn half_range(self) -> f32 {
+        let (lo, hi) = self.range();
+        (hi - lo) / 2.0
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, Self::E4M3 | Self::E5M2 | Self::E2M1)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Q8F => "Q8F",
+            Self::Q8S => "Q8S",
+            Self::Q4F => "Q4F",
+            Self::Q4S => "Q4S",
+            Self::Q2F => "Q2F",
+            Self::Q2S => "Q2S",
+            Self::E4M3 => "E4M3",
+            Self::E5M2 => "E5M2",
+            Self::E2M1 => "E2M1",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|v| v.name() == name)
+    }
+}
+
+/// How a scale is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ScaleDtype {
+    F32,
+    F16,
+    BF16,
+    /// `2^(e-127)`, one byte, no zero: the MX formats' shared exponent.
+    UE8M0,
+    /// E4M3 with the sign bit 0: NVFP4's block scale.
+    UE4M3,
+}
+
+impl ScaleDtype {
+    pub const ALL: [ScaleDtype; 5] = [Self::F32, Self::F16, Self::BF16, Self::UE8M0, Self::UE4M3];
+
+    pub fn size_bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 | Self::BF16 => 2,
+            Self::UE8M0 | Self::UE4M3 => 1,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "F32",
+            Self::F16 => "F16",
+            Self::BF16 => "BF16",
+            Self::UE8M0 => "UE8M0",
+            Self::UE4M3 => "UE4M3",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|d| d.name() == name)
+    }
+}
+
+/// How values map back to numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum QuantMode {
+    #[default]
+    Symmetric,
+    /// Reserved for a codebook; every entry point answers `Unsupported` for it.
+    Lookup,
+}
+
+/// Where values live. `dim` counts from the innermost axis (0 = last axis).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuantStore {
+    /// One value per byte.
+    Native,
+    /// `32 / bits` values per `u32` word along axis `rank - 1 - dim`.
+    PackedU32(usize),
+    /// `8 / bits` values per byte along axis `rank - 1 - dim`.
+    PackedNative(usize),
+}
+
+/// One scale per block of `size` elements (rank-relative: missing leading dims are 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BlockScale {
+    size: [usize; MAX_BLOCK_DIMS],
+    rank: usize,
+    pub dtype: ScaleDtype,
+}
+
+impl BlockScale {
+    /// A block of 1 to 5 positive dims; leading 1s are dropped, so `[1, 32]` equals `[32]`.
+    pub fn new(size: &[usize], dtype: ScaleDtype) -> Result<Self> {
+        let mut dims: &[usize] = size;
+        while dims.len() > 1 && dims[0] == 1 {
+            dims = &dims[1..];
+        }
+        if dims.is_empty() {
+            return Err(QuantError::Scheme(
+                "a block size has 1 to 5 dimensions, got none".into(),
+            ));
+        }
+        if dims.contains(&0) {
+            return Err(QuantError::Scheme(format!(
+                "block sizes are positive integers, got {size:?}"
+            )));
+        }
+        if dims.len() > MAX_BLOCK_DIMS {
+            return Err(QuantError::Scheme(format!(
+                "a block size has 1 to {MAX_BLOCK_DIMS} dimensions, got {}: {dims:?}",
+                dims.len()
+            )));
+        }
+        let mut arr = [1; MAX_BLOCK_DIMS];
+        arr[..dims.len()].copy_from_slice(dims);
+        Ok(Self {
+            size: arr,
+            rank: dims.len(),
+            dtype,
+        })
+    }
+
+    pub fn size(&self) -> &[usize] {
+        &self.size[..self.rank]
+    }
+}
+
+/// A quantization scheme. Neither level set means one per-tensor F32 scale (burn's rule); both
+/// set means two-level: block scales normalized by one f32 per-tensor scale (as NVFP4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QuantScheme {
+    pub value: QuantValue,
+    pub store: QuantStore,
+    pub mode: QuantMode,
+    pub tensor: Option<ScaleDtype>,
+    pub block: Option<BlockScale>,
+}
+
+impl Default for QuantScheme {
+    fn default() -> Self {
+        Self {
+            value: QuantValue::Q8F,
+            store: QuantStore::PackedU32(0),
+            mode: QuantMode::Symmetric,
+            tensor: None,
+            block: None,
+        }
+    }
+}
+
+impl QuantScheme {
+    pub fn with_value(self, value: QuantValue) -> Self {
+        Self { value, ..self }
+    }
+    pub fn with_store(self, store: QuantStore) -> Self {
+        Self { store, ..self }
+    }
+    pub fn with_mode(self, mode: QuantMode) -> Self {
+        Self { mode, ..self }
+    }
+    pub fn per_tensor(self, dtype: ScaleDtype) -> Self {
+        Self {
+            tensor: Some(dtype),
+            ..self
+        }
+    }
+    pub fn per_block(self, size: &[usize], dtype: ScaleDtype) -> Result<Self> {
+        Ok(Self {
+            block: Some(BlockScale::new(size, dtype)?),
+            ..self
+        })
+    }
+
+    pub fn is_two_level(&self) -> bool {
+        self.tensor.is_some() && self.block.is_some()
+    }
+
+    /// The dtype of the scales stored right after the values.
+    pub fn scale_dtype(&self) -> ScaleDtype {
+        match (self.block, self.tensor) {
+            (Some(b), _) => b.dtype,
+            (None, Some(t)) => t,
+            (None, None) => ScaleDtype::F32,
+        }
+    }
+
+    /// The scheme-only rules (SPEC §1). Tensor-dependent rules are checked by [`crate::Layout`].
+    pub fn validate(&self) -> Result<()> {
+        if let (Some(tensor), Some(block)) = (self.tensor, self.block) {
+            if tensor != ScaleDtype::F32 {
+                return Err(QuantError::Scheme(format!(
+                    "a two-level scheme stores its per-tensor scale as f32, got {self}"
+                )));
+            }
+            // F32/BF16/UE8M0 block scales reach past f16's range: normalizing them by
+            // max/dtype_max would drive the per-tensor scale subnormal.
+            if !matches!(block.dtype, ScaleDtype::F16 | ScaleDtype::UE4M3) {
+                return Err(QuantError::Scheme(format!(
+                    "a two-level scheme's block scales must be F16 or UE4M3: wider block scales would drive the per-tensor scale subnormal, got {self}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// `Ok` when this scheme has an implementation (everything but Lookup mode).
+    pub fn check_supported(&self) -> Result<()> {
+        match self.mode {
+            QuantMode::Symmetric => Ok(()),
+            QuantMode::Lookup => Err(QuantError::Unsupported {
+                scheme: self.to_string(),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for QuantValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl fmt::Display for ScaleDtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl fmt::Display for QuantStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Native => f.write_str("Native"),
+            Self::PackedU32(d) => write!(f, "PackedU32({d})"),
+            Self::PackedNative(d) => write!(f, "PackedNative({d})"),
+        }
+    }
+}
+
+impl fmt::Display for BlockScale {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let dims: Vec<String> = self.size().iter().map(|d| d.to_string()).collect();
+        write!(f, "BlockScale([{}], {})", dims.join(", "), self.dtype)
+    }
+}
+
+impl fmt::Display for QuantScheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "QuantScheme(value={}, store={}", self.value, self.store)?;
+        if self.mode == QuantMode::Lookup {
+            f.write_str(", mode=Lookup")?;
+        }
+        if let Some(b) = &self.block {
+            write!(f, ", block={b}")?;
+        }
+        if let Some(t) = self.tensor {
+            write!(f, ", tensor={t}")?;
+        }
+        f.write_str(")")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leading_ones_are_dropped() {
+        let a = BlockScale::new(&[1, 1, 32], ScaleDtype::F16).unwrap();
+        let b = BlockScale::new(&[32], ScaleDtype::F16).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.size(), &[32]);
+    }
+
+    #[test]
+    fn bad_block_sizes_are_rejected() {
+        assert!(BlockScale::new(&[], ScaleDtype::F32).is_err());
+        assert!(BlockScale::new(&[0], ScaleDtype::F32).is_err());
+        assert!(BlockScale::new(&[2, 2, 2, 2, 2, 2], ScaleDtype::F32).is_err());
+        assert!(BlockScale::new(&[1, 2, 2, 2, 2, 2], ScaleDtype::F32).is_ok());
+    }
+
+    #[test]
+    fn two_level_rules() {
+        let s = QuantScheme::default()
+            .per_block(&[16], ScaleDtype::UE4M3)
+            .unwrap();
+        assert!(s.per_tensor(ScaleDtype::F32).validate().is_ok());
+        let err = s.per_tensor(ScaleDtype::F16).validate().unwrap_err();
+        assert!(err
+            .to_string()
+            .starts_with("a two-level scheme stores its per-tensor scale as f32, got QuantScheme("));
+        for wide in [ScaleDtype::F32, ScaleDtype::BF16, ScaleDtype::UE8M0] {
+            let s = QuantScheme::default()
+                .per_block(&[16], wide)
+                .unwrap()
+                .per_tensor(ScaleDtype::F32);
+            assert!(matches!(s.validate(), Err(QuantError::Scheme(_))));
+        }
+    }
+
+    #[test]
+    fn display_matches_python_repr() {
+        let s = QuantScheme::default()
+            .with_value(QuantValue::E2M1)
+            .with_store(QuantStore::PackedNative(0))
+            .per_block(&[16], ScaleDtype::UE4M3)
+            .unwrap()
+            .per_tensor(ScaleDtype::F32);
+        assert_eq!(
+            s.to_string(),
+            "QuantScheme(value=E2M1, store=PackedNative(0), block=BlockScale([16], UE4M3), tensor=F32)"
+        );
+        assert_eq!(
+            QuantScheme::default().to_string(),
+            "QuantScheme(value=Q8F, store=PackedU32(0))"
+        );
+    }
+
+    #[test]
+    fn half_range_matches_spec_divisors() {
+        assert_eq!(QuantValue::Q8F.half_range(), 127.5);
+        assert_eq!(QuantValue::Q8S.half_range(), 127.0);
+        assert_eq!(QuantValue::E2M1.half_range(), 6.0);
+        assert_eq!(QuantValue::E4M3.half_range(), 448.0);
+    }
+}
