@@ -218,7 +218,7 @@ def _ue8m0_round(s: np.ndarray, mode: str) -> np.ndarray:
 
 def _ue8m0_decode(codes: np.ndarray) -> np.ndarray:
     codes = np.asarray(codes).astype(np.int64)
-    value = np.ldexp(1.0, (codes - 127).astype(np.int32)).astype(np.float32)
+    value = np.ldexp(1.0, (np.minimum(codes, 254) - 127).astype(np.int32)).astype(np.float32)
     return np.where(codes == 255, np.float32(np.nan), value).astype(np.float32)
 
 

@@ -80,3 +80,12 @@ fn current() -> Arc<ThreadPool> {
 pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     current().install(f)
 }
+
+/// Test hook: panic on a worker thread of the pool (the binding proves this surfaces as an
+/// ordinary Python exception, not a crash).
+#[doc(hidden)]
+pub fn panic_in_worker() {
+    install(|| {
+        rayon::join(|| (), || panic!("deliberate panic from the test hook"));
+    });
+}

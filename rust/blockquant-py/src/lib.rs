@@ -1,1 +1,482 @@
-//! placeholder
+//! `blockquant._core`: the thin binding over `blockquant-core`.
+//!
+//! Every entry point follows one shape: extract and check arguments with the GIL held, allocate
+//! the output numpy arrays, release the GIL (`py.detach`) around the core call that fills them,
+//! then map a core error onto its `blockquant.errors` class. Panics are caught at each entry point
+//! and raised as `blockquant.errors.InternalError`, never as pyo3's `PanicException`.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use blockquant_core::{
+    bytes, pack, pool, quantize as q, Calibration, ExplicitScales, Layout, QuantError, QuantMode,
+    QuantScheme, QuantStore, QuantValue, QuantizeOptions, Rounding, ScaleDtype, ScaleRounding,
+    Scales, Storage, StorageMut,
+};
+use numpy::{
+    IxDyn, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
+};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+mod errors {
+    pyo3::import_exception!(blockquant.errors, SchemeError);
+    pyo3::import_exception!(blockquant.errors, ScaleError);
+    pyo3::import_exception!(blockquant.errors, MissingGlobalScaleError);
+    pyo3::import_exception!(blockquant.errors, UnexpectedGlobalScaleError);
+    pyo3::import_exception!(blockquant.errors, UnsupportedSchemeError);
+    pyo3::import_exception!(blockquant.errors, LayoutError);
+    pyo3::import_exception!(blockquant.errors, NonFiniteError);
+    pyo3::import_exception!(blockquant.errors, InternalError);
+}
+
+/// One core error → its Python class (SPEC §10).
+fn to_py(err: QuantError) -> PyErr {
+    let msg = err.to_string();
+    match err {
+        QuantError::Scheme(_) => errors::SchemeError::new_err(msg),
+        QuantError::MissingGlobalScale { .. } => errors::MissingGlobalScaleError::new_err(msg),
+        QuantError::UnexpectedGlobalScale { .. } | QuantError::GlobalScaleNotTaken { .. } => {
+            errors::UnexpectedGlobalScaleError::new_err(msg)
+        }
+        QuantError::Scale(_) => errors::ScaleError::new_err(msg),
+        QuantError::Unsupported { .. } => errors::UnsupportedSchemeError::new_err(msg),
+        QuantError::Layout(_) => errors::LayoutError::new_err(msg),
+        QuantError::NonFinite { .. } => errors::NonFiniteError::new_err(msg),
+    }
+}
+
+/// Run an entry point's body; a panic anywhere in it (rayon workers included) becomes
+/// `InternalError` with the panic message.
+fn guarded<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or("unknown panic");
+            Err(errors::InternalError::new_err(format!(
+                "internal error in blockquant (please report it): {what}"
+            )))
+        }
+    }
+}
+
+/// The scheme as the Python side hands it over: `QuantScheme._spec()`.
+type SchemeSpec = (
+    String,
+    String,
+    usize,
+    String,
+    Option<String>,
+    Option<Vec<usize>>,
+    Option<String>,
+);
+
+fn scheme_from_spec(spec: SchemeSpec) -> PyResult<QuantScheme> {
+    let (value, store_kind, dim, mode, tensor, block, block_dtype) = spec;
+    let bad = |what: &str, got: &str| PyValueError::new_err(format!("unknown {what} {got:?}"));
+    let value = QuantValue::from_name(&value).ok_or_else(|| bad("value", &value))?;
+    let store = match store_kind.as_str() {
+        "native" => QuantStore::Native,
+        "packed_u32" => QuantStore::PackedU32(dim),
+        "packed_native" => QuantStore::PackedNative(dim),
+        other => return Err(bad("store", other)),
+    };
+    let mode = match mode.as_str() {
+        "Symmetric" => QuantMode::Symmetric,
+        "Lookup" => QuantMode::Lookup,
+        other => return Err(bad("mode", other)),
+    };
+    let dtype = |name: &str| ScaleDtype::from_name(name).ok_or_else(|| bad("scale dtype", name));
+    let mut scheme = QuantScheme::default()
+        .with_value(value)
+        .with_store(store)
+        .with_mode(mode);
+    if let Some(t) = tensor {
+        scheme = scheme.per_tensor(dtype(&t)?);
+    }
+    if let (Some(size), Some(d)) = (block, block_dtype) {
+        scheme = scheme.per_block(&size, dtype(&d)?).map_err(to_py)?;
+    }
+    scheme.validate().map_err(to_py)?;
+    Ok(scheme)
+}
+
+fn layout(spec: SchemeSpec, shape: &[usize]) -> PyResult<Layout> {
+    Layout::new(&scheme_from_spec(spec)?, shape).map_err(to_py)
+}
+
+fn parse_calibration(s: &str) -> PyResult<Calibration> {
+    match s {
+        "minmax" => Ok(Calibration::MinMax),
+        "absmean" => Ok(Calibration::AbsMean),
+        _ => Err(PyValueError::new_err(format!(
+            "calibration is 'minmax' or 'absmean', got {s:?}"
+        ))),
+    }
+}
+
+fn parse_rounding(s: &str) -> PyResult<Rounding> {
+    match s {
+        "half_away" => Ok(Rounding::HalfAway),
+        "half_even" => Ok(Rounding::HalfEven),
+        _ => Err(PyValueError::new_err(format!(
+            "rounding is 'half_away' or 'half_even', got {s:?}"
+        ))),
+    }
+}
+
+fn parse_scale_rounding(s: &str) -> PyResult<ScaleRounding> {
+    match s {
+        "up" => Ok(ScaleRounding::Up),
+        "nearest" => Ok(ScaleRounding::Nearest),
+        _ => Err(PyValueError::new_err(format!(
+            "scale_rounding is 'up' or 'nearest', got {s:?}"
+        ))),
+    }
+}
+
+fn parse_dtype(s: &str) -> PyResult<ScaleDtype> {
+    ScaleDtype::from_name(s).ok_or_else(|| PyValueError::new_err(format!("unknown scale dtype {s:?}")))
+}
+
+fn contiguous<'a, T: numpy::Element>(a: &'a PyReadonlyArrayDyn<'_, T>, what: &str) -> PyResult<&'a [T]> {
+    a.as_slice()
+        .map_err(|_| PyTypeError::new_err(format!("{what} must be a C-contiguous array")))
+}
+
+/// Fresh storage of the layout's dtype and shape: int8 (Native ints), uint8, or uint32.
+fn new_storage<'py>(py: Python<'py>, layout: &Layout) -> Bound<'py, PyUntypedArray> {
+    let shape = IxDyn(&layout.storage_shape());
+    let arr = if layout.packing.word_bits == 32 {
+        PyArrayDyn::<u32>::zeros(py, shape, false).into_any()
+    } else if layout.packing.per == 1 && !layout.scheme.value.is_float() {
+        PyArrayDyn::<i8>::zeros(py, shape, false).into_any()
+    } else {
+        PyArrayDyn::<u8>::zeros(py, shape, false).into_any()
+    };
+    arr.cast_into::<PyUntypedArray>().expect("a numpy array")
+}
+
+/// Run `f` on writable storage (the array must be freshly made or exclusively ours).
+fn with_storage_mut<R>(
+    arr: &Bound<'_, PyUntypedArray>,
+    f: impl FnOnce(StorageMut<'_>) -> R + Send,
+) -> PyResult<R>
+where
+    R: Send,
+{
+    let py = arr.py();
+    if let Ok(a) = arr.cast::<PyArrayDyn<u32>>() {
+        let mut rw = a.readwrite();
+        let s = rw.as_slice_mut().map_err(|_| PyTypeError::new_err("storage must be contiguous"))?;
+        return Ok(py.detach(|| f(StorageMut::U32(s))));
+    }
+    if let Ok(a) = arr.cast::<PyArrayDyn<u8>>() {
+        let mut rw = a.readwrite();
+        let s = rw.as_slice_mut().map_err(|_| PyTypeError::new_err("storage must be contiguous"))?;
+        return Ok(py.detach(|| f(StorageMut::U8(s))));
+    }
+    if let Ok(a) = arr.cast::<PyArrayDyn<i8>>() {
+        let mut rw = a.readwrite();
+        let s = rw.as_slice_mut().map_err(|_| PyTypeError::new_err("storage must be contiguous"))?;
+        // SAFETY: i8 and u8 have the same size and alignment; every bit pattern is valid in both.
+        let s = unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, s.len()) };
+        return Ok(py.detach(|| f(StorageMut::U8(s))));
+    }
+    Err(PyTypeError::new_err("storage must be an int8, uint8 or uint32 array"))
+}
+
+/// Run `f` on read-only storage, checked against the layout's dtype and shape.
+fn with_storage<R: Send>(
+    arr: &Bound<'_, PyUntypedArray>,
+    layout: &Layout,
+    f: impl FnOnce(Storage<'_>) -> R + Send,
+) -> PyResult<R> {
+    let py = arr.py();
+    let want_shape = layout.storage_shape();
+    if arr.shape() != want_shape.as_slice() {
+        return Err(errors::LayoutError::new_err(format!(
+            "values for {} with shape {:?} have storage shape {:?}, got {:?}",
+            layout.scheme,
+            layout.shape,
+            want_shape,
+            arr.shape()
+        )));
+    }
+    let wrong = |got: &str| {
+        errors::LayoutError::new_err(format!(
+            "values for {} are stored as {}, got {got}",
+            layout.scheme,
+            storage_dtype_name(layout)
+        ))
+    };
+    let want = storage_dtype_name(layout);
+    if let Ok(a) = arr.cast::<PyArrayDyn<u32>>() {
+        if want != "uint32" {
+            return Err(wrong("uint32"));
+        }
+        let ro = a.readonly();
+        let s = contiguous(&ro, "values")?;
+        return Ok(py.detach(|| f(Storage::U32(s))));
+    }
+    if let Ok(a) = arr.cast::<PyArrayDyn<u8>>() {
+        if want != "uint8" {
+            return Err(wrong("uint8"));
+        }
+        let ro = a.readonly();
+        let s = contiguous(&ro, "values")?;
+        return Ok(py.detach(|| f(Storage::U8(s))));
+    }
+    if let Ok(a) = arr.cast::<PyArrayDyn<i8>>() {
+        if want != "int8" {
+            return Err(wrong("int8"));
+        }
+        let ro = a.readonly();
+        let s = contiguous(&ro, "values")?;
+        // SAFETY: i8 and u8 have the same size and alignment; every bit pattern is valid in both.
+        let s = unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, s.len()) };
+        return Ok(py.detach(|| f(Storage::U8(s))));
+    }
+    Err(wrong(&arr.dtype().to_string()))
+}
+
+fn storage_dtype_name(layout: &Layout) -> &'static str {
+    if layout.packing.word_bits == 32 {
+        "uint32"
+    } else if layout.packing.per == 1 && !layout.scheme.value.is_float() {
+        "int8"
+    } else {
+        "uint8"
+    }
+}
+
+fn f32_array<'py>(py: Python<'py>, data: &[f32], shape: &[usize]) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+    let arr = PyArrayDyn::<f32>::zeros(py, IxDyn(shape), false);
+    {
+        let mut rw = arr.readwrite();
+        rw.as_slice_mut()
+            .expect("a fresh array is contiguous")
+            .copy_from_slice(data);
+    }
+    Ok(arr)
+}
+
+type Quantized<'py> = (Bound<'py, PyUntypedArray>, Bound<'py, PyArrayDyn<f32>>, Option<f32>);
+
+/// Quantize a C-contiguous float32 array. Returns `(values, scales, global_scale)`.
+#[pyfunction]
+#[pyo3(signature = (x, scheme, calibration="minmax", rounding="half_away", scale_rounding="up", scales=None, global_scale=None))]
+#[allow(clippy::too_many_arguments)]
+fn quantize<'py>(
+    py: Python<'py>,
+    x: PyReadonlyArrayDyn<'py, f32>,
+    scheme: SchemeSpec,
+    calibration: &str,
+    rounding: &str,
+    scale_rounding: &str,
+    scales: Option<PyReadonlyArrayDyn<'py, f32>>,
+    global_scale: Option<f32>,
+) -> PyResult<Quantized<'py>> {
+    guarded(|| {
+        let layout = layout(scheme, x.shape())?;
+        let opts = QuantizeOptions {
+            calibration: parse_calibration(calibration)?,
+            rounding: parse_rounding(rounding)?,
+            scale_rounding: parse_scale_rounding(scale_rounding)?,
+        };
+        let xs = contiguous(&x, "x")?;
+        let given = match &scales {
+            Some(s) => Some(contiguous(s, "scales")?),
+            None => None,
+        };
+        let explicit = ExplicitScales {
+            scales: given,
+            global: global_scale,
+        };
+        let storage = new_storage(py, &layout);
+        let result = with_storage_mut(&storage, |out| {
+            pool::install(|| q::quantize(xs, &layout, &opts, Some(explicit), out))
+        })?;
+        let sc = result.map_err(to_py)?;
+        let scales = f32_array(py, &sc.stored, &layout.grid)?;
+        Ok((storage, scales, sc.global))
+    })
+}
+
+fn stored_scales(layout: &Layout, scales: &PyReadonlyArrayDyn<'_, f32>, global: Option<f32>) -> PyResult<Scales> {
+    let s = contiguous(scales, "scales")?;
+    Scales::from_stored(layout, s.to_vec(), global).map_err(to_py)
+}
+
+/// Dequantize storage + stored scales to a float32 array of `shape`.
+#[pyfunction]
+#[pyo3(signature = (values, scales, global_scale, scheme, shape))]
+fn dequantize<'py>(
+    py: Python<'py>,
+    values: &Bound<'py, PyUntypedArray>,
+    scales: PyReadonlyArrayDyn<'py, f32>,
+    global_scale: Option<f32>,
+    scheme: SchemeSpec,
+    shape: Vec<usize>,
+) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+    guarded(|| {
+        let layout = layout(scheme, &shape)?;
+        let sc = stored_scales(&layout, &scales, global_scale)?;
+        let out = PyArrayDyn::<f32>::zeros(py, IxDyn(&shape), false);
+        {
+            let mut rw = out.readwrite();
+            let dst = rw.as_slice_mut().expect("a fresh array is contiguous");
+            with_storage(values, &layout, |st| {
+                pool::install(|| q::dequantize(&layout, st, &sc.effective, dst))
+            })?;
+        }
+        Ok(out)
+    })
+}
+
+/// burn's byte layout of storage + stored scales (+ global).
+#[pyfunction]
+#[pyo3(signature = (values, scales, global_scale, scheme, shape))]
+fn to_bytes<'py>(
+    py: Python<'py>,
+    values: &Bound<'py, PyUntypedArray>,
+    scales: PyReadonlyArrayDyn<'py, f32>,
+    global_scale: Option<f32>,
+    scheme: SchemeSpec,
+    shape: Vec<usize>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    guarded(|| {
+        let layout = layout(scheme, &shape)?;
+        let sc = stored_scales(&layout, &scales, global_scale)?;
+        let data = with_storage(values, &layout, |st| bytes::to_bytes(&layout, st, &sc))?;
+        Ok(PyBytes::new(py, &data))
+    })
+}
+
+/// Split bytes into `(values, scales, global_scale)`; a wrong length is a `LayoutError`.
+#[pyfunction]
+fn from_bytes<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    scheme: SchemeSpec,
+    shape: Vec<usize>,
+) -> PyResult<Quantized<'py>> {
+    guarded(|| {
+        let layout = layout(scheme, &shape)?;
+        let parts = bytes::from_bytes(&layout, data).map_err(to_py)?;
+        let storage = new_storage(py, &layout);
+        with_storage_mut(&storage, |out| match out {
+            StorageMut::U8(dst) => dst.copy_from_slice(parts.storage),
+            StorageMut::U32(dst) => {
+                for (w, c) in dst.iter_mut().zip(parts.storage.chunks_exact(4)) {
+                    *w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+        })?;
+        let scales = f32_array(py, &parts.scales.stored, &layout.grid)?;
+        Ok((storage, scales, parts.scales.global))
+    })
+}
+
+/// Check parts taken from a caller (`QTensor.from_parts`): storage dtype, shape and codes,
+/// scale count and representability, per-tensor scale presence.
+#[pyfunction]
+#[pyo3(signature = (values, scales, global_scale, scheme, shape))]
+fn check_parts(
+    values: &Bound<'_, PyUntypedArray>,
+    scales: PyReadonlyArrayDyn<'_, f32>,
+    global_scale: Option<f32>,
+    scheme: SchemeSpec,
+    shape: Vec<usize>,
+) -> PyResult<()> {
+    guarded(|| {
+        let layout = layout(scheme, &shape)?;
+        if scales.shape() != layout.grid.as_slice() {
+            return Err(errors::ScaleError::new_err(format!(
+                "scales for {} on shape {:?} have the grid shape {:?}, got {:?}",
+                layout.scheme,
+                layout.shape,
+                layout.grid,
+                scales.shape()
+            )));
+        }
+        stored_scales(&layout, &scales, global_scale)?;
+        with_storage(values, &layout, |st| pack::check_storage(&layout, st))?.map_err(to_py)
+    })
+}
+
+/// Round scales to a dtype (`bq.round_scale`); returns float32 values.
+#[pyfunction]
+#[pyo3(signature = (scales, dtype, mode="up"))]
+fn round_scale<'py>(
+    py: Python<'py>,
+    scales: PyReadonlyArrayDyn<'py, f32>,
+    dtype: &str,
+    mode: &str,
+) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+    guarded(|| {
+        let dtype = parse_dtype(dtype)?;
+        let mode = parse_scale_rounding(mode)?;
+        let src = contiguous(&scales, "scales")?;
+        let out = PyArrayDyn::<f32>::zeros(py, IxDyn(scales.shape()), false);
+        {
+            let mut rw = out.readwrite();
+            let dst = rw.as_slice_mut().expect("a fresh array is contiguous");
+            py.detach(|| pool::install(|| q::round_scales(src, dtype, mode, dst)))
+                .map_err(to_py)?;
+        }
+        Ok(out)
+    })
+}
+
+/// `(storage_shape, storage_dtype, grid_shape, nbytes)` of a scheme on a shape.
+#[pyfunction]
+fn layout_info(scheme: SchemeSpec, shape: Vec<usize>) -> PyResult<(Vec<usize>, &'static str, Vec<usize>, usize)> {
+    guarded(|| {
+        let l = layout(scheme, &shape)?;
+        Ok((l.storage_shape(), storage_dtype_name(&l), l.grid.clone(), l.total_bytes()))
+    })
+}
+
+/// Bound the kernels' thread pool (0: back to `BLOCKQUANT_NUM_THREADS` or all cores).
+#[pyfunction]
+fn set_num_threads(n: usize) -> PyResult<()> {
+    guarded(|| {
+        pool::set_num_threads(n);
+        Ok(())
+    })
+}
+
+/// Threads the kernels run on.
+#[pyfunction]
+fn get_num_threads() -> PyResult<usize> {
+    guarded(|| Ok(pool::num_threads()))
+}
+
+/// Test hook: panic inside the core's thread pool, to prove panics surface as `InternalError`.
+#[pyfunction]
+fn _panic_for_tests(py: Python<'_>) -> PyResult<()> {
+    guarded(|| {
+        py.detach(pool::panic_in_worker);
+        Ok(())
+    })
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(quantize, m)?)?;
+    m.add_function(wrap_pyfunction!(dequantize, m)?)?;
+    m.add_function(wrap_pyfunction!(to_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(from_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(check_parts, m)?)?;
+    m.add_function(wrap_pyfunction!(round_scale, m)?)?;
+    m.add_function(wrap_pyfunction!(layout_info, m)?)?;
+    m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(_panic_for_tests, m)?)?;
+    Ok(())
+}

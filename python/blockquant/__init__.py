@@ -1,0 +1,64 @@
+"""blockquant: low-bit tensor quantization for numpy, with a Rust core.
+
+    >>> import numpy as np, blockquant as bq
+    >>> qt = bq.quantize(np.linspace(-1, 1, 64, dtype=np.float32), bq.presets.int8_block32())
+    >>> qt.values.dtype, qt.scales.shape
+    (dtype('int8'), (2,))
+
+See SPEC.md (shipped with the repository) for the exact semantics; ``blockquant.reference`` is a
+pure-numpy implementation of the same functions that the tests compare against bit for bit.
+"""
+
+from __future__ import annotations
+
+from . import presets
+from ._core import get_num_threads, set_num_threads
+from .errors import (
+    InternalError,
+    LayoutError,
+    MissingGlobalScaleError,
+    NonFiniteError,
+    QuantError,
+    ScaleError,
+    SchemeError,
+    UnexpectedGlobalScaleError,
+    UnsupportedSchemeError,
+)
+from .qtensor import QTensor, dequantize, quantize, round_scale
+from .scheme import BlockScale, QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype
+
+__all__ = [
+    "QuantScheme",
+    "QuantValue",
+    "QuantStore",
+    "QuantMode",
+    "ScaleDtype",
+    "BlockScale",
+    "QTensor",
+    "quantize",
+    "dequantize",
+    "round_scale",
+    "presets",
+    "set_num_threads",
+    "get_num_threads",
+    "QuantError",
+    "SchemeError",
+    "ScaleError",
+    "MissingGlobalScaleError",
+    "UnexpectedGlobalScaleError",
+    "UnsupportedSchemeError",
+    "LayoutError",
+    "NonFiniteError",
+    "InternalError",
+]
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):  # noqa: ANN202 - module __getattr__
+    # `bq.reference` without importing it (and its helpers) on every `import blockquant`.
+    if name == "reference":
+        from . import reference
+
+        return reference
+    raise AttributeError(f"module 'blockquant' has no attribute {name!r}")

@@ -1,0 +1,75 @@
+"""Named schemes for the common formats (SPEC §11).
+
+Each preset is a plain :class:`~blockquant.QuantScheme`; ``calibration`` notes the calibration
+the format is meant for (only ``bitnet`` differs from the default minmax).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+from .scheme import QuantScheme, QuantStore, QuantValue, ScaleDtype
+
+__all__ = [
+    "int8",
+    "int8_block32",
+    "int4_block32",
+    "mxfp8",
+    "mxfp4",
+    "nvfp4",
+    "bitnet",
+    "PRESETS",
+    "CALIBRATION",
+]
+
+_V, _S, _D = QuantValue, QuantStore, ScaleDtype
+
+
+def int8() -> QuantScheme:
+    """Q8S, one f32 scale per tensor, one value per byte."""
+    return QuantScheme(_V.Q8S, _S.Native).per_tensor(_D.F32)
+
+
+def int8_block32() -> QuantScheme:
+    """Q8S, one f16 scale per 32 values along the last axis (GGUF Q8_0's shape)."""
+    return QuantScheme(_V.Q8S, _S.Native).per_block([32], _D.F16)
+
+
+def int4_block32() -> QuantScheme:
+    """Q4S, one f16 scale per 32 values, two values per byte."""
+    return QuantScheme(_V.Q4S, _S.packed_native(0)).per_block([32], _D.F16)
+
+
+def mxfp8() -> QuantScheme:
+    """OCP MX FP8: E4M3 values, one UE8M0 (power of two) scale per 32."""
+    return QuantScheme(_V.E4M3, _S.Native).per_block([32], _D.UE8M0)
+
+
+def mxfp4() -> QuantScheme:
+    """OCP MX FP4: E2M1 values two per byte, one UE8M0 scale per 32."""
+    return QuantScheme(_V.E2M1, _S.packed_native(0)).per_block([32], _D.UE8M0)
+
+
+def nvfp4() -> QuantScheme:
+    """NVFP4: E2M1 values two per byte, one UE4M3 scale per 16 under one f32 per-tensor scale."""
+    return QuantScheme(_V.E2M1, _S.packed_native(0)).per_block([16], _D.UE4M3).per_tensor(_D.F32)
+
+
+def bitnet() -> QuantScheme:
+    """BitNet b1.58 ternary weights: Q2S, one f32 scale per tensor, 16 per uint32, absmean."""
+    return QuantScheme(_V.Q2S, _S.packed_u32(0)).per_tensor(_D.F32)
+
+
+PRESETS: Dict[str, Callable[[], QuantScheme]] = {
+    "int8": int8,
+    "int8_block32": int8_block32,
+    "int4_block32": int4_block32,
+    "mxfp8": mxfp8,
+    "mxfp4": mxfp4,
+    "nvfp4": nvfp4,
+    "bitnet": bitnet,
+}
+
+#: The calibration each preset is meant to be used with.
+CALIBRATION: Dict[str, str] = {name: "minmax" for name in PRESETS}
+CALIBRATION["bitnet"] = "absmean"

@@ -1,0 +1,360 @@
+"""The quantize/dequantize API and :class:`QTensor` (SPEC §6–§11).
+
+This module only checks and converts arguments; every number is computed by the Rust core
+(``blockquant._core``), which releases the GIL while it works.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+from . import _core
+from .errors import LayoutError, ScaleError
+from .scheme import QuantScheme, QuantValue, ScaleDtype
+
+__all__ = ["QTensor", "quantize", "dequantize", "round_scale", "as_float32"]
+
+_CALIBRATIONS = ("minmax", "absmean")
+_ROUNDINGS = ("half_away", "half_even")
+_SCALE_ROUNDINGS = ("up", "nearest")
+
+
+def as_float32(x: Any, what: str = "x") -> np.ndarray:
+    """``x`` as a C-contiguous, native-order float32 array (a view when it already is one).
+
+    float16, float64 and bfloat16 convert exactly as numpy casts (round to nearest even);
+    anything that is not a real float type is a ``TypeError``.
+    """
+    arr = np.asarray(x)
+    kind = arr.dtype.kind
+    # ml_dtypes' bfloat16 (and the float8 types) are kind 'V' with a name; accept bfloat16 only.
+    if kind != "f" and arr.dtype.name != "bfloat16":
+        raise TypeError(
+            f"{what} must be a float16, bfloat16, float32 or float64 array, got dtype {arr.dtype}"
+        )
+    if arr.dtype.name not in ("float16", "float32", "float64", "bfloat16"):
+        raise TypeError(f"{what} must be float16, bfloat16, float32 or float64, got {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def _check_choice(name: str, value: str, choices: Tuple[str, ...]) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} is a string, one of {choices}, got {type(value).__name__}")
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
+def _check_scheme(scheme: Any) -> QuantScheme:
+    if not isinstance(scheme, QuantScheme):
+        raise TypeError(f"scheme must be a blockquant.QuantScheme, got {type(scheme).__name__}")
+    return scheme
+
+
+def _shape(shape: Any) -> Tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in shape)
+    except TypeError:
+        raise TypeError(f"shape must be a sequence of ints, got {shape!r}") from None
+    if any(d < 0 for d in dims):
+        raise LayoutError(f"shape dims must be >= 0, got {dims}")
+    return dims
+
+
+def _explicit_scales(scales: Any) -> np.ndarray:
+    try:
+        arr = np.asarray(scales, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"scales must be an array of numbers, got {type(scales).__name__}") from None
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        bad = int(np.flatnonzero(~np.isfinite(arr.ravel()) | (arr.ravel() < 0))[0])
+        raise ScaleError(f"scales must be finite and >= 0, got {arr.ravel()[bad]} at index {bad}")
+    arr32 = arr.astype(np.float32)
+    # A finite float64 scale past f32's range would become inf.
+    if not np.all(np.isfinite(arr32)):
+        raise ScaleError("scales must fit in float32")
+    return np.ascontiguousarray(arr32)
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+class QTensor:
+    """A quantized tensor: value storage, its scales, and the scheme and shape they belong to.
+
+    Immutable: ``values`` and ``scales`` are read-only arrays.
+    """
+
+    __slots__ = ("_values", "_scales", "_global", "_shape", "_scheme")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError(
+            "QTensor is made by blockquant.quantize, QTensor.from_bytes or QTensor.from_parts"
+        )
+
+    @classmethod
+    def _new(
+        cls,
+        values: np.ndarray,
+        scales: np.ndarray,
+        global_scale: Optional[float],
+        scheme: QuantScheme,
+        shape: Tuple[int, ...],
+    ) -> "QTensor":
+        self = object.__new__(cls)
+        self._values = _readonly(values)
+        self._scales = _readonly(scales)
+        self._global = None if global_scale is None else float(global_scale)
+        self._scheme = scheme
+        self._shape = tuple(shape)
+        return self
+
+    # -- the parts -------------------------------------------------------------------------
+    @property
+    def values(self) -> np.ndarray:
+        """The value storage (SPEC §8): int8, uint8 or uint32."""
+        return self._values
+
+    @property
+    def scales(self) -> np.ndarray:
+        """The stored scales as float32, in the grid's shape (two-level: block scales b_i)."""
+        return self._scales
+
+    @property
+    def global_scale(self) -> Optional[float]:
+        """A two-level scheme's per-tensor scale g, else None."""
+        return self._global
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return self._shape
+
+    @property
+    def scheme(self) -> QuantScheme:
+        return self._scheme
+
+    @property
+    def nbytes(self) -> int:
+        """Length of :meth:`to_bytes`: storage + scales + (two-level) 4."""
+        return int(_core.layout_info(self._scheme._spec(), self._shape)[3])
+
+    @property
+    def bits_per_value(self) -> float:
+        """Stored bits per element, scales included (inf for an empty tensor)."""
+        n = int(np.prod(self._shape, dtype=np.int64))
+        return float("inf") if n == 0 else 8.0 * self.nbytes / n
+
+    # -- conversions -----------------------------------------------------------------------
+    def dequantize(self, dtype: Any = np.float32) -> np.ndarray:
+        """x̂ = decode(q) × scale, as float32 (or float16, bfloat16, float64 from that f32)."""
+        out = _core.dequantize(
+            self._values, self._scales, self._global, self._scheme._spec(), self._shape
+        )
+        return _cast_output(out, dtype)
+
+    def to_bytes(self) -> bytes:
+        """burn's layout (SPEC §9): values, then scales, then the f32 per-tensor scale."""
+        return _core.to_bytes(
+            self._values, self._scales, self._global, self._scheme._spec(), self._shape
+        )
+
+    @classmethod
+    def from_bytes(cls, data: Any, scheme: QuantScheme, shape: Any) -> "QTensor":
+        """Rebuild from :meth:`to_bytes` output; the length must match exactly."""
+        scheme = _check_scheme(scheme)
+        shape = _shape(shape)
+        buf = bytes(memoryview(data).cast("B")) if not isinstance(data, bytes) else data
+        values, scales, g = _core.from_bytes(buf, scheme._spec(), shape)
+        return cls._new(values, scales, g, scheme, shape)
+
+    @classmethod
+    def from_parts(
+        cls,
+        values: Any,
+        scales: Any,
+        scheme: QuantScheme,
+        shape: Any,
+        global_scale: Optional[float] = None,
+    ) -> "QTensor":
+        """Assemble a tensor from storage and stored scales, checking both.
+
+        ``values`` must have the storage dtype and shape with valid codes (else ``LayoutError``);
+        ``scales`` the grid shape with values exactly representable in the scale dtype (else
+        ``ScaleError``, naming the first bad index).
+        """
+        scheme = _check_scheme(scheme)
+        shape = _shape(shape)
+        if not isinstance(values, np.ndarray):
+            raise TypeError(f"values must be a numpy array, got {type(values).__name__}")
+        storage_shape, storage_dtype, grid, _ = _core.layout_info(scheme._spec(), shape)
+        if values.dtype != np.dtype(storage_dtype):
+            raise LayoutError(
+                f"values for {scheme!r} are stored as {storage_dtype}, got {values.dtype}"
+            )
+        if tuple(values.shape) != tuple(storage_shape):
+            raise LayoutError(
+                f"values for {scheme!r} with shape {shape} have storage shape "
+                f"{tuple(storage_shape)}, got {tuple(values.shape)}"
+            )
+        scales_f = _explicit_scales(scales)
+        if scales_f.shape != tuple(grid):
+            if scales_f.size == 1 and tuple(grid) == (1,):
+                scales_f = scales_f.reshape(1)
+            else:
+                raise ScaleError(
+                    f"scales for {scheme!r} on shape {shape} have the grid shape {tuple(grid)}, "
+                    f"got {scales_f.shape}"
+                )
+        values = np.array(values, dtype=values.dtype.newbyteorder("="), order="C", copy=True)
+        g = None if global_scale is None else _global_scale(global_scale)
+        _core.check_parts(values, scales_f, g, scheme._spec(), shape)
+        return cls._new(values, scales_f.copy(), g, scheme, shape)
+
+    def values_view(self) -> np.ndarray:
+        """Native float values as an ml_dtypes array (float8_e4m3fn, float8_e5m2,
+        float4_e2m1fn); Native int values as they are (int8)."""
+        if not self._scheme.store.kind == "native":
+            raise LayoutError(
+                f"values_view needs the Native store (one value per element), got {self._scheme!r}"
+            )
+        if not self._scheme.value.is_float:
+            return self._values
+        return self._values.view(_ml_dtype(self._scheme.value))
+
+    def scales_view(self) -> np.ndarray:
+        """The stored scales in their own dtype (float32/float16 from numpy; bfloat16,
+        float8_e8m0fnu and float8_e4m3fn from ml_dtypes)."""
+        dtype = self._scheme.scale_dtype
+        if dtype is ScaleDtype.F32:
+            return self._scales
+        if dtype is ScaleDtype.F16:
+            return self._scales.astype(np.float16)
+        ml = _import_ml_dtypes()
+        target = {
+            ScaleDtype.BF16: ml.bfloat16,
+            ScaleDtype.UE8M0: ml.float8_e8m0fnu,
+            ScaleDtype.UE4M3: ml.float8_e4m3fn,
+        }[dtype]
+        return self._scales.astype(target)
+
+    def __repr__(self) -> str:
+        g = "" if self._global is None else f", global_scale={self._global!r}"
+        return (
+            f"QTensor(shape={self._shape}, scheme={self._scheme!r}, "
+            f"values={self._values.dtype}{tuple(self._values.shape)}, "
+            f"scales=float32{tuple(self._scales.shape)}{g})"
+        )
+
+
+def _import_ml_dtypes() -> Any:
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise ImportError(
+            "typed views need ml_dtypes: pip install 'blockquant[ml]' (or pip install ml-dtypes)"
+        ) from None
+    return ml_dtypes
+
+
+def _ml_dtype(value: QuantValue) -> Any:
+    ml = _import_ml_dtypes()
+    return {
+        QuantValue.E4M3: ml.float8_e4m3fn,
+        QuantValue.E5M2: ml.float8_e5m2,
+        QuantValue.E2M1: ml.float4_e2m1fn,
+    }[value]
+
+
+def _cast_output(out: np.ndarray, dtype: Any) -> np.ndarray:
+    dt = np.dtype(dtype)
+    if dt == np.float32:
+        return out
+    if dt.kind != "f" and dt.name != "bfloat16":
+        raise TypeError(f"dequantize returns float16, bfloat16, float32 or float64, got {dt}")
+    return out.astype(dt)
+
+
+def _global_scale(g: Any) -> float:
+    if isinstance(g, (bool, np.bool_)) or not isinstance(g, (int, float, np.integer, np.floating)):
+        try:
+            g = np.asarray(g, dtype=np.float64).reshape(())[()]
+        except (TypeError, ValueError):
+            raise TypeError(f"global_scale must be a number, got {type(g).__name__}") from None
+    g64 = float(g)
+    g32 = np.float32(g64)
+    if not np.isfinite(g64) or g64 < 0 or not np.isfinite(g32):
+        raise ScaleError(f"the per-tensor scale must be finite and >= 0, got {g64}")
+    return float(g32)
+
+
+def quantize(
+    x: Any,
+    scheme: QuantScheme,
+    *,
+    calibration: str = "minmax",
+    rounding: str = "half_away",
+    scale_rounding: str = "up",
+    scales: Any = None,
+    global_scale: Optional[float] = None,
+) -> QTensor:
+    """Quantize ``x`` with ``scheme`` (SPEC §3–§6).
+
+    ``calibration``: "minmax" (max |x| per block) or "absmean" (mean |x|, BitNet b1.58).
+    ``rounding`` of int values: "half_away" (burn, ggml) or "half_even" (numpy, ONNX, PyTorch).
+    ``scale_rounding``: "up" (values never clip) or "nearest" (a plain cast).
+    ``scales``: explicit scales in the grid's shape (two-level: block scales b_i); skips
+    calibration. ``global_scale``: a two-level scheme's per-tensor scale g.
+    """
+    scheme = _check_scheme(scheme)
+    _check_choice("calibration", calibration, _CALIBRATIONS)
+    _check_choice("rounding", rounding, _ROUNDINGS)
+    _check_choice("scale_rounding", scale_rounding, _SCALE_ROUNDINGS)
+    xs = as_float32(x)
+    given = None
+    if scales is not None:
+        given = _explicit_scales(scales)
+        grid = _core.layout_info(scheme._spec(), xs.shape)[2]
+        if given.shape != tuple(grid):
+            if given.size == 1 and tuple(grid) == (1,):
+                given = given.reshape(1)
+            else:
+                raise ScaleError(
+                    f"scales for {scheme!r} on shape {xs.shape} have the grid shape "
+                    f"{tuple(grid)}, got {given.shape}"
+                )
+    g = None if global_scale is None else _global_scale(global_scale)
+    values, stored, g_out = _core.quantize(
+        xs, scheme._spec(), calibration, rounding, scale_rounding, given, g
+    )
+    return QTensor._new(values, stored, g_out, scheme, xs.shape)
+
+
+def dequantize(qt: QTensor, dtype: Any = np.float32) -> np.ndarray:
+    """``qt.dequantize(dtype)``."""
+    if not isinstance(qt, QTensor):
+        raise TypeError(f"dequantize takes a QTensor, got {type(qt).__name__}")
+    return qt.dequantize(dtype)
+
+
+def round_scale(arr: Any, dtype: ScaleDtype, mode: str = "up") -> np.ndarray:
+    """Round scales to what ``dtype`` stores (SPEC §4); returns their float32 values."""
+    if not isinstance(dtype, ScaleDtype):
+        raise TypeError(f"dtype must be a blockquant.ScaleDtype, got {dtype!r}")
+    _check_choice("mode", mode, _SCALE_ROUNDINGS)
+    a = np.asarray(arr)
+    if a.dtype.kind not in "fiu" and a.dtype.name != "bfloat16":
+        raise TypeError(f"scales must be a real array, got dtype {a.dtype}")
+    a64 = a.astype(np.float64)
+    bad = ~np.isfinite(a64) | (a64 < 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad.ravel())[0])
+        raise ScaleError(f"scales must be finite and >= 0, got {a64.ravel()[i]} at index {i}")
+    # float64 → float32 first (RNE), exactly as the core receives every scale; saturation of
+    # values past f32's range is the dtype's business below.
+    with np.errstate(over="ignore"):
+        a32 = a64.astype(np.float32)
+    a32 = np.where(np.isinf(a32), np.float32(np.finfo(np.float32).max), a32)
+    return _core.round_scale(np.ascontiguousarray(a32), dtype.value, mode)
