@@ -460,6 +460,14 @@ def test_absmean_is_exact():
                       calibration="absmean")
     expect = np.array([2.5, 6.5, 9.5], np.float32) / np.float32(127)
     np.testing.assert_array_equal(qb.scales, expect)
+    # random blocks: alpha = f32(fsum / count), the division in f64 (not f32(sum) / f32(count))
+    rng = np.random.default_rng(13)
+    z = (rng.standard_normal((50, 21)) * 100).astype(np.float32)
+    qz = ref.quantize(z, QuantScheme(value=V.Q2S).per_block([1, 7], ScaleDtype.F32),
+                      calibration="absmean")
+    alpha = [[np.float32(math.fsum(abs(float(v)) for v in z[i, j:j + 7]) / 7)
+              for j in range(0, 21, 7)] for i in range(50)]
+    np.testing.assert_array_equal(qz.scales, np.array(alpha, np.float32))
 
 
 def test_exact_abs_sums_fallback():

@@ -36,7 +36,8 @@ def as_float32(x: Any, what: str = "x") -> np.ndarray:
         )
     if arr.dtype.name not in ("float16", "float32", "float64", "bfloat16"):
         raise TypeError(f"{what} must be float16, bfloat16, float32 or float64, got {arr.dtype}")
-    return np.ascontiguousarray(arr, dtype=np.float32)
+    # Not ascontiguousarray: it turns 0-d arrays into 1-d ones.
+    return np.asarray(arr, dtype=np.float32, order="C")
 
 
 def _check_choice(name: str, value: str, choices: Tuple[str, ...]) -> None:
@@ -153,7 +154,8 @@ class QTensor:
         out = _core.dequantize(
             self._values, self._scales, self._global, self._scheme._spec(), self._shape
         )
-        return _cast_output(out, dtype)
+        # The numpy crate makes 0-d arrays as shape (1,): give back the caller's shape.
+        return _cast_output(out.reshape(self._shape), dtype)
 
     def to_bytes(self) -> bytes:
         """burn's layout (SPEC §9): values, then scales, then the f32 per-tensor scale."""
@@ -284,7 +286,8 @@ def _global_scale(g: Any) -> float:
         except (TypeError, ValueError):
             raise TypeError(f"global_scale must be a number, got {type(g).__name__}") from None
     g64 = float(g)
-    g32 = np.float32(g64)
+    with np.errstate(over="ignore"):
+        g32 = np.float32(g64)
     if not np.isfinite(g64) or g64 < 0 or not np.isfinite(g32):
         raise ScaleError(f"the per-tensor scale must be finite and >= 0, got {g64}")
     return float(g32)
@@ -357,4 +360,5 @@ def round_scale(arr: Any, dtype: ScaleDtype, mode: str = "up") -> np.ndarray:
     with np.errstate(over="ignore"):
         a32 = a64.astype(np.float32)
     a32 = np.where(np.isinf(a32), np.float32(np.finfo(np.float32).max), a32)
-    return _core.round_scale(np.ascontiguousarray(a32), dtype.value, mode)
+    out = _core.round_scale(np.ascontiguousarray(a32), dtype.value, mode)
+    return out.reshape(a.shape)
