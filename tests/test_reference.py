@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import math
 
+import blockquant.reference as ref
 import ml_dtypes
 import numpy as np
 import pytest
-
-import blockquant.reference as ref
 from blockquant.errors import (
     LayoutError,
     MissingGlobalScaleError,
@@ -85,10 +84,19 @@ def test_encode_float_midpoints_and_neighbours(value):
 def test_encode_float_zero_sign_and_saturation(value):
     sign_bit = 0x8 if value is V.E2M1 else 0x80
     max_code = {V.E4M3: 0x7E, V.E5M2: 0x7B, V.E2M1: 0x7}[value]
-    got = ref.encode_float(np.array([0.0, -0.0, -1e-30, 1e-30, np.inf, -np.inf, 1e38, -1e38],
-                                    np.float32), value)
-    expect = [0, sign_bit, sign_bit, 0, max_code, max_code | sign_bit, max_code,
-              max_code | sign_bit]
+    got = ref.encode_float(
+        np.array([0.0, -0.0, -1e-30, 1e-30, np.inf, -np.inf, 1e38, -1e38], np.float32), value
+    )
+    expect = [
+        0,
+        sign_bit,
+        sign_bit,
+        0,
+        max_code,
+        max_code | sign_bit,
+        max_code,
+        max_code | sign_bit,
+    ]
     np.testing.assert_array_equal(got, expect)
 
 
@@ -99,8 +107,13 @@ def test_encode_float_subnormals(value):
     tiny = 2.0 ** (1 - bias - mbits)  # the format's smallest subnormal
     # a fine grid over the format's subnormal range and a bit past its smallest normal
     grid = np.linspace(-tiny * 2**mbits * 2.5, tiny * 2**mbits * 2.5, 4001).astype(np.float32)
-    x = np.concatenate([grid, _f32_subnormals(rng, 10_000),
-                        _random_log_uniform(rng, 10_000, math.log2(tiny) - 30, math.log2(tiny) + 3)])
+    x = np.concatenate(
+        [
+            grid,
+            _f32_subnormals(rng, 10_000),
+            _random_log_uniform(rng, 10_000, math.log2(tiny) - 30, math.log2(tiny) + 3),
+        ]
+    )
     np.testing.assert_array_equal(ref.encode_float(x, value), _oracle_codes(x, value))
 
 
@@ -196,8 +209,21 @@ def test_round_scale_nearest_matches_casts(dtype):
 
 
 def test_round_scale_ue8m0_ties_to_even():
-    x = np.array([1.5, 3.0, 6.0, 0.75, 1.5 * 2.0**-127, 1.5 * 2.0**-126, 1.5 * 2.0**-125,
-                  2.0**-128, 0.0, 1.5 * 2.0**126], np.float32)
+    x = np.array(
+        [
+            1.5,
+            3.0,
+            6.0,
+            0.75,
+            1.5 * 2.0**-127,
+            1.5 * 2.0**-126,
+            1.5 * 2.0**-125,
+            2.0**-128,
+            0.0,
+            1.5 * 2.0**126,
+        ],
+        np.float32,
+    )
     # 1.5 = 2**0 * 1.5: codes 127 | 128 -> even 128 (2.0); 3.0: codes 128 | 129 -> 128 (2.0);
     # 1.5 * 2**-127 (an f32 subnormal): codes 0 | 1 -> 0; 1.5 * 2**126: 253 | 254 -> 254
     expect = [2.0, 2.0, 8.0, 0.5, 2.0**-127, 2.0**-125, 2.0**-125, 2.0**-127, 2.0**-127, 2.0**127]
@@ -217,7 +243,7 @@ def _next_lower(y: np.ndarray, dtype) -> np.ndarray:
 @pytest.mark.parametrize("dtype", list(SCALE_ORACLES))
 def test_round_scale_up(dtype):
     rng = np.random.default_rng(4)
-    oracle, vmax, vmin = SCALE_ORACLES[dtype]
+    oracle, _, vmin = SCALE_ORACLES[dtype]
     x = _scale_samples(dtype, rng)
     x = x[x > vmin]  # below the smallest value, "up" gives the smallest: checked below
     up = ref.round_scale(x, dtype, "up")
@@ -237,11 +263,13 @@ def test_round_scale_boundaries(dtype, mode):
         x = np.array([0.0, 1e-45, 0.1, F32_MAX], np.float32)
         np.testing.assert_array_equal(ref.round_scale(x, dtype, mode), x)
         return
-    oracle, vmax, vmin = SCALE_ORACLES[dtype]
+    _, vmax, vmin = SCALE_ORACLES[dtype]
     exact = np.array([vmin, 1.0, 0.5, 2.0, vmax], np.float32)
     np.testing.assert_array_equal(ref.round_scale(exact, dtype, mode), exact)
-    over = np.array([np.nextafter(np.float32(vmax), np.float32(np.inf)),
-                     min(vmax * 1.7, F32_MAX), F32_MAX], np.float32)
+    over = np.array(
+        [np.nextafter(np.float32(vmax), np.float32(np.inf)), min(vmax * 1.7, F32_MAX), F32_MAX],
+        np.float32,
+    )
     np.testing.assert_array_equal(ref.round_scale(over, dtype, mode), [vmax] * 3)
     zero = ref.round_scale(np.array([0.0, -0.0], np.float32), dtype, mode)
     expect_zero = 2.0**-127 if dtype is ScaleDtype.UE8M0 else 0.0
@@ -260,8 +288,9 @@ def test_round_scale_rejects_bad_values():
 def test_encode_decode_scales():
     s = np.array([0.5, 0.125, 448, 2.0**-9, 0.0], np.float32)
     assert ref.encode_scales(s, ScaleDtype.UE4M3) == bytes([0x30, 0x20, 0x7E, 0x01, 0x00])
-    assert ref.encode_scales(np.array([1.0, 2.0**-127, 2.0**127], np.float32),
-                             ScaleDtype.UE8M0) == bytes([127, 0, 254])
+    assert ref.encode_scales(
+        np.array([1.0, 2.0**-127, 2.0**127], np.float32), ScaleDtype.UE8M0
+    ) == bytes([127, 0, 254])
     assert ref.encode_scales(np.array([1.0], np.float32), ScaleDtype.F16) == b"\x00\x3c"
     assert ref.encode_scales(np.array([1.0], np.float32), ScaleDtype.BF16) == b"\x80\x3f"
     assert ref.encode_scales(np.array([3.0], np.float32), ScaleDtype.F32) == b"\x00\x00\x40\x40"
@@ -285,8 +314,13 @@ def test_encode_decode_scales():
 # SPEC §9's example and the packing layouts
 # -------------------------------------------------------------------------------------------------
 
-SPEC_SCHEME = (QuantScheme().with_value(V.Q8S).with_store(QuantStore.Native)
-               .per_block([4], ScaleDtype.UE4M3).per_tensor(ScaleDtype.F32))
+SPEC_SCHEME = (
+    QuantScheme()
+    .with_value(V.Q8S)
+    .with_store(QuantStore.Native)
+    .per_block([4], ScaleDtype.UE4M3)
+    .per_tensor(ScaleDtype.F32)
+)
 SPEC_BYTES = bytes.fromhex("00 19 33 4c 66 7f 80 ff 30 20 00 00 40 40")
 
 
@@ -425,7 +459,9 @@ def test_grid_and_storage_shapes():
     assert ref.storage_shape((5, 7, 65), s.with_store(QuantStore.packed_native(2))) == (3, 7, 65)
     assert ref.storage_dtype(QuantScheme(value=V.Q8S, store=QuantStore.Native)) == np.int8
     assert ref.storage_dtype(QuantScheme(value=V.E4M3, store=QuantStore.Native)) == np.uint8
-    assert ref.storage_dtype(QuantScheme(value=V.Q8S, store=QuantStore.packed_native(0))) == np.uint8
+    assert (
+        ref.storage_dtype(QuantScheme(value=V.Q8S, store=QuantStore.packed_native(0))) == np.uint8
+    )
     assert ref.storage_dtype(QuantScheme(value=V.E2M1)) == np.uint32
 
 
@@ -442,8 +478,9 @@ def test_minmax_per_tensor_and_per_block_scales():
     alpha = np.array([[2.0, 0.5], [3.0, 127.0]], np.float32)
     np.testing.assert_array_equal(qb.scales, alpha / np.float32(127))
     qf = ref.quantize(x, QuantScheme(value=V.Q8F).per_block([3], ScaleDtype.F32))
-    np.testing.assert_array_equal(qf.scales.ravel(),
-                                  np.array([2.0, 0.0, 127.0], np.float32) / np.float32(127.5))
+    np.testing.assert_array_equal(
+        qf.scales.ravel(), np.array([2.0, 0.0, 127.0], np.float32) / np.float32(127.5)
+    )
     # the all-zero row has scale 0 and codes 0
     np.testing.assert_array_equal(ref.dequantize(qf)[1], 0)
 
@@ -456,17 +493,21 @@ def test_absmean_is_exact():
     assert qt.scales[0] == np.float32(exact / x.size)  # Q2S: s_raw = alpha / 1
     # per-block, with partial edge blocks: mean over the real elements only
     y = np.arange(1, 11, dtype=np.float32)
-    qb = ref.quantize(y, QuantScheme(value=V.Q8S).per_block([4], ScaleDtype.F32),
-                      calibration="absmean")
+    qb = ref.quantize(
+        y, QuantScheme(value=V.Q8S).per_block([4], ScaleDtype.F32), calibration="absmean"
+    )
     expect = np.array([2.5, 6.5, 9.5], np.float32) / np.float32(127)
     np.testing.assert_array_equal(qb.scales, expect)
     # random blocks: alpha = f32(fsum / count), the division in f64 (not f32(sum) / f32(count))
     rng = np.random.default_rng(13)
     z = (rng.standard_normal((50, 21)) * 100).astype(np.float32)
-    qz = ref.quantize(z, QuantScheme(value=V.Q2S).per_block([1, 7], ScaleDtype.F32),
-                      calibration="absmean")
-    alpha = [[np.float32(math.fsum(abs(float(v)) for v in z[i, j:j + 7]) / 7)
-              for j in range(0, 21, 7)] for i in range(50)]
+    qz = ref.quantize(
+        z, QuantScheme(value=V.Q2S).per_block([1, 7], ScaleDtype.F32), calibration="absmean"
+    )
+    alpha = [
+        [np.float32(math.fsum(abs(float(v)) for v in z[i, j : j + 7]) / 7) for j in range(0, 21, 7)]
+        for i in range(50)
+    ]
     np.testing.assert_array_equal(qz.scales, np.array(alpha, np.float32))
 
 
@@ -498,8 +539,11 @@ def test_values_are_divided_not_multiplied_by_a_reciprocal():
 
 def test_effective_scale_saturates_at_f32_max():
     # b rounded up to 65504 times g = f32max / 65504 rounds past f32 max: e saturates
-    scheme = (QuantScheme(value=V.Q2S, store=QuantStore.Native).per_block([2], ScaleDtype.F16)
-              .per_tensor(ScaleDtype.F32))
+    scheme = (
+        QuantScheme(value=V.Q2S, store=QuantStore.Native)
+        .per_block([2], ScaleDtype.F16)
+        .per_tensor(ScaleDtype.F32)
+    )
     x = np.array([F32_MAX, -F32_MAX, 1.0, 0.0], np.float32)
     qt = ref.quantize(x, scheme)
     assert qt.scales[0] == 65504
@@ -512,8 +556,11 @@ def test_effective_scale_saturates_at_f32_max():
 def test_two_level_computed():
     rng = np.random.default_rng(8)
     x = rng.standard_normal(64).astype(np.float32)
-    scheme = (QuantScheme(value=V.E2M1, store=QuantStore.packed_native(0))
-              .per_block([16], ScaleDtype.UE4M3).per_tensor(ScaleDtype.F32))
+    scheme = (
+        QuantScheme(value=V.E2M1, store=QuantStore.packed_native(0))
+        .per_block([16], ScaleDtype.UE4M3)
+        .per_tensor(ScaleDtype.F32)
+    )
     qt = ref.quantize(x, scheme)
     s_raw = np.abs(x).reshape(4, 16).max(axis=1) / np.float32(6)
     g = np.float32(s_raw.max()) / np.float32(448)
@@ -639,12 +686,17 @@ def test_scheme_errors():
 def test_scale_errors():
     two = SPEC_SCHEME
     x = np.ones(8, np.float32)
-    with pytest.raises(MissingGlobalScaleError, match=rf"^{__import__('re').escape(repr(two))} "
-                                                      "requires a per-tensor scale$"):
+    with pytest.raises(
+        MissingGlobalScaleError,
+        match=rf"^{__import__('re').escape(repr(two))} "
+        "requires a per-tensor scale$",
+    ):
         ref.quantize(x, two, scales=[1.0, 1.0])
     one = QuantScheme(value=V.Q8S).per_block([4], ScaleDtype.F16)
-    with pytest.raises(UnexpectedGlobalScaleError,
-                       match=r"^a per-tensor scale should come with a two-level scheme, got "):
+    with pytest.raises(
+        UnexpectedGlobalScaleError,
+        match=r"^a per-tensor scale should come with a two-level scheme, got ",
+    ):
         ref.quantize(x, one, scales=[1.0, 1.0], global_scale=2.0)
     with pytest.raises(ScaleError):  # wrong count
         ref.quantize(x, one, scales=[1.0, 1.0, 1.0])

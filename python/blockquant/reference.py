@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple
 
 import numpy as np
 
@@ -39,18 +38,18 @@ from .scheme import QuantMode, QuantScheme, QuantValue, ScaleDtype
 
 __all__ = [
     "RefQTensor",
-    "quantize",
-    "dequantize",
-    "to_bytes",
-    "from_bytes",
-    "round_scale",
-    "encode_scales",
-    "decode_scales",
-    "encode_float",
     "decode_float",
+    "decode_scales",
+    "dequantize",
+    "encode_float",
+    "encode_scales",
+    "from_bytes",
+    "quantize",
+    "round_scale",
     "scale_grid_shape",
-    "storage_shape",
     "storage_dtype",
+    "storage_shape",
+    "to_bytes",
 ]
 
 F32_MAX = np.float32(np.finfo(np.float32).max)
@@ -295,7 +294,9 @@ def _scale_codes(s: np.ndarray, dtype: ScaleDtype) -> np.ndarray:
     wrong = ~nan & (back != s.view(np.uint32))
     if wrong.any():
         i = int(np.flatnonzero(wrong)[0])
-        raise ScaleError(f"scale {float(s[i])!r} at index {i} is not exactly representable in {dtype}")
+        raise ScaleError(
+            f"scale {float(s[i])!r} at index {i} is not exactly representable in {dtype}"
+        )
     return codes
 
 
@@ -338,7 +339,7 @@ def decode_scales(data, dtype: ScaleDtype, n: int) -> np.ndarray:
 # =================================================================================================
 
 
-def _check_shape(shape) -> Tuple[int, ...]:
+def _check_shape(shape) -> tuple[int, ...]:
     try:
         dims = tuple(shape)
     except TypeError:
@@ -352,12 +353,12 @@ def _check_shape(shape) -> Tuple[int, ...]:
     return dims
 
 
-def _rank1(shape: Tuple[int, ...]) -> Tuple[int, ...]:
+def _rank1(shape: tuple[int, ...]) -> tuple[int, ...]:
     """The shape blocks and packing see: a 0-d tensor is one element of shape (1,)."""
     return shape if len(shape) > 0 else (1,)
 
 
-def _block_dims(shape1: Tuple[int, ...], scheme: QuantScheme) -> Tuple[int, ...]:
+def _block_dims(shape1: tuple[int, ...], scheme: QuantScheme) -> tuple[int, ...]:
     """The block size padded with leading 1s to the tensor's rank."""
     block = scheme.block.size
     if len(block) > len(shape1):
@@ -368,7 +369,7 @@ def _block_dims(shape1: Tuple[int, ...], scheme: QuantScheme) -> Tuple[int, ...]
     return (1,) * (len(shape1) - len(block)) + block
 
 
-def scale_grid_shape(shape, scheme: QuantScheme) -> Tuple[int, ...]:
+def scale_grid_shape(shape, scheme: QuantScheme) -> tuple[int, ...]:
     """Shape of the scale grid: (1,) per-tensor, else ceil(dim / block) on each axis."""
     shape1 = _rank1(_check_shape(shape))
     if scheme.block is None:
@@ -399,7 +400,7 @@ def storage_dtype(scheme: QuantScheme) -> np.dtype:
     return np.dtype(np.int8)
 
 
-def storage_shape(shape, scheme: QuantScheme) -> Tuple[int, ...]:
+def storage_shape(shape, scheme: QuantScheme) -> tuple[int, ...]:
     """Shape of the value storage: the tensor's (0-d as (1,)), the packed axis shrunk to
     ceil(n / values per word)."""
     shape1 = _rank1(_check_shape(shape))
@@ -506,8 +507,8 @@ class RefQTensor:
 
     values: np.ndarray
     scales: np.ndarray
-    global_scale: Optional[float]
-    shape: Tuple[int, ...]
+    global_scale: float | None
+    shape: tuple[int, ...]
     scheme: QuantScheme
 
     def to_bytes(self) -> bytes:
@@ -535,7 +536,7 @@ def _check_scheme(scheme) -> None:
         raise UnsupportedSchemeError(f"Quantization not supported for scheme {scheme!r}")
 
 
-def _check_fit(shape: Tuple[int, ...], scheme: QuantScheme) -> None:
+def _check_fit(shape: tuple[int, ...], scheme: QuantScheme) -> None:
     """Scheme/tensor mismatches: a block with more dims than the tensor, a packing dim >= rank."""
     scale_grid_shape(shape, scheme)
     storage_shape(shape, scheme)
@@ -547,7 +548,9 @@ def _input_as_f32(x) -> np.ndarray:
     if a.dtype.name == "bfloat16":
         return a, a.astype(np.float32)
     if a.dtype.kind != "f" or a.dtype.itemsize not in (2, 4, 8):
-        raise TypeError(f"quantize takes float16, bfloat16, float32 or float64, got dtype {a.dtype}")
+        raise TypeError(
+            f"quantize takes float16, bfloat16, float32 or float64, got dtype {a.dtype}"
+        )
     with np.errstate(over="ignore"):  # float64 beyond f32 range: inf, reported below
         return a, a.astype(np.float32)
 
@@ -593,7 +596,7 @@ def _explicit_scales(scales, shape1, scheme: QuantScheme, mode: str) -> np.ndarr
     return round_scale(s, scheme.scale_dtype, mode)
 
 
-def _effective_scales(stored: np.ndarray, g: Optional[float]) -> np.ndarray:
+def _effective_scales(stored: np.ndarray, g: float | None) -> np.ndarray:
     """e = stored scale (one level) or b_i * g (two-level, one f32 multiply). The product
     saturates at f32 max: b rounded up near the dtype's max times g can round past f32 max."""
     if g is None:

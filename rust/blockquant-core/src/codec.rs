@@ -194,6 +194,7 @@ mod tests {
             n_axis: 1,
             inner: 1,
             words_axis: 1,
+            native: true,
         };
         let packed = Packing {
             field_bits: 4,

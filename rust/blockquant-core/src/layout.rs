@@ -21,6 +21,9 @@ pub struct Packing {
     pub inner: usize,
     /// Words along the packed axis: `ceil(n_axis / per)`.
     pub words_axis: usize,
+    /// The Native store: ints are kept as int8, not uint8 (PackedNative of 8-bit values has the
+    /// same bytes, typed uint8).
+    pub native: bool,
 }
 
 impl Packing {
@@ -223,6 +226,7 @@ fn packing_for(scheme: &QuantScheme, dims: &[usize]) -> Result<Packing> {
                 n_axis: dims[rank - 1],
                 inner: 1,
                 words_axis: dims[rank - 1],
+                native: true,
             })
         }
         QuantStore::PackedU32(d) => (32, d),
@@ -244,6 +248,7 @@ fn packing_for(scheme: &QuantScheme, dims: &[usize]) -> Result<Packing> {
         n_axis: dims[axis],
         inner: dims[axis + 1..].iter().product(),
         words_axis: dims[axis].div_ceil(per),
+        native: false,
     })
 }
 

@@ -153,7 +153,7 @@ fn new_storage<'py>(py: Python<'py>, layout: &Layout) -> Bound<'py, PyUntypedArr
     let shape = IxDyn(&layout.storage_shape());
     let arr = if layout.packing.word_bits == 32 {
         PyArrayDyn::<u32>::zeros(py, shape, false).into_any()
-    } else if layout.packing.per == 1 && !layout.scheme.value.is_float() {
+    } else if layout.packing.native && !layout.scheme.value.is_float() {
         PyArrayDyn::<i8>::zeros(py, shape, false).into_any()
     } else {
         PyArrayDyn::<u8>::zeros(py, shape, false).into_any()
@@ -247,7 +247,7 @@ fn with_storage<R: Send>(
 fn storage_dtype_name(layout: &Layout) -> &'static str {
     if layout.packing.word_bits == 32 {
         "uint32"
-    } else if layout.packing.per == 1 && !layout.scheme.value.is_float() {
+    } else if layout.packing.native && !layout.scheme.value.is_float() {
         "int8"
     } else {
         "uint8"

@@ -1,0 +1,200 @@
+"""The Rust core against blockquant.reference, bit for bit, over the whole scheme matrix.
+
+9 values × 3 stores (every packing dim) × {per-tensor, block [32], block [4, 8], two-level [16]}
+× every allowed scale dtype × shapes {(), (0,), (7,), (3, 5), (2, 3, 33)}, on data with ties,
+zero blocks, huge and tiny magnitudes and subnormals. Values, scales, global scale, the whole
+``to_bytes()`` output and the dequantized floats must be identical.
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+
+import blockquant as bq
+import blockquant.reference as ref
+from blockquant import QuantScheme, QuantStore, QuantValue, ScaleDtype
+
+SHAPES = [(), (0,), (7,), (3, 5), (2, 3, 33)]
+
+LEVELS = (
+    [("tensor", None)]
+    + [("tensor", d) for d in ScaleDtype]
+    + [("block32", d) for d in ScaleDtype]
+    + [("block4x8", d) for d in ScaleDtype]
+    + [("two16", d) for d in (ScaleDtype.F16, ScaleDtype.UE4M3)]
+)
+
+
+def make_scheme(value, store, level):
+    kind, dtype = level
+    s = QuantScheme(value, store)
+    if kind == "tensor":
+        return s if dtype is None else s.per_tensor(dtype)
+    if kind == "block32":
+        return s.per_block([32], dtype)
+    if kind == "block4x8":
+        return s.per_block([4, 8], dtype)
+    return s.per_block([16], dtype).per_tensor(ScaleDtype.F32)
+
+
+def stores(rank):
+    r = max(rank, 1)
+    return (
+        [QuantStore.Native]
+        + [QuantStore.packed_u32(d) for d in range(r)]
+        + [QuantStore.packed_native(d) for d in range(r)]
+    )
+
+
+def data(shape, seed, magnitude=1.0):
+    """Gaussian × log-uniform magnitudes, plus exact zeros, a zero run, ±subnormals and ties."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape) * 10.0 ** rng.uniform(-3, 1, shape)
+    flat = x.reshape(-1)
+    if flat.size >= 7:
+        flat[rng.integers(0, flat.size, 3)] = 0.0
+        flat[1] = -0.0
+        flat[2] = 1e-41  # float32 subnormal
+        flat[3] = -3e-39
+        flat[4] = 2.5  # ties after scaling happen for "nice" values
+        flat[5] = -0.5
+        if flat.size >= 40:
+            flat[8:40] = 0.0  # an all-zero block (the zero rule)
+    return (x * magnitude).astype(np.float32)
+
+
+def assert_same(rq, bq_qt):
+    assert bq_qt.values.dtype == rq.values.dtype
+    assert bq_qt.values.shape == rq.values.shape
+    np.testing.assert_array_equal(bq_qt.values, rq.values)
+    assert bq_qt.scales.shape == rq.scales.shape
+    np.testing.assert_array_equal(bq_qt.scales.view(np.uint32), rq.scales.astype(np.float32).view(np.uint32))
+    assert bq_qt.global_scale == rq.global_scale
+    assert bq_qt.to_bytes() == rq.to_bytes()
+    np.testing.assert_array_equal(
+        bq_qt.dequantize().view(np.uint32), rq.dequantize().astype(np.float32).view(np.uint32)
+    )
+
+
+CASES = [
+    (v, shape, level, store)
+    for v in QuantValue
+    for shape in SHAPES
+    for level in LEVELS
+    for store in stores(len(shape))
+]
+
+
+@pytest.mark.parametrize("value, shape, level, store", CASES, ids=lambda p: str(p).replace(" ", ""))
+def test_rust_equals_reference(value, shape, level, store):
+    scheme = make_scheme(value, store, level)
+    x = data(shape, seed=hash((value.value, shape, level)) % 2**32)
+    try:
+        rq = ref.quantize(x, scheme)
+    except bq.SchemeError:
+        with pytest.raises(bq.SchemeError):
+            bq.quantize(x, scheme)
+        return
+    qt = bq.quantize(x, scheme)
+    assert_same(rq, qt)
+    # Bytes round-trip exactly through both implementations.
+    b = qt.to_bytes()
+    assert len(b) == qt.nbytes
+    again = bq.QTensor.from_bytes(b, scheme, shape)
+    assert again.to_bytes() == b
+    assert ref.from_bytes(b, scheme, shape).to_bytes() == b
+
+
+OPTION_SCHEMES = [
+    bq.presets.int8(),
+    bq.presets.int8_block32(),
+    bq.presets.int4_block32(),
+    bq.presets.mxfp8(),
+    bq.presets.mxfp4(),
+    bq.presets.nvfp4(),
+    bq.presets.bitnet(),
+    QuantScheme(QuantValue.Q2F, QuantStore.packed_u32(1)).per_block([2, 3, 4], ScaleDtype.BF16),
+    QuantScheme(QuantValue.E5M2, QuantStore.packed_native(2)).per_block([3, 1, 5], ScaleDtype.UE4M3),
+    QuantScheme(QuantValue.Q4F, QuantStore.Native).per_block([2, 2, 2, 2, 2], ScaleDtype.F32),
+]
+
+
+@pytest.mark.parametrize("scheme", OPTION_SCHEMES, ids=repr)
+@pytest.mark.parametrize(
+    "calibration, rounding, scale_rounding",
+    list(itertools.product(["minmax", "absmean"], ["half_away", "half_even"], ["up", "nearest"])),
+)
+@pytest.mark.parametrize("magnitude", [1.0, 1e30, 1e-30])
+def test_options_equal_reference(scheme, calibration, rounding, scale_rounding, magnitude):
+    shape = (3, 4, 5, 6, 37) if scheme.block and len(scheme.block.size) == 5 else (6, 5, 70)
+    x = data(shape, seed=7, magnitude=magnitude)
+    kw = dict(calibration=calibration, rounding=rounding, scale_rounding=scale_rounding)
+    assert_same(ref.quantize(x, scheme, **kw), bq.quantize(x, scheme, **kw))
+
+
+@pytest.mark.parametrize("value", list(QuantValue))
+@pytest.mark.parametrize("rounding", ["half_away", "half_even"])
+def test_ties_with_explicit_scales(value, rounding):
+    """Every half-integer (and every float-format midpoint region) against scale 1 and 0.5."""
+    x = (np.arange(-300, 300, dtype=np.float32) / 4).reshape(20, 30)
+    for scale in (1.0, 0.5, 0.0):
+        s = QuantScheme(value, QuantStore.Native).per_tensor(ScaleDtype.F32)
+        kw = dict(rounding=rounding, scales=[scale])
+        assert_same(ref.quantize(x, s, **kw), bq.quantize(x, s, **kw))
+        s2 = s.per_block([16], ScaleDtype.F16).per_tensor(ScaleDtype.F32)
+        grid = np.full((20, 2), 2.0, np.float32)
+        kw2 = dict(rounding=rounding, scales=grid, global_scale=scale)
+        assert_same(ref.quantize(x, s2, **kw2), bq.quantize(x, s2, **kw2))
+
+
+@pytest.mark.parametrize("dtype", list(ScaleDtype))
+@pytest.mark.parametrize("mode", ["up", "nearest"])
+def test_round_scale_equals_reference(dtype, mode):
+    rng = np.random.default_rng(3)
+    s = np.concatenate(
+        [
+            np.float32(2.0) ** rng.uniform(-150, 128, 20000).astype(np.float32),
+            np.array([0.0, 1e-45, 2.0**-127, 2.0**-126, 65504, 65520, 448, 464, 3.4e38], np.float32),
+        ]
+    ).astype(np.float32)
+    s = s[np.isfinite(s)]
+    got = bq.round_scale(s, dtype, mode)
+    want = ref.round_scale(s, dtype, mode)
+    np.testing.assert_array_equal(got.view(np.uint32), np.asarray(want, np.float32).view(np.uint32))
+
+
+def test_absmean_exact_sum_fallback():
+    """A block whose magnitudes span more than 2^29: a naive f64 sum is not exact there."""
+    x = np.full((4, 64), 1e-8, np.float32)
+    x[:, 0] = 3e30
+    x[2] = np.linspace(-1, 1, 64)
+    for scheme in (bq.presets.bitnet(), bq.presets.int8_block32()):
+        assert_same(ref.quantize(x, scheme, calibration="absmean"), bq.quantize(x, scheme, calibration="absmean"))
+
+
+@pytest.mark.parametrize("value", [QuantValue.Q8S, QuantValue.Q4F, QuantValue.Q2S])
+def test_dequantize_error_is_within_half_a_step(value):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((8, 96)).astype(np.float32)
+    s = QuantScheme(value, QuantStore.packed_u32(0)).per_block([32], ScaleDtype.F32)
+    qt = bq.quantize(x, s)
+    e = np.repeat(qt.scales, 32, axis=1)
+    # Q*F: the block max lands on qmax + 0.5 and clips by half a step; f32 rounding of the
+    # scale (≤ 2^-24 relative, × the 15 half-steps of Q4F) can push that a hair past e/2.
+    assert np.all(np.abs(x - qt.dequantize()) <= e / 2 * (1 + 16 * 2.0**-24))
+
+
+@pytest.mark.parametrize("value", [QuantValue.E4M3, QuantValue.E5M2, QuantValue.E2M1])
+def test_float_dequantize_error_is_within_half_an_ulp(value):
+    mbits = {QuantValue.E4M3: 3, QuantValue.E5M2: 2, QuantValue.E2M1: 1}[value]
+    emin = {QuantValue.E4M3: -6, QuantValue.E5M2: -14, QuantValue.E2M1: 0}[value]
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((8, 96)).astype(np.float32)
+    s = QuantScheme(value, QuantStore.packed_native(0)).per_block([32], ScaleDtype.F32)
+    qt = bq.quantize(x, s)
+    e = np.repeat(qt.scales, 32, axis=1).astype(np.float64)
+    v = np.abs(x / e)
+    exp = np.maximum(np.floor(np.log2(np.maximum(v, 1e-300))), emin)
+    half_ulp = 2.0 ** (exp - mbits - 1)
+    assert np.all(np.abs(x - qt.dequantize()) <= half_ulp * e * (1 + 1e-6))
