@@ -252,9 +252,15 @@ def round_scale(arr, dtype: ScaleDtype, mode: str = "up") -> np.ndarray:
     _check_option("mode", mode, SCALE_ROUNDINGS)
     s = _as_f32(arr, "scales")
     _check_scale_values(s)
+    return _round_scale_saturating(s, dtype, mode)
+
+
+def _round_scale_saturating(s: np.ndarray, dtype: ScaleDtype, mode: str) -> np.ndarray:
+    """round_scale without the checks, for s >= 0 that may be +inf (a ratio s_raw / g that
+    overflowed): +inf saturates at the dtype's max like any value above it (F32: at f32 max)."""
     s = np.asarray(s + np.float32(0), dtype=np.float32)  # -0 + 0 = +0: never a negative zero
     if dtype is ScaleDtype.F32:
-        return s
+        return np.minimum(s, F32_MAX)
     if dtype is ScaleDtype.UE8M0:
         return _ue8m0_decode(_ue8m0_round(s, mode)).reshape(s.shape)
     fmt = SCALE_FORMATS[dtype]
@@ -585,7 +591,7 @@ def _explicit_scales(scales, shape1, scheme: QuantScheme, mode: str) -> np.ndarr
     s = _as_f32(scales, "scales")
     grid = scale_grid_shape(shape1, scheme)
     if scheme.block is None:
-        if s.shape not in ((), (1,)):
+        if s.size != 1:  # any shape holding one value: 2.0, [2.0], [[2.0]]
             raise ScaleError(f"a per-tensor scheme takes one scale, got scales of shape {s.shape}")
         s = s.reshape(1)
     elif s.shape != grid:
@@ -605,19 +611,27 @@ def _effective_scales(stored: np.ndarray, g: float | None) -> np.ndarray:
         return np.minimum(stored * np.float32(g), F32_MAX)
 
 
-def _compute_scales(x1, scheme, calibration, scale_rounding):
-    """Stored scales and g from the data (SPEC §3-§5)."""
+def _compute_scales(x1, scheme, calibration, scale_rounding, given_g=None):
+    """Stored scales and g from the data (SPEC §3-§5). A two-level scheme may be given g alone:
+    then only the block scales come from the data."""
     s_raw = _raw_scales(x1, scheme, calibration)
     if not scheme.is_two_level:
         return round_scale(s_raw, scheme.scale_dtype, scale_rounding), None
-    # Two-level: g maps the largest raw scale onto the block dtype's max. If every block is zero
-    # (or g underflows to 0 for a tiny tensor), g = 1: no division by zero, ever.
-    top = s_raw.max() if s_raw.size else np.float32(0)
-    g = np.float32(top) / np.float32(scheme.block.dtype.max)
+    if given_g is not None:
+        g = np.float32(given_g)
+    else:
+        # g maps the largest raw scale onto the block dtype's max; all blocks zero: g = 1.
+        top = s_raw.max() if s_raw.size else np.float32(0)
+        g = np.float32(top) / np.float32(scheme.block.dtype.max)
+        if top == 0:
+            g = np.float32(1)
     if g == 0:
-        g = np.float32(1)
-    b = round_scale(s_raw / g, scheme.block.dtype, scale_rounding)
-    return b, float(g)
+        # Given as 0, or underflowed (a tensor of f32 subnormals): e = b * g is 0 whatever b is;
+        # b = 0 says so and avoids dividing by zero.
+        return np.zeros_like(s_raw), float(g)
+    with np.errstate(over="ignore"):  # s_raw / tiny g may overflow: inf saturates at the max
+        ratio = s_raw / g
+    return _round_scale_saturating(ratio, scheme.block.dtype, scale_rounding), float(g)
 
 
 def _int_codes(x_s: np.ndarray, value: QuantValue, rounding: str) -> np.ndarray:
@@ -710,15 +724,13 @@ def quantize(
         raise UnexpectedGlobalScaleError(
             f"a per-tensor scale should come with a two-level scheme, got {scheme!r}"
         )
+    if scales is not None and scheme.is_two_level and global_scale is None:
+        raise MissingGlobalScaleError(f"{scheme!r} requires a per-tensor scale")
+    given_g = None if global_scale is None else float(_global_from_arg(global_scale))
     if scales is not None:
-        if scheme.is_two_level and global_scale is None:
-            raise MissingGlobalScaleError(f"{scheme!r} requires a per-tensor scale")
-        g = float(_global_from_arg(global_scale)) if scheme.is_two_level else None
-        stored = _explicit_scales(scales, shape1, scheme, scale_rounding)
-    elif global_scale is not None:
-        raise ScaleError("global_scale= is given without the block scales: pass scales= too")
+        stored, g = _explicit_scales(scales, shape1, scheme, scale_rounding), given_g
     else:
-        stored, g = _compute_scales(x1, scheme, calibration, scale_rounding)
+        stored, g = _compute_scales(x1, scheme, calibration, scale_rounding, given_g)
 
     # Values against the stored (effective) scale: x / e as an f32 division; e = 0 gives code 0.
     e = _scales_per_element(_effective_scales(stored, g), shape1, scheme)
