@@ -571,6 +571,75 @@ def test_two_level_computed():
     assert z.global_scale == 1.0 and np.all(z.scales == 0) and np.all(z.values == 0)
 
 
+def test_two_level_given_global_scale_only():
+    scheme = (
+        QuantScheme(value=V.Q8S, store=QuantStore.Native)
+        .per_block([4], ScaleDtype.UE4M3)
+        .per_tensor(ScaleDtype.F32)
+    )
+    x = np.array([1, 2, 3, 4, 0, 0, 0, -0.0], np.float32)
+    qt = ref.quantize(x, scheme, global_scale=2.0)
+    assert qt.global_scale == 2.0
+    s_raw = np.float32(4) / np.float32(127)
+    np.testing.assert_array_equal(
+        qt.scales, [ref.round_scale(s_raw / np.float32(2), ScaleDtype.UE4M3, "up")[()], 0]
+    )
+    # g = 0 (given, or underflowed from a tensor of subnormals): every b is 0, every code +0
+    for q0 in (
+        ref.quantize(x, scheme, global_scale=0.0),
+        ref.quantize(np.array([1e-44, -0.0] * 4, np.float32), scheme.with_value(V.E2M1)),
+    ):
+        assert q0.global_scale == 0.0
+        np.testing.assert_array_equal(q0.scales, [0, 0])
+        np.testing.assert_array_equal(q0.values.view(np.uint8), 0)
+    # tiny g: s_raw / g overflows to inf and saturates at the block dtype's max
+    big = ref.quantize(x, scheme, global_scale=1e-45)
+    np.testing.assert_array_equal(big.scales, [448, 0])
+
+
+def test_explicit_per_tensor_scale_shapes():
+    x = np.ones(4, np.float32)
+    for sc in (2.0, [2.0], [[2.0]], np.float16(2)):
+        assert ref.quantize(x, QuantScheme(), scales=sc).scales.tolist() == [2.0]
+
+
+def test_from_bytes_decodes_any_value_bits():
+    # Native ints are read as the int8 they hold, even outside the value's range
+    q4 = QuantScheme(value=V.Q4S, store=QuantStore.Native)
+    data = bytes([0xE4, 0x7F, 0x80, 0x07]) + np.float32(0.5).tobytes()
+    np.testing.assert_array_equal(
+        ref.from_bytes(data, q4, (4,)).dequantize(), [-14, 63.5, -64, 3.5]
+    )
+    # packed int fields sign-extend from their bits; float codes use only their low bits
+    q2 = QuantScheme(value=V.Q2F, store=QuantStore.packed_native(0))
+    data = bytes([0b11_10_01_00]) + np.float32(1).tobytes()
+    np.testing.assert_array_equal(ref.from_bytes(data, q2, (4,)).dequantize(), [0, 1, -2, -1])
+    e2 = QuantScheme(value=V.E2M1, store=QuantStore.Native)
+    data = bytes([0xF1, 0x0F, 0x77]) + np.float32(1).tobytes()
+    np.testing.assert_array_equal(ref.from_bytes(data, e2, (3,)).dequantize(), [0.5, -6, 6])
+
+
+def test_from_bytes_rejects_corrupt_scales():
+    import struct
+
+    one = QuantScheme(value=V.Q8S, store=QuantStore.Native).per_block([4], ScaleDtype.F16)
+    vals = bytes(4)
+    assert np.signbit(ref.from_bytes(vals + b"\x00\x80", one, (4,)).scales[0])  # -0 is kept
+    for bad in (b"\x00\xbc", b"\x00\x7c", b"\x01\x7c"):  # -1, inf, NaN
+        with pytest.raises(LayoutError, match="corrupt scales"):
+            ref.from_bytes(vals + bad, one, (4,))
+    u4 = one.per_block([4], ScaleDtype.UE4M3)
+    for bad in (b"\xb0", b"\x7f", b"\xff"):  # -0.5, NaN, NaN
+        with pytest.raises(LayoutError):
+            ref.from_bytes(vals + bad, u4, (4,))
+    with pytest.raises(LayoutError):
+        ref.from_bytes(vals + b"\xff", one.per_block([4], ScaleDtype.UE8M0), (4,))
+    two = u4.per_tensor(ScaleDtype.F32)
+    for g in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(LayoutError, match="per-tensor scale"):
+            ref.from_bytes(vals + b"\x38" + struct.pack("<f", g), two, (4,))
+
+
 @pytest.mark.parametrize("value", [v for v in QuantValue if not v.is_float])
 @pytest.mark.parametrize("scale_rounding", ["up", "nearest"])
 @pytest.mark.parametrize("rounding", ["half_away", "half_even"])

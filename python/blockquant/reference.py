@@ -129,8 +129,10 @@ def _round_magnitude(x: np.ndarray, fmt: Minifloat, mode: str) -> np.ndarray:
         q = q + (rem > 0)
     else:  # pragma: no cover - internal callers pass a checked mode
         raise AssertionError(mode)
-    # q counts quanta from the bottom of the binade's exponent; a carry to 2**(mbits+1) rolls into
-    # the next binade by itself, because codes of consecutive values are consecutive integers.
+    # |x| ~ q * 2**q_exp. In a normal binade (biased exponent E = binade + bias >= 1) q is in
+    # [2**mbits, 2**(mbits+1)) and the code is E << mbits | (q - 2**mbits) = ((E-1) << mbits) + q.
+    # In the subnormal floor E - 1 = 0 and q < 2**mbits is the code itself: the same formula.
+    # A rounding carry to q = 2**(mbits+1) lands on the first code of the next binade.
     mag = ((binade + fmt.bias - 1) << fmt.mbits) + q
     return np.minimum(mag, fmt.max_mag)
 
@@ -198,7 +200,9 @@ def _check_not_nan(x: np.ndarray) -> None:
 
 
 def _ue8m0_round(s: np.ndarray, mode: str) -> np.ndarray:
-    """UE8M0 code (int64) of float32 scales s >= 0 (decision 5 of the reference's brief)."""
+    """UE8M0 code (int64) of float32 scales s >= 0: ``up`` is 2**ceil(log2 s) and ``nearest``
+    rounds to nearest with ties to the even code, both within [2**-127, 2**127] (no zero: 0 and
+    everything below 2**-127 give the smallest value). Read off the f32 bit pattern."""
     _, e_field, mant = _f32_fields(s)
     subnormal = e_field == 0  # includes 0; 2**-127 is itself an f32 subnormal (mantissa 0x400000)
     if mode == "up":
@@ -548,8 +552,9 @@ def _check_fit(shape: tuple[int, ...], scheme: QuantScheme) -> None:
     storage_shape(shape, scheme)
 
 
-def _input_as_f32(x) -> np.ndarray:
-    """The input as float32 (round to nearest even); TypeError for non-float dtypes."""
+def _input_as_f32(x) -> tuple[np.ndarray, np.ndarray]:
+    """(the input as an array, the input as float32 rounded to nearest even); TypeError for
+    anything but float16, bfloat16, float32 or float64 (ints, bools, complex, objects...)."""
     a = np.asarray(x)
     if a.dtype.name == "bfloat16":
         return a, a.astype(np.float32)
@@ -583,7 +588,7 @@ def _global_from_arg(global_scale) -> np.float32:
     g = _as_f32(a, "global_scale")
     if not np.isfinite(g) or g < 0:
         raise ScaleError(f"global_scale must be finite and >= 0, got {global_scale!r}")
-    return np.float32(g + np.float32(0))  # -0 -> +0
+    return np.float32(g)  # kept as given, -0 included: it is stored unrounded
 
 
 def _explicit_scales(scales, shape1, scheme: QuantScheme, mode: str) -> np.ndarray:
@@ -684,15 +689,19 @@ def _decoded_values(values: np.ndarray, scheme: QuantScheme, shape1) -> np.ndarr
     bits = scheme.value.bits
     packing = _packing(scheme, len(shape1))
     if packing is None:
-        fields = values.astype(np.int64)  # Native int8 is already sign-extended
+        fields = values.astype(np.int64)
+        if not scheme.value.is_float:
+            # Native ints are read as the int8 they are, even outside [qmin, qmax] (bytes may
+            # hold anything: SPEC §9's example stores -128 under Q8S).
+            return fields.astype(np.float32)
     else:
         ax, per, _ = packing
         fields = _unpack(values, ax, per, bits, shape1[ax])
     mask = (1 << bits) - 1
-    if scheme.value.is_float:
+    if scheme.value.is_float:  # only the low ``bits`` bits are the code (E2M1: low nibble)
         return _decode_minifloat(fields & mask, FLOAT_VALUE_FORMATS[scheme.value])
     sign = 1 << (bits - 1)
-    return (((fields & mask) ^ sign) - sign).astype(np.float32)  # sign-extend from ``bits``
+    return ((fields ^ sign) - sign).astype(np.float32)  # sign-extend a packed field from ``bits``
 
 
 def quantize(
@@ -782,8 +791,9 @@ def _as_bytes(data) -> bytes:
 
 
 def from_bytes(data, scheme: QuantScheme, shape) -> RefQTensor:
-    """Rebuild a quantized tensor from to_bytes' layout. The length must match exactly; any bit
-    pattern is accepted in the values and scales (no code-range validation)."""
+    """Rebuild a quantized tensor from to_bytes' layout. The length must match exactly. Any bit
+    pattern is accepted in the values (no code-range check); scales (and g) are kept exactly as
+    decoded, -0 included, but a negative, NaN or infinite one is a LayoutError."""
     data = _as_bytes(data)
     _check_scheme(scheme)
     shape = _check_shape(shape)
@@ -802,7 +812,21 @@ def from_bytes(data, scheme: QuantScheme, shape) -> RefQTensor:
     values = np.frombuffer(data[:n_values], dtype=vdtype.newbyteorder("<"))
     values = values.astype(vdtype).reshape(vshape)
     scales = decode_scales(data[n_values:scale_end], scheme.scale_dtype, n_scales).reshape(grid)
+    _check_decoded_scales(scales, f"a {scheme.scale_dtype} scale")
     g = None
     if scheme.is_two_level:
-        g = float(np.frombuffer(data[scale_end:], dtype="<f4")[0])
+        g32 = np.frombuffer(data[scale_end:], dtype="<f4").astype(np.float32)
+        _check_decoded_scales(g32, "the per-tensor scale")
+        g = float(g32[0])
     return RefQTensor(values, scales, g, shape, scheme)
+
+
+def _check_decoded_scales(s: np.ndarray, what: str) -> None:
+    """Stored scales are finite and >= 0 (-0 passes: it compares equal to 0)."""
+    flat = s.ravel()
+    bad = np.flatnonzero(~np.isfinite(flat) | (flat < 0))
+    if bad.size:
+        i = int(bad[0])
+        raise LayoutError(
+            f"corrupt scales: {what} must be finite and >= 0, got {float(flat[i])!r} at index {i}"
+        )

@@ -123,11 +123,13 @@ impl MiniFloat {
         let exp_field = mag >> self.man_bits;
         let man = mag & ((1 << self.man_bits) - 1);
         let exp_all_ones = (1 << self.exp_bits) - 1;
+        // NaNs keep the code's sign bit, as ml_dtypes and hardware converters do.
+        let nan = if sign < 0.0 { -f32::NAN } else { f32::NAN };
         if self.ieee_specials && exp_field == exp_all_ones {
-            return if man == 0 { sign * f32::INFINITY } else { f32::NAN };
+            return if man == 0 { sign * f32::INFINITY } else { nan };
         }
         if self.all_ones_nan && mag == (1 << self.sign_shift()) - 1 {
-            return f32::NAN;
+            return nan;
         }
         let value = if exp_field == 0 {
             man as f32 * exp2i(1 - self.bias - self.man_bits as i32)

@@ -1,0 +1,245 @@
+"""Side-by-side benchmark: blockquant vs its pure-numpy reference, peers, and memory bandwidth.
+
+    python benches/bench.py [--size N] [--repeat R] [--json PATH] [--quick]
+
+Everything runs in one process on one machine, so read the ratios, not the absolute numbers (the
+machine is shared and noisy). Columns:
+- median time of `repeat` runs, input GB/s (float32 bytes read / time);
+- speed-up over `blockquant.reference` (pure numpy, same results bit for bit);
+- fraction of `np.copyto` throughput on the same array (the memory-bandwidth yardstick).
+Peers (torch, ml_dtypes, gguf) are measured when installed. Needs only numpy and blockquant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+import blockquant as bq
+import blockquant.reference as ref
+from blockquant import QuantScheme, QuantStore, QuantValue, ScaleDtype
+
+
+def median_time(fn: Callable[[], object], repeat: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def cases(n: int) -> List[Dict]:
+    side = int(round(n**0.5))
+    return [
+        dict(name="per-tensor Q8S", scheme=bq.presets.int8(), shape=(n // 4096, 4096)),
+        dict(name="block[32] Q8S F16", scheme=bq.presets.int8_block32(), shape=(n // 4096, 4096)),
+        dict(name="block[32] Q4S F16 PackedNative", scheme=bq.presets.int4_block32(), shape=(n // 4096, 4096)),
+        dict(name="NVFP4 (two-level)", scheme=bq.presets.nvfp4(), shape=(n // 4096, 4096)),
+        dict(name="MXFP8", scheme=bq.presets.mxfp8(), shape=(n // 4096, 4096)),
+        dict(name="MXFP4", scheme=bq.presets.mxfp4(), shape=(n // 4096, 4096)),
+        dict(
+            name="block[128,128] Q8S F32",
+            scheme=QuantScheme(QuantValue.Q8S, QuantStore.Native).per_block([128, 128], ScaleDtype.F32),
+            shape=(side, side),
+        ),
+    ]
+
+
+def peers(x: np.ndarray, repeat: int, copy_s: float) -> List[Dict]:
+    """Other libraries doing the same job, each next to the matching blockquant call."""
+    rows = []
+    gb = x.nbytes / 1e9
+    int8 = bq.presets.int8()
+    scale = float(np.abs(x).max() / 127)
+    bq_given = median_time(lambda: bq.quantize(x, int8, scales=[scale]), repeat)
+    e4m3 = QuantScheme(QuantValue.E4M3, QuantStore.Native).per_tensor(ScaleDtype.F32)
+    bq_fp8 = median_time(lambda: bq.quantize(x, e4m3, scales=[1.0]), repeat)
+    try:
+        import torch
+
+        t = torch.from_numpy(x)
+        tq = median_time(lambda: torch.quantize_per_tensor(t, scale, 0, torch.qint8), repeat)
+        rows.append(dict(peer="torch.quantize_per_tensor (given scale)", peer_s=tq, bq_s=bq_given))
+        if hasattr(torch, "float8_e4m3fn"):
+            tf = median_time(lambda: t.to(torch.float8_e4m3fn), repeat)
+            rows.append(dict(peer="torch .to(float8_e4m3fn)", peer_s=tf, bq_s=bq_fp8))
+    except ImportError:
+        pass
+    try:
+        import ml_dtypes
+
+        mf = median_time(lambda: x.astype(ml_dtypes.float8_e4m3fn), repeat)
+        rows.append(dict(peer="ml_dtypes astype(float8_e4m3fn)", peer_s=mf, bq_s=bq_fp8))
+        mx = bq.presets.mxfp8()
+        rows.append(
+            dict(
+                peer="ml_dtypes float8 cast vs bq MXFP8 (with scales)",
+                peer_s=mf,
+                bq_s=median_time(lambda: bq.quantize(x, mx), repeat),
+            )
+        )
+        e2 = QuantScheme(QuantValue.E2M1, QuantStore.Native).per_tensor(ScaleDtype.F32)
+        m4 = median_time(lambda: x.astype(ml_dtypes.float4_e2m1fn), repeat)
+        rows.append(
+            dict(
+                peer="ml_dtypes astype(float4_e2m1fn)",
+                peer_s=m4,
+                bq_s=median_time(lambda: bq.quantize(x, e2, scales=[1.0]), repeat),
+            )
+        )
+    except ImportError:
+        pass
+    try:
+        import gguf  # type: ignore[import-not-found]
+        from gguf import quants  # type: ignore[import-not-found]
+
+        flat = x.reshape(-1, 32 * 256)
+        g8 = median_time(lambda: quants.quantize(flat, gguf.GGMLQuantizationType.Q8_0), max(1, repeat // 2))
+        rows.append(
+            dict(
+                peer="gguf Q8_0",
+                peer_s=g8,
+                bq_s=median_time(lambda: bq.quantize(flat, bq.presets.int8_block32()), repeat),
+            )
+        )
+        if hasattr(gguf.GGMLQuantizationType, "MXFP4"):
+            g4 = median_time(lambda: quants.quantize(flat, gguf.GGMLQuantizationType.MXFP4), max(1, repeat // 2))
+            rows.append(
+                dict(
+                    peer="gguf MXFP4",
+                    peer_s=g4,
+                    bq_s=median_time(lambda: bq.quantize(flat, bq.presets.mxfp4()), repeat),
+                )
+            )
+    except Exception:  # gguf missing, or an API that differs from the one used above
+        pass
+    for r in rows:
+        r["peer_gbs"] = gb / r["peer_s"]
+        r["bq_gbs"] = gb / r["bq_s"]
+        r["bq_speedup"] = r["peer_s"] / r["bq_s"]
+        r["bq_of_copyto"] = copy_s / r["bq_s"]
+    return rows
+
+
+def peak_extra_memory(name: str, n: int) -> Optional[float]:
+    """Peak resident memory of one quantize call beyond its input and output, in MiB, measured
+    in a fresh child process (ru_maxrss is a high-water mark, so it needs a clean process)."""
+    code = f"""
+import resource, numpy as np, blockquant as bq, sys
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+from bench import cases
+case = [c for c in cases({n}) if c["name"] == {name!r}][0]
+x = np.random.default_rng(0).standard_normal(case["shape"]).astype(np.float32)
+small = bq.quantize(x[:8], case["scheme"])  # load everything, warm the pool
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+qt = bq.quantize(x, case["scheme"])
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+out = qt.values.nbytes + qt.scales.nbytes
+print((after - before) * 1024 / 2**20 - out / 2**20)
+"""
+    try:
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        return max(0.0, float(res.stdout.strip()))
+    except Exception:
+        return None
+
+
+def table(rows: List[List[str]], header: List[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    fmt = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+    return "\n".join([fmt(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(fmt, rows)])
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", type=int, default=16 * 2**20, help="elements (default 16 Mi)")
+    p.add_argument("--repeat", type=int, default=7)
+    p.add_argument("--ref-repeat", type=int, default=2, help="repeats of the (slow) numpy reference")
+    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--quick", action="store_true", help="1 Mi elements, few repeats, no memory probe")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.size, args.repeat, args.ref_repeat = 2**20, 3, 1
+    n = args.size - args.size % 4096
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n // 4096, 4096)).astype(np.float32)
+    gb = x.nbytes / 1e9
+    dst = np.empty_like(x)
+    copy_s = median_time(lambda: np.copyto(dst, x), args.repeat)
+    threads = bq.get_num_threads()
+    print(f"blockquant {bq.__version__} · {platform.machine()} · {os.cpu_count()} cpus · "
+          f"{threads} threads · numpy {np.__version__} · {n:,} float32 ({x.nbytes / 2**20:.0f} MiB)")
+    print(f"np.copyto: {copy_s * 1e3:.2f} ms = {gb / copy_s:.2f} GB/s of input\n")
+
+    results: Dict = dict(size=n, threads=threads, copyto_s=copy_s, copyto_gbs=gb / copy_s, cases=[])
+    rows = []
+    for case in cases(n):
+        xs = x.reshape(case["shape"])
+        s = case["scheme"]
+        cal = "absmean" if s == bq.presets.bitnet() else "minmax"
+        bq_q = median_time(lambda: bq.quantize(xs, s, calibration=cal), args.repeat)
+        ref_q = median_time(lambda: ref.quantize(xs, s, calibration=cal), args.ref_repeat, warmup=0)
+        qt = bq.quantize(xs, s)
+        rq = ref.quantize(xs, s)
+        bq_d = median_time(qt.dequantize, args.repeat)
+        ref_d = median_time(rq.dequantize, args.ref_repeat, warmup=0)
+        bq.set_num_threads(1)
+        one_q = median_time(lambda: bq.quantize(xs, s, calibration=cal), max(3, args.repeat // 2))
+        bq.set_num_threads(0)
+        r = dict(
+            name=case["name"], scheme=repr(s), shape=list(case["shape"]),
+            quantize_s=bq_q, reference_quantize_s=ref_q, dequantize_s=bq_d,
+            reference_dequantize_s=ref_d, one_thread_quantize_s=one_q,
+        )
+        results["cases"].append(r)
+        rows.append([
+            case["name"],
+            f"{bq_q * 1e3:.1f}", f"{gb / bq_q:.2f}", f"{ref_q / bq_q:.1f}x", f"{copy_s / bq_q:.2f}",
+            f"{bq_d * 1e3:.1f}", f"{ref_d / bq_d:.1f}x", f"{copy_s / bq_d:.2f}",
+            f"{one_q / bq_q:.2f}x",
+        ])
+    print(table(rows, [
+        "scheme", "quant ms", "GB/s", "vs numpy ref", "of copyto",
+        "dequant ms", "vs numpy ref", "of copyto", f"{threads}T vs 1T",
+    ]))
+
+    peer_rows = peers(x, args.repeat, copy_s)
+    results["peers"] = peer_rows
+    if peer_rows:
+        print()
+        print(table(
+            [[r["peer"], f"{r['peer_gbs']:.2f}", f"{r['bq_gbs']:.2f}", f"{r['bq_speedup']:.2f}x"] for r in peer_rows],
+            ["peer", "peer GB/s", "blockquant GB/s", "blockquant speed-up"],
+        ))
+
+    if not args.quick:
+        mem_rows = []
+        results["peak_extra_mib"] = {}
+        for case in cases(n):
+            m = peak_extra_memory(case["name"], n)
+            results["peak_extra_mib"][case["name"]] = m
+            mem_rows.append([case["name"], "?" if m is None else f"{m:.1f}"])
+        print()
+        print(table(mem_rows, ["scheme", "peak extra MiB (beyond input + output)"]))
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
