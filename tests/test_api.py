@@ -289,3 +289,37 @@ def test_values_view(rng):
     np.testing.assert_array_equal(qt.scales_view().astype(np.float32), qt.scales)
     with pytest.raises(bq.LayoutError):
         bq.quantize(x, NVFP4).values_view()
+
+
+def test_bad_option_strings_are_quant_errors():
+    x = np.ones(4, np.float32)
+    for kw in (dict(rounding="banker"), dict(calibration="mse"), dict(scale_rounding="down")):
+        with pytest.raises(bq.QuantError):
+            bq.quantize(x, INT8B, **kw)
+
+
+def test_non_finite_message_reads_like_python():
+    with pytest.raises(bq.NonFiniteError, match=r"^non-finite value -inf at flat index 2$"):
+        bq.quantize(np.array([0, 1, -np.inf], np.float32), INT8B)
+
+
+def test_two_level_effective_scale_never_overflows():
+    """Q2S two-level near f32::MAX: b × g would overflow; the cap keeps values finite."""
+    import blockquant.reference as ref
+
+    f32max = np.finfo(np.float32).max
+    s = QuantScheme(QuantValue.Q2S, QuantStore.Native).per_block([2], ScaleDtype.F16).per_tensor(ScaleDtype.F32)
+    x = np.array([f32max, -f32max, 1, 0], np.float32)
+    qt = bq.quantize(x, s)
+    assert np.all(np.isfinite(qt.dequantize()))
+    assert qt.dequantize()[:2].tolist() == [f32max, -f32max]
+    assert qt.to_bytes() == ref.quantize(x, s).to_bytes()
+
+
+def test_reference_is_reachable_as_an_attribute():
+    import subprocess
+    import sys
+
+    code = "import blockquant as bq; print(bq.reference.quantize.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "quantize"

@@ -58,7 +58,8 @@ __version__ = "0.1.0"
 def __getattr__(name: str):  # noqa: ANN202 - module __getattr__
     # `bq.reference` without importing it (and its helpers) on every `import blockquant`.
     if name == "reference":
-        from . import reference
+        import importlib
 
-        return reference
+        # import_module, not `from . import reference`: that would call this __getattr__ again.
+        return importlib.import_module(__name__ + ".reference")
     raise AttributeError(f"module 'blockquant' has no attribute {name!r}")

@@ -11,7 +11,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from . import _core
-from .errors import LayoutError, ScaleError
+from .errors import LayoutError, QuantError, ScaleError
 from .scheme import QuantScheme, QuantValue, ScaleDtype
 
 __all__ = ["QTensor", "quantize", "dequantize", "round_scale", "as_float32"]
@@ -44,7 +44,7 @@ def _check_choice(name: str, value: str, choices: Tuple[str, ...]) -> None:
     if not isinstance(value, str):
         raise TypeError(f"{name} is a string, one of {choices}, got {type(value).__name__}")
     if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+        raise QuantError(f"{name} must be one of {choices}, got {value!r}")
 
 
 def _check_scheme(scheme: Any) -> QuantScheme:

@@ -29,8 +29,19 @@ pub enum QuantError {
     #[error("{0}")]
     Layout(String),
     /// NaN or infinity in the input (→ `NonFiniteError`).
-    #[error("non-finite value {value} at flat index {index}")]
+    #[error("non-finite value {} at flat index {index}", python_float(*value))]
     NonFinite { index: usize, value: f32 },
 }
 
 pub type Result<T> = std::result::Result<T, QuantError>;
+
+/// A float as Python prints it (`nan`, `inf`, `-inf`), so messages read the same from either side.
+fn python_float(v: f32) -> String {
+    if v.is_nan() {
+        "nan".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "inf" } else { "-inf" }.into()
+    } else {
+        v.to_string()
+    }
+}

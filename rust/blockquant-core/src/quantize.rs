@@ -45,7 +45,7 @@ impl Scales {
     pub fn from_stored(layout: &Layout, stored: Vec<f32>, global: Option<f32>) -> Result<Self> {
         check_stored(layout, &stored, global)?;
         let effective = match global {
-            Some(g) => stored.iter().map(|&b| b * g).collect(),
+            Some(g) => stored.iter().map(|&b| effective_scale(b, g)).collect(),
             None => stored.clone(),
         };
         Ok(Self {
@@ -54,6 +54,14 @@ impl Scales {
             effective,
         })
     }
+}
+
+/// e = b × g (one f32 multiply). Capped at f32::MAX: only Q2 values of magnitude near f32::MAX
+/// get there (b rounded up to the dtype max, times g), and an infinite scale would turn every
+/// value of the block into NaN on the way back.
+#[inline]
+pub fn effective_scale(b: f32, g: f32) -> f32 {
+    (b * g).min(f32::MAX)
 }
 
 /// Check that stored scales fit `layout`: count, representable in the dtype, global presence.
@@ -150,7 +158,7 @@ pub fn compute_scales(
             .iter()
             .map(|&s| dtype.round(if g == 0.0 { 0.0 } else { s / g }, mode))
             .collect();
-        let effective = stored.iter().map(|&b| b * g).collect();
+        let effective = stored.iter().map(|&b| effective_scale(b, g)).collect();
         Ok(Scales {
             stored,
             global: Some(g),

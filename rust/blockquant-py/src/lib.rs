@@ -15,11 +15,12 @@ use blockquant_core::{
 use numpy::{
     IxDyn, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
 };
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 mod errors {
+    pyo3::import_exception!(blockquant.errors, QuantError);
     pyo3::import_exception!(blockquant.errors, SchemeError);
     pyo3::import_exception!(blockquant.errors, ScaleError);
     pyo3::import_exception!(blockquant.errors, MissingGlobalScaleError);
@@ -77,7 +78,7 @@ type SchemeSpec = (
 
 fn scheme_from_spec(spec: SchemeSpec) -> PyResult<QuantScheme> {
     let (value, store_kind, dim, mode, tensor, block, block_dtype) = spec;
-    let bad = |what: &str, got: &str| PyValueError::new_err(format!("unknown {what} {got:?}"));
+    let bad = |what: &str, got: &str| errors::QuantError::new_err(format!("unknown {what} {got:?}"));
     let value = QuantValue::from_name(&value).ok_or_else(|| bad("value", &value))?;
     let store = match store_kind.as_str() {
         "native" => QuantStore::Native,
@@ -113,7 +114,7 @@ fn parse_calibration(s: &str) -> PyResult<Calibration> {
     match s {
         "minmax" => Ok(Calibration::MinMax),
         "absmean" => Ok(Calibration::AbsMean),
-        _ => Err(PyValueError::new_err(format!(
+        _ => Err(errors::QuantError::new_err(format!(
             "calibration is 'minmax' or 'absmean', got {s:?}"
         ))),
     }
@@ -123,7 +124,7 @@ fn parse_rounding(s: &str) -> PyResult<Rounding> {
     match s {
         "half_away" => Ok(Rounding::HalfAway),
         "half_even" => Ok(Rounding::HalfEven),
-        _ => Err(PyValueError::new_err(format!(
+        _ => Err(errors::QuantError::new_err(format!(
             "rounding is 'half_away' or 'half_even', got {s:?}"
         ))),
     }
@@ -133,14 +134,14 @@ fn parse_scale_rounding(s: &str) -> PyResult<ScaleRounding> {
     match s {
         "up" => Ok(ScaleRounding::Up),
         "nearest" => Ok(ScaleRounding::Nearest),
-        _ => Err(PyValueError::new_err(format!(
+        _ => Err(errors::QuantError::new_err(format!(
             "scale_rounding is 'up' or 'nearest', got {s:?}"
         ))),
     }
 }
 
 fn parse_dtype(s: &str) -> PyResult<ScaleDtype> {
-    ScaleDtype::from_name(s).ok_or_else(|| PyValueError::new_err(format!("unknown scale dtype {s:?}")))
+    ScaleDtype::from_name(s).ok_or_else(|| errors::QuantError::new_err(format!("unknown scale dtype {s:?}")))
 }
 
 fn contiguous<'a, T: numpy::Element>(a: &'a PyReadonlyArrayDyn<'_, T>, what: &str) -> PyResult<&'a [T]> {
