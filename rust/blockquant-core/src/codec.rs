@@ -37,13 +37,25 @@ pub struct IntHalfEven {
     pub qmax: f32,
 }
 
+/// Clamp to `[lo, hi]` with plain comparisons (they compile to packed min/max); a NaN becomes
+/// `lo`, so the result is always a finite number in range.
+#[inline(always)]
+fn clamp(v: f32, lo: f32, hi: f32) -> f32 {
+    let v = if v >= lo { v } else { lo };
+    if v <= hi {
+        v
+    } else {
+        hi
+    }
+}
+
 impl Encode for IntHalfAway {
     #[inline(always)]
     fn encode(&self, xs: f32) -> u8 {
-        // Clamping first is exact (qmin/qmax are integers and rounding is monotone), and keeps
-        // the truncating cast in range. NaN never gets here (inputs are checked).
-        let v = xs.max(self.qmin).min(self.qmax);
-        let t = v as i32; // truncates toward zero
+        // Clamping first is exact (qmin/qmax are integers and rounding is monotone).
+        let v = clamp(xs, self.qmin, self.qmax);
+        // SAFETY: v is finite and within [-128, 127], so it fits an i32.
+        let t: i32 = unsafe { v.to_int_unchecked() }; // truncates toward zero
         let frac = v - t as f32; // exact for |v| < 2^23
         let q = t + (frac >= 0.5) as i32 - (frac <= -0.5) as i32;
         q as i8 as u8
@@ -53,8 +65,9 @@ impl Encode for IntHalfAway {
 impl Encode for IntHalfEven {
     #[inline(always)]
     fn encode(&self, xs: f32) -> u8 {
-        let v = xs.max(self.qmin).min(self.qmax);
-        let t = v as i32;
+        let v = clamp(xs, self.qmin, self.qmax);
+        // SAFETY: v is finite and within [-128, 127], so it fits an i32.
+        let t: i32 = unsafe { v.to_int_unchecked() };
         let frac = v - t as f32;
         let odd = t & 1 != 0;
         let up = (frac > 0.5) | ((frac == 0.5) & odd);

@@ -19,6 +19,7 @@ pub mod pool;
 pub mod quantize;
 pub mod scale;
 pub mod scheme;
+mod simd;
 
 pub use calibrate::Calibration;
 pub use codec::Rounding;

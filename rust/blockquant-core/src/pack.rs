@@ -31,11 +31,13 @@ pub enum StorageMut<'a> {
 
 /// A storage word.
 pub trait Word: Copy + Send + Sync + Default {
+    const BITS: u32;
     fn from_u32(v: u32) -> Self;
     fn to_u32(self) -> u32;
 }
 
 impl Word for u8 {
+    const BITS: u32 = 8;
     #[inline(always)]
     fn from_u32(v: u32) -> Self {
         v as u8
@@ -47,6 +49,7 @@ impl Word for u8 {
 }
 
 impl Word for u32 {
+    const BITS: u32 = 32;
     #[inline(always)]
     fn from_u32(v: u32) -> Self {
         v
@@ -57,30 +60,151 @@ impl Word for u32 {
     }
 }
 
-/// Calls `f(pos, len, scale_index)` for each run of `[start, start + len)` (flat, C order) that
-/// lies in one row and one block.
-#[inline]
+/// The runs of `[start, start + len)` (flat, C order) that lie in one row and one block, as
+/// `(pos, len, scale_index)`. An iterator rather than a callback so the loop body stays in the
+/// caller (and in its AVX2 build).
+pub struct Segments<'a> {
+    layout: &'a Layout,
+    pos: usize,
+    end: usize,
+    row_end: usize,
+    block_end: usize,
+    scale: usize,
+}
+
+impl<'a> Segments<'a> {
+    #[inline(always)]
+    pub fn new(layout: &'a Layout, start: usize, len: usize) -> Self {
+        Self {
+            layout,
+            pos: start,
+            end: start + len,
+            row_end: start, // forces a row lookup on the first step
+            block_end: start,
+            scale: 0,
+        }
+    }
+}
+
+impl Iterator for Segments<'_> {
+    type Item = (usize, usize, usize);
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.pos >= self.end {
+            return None;
+        }
+        if self.pos >= self.row_end {
+            let n = self.layout.row_len();
+            let bc = self.layout.block_cols();
+            let row = self.pos / n;
+            let row_start = row * n;
+            self.row_end = self.end.min(row_start + n);
+            let k = (self.pos - row_start) / bc;
+            self.block_end = row_start + (k + 1) * bc;
+            self.scale = self.layout.grid_row_offset(row) + k;
+        } else {
+            self.block_end += self.layout.block_cols();
+            self.scale += 1;
+        }
+        let seg_end = self.row_end.min(self.block_end);
+        let item = (self.pos, seg_end - self.pos, self.scale);
+        self.pos = seg_end;
+        Some(item)
+    }
+}
+
+/// Calls `f(pos, len, scale_index)` for each run of [`Segments`].
+#[inline(always)]
 pub fn for_each_segment(
     layout: &Layout,
     start: usize,
     len: usize,
     mut f: impl FnMut(usize, usize, usize),
 ) {
-    let n = layout.row_len();
-    let bc = layout.block_cols();
-    let end = start + len;
-    let mut pos = start;
-    while pos < end {
-        let row = pos / n;
-        let row_start = row * n;
-        let row_end = end.min(row_start + n);
-        let grid_row = layout.grid_row_offset(row);
-        while pos < row_end {
-            let k = (pos - row_start) / bc;
-            let seg_end = row_end.min(row_start + (k + 1) * bc);
-            f(pos, seg_end - pos, grid_row + k);
-            pos = seg_end;
+    for (pos, len, s) in Segments::new(layout, start, len) {
+        f(pos, len, s);
+    }
+}
+
+/// Pack consecutive codes into words, `per` fields per word, the first in the low bits; a last
+/// partial word gets zero padding. `per` is a compile-time constant in each arm, so the shifts
+/// and masks are constants and the loop vectorizes.
+#[inline]
+fn pack_fields<W: Word>(codes: &[u8], words: &mut [W], per: usize) {
+    match per {
+        1 => pack_fields_n::<W, 1>(codes, words),
+        2 => pack_fields_n::<W, 2>(codes, words),
+        4 => pack_fields_n::<W, 4>(codes, words),
+        8 => pack_fields_n::<W, 8>(codes, words),
+        16 => pack_fields_n::<W, 16>(codes, words),
+        _ => unreachable!("values per word is 1, 2, 4, 8 or 16"),
+    }
+}
+
+#[inline(always)]
+fn pack_fields_n<W: Word, const PER: usize>(codes: &[u8], words: &mut [W]) {
+    let bits = W::BITS / PER as u32;
+    let mask = if bits == 32 { u32::MAX } else { (1u32 << bits) - 1 };
+    let mut chunks = codes.chunks_exact(PER);
+    let mut full = 0;
+    for (w, c) in words.iter_mut().zip(&mut chunks) {
+        let mut acc = 0u32;
+        for (t, &f) in c.iter().enumerate() {
+            acc |= (f as u32 & mask) << (t as u32 * bits);
         }
+        *w = W::from_u32(acc);
+        full += 1;
+    }
+    let rem = chunks.remainder();
+    if !rem.is_empty() {
+        let mut acc = 0u32;
+        for (t, &f) in rem.iter().enumerate() {
+            acc |= (f as u32 & mask) << (t as u32 * bits);
+        }
+        words[full] = W::from_u32(acc);
+    }
+}
+
+/// The inverse of [`pack_fields`] for `codes.len()` fields of a line, starting at field `first`.
+#[inline]
+fn unpack_fields<W: Word>(line: &[W], first: usize, codes: &mut [u8], per: usize) {
+    match per {
+        1 => unpack_fields_n::<W, 1>(line, first, codes),
+        2 => unpack_fields_n::<W, 2>(line, first, codes),
+        4 => unpack_fields_n::<W, 4>(line, first, codes),
+        8 => unpack_fields_n::<W, 8>(line, first, codes),
+        16 => unpack_fields_n::<W, 16>(line, first, codes),
+        _ => unreachable!("values per word is 1, 2, 4, 8 or 16"),
+    }
+}
+
+#[inline(always)]
+fn unpack_fields_n<W: Word, const PER: usize>(line: &[W], first: usize, codes: &mut [u8]) {
+    let bits = W::BITS / PER as u32;
+    let mask = if bits == 32 { u32::MAX } else { (1u32 << bits) - 1 };
+    let mut j = 0;
+    // Head: fields up to the next word boundary.
+    while j < codes.len() && (first + j) % PER != 0 {
+        let f = first + j;
+        codes[j] = ((line[f / PER].to_u32() >> ((f % PER) as u32 * bits)) & mask) as u8;
+        j += 1;
+    }
+    // Whole words.
+    let w0 = (first + j) / PER;
+    let whole = (codes.len() - j) / PER;
+    for (k, out) in codes[j..j + whole * PER].chunks_exact_mut(PER).enumerate() {
+        let word = line[w0 + k].to_u32();
+        for (t, c) in out.iter_mut().enumerate() {
+            *c = ((word >> (t as u32 * bits)) & mask) as u8;
+        }
+    }
+    j += whole * PER;
+    // Tail.
+    while j < codes.len() {
+        let f = first + j;
+        codes[j] = ((line[f / PER].to_u32() >> ((f % PER) as u32 * bits)) & mask) as u8;
+        j += 1;
     }
 }
 
@@ -109,7 +233,9 @@ fn non_finite(x: f32) -> u32 {
     ((x.to_bits() & 0x7F80_0000) == 0x7F80_0000) as u32
 }
 
-/// Codes of the flat range `[start, start + out.len())`.
+/// Codes of the flat range `[start, start + out.len())`; returns whether any input was
+/// non-finite. Takes the AVX2 build of the loop when the CPU has it (same results: the code
+/// only widens the vectors, it never reorders or fuses the arithmetic).
 #[inline]
 fn encode_range<C: Encode>(
     codec: C,
@@ -119,11 +245,41 @@ fn encode_range<C: Encode>(
     start: usize,
     out: &mut [u8],
 ) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2() {
+        // SAFETY: the CPU supports AVX2, checked at run time just above.
+        return unsafe { encode_range_avx2(codec, x, layout, effective, start, out) };
+    }
+    encode_range_portable(codec, x, layout, effective, start, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn encode_range_avx2<C: Encode>(
+    codec: C,
+    x: &[f32],
+    layout: &Layout,
+    effective: &[f32],
+    start: usize,
+    out: &mut [u8],
+) -> bool {
+    encode_range_portable(codec, x, layout, effective, start, out)
+}
+
+#[inline(always)]
+fn encode_range_portable<C: Encode>(
+    codec: C,
+    x: &[f32],
+    layout: &Layout,
+    effective: &[f32],
+    start: usize,
+    out: &mut [u8],
+) -> bool {
     let mut bad = false;
-    for_each_segment(layout, start, out.len(), |pos, len, s| {
+    for (pos, len, s) in Segments::new(layout, start, out.len()) {
         let o = pos - start;
         bad |= encode_run(codec, &x[pos..pos + len], effective[s], &mut out[o..o + len]);
-    });
+    }
     bad
 }
 
@@ -179,14 +335,7 @@ fn pack_words<C: Encode, W: Word>(
                     let e1 = (line * n_axis + (wi + take) * per).min((line + 1) * n_axis);
                     let buf = &mut codes[..e1 - e0];
                     bad |= encode_range(codec, x, layout, effective, e0, buf);
-                    for (j, word) in words[w - w0..w - w0 + take].iter_mut().enumerate() {
-                        let fields = &buf[(j * per).min(buf.len())..((j + 1) * per).min(buf.len())];
-                        let mut acc = 0u32;
-                        for (t, &c) in fields.iter().enumerate() {
-                            acc |= (c as u32 & mask) << (t as u32 * bits);
-                        }
-                        *word = W::from_u32(acc);
-                    }
+                    pack_fields(buf, &mut words[w - w0..w - w0 + take], per);
                     w += take;
                 }
             } else {
@@ -219,20 +368,66 @@ fn pack_words<C: Encode, W: Word>(
         .reduce(|| false, |a, b| a | b)
 }
 
+/// Turns a stored field into its f32 value.
+pub trait Decode: Copy + Send + Sync {
+    fn decode(&self, field: u8) -> f32;
+}
+
+/// Int fields: sign-extend from the field's width (8 for Native). Plain arithmetic, so the
+/// dequantize loop vectorizes.
+#[derive(Clone, Copy)]
+pub struct IntDecode {
+    pub shift: u32,
+}
+
+impl Decode for IntDecode {
+    #[inline(always)]
+    fn decode(&self, field: u8) -> f32 {
+        (((field << self.shift) as i8) >> self.shift) as f32
+    }
+}
+
+/// Float fields: one load from a 256-entry table (every byte value has an entry).
+#[derive(Clone, Copy)]
+pub struct TableDecode<'a>(pub &'a [f32; 256]);
+
+impl Decode for TableDecode<'_> {
+    #[inline(always)]
+    fn decode(&self, field: u8) -> f32 {
+        self.0[field as usize]
+    }
+}
+
 /// Decode a flat range's codes (given in `codes`) against their scales into `out`.
 #[inline]
-fn decode_range(table: &[f32], layout: &Layout, effective: &[f32], start: usize, codes: &[u8], out: &mut [f32]) {
-    for_each_segment(layout, start, out.len(), |pos, len, s| {
+fn decode_range<D: Decode>(dec: D, layout: &Layout, effective: &[f32], start: usize, codes: &[u8], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2() {
+        // SAFETY: the CPU supports AVX2, checked at run time just above.
+        return unsafe { decode_range_avx2(dec, layout, effective, start, codes, out) };
+    }
+    decode_range_portable(dec, layout, effective, start, codes, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn decode_range_avx2<D: Decode>(dec: D, layout: &Layout, effective: &[f32], start: usize, codes: &[u8], out: &mut [f32]) {
+    decode_range_portable(dec, layout, effective, start, codes, out)
+}
+
+#[inline(always)]
+fn decode_range_portable<D: Decode>(dec: D, layout: &Layout, effective: &[f32], start: usize, codes: &[u8], out: &mut [f32]) {
+    for (pos, len, s) in Segments::new(layout, start, out.len()) {
         let e = effective[s];
         let o = pos - start;
         for (y, &c) in out[o..o + len].iter_mut().zip(&codes[o..o + len]) {
-            *y = table[c as usize] * e;
+            *y = dec.decode(c) * e;
         }
-    });
+    }
 }
 
 /// Dequantize every value of `storage` into `out`.
-pub fn decode_into(table: &[f32], layout: &Layout, storage: Storage<'_>, effective: &[f32], out: &mut [f32]) {
+pub fn decode_into<D: Decode>(table: D, layout: &Layout, storage: Storage<'_>, effective: &[f32], out: &mut [f32]) {
     match storage {
         Storage::U8(codes) if layout.packing.per == 1 => {
             out.par_chunks_mut(MIN_TASK_ELEMS)
@@ -247,7 +442,7 @@ pub fn decode_into(table: &[f32], layout: &Layout, storage: Storage<'_>, effecti
     }
 }
 
-fn unpack_words<W: Word>(table: &[f32], layout: &Layout, words: &[W], effective: &[f32], out: &mut [f32]) {
+fn unpack_words<W: Word, D: Decode>(table: D, layout: &Layout, words: &[W], effective: &[f32], out: &mut [f32]) {
     let p = &layout.packing;
     let (per, nw, inner, n_axis) = (p.per, p.words_axis, p.inner, p.n_axis);
     let bits = p.field_bits;
@@ -275,11 +470,7 @@ fn unpack_words<W: Word>(table: &[f32], layout: &Layout, words: &[W], effective:
                     let (line, col) = (pos / line_len, pos % line_len);
                     let take = (end - pos).min(line_len - col).min(BUF);
                     let w0 = line * nw;
-                    for (j, c) in codes[..take].iter_mut().enumerate() {
-                        let f = col + j;
-                        let word = words[w0 + f / per].to_u32();
-                        *c = ((word >> ((f % per) as u32 * bits)) & mask) as u8;
-                    }
+                    unpack_fields(&words[w0..w0 + nw], col, &mut codes[..take], per);
                     let o = pos - start;
                     decode_range(table, layout, effective, pos, &codes[..take], &mut chunk[o..o + take]);
                     pos += take;

@@ -7,7 +7,7 @@ use crate::calibrate::{amplitudes, Calibration, MIN_TASK_ELEMS};
 use crate::codec::{decode_table, minifloat, FloatCode, IntHalfAway, IntHalfEven, Rounding};
 use crate::error::{QuantError, Result};
 use crate::layout::Layout;
-use crate::pack::{for_each_segment, Storage, StorageMut};
+use crate::pack::{for_each_segment, IntDecode, Storage, StorageMut, TableDecode};
 use crate::scale::{check_scales, ScaleRounding};
 use crate::scheme::ScaleDtype;
 
@@ -230,8 +230,21 @@ pub fn quantize(
 pub fn dequantize(layout: &Layout, storage: Storage<'_>, effective: &[f32], out: &mut [f32]) {
     assert_eq!(out.len(), layout.num_elements, "output length");
     assert_eq!(effective.len(), layout.num_scales, "scale count");
-    let table = decode_table(layout.scheme.value, &layout.packing);
-    crate::pack::decode_into(&table, layout, storage, effective, out);
+    let p = &layout.packing;
+    if layout.scheme.value.is_float() {
+        let mut table = [0.0f32; 256];
+        let t = decode_table(layout.scheme.value, p);
+        // Fields index the table; Native float bytes use only their low `bits` (SPEC §8).
+        for (i, v) in table.iter_mut().enumerate() {
+            *v = t[i & (t.len() - 1)];
+        }
+        crate::pack::decode_into(TableDecode(&table), layout, storage, effective, out);
+    } else {
+        let dec = IntDecode {
+            shift: 8 - p.field_bits.min(8),
+        };
+        crate::pack::decode_into(dec, layout, storage, effective, out);
+    }
 }
 
 /// Round an array of scales to `dtype` (`bq.round_scale`).
