@@ -139,6 +139,27 @@ fn mean_abs_cols(x: &[f32], layout: &Layout, g: usize, k0: usize, out: &mut [f32
     }
 }
 
+/// α of one block held in one contiguous run (1-D blocks): what [`amplitudes`] computes for it.
+/// Inlined into its caller's (possibly AVX2) build.
+#[inline(always)]
+pub(crate) fn run_amplitude(xs: &[f32], calibration: Calibration) -> f32 {
+    match calibration {
+        Calibration::MinMax => max_abs_portable(xs),
+        Calibration::AbsMean => {
+            let mut a = AbsSum::default();
+            a.add_all(xs);
+            let sum = if a.is_exact(xs.len()) {
+                a.sum
+            } else {
+                let mut e = ExactSum::default();
+                e.add_all(xs);
+                e.to_f64()
+            };
+            mean(sum, xs.len())
+        }
+    }
+}
+
 fn mean(sum: f64, count: usize) -> f32 {
     if count == 0 {
         0.0

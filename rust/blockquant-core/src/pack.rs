@@ -127,6 +127,26 @@ pub fn for_each_segment(
     }
 }
 
+/// Effective scales for part of the grid: grid scale `i` is `scales[i - base]`. Lets a kernel
+/// run on a piece of the tensor whose scales were just computed into a piece-sized buffer.
+#[derive(Debug, Clone, Copy)]
+pub struct ScaleSlice<'a> {
+    pub scales: &'a [f32],
+    pub base: usize,
+}
+
+impl<'a> ScaleSlice<'a> {
+    /// The whole grid.
+    pub fn all(scales: &'a [f32]) -> Self {
+        Self { scales, base: 0 }
+    }
+
+    #[inline(always)]
+    fn get(&self, i: usize) -> f32 {
+        self.scales[i - self.base]
+    }
+}
+
 /// Pack consecutive codes into words, `per` fields per word, the first in the low bits; a last
 /// partial word gets zero padding. `per` is a compile-time constant in each arm, so the shifts
 /// and masks are constants and the loop vectorizes.
@@ -237,11 +257,11 @@ fn non_finite(x: f32) -> u32 {
 /// non-finite. Takes the AVX2 build of the loop when the CPU has it (same results: the code
 /// only widens the vectors, it never reorders or fuses the arithmetic).
 #[inline]
-fn encode_range<C: Encode>(
+pub fn encode_range<C: Encode>(
     codec: C,
     x: &[f32],
     layout: &Layout,
-    effective: &[f32],
+    effective: ScaleSlice<'_>,
     start: usize,
     out: &mut [u8],
 ) -> bool {
@@ -259,7 +279,7 @@ unsafe fn encode_range_avx2<C: Encode>(
     codec: C,
     x: &[f32],
     layout: &Layout,
-    effective: &[f32],
+    effective: ScaleSlice<'_>,
     start: usize,
     out: &mut [u8],
 ) -> bool {
@@ -271,14 +291,14 @@ fn encode_range_portable<C: Encode>(
     codec: C,
     x: &[f32],
     layout: &Layout,
-    effective: &[f32],
+    effective: ScaleSlice<'_>,
     start: usize,
     out: &mut [u8],
 ) -> bool {
     let mut bad = false;
     for (pos, len, s) in Segments::new(layout, start, out.len()) {
         let o = pos - start;
-        bad |= encode_run(codec, &x[pos..pos + len], effective[s], &mut out[o..o + len]);
+        bad |= encode_run(codec, &x[pos..pos + len], effective.get(s), &mut out[o..o + len]);
     }
     bad
 }
@@ -292,14 +312,15 @@ pub fn encode_into<C: Encode>(
     out: StorageMut<'_>,
 ) -> bool {
     let p = &layout.packing;
+    let sc = ScaleSlice::all(effective);
     match out {
         StorageMut::U8(out) if p.per == 1 => out
             .par_chunks_mut(MIN_TASK_ELEMS)
             .enumerate()
-            .map(|(ci, chunk)| encode_range(codec, x, layout, effective, ci * MIN_TASK_ELEMS, chunk))
+            .map(|(ci, chunk)| encode_range(codec, x, layout, sc, ci * MIN_TASK_ELEMS, chunk))
             .reduce(|| false, |a, b| a | b),
-        StorageMut::U8(out) => pack_words(codec, x, layout, effective, out),
-        StorageMut::U32(out) => pack_words(codec, x, layout, effective, out),
+        StorageMut::U8(out) => pack_words(codec, x, layout, sc, out),
+        StorageMut::U32(out) => pack_words(codec, x, layout, sc, out),
     }
 }
 
@@ -307,65 +328,90 @@ fn pack_words<C: Encode, W: Word>(
     codec: C,
     x: &[f32],
     layout: &Layout,
-    effective: &[f32],
+    sc: ScaleSlice<'_>,
     out: &mut [W],
 ) -> bool {
-    let p = &layout.packing;
-    let (per, nw, inner, n_axis) = (p.per, p.words_axis, p.inner, p.n_axis);
-    let bits = p.field_bits;
-    let mask = p.field_mask();
-    let words_per_task = (MIN_TASK_ELEMS / per).max(1);
-    if out.is_empty() {
-        return false;
-    }
+    let words_per_task = (MIN_TASK_ELEMS / layout.packing.per).max(1);
+    let last_axis = layout.packing.inner == 1;
     out.par_chunks_mut(words_per_task)
         .enumerate()
         .map(|(ci, words)| {
-            let mut codes = [0u8; BUF];
-            let mut bad = false;
             let w0 = ci * words_per_task;
-            if inner == 1 {
-                // Packed along the last axis: a word's values are consecutive in memory.
-                let mut w = w0;
-                let w_end = w0 + words.len();
-                while w < w_end {
-                    let (line, wi) = (w / nw, w % nw);
-                    let take = (w_end - w).min(nw - wi).min(BUF / per);
-                    let e0 = line * n_axis + wi * per;
-                    let e1 = (line * n_axis + (wi + take) * per).min((line + 1) * n_axis);
-                    let buf = &mut codes[..e1 - e0];
-                    bad |= encode_range(codec, x, layout, effective, e0, buf);
-                    pack_fields(buf, &mut words[w - w0..w - w0 + take], per);
-                    w += take;
-                }
+            if last_axis {
+                encode_words_last_axis(codec, x, layout, sc, w0, words)
             } else {
-                // Packed along an outer axis: field t of word (o, wi, i) is element
-                // (o, wi·per + t, i); runs over i are contiguous.
-                let mut w = w0;
-                let w_end = w0 + words.len();
-                while w < w_end {
-                    let group = w / inner;
-                    let i0 = w % inner;
-                    let take = (w_end - w).min(inner - i0).min(BUF);
-                    let (o, wi) = (group / nw, group % nw);
-                    let dst = &mut words[w - w0..w - w0 + take];
-                    dst.iter_mut().for_each(|d| *d = W::default());
-                    let count = per.min(n_axis - wi * per);
-                    for t in 0..count {
-                        let e0 = (o * n_axis + wi * per + t) * inner + i0;
-                        let buf = &mut codes[..take];
-                        bad |= encode_range(codec, x, layout, effective, e0, buf);
-                        let shift = t as u32 * bits;
-                        for (d, &c) in dst.iter_mut().zip(buf.iter()) {
-                            *d = W::from_u32(d.to_u32() | ((c as u32 & mask) << shift));
-                        }
-                    }
-                    w += take;
-                }
+                encode_words_outer_axis(codec, x, layout, sc, w0, words)
             }
-            bad
         })
         .reduce(|| false, |a, b| a | b)
+}
+
+/// Fill words `[w0, w0 + words.len())` of a tensor packed along its last axis: a word's values
+/// are consecutive in memory.
+pub fn encode_words_last_axis<C: Encode, W: Word>(
+    codec: C,
+    x: &[f32],
+    layout: &Layout,
+    sc: ScaleSlice<'_>,
+    w0: usize,
+    words: &mut [W],
+) -> bool {
+    let p = &layout.packing;
+    let (per, nw, n_axis) = (p.per, p.words_axis, p.n_axis);
+    let mut codes = [0u8; BUF];
+    let mut bad = false;
+    let mut w = w0;
+    let w_end = w0 + words.len();
+    while w < w_end {
+        let (line, wi) = (w / nw, w % nw);
+        let take = (w_end - w).min(nw - wi).min(BUF / per);
+        let e0 = line * n_axis + wi * per;
+        let e1 = (line * n_axis + (wi + take) * per).min((line + 1) * n_axis);
+        let buf = &mut codes[..e1 - e0];
+        bad |= encode_range(codec, x, layout, sc, e0, buf);
+        pack_fields(buf, &mut words[w - w0..w - w0 + take], per);
+        w += take;
+    }
+    bad
+}
+
+/// Fill words `[w0, w0 + words.len())` of a tensor packed along an outer axis: field t of word
+/// (o, wi, i) is element (o, wi·per + t, i), and runs over i are contiguous.
+fn encode_words_outer_axis<C: Encode, W: Word>(
+    codec: C,
+    x: &[f32],
+    layout: &Layout,
+    sc: ScaleSlice<'_>,
+    w0: usize,
+    words: &mut [W],
+) -> bool {
+    let p = &layout.packing;
+    let (per, nw, inner, n_axis) = (p.per, p.words_axis, p.inner, p.n_axis);
+    let (bits, mask) = (p.field_bits, p.field_mask());
+    let mut codes = [0u8; BUF];
+    let mut bad = false;
+    let mut w = w0;
+    let w_end = w0 + words.len();
+    while w < w_end {
+        let group = w / inner;
+        let i0 = w % inner;
+        let take = (w_end - w).min(inner - i0).min(BUF);
+        let (o, wi) = (group / nw, group % nw);
+        let dst = &mut words[w - w0..w - w0 + take];
+        dst.iter_mut().for_each(|d| *d = W::default());
+        let count = per.min(n_axis - wi * per);
+        for t in 0..count {
+            let e0 = (o * n_axis + wi * per + t) * inner + i0;
+            let buf = &mut codes[..take];
+            bad |= encode_range(codec, x, layout, sc, e0, buf);
+            let shift = t as u32 * bits;
+            for (d, &c) in dst.iter_mut().zip(buf.iter()) {
+                *d = W::from_u32(d.to_u32() | ((c as u32 & mask) << shift));
+            }
+        }
+        w += take;
+    }
+    bad
 }
 
 /// Turns a stored field into its f32 value.
