@@ -9,7 +9,8 @@ _SchemeSpec = Tuple[str, str, int, str, Optional[str], Optional[Sequence[int]], 
 _Quantized = Tuple[npt.NDArray[np.generic], npt.NDArray[np.float32], Optional[float]]
 
 def quantize(
-    x: npt.NDArray[np.float32],
+    x: npt.NDArray[np.generic],
+    kind: str,
     scheme: _SchemeSpec,
     calibration: str = "minmax",
     rounding: str = "half_away",

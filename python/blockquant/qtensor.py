@@ -6,6 +6,7 @@ This module only checks and converts arguments; every number is computed by the 
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -21,23 +22,43 @@ _ROUNDINGS = ("half_away", "half_even")
 _SCALE_ROUNDINGS = ("up", "nearest")
 
 
-def as_float32(x: Any, what: str = "x") -> np.ndarray:
-    """``x`` as a C-contiguous, native-order float32 array (a view when it already is one).
+_INPUT_KINDS = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16"}
 
-    float16, float64 and bfloat16 convert exactly as numpy casts (round to nearest even);
-    anything that is not a real float type is a ``TypeError``.
-    """
-    arr = np.asarray(x)
-    kind = arr.dtype.kind
-    # ml_dtypes' bfloat16 (and the float8 types) are kind 'V' with a name; accept bfloat16 only.
-    if kind != "f" and arr.dtype.name != "bfloat16":
+
+def _float_array(x: Any, what: str = "x") -> np.ndarray:
+    """``x`` as an array of a float type blockquant reads; anything else is a ``TypeError``."""
+    try:
+        arr = np.asarray(x)
+    except ValueError as e:  # ragged nested sequences
+        raise TypeError(f"{what} must be an array of floats: {e}") from None
+    # ml_dtypes' bfloat16 is kind 'V' with a name: accept it by name, and no other 'V' type.
+    if arr.dtype.name not in _INPUT_KINDS:
         raise TypeError(
             f"{what} must be a float16, bfloat16, float32 or float64 array, got dtype {arr.dtype}"
         )
-    if arr.dtype.name not in ("float16", "float32", "float64", "bfloat16"):
-        raise TypeError(f"{what} must be float16, bfloat16, float32 or float64, got {arr.dtype}")
+    return arr
+
+
+def as_float32(x: Any, what: str = "x") -> np.ndarray:
+    """``x`` as a C-contiguous, native-order float32 array (a view when it already is one).
+
+    float16, float64 and bfloat16 convert exactly as numpy casts (round to nearest even).
+    """
     # Not ascontiguousarray: it turns 0-d arrays into 1-d ones.
-    return np.asarray(arr, dtype=np.float32, order="C")
+    return np.asarray(_float_array(x, what), dtype=np.float32, order="C")
+
+
+def _as_input(x: Any) -> Tuple[np.ndarray, str]:
+    """``x`` in the form the core reads without converting it up front: C-contiguous and
+    native-order in its own dtype (copied only if it is not), half-precision types as uint16
+    bit patterns. The core converts to f32 a piece at a time."""
+    arr = _float_array(x)
+    if not (arr.flags.c_contiguous and arr.dtype.isnative):
+        arr = np.asarray(arr, dtype=arr.dtype.newbyteorder("="), order="C")
+    kind = _INPUT_KINDS[arr.dtype.name]
+    if kind in ("f16", "bf16"):
+        arr = arr.view(np.uint16)
+    return arr, kind
 
 
 def _check_choice(name: str, value: str, choices: Tuple[str, ...]) -> None:
@@ -55,23 +76,41 @@ def _check_scheme(scheme: Any) -> QuantScheme:
 
 def _shape(shape: Any) -> Tuple[int, ...]:
     try:
-        dims = tuple(int(d) for d in shape)
+        dims = tuple(shape)
     except TypeError:
         raise TypeError(f"shape must be a sequence of ints, got {shape!r}") from None
+    for d in dims:
+        # Not int(d): it would truncate 2.5 and parse "7".
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+            raise TypeError(f"shape must be a sequence of ints, got an element {d!r}")
+    dims = tuple(int(d) for d in dims)
     if any(d < 0 for d in dims):
         raise LayoutError(f"shape dims must be >= 0, got {dims}")
+    # numpy refuses arrays whose non-zero dims multiply past its index range, even when another
+    # dim is 0: such a shape would make the core allocate an array numpy cannot create.
+    n = 4  # bytes of the widest element the core allocates (uint32 words, float32 output)
+    for d in dims:
+        n *= max(d, 1)
+    if n > sys.maxsize:
+        raise LayoutError(f"shape {dims} has more elements than fit in memory")
     return dims
 
 
 def _explicit_scales(scales: Any) -> np.ndarray:
     try:
-        arr = np.asarray(scales, dtype=np.float64)
+        raw = np.asarray(scales)
     except (TypeError, ValueError):
         raise TypeError(f"scales must be an array of numbers, got {type(scales).__name__}") from None
+    # Real numbers only, as the reference: no bools, complex (numpy would drop the imaginary
+    # part), strings (numpy would parse them) or objects.
+    if raw.dtype.kind not in "fiu" and raw.dtype.name != "bfloat16":
+        raise TypeError(f"scales must be an array of real numbers, got dtype {raw.dtype}")
+    arr = raw.astype(np.float64)
     if not np.all(np.isfinite(arr)) or np.any(arr < 0):
         bad = int(np.flatnonzero(~np.isfinite(arr.ravel()) | (arr.ravel() < 0))[0])
         raise ScaleError(f"scales must be finite and >= 0, got {arr.ravel()[bad]} at index {bad}")
-    arr32 = arr.astype(np.float32)
+    with np.errstate(over="ignore"):
+        arr32 = arr.astype(np.float32)
     # A finite float64 scale past f32's range would become inf.
     if not np.all(np.isfinite(arr32)):
         raise ScaleError("scales must fit in float32")
@@ -280,9 +319,14 @@ def _cast_output(out: np.ndarray, dtype: Any) -> np.ndarray:
 
 
 def _global_scale(g: Any) -> float:
-    if isinstance(g, (bool, np.bool_)) or not isinstance(g, (int, float, np.integer, np.floating)):
+    if isinstance(g, (bool, np.bool_)):  # bool is an int: not a scale
+        raise TypeError(f"global_scale must be a real number, got {g!r}")
+    if not isinstance(g, (int, float, np.integer, np.floating)):
         try:
-            g = np.asarray(g, dtype=np.float64).reshape(())[()]
+            a = np.asarray(g)
+            if a.dtype.kind not in "fiu" and a.dtype.name != "bfloat16":
+                raise TypeError
+            g = a.astype(np.float64).reshape(())[()]
         except (TypeError, ValueError):
             raise TypeError(f"global_scale must be a number, got {type(g).__name__}") from None
     g64 = float(g)
@@ -315,7 +359,7 @@ def quantize(
     _check_choice("calibration", calibration, _CALIBRATIONS)
     _check_choice("rounding", rounding, _ROUNDINGS)
     _check_choice("scale_rounding", scale_rounding, _SCALE_ROUNDINGS)
-    xs = as_float32(x)
+    xs, kind = _as_input(x)
     given = None
     if scales is not None:
         given = _explicit_scales(scales)
@@ -330,7 +374,7 @@ def quantize(
                 )
     g = None if global_scale is None else _global_scale(global_scale)
     values, stored, g_out = _core.quantize(
-        xs, scheme._spec(), calibration, rounding, scale_rounding, given, g
+        xs, kind, scheme._spec(), calibration, rounding, scale_rounding, given, g
     )
     return QTensor._new(values, stored, g_out, scheme, xs.shape)
 

@@ -97,7 +97,7 @@ mod tests {
         let x = [0.0f32, 37.5, 76.5, 114.0, 38.25, 47.625, -47.625, -0.375];
         let mut out = vec![0u8; 8];
         let scales = quantize(
-            &x,
+            crate::Input::F32(&x),
             &layout,
             &QuantizeOptions::default(),
             Some(ExplicitScales {

@@ -7,6 +7,7 @@
 
 use rayon::prelude::*;
 
+use crate::input::Input;
 use crate::layout::Layout;
 
 /// How α is measured.
@@ -23,7 +24,7 @@ pub enum Calibration {
 pub(crate) const MIN_TASK_ELEMS: usize = 1 << 16;
 
 /// α for every block of `layout` (one value for per-tensor).
-pub fn amplitudes(x: &[f32], layout: &Layout, calibration: Calibration) -> Vec<f32> {
+pub fn amplitudes(x: Input<'_>, layout: &Layout, calibration: Calibration) -> Vec<f32> {
     if layout.per_tensor {
         return vec![tensor_amplitude(x, calibration)];
     }
@@ -96,28 +97,41 @@ fn for_each_row_in_grid_row(layout: &Layout, g: usize, mut f: impl FnMut(usize))
     }
 }
 
-fn max_abs_cols(x: &[f32], layout: &Layout, g: usize, k0: usize, out: &mut [f32]) {
+/// The columns of `row` that blocks `k0..k0 + blocks` of a grid row cover, as f32.
+fn row_blocks<'s>(
+    x: &'s Input<'_>,
+    layout: &Layout,
+    row: usize,
+    k0: usize,
+    blocks: usize,
+    buf: &'s mut Vec<f32>,
+) -> &'s [f32] {
     let n = layout.row_len();
     let bc = layout.block_cols();
+    let c0 = k0 * bc;
+    let c1 = ((k0 + blocks) * bc).min(n);
+    x.read(row * n + c0, c1 - c0, buf)
+}
+
+fn max_abs_cols(x: Input<'_>, layout: &Layout, g: usize, k0: usize, out: &mut [f32]) {
+    let bc = layout.block_cols();
+    let mut buf = Vec::new();
     for_each_row_in_grid_row(layout, g, |row| {
-        let line = &x[row * n..(row + 1) * n];
-        for (j, a) in out.iter_mut().enumerate() {
-            let start = (k0 + j) * bc;
-            let seg = &line[start..(start + bc).min(n)];
+        let cols = row_blocks(&x, layout, row, k0, out.len(), &mut buf);
+        for (a, seg) in out.iter_mut().zip(cols.chunks(bc)) {
             *a = max_abs(seg).max(*a);
         }
     });
 }
 
-fn mean_abs_cols(x: &[f32], layout: &Layout, g: usize, k0: usize, out: &mut [f32]) {
-    let n = layout.row_len();
+fn mean_abs_cols(x: Input<'_>, layout: &Layout, g: usize, k0: usize, out: &mut [f32]) {
     let bc = layout.block_cols();
+    let mut buf = Vec::new();
     let mut acc = vec![AbsSum::default(); out.len()];
     for_each_row_in_grid_row(layout, g, |row| {
-        let line = &x[row * n..(row + 1) * n];
-        for (j, a) in acc.iter_mut().enumerate() {
-            let start = (k0 + j) * bc;
-            a.add_all(&line[start..(start + bc).min(n)]);
+        let cols = row_blocks(&x, layout, row, k0, out.len(), &mut buf);
+        for (a, seg) in acc.iter_mut().zip(cols.chunks(bc)) {
+            a.add_all(seg);
         }
     });
     let gc = layout.grid_cols();
@@ -128,10 +142,8 @@ fn mean_abs_cols(x: &[f32], layout: &Layout, g: usize, k0: usize, out: &mut [f32
         } else {
             // Rare: a block whose magnitudes span > ~2^29. Sum it again, exactly.
             let mut exact = ExactSum::default();
-            let start = (k0 + j) * bc;
             for_each_row_in_grid_row(layout, g, |row| {
-                let line = &x[row * n..(row + 1) * n];
-                exact.add_all(&line[start..(start + bc).min(n)]);
+                exact.add_all(row_blocks(&x, layout, row, k0 + j, 1, &mut buf));
             });
             exact.to_f64()
         };
@@ -207,34 +219,46 @@ fn max_abs_portable(xs: &[f32]) -> f32 {
     m
 }
 
-fn tensor_amplitude(x: &[f32], calibration: Calibration) -> f32 {
+fn tensor_amplitude(x: Input<'_>, calibration: Calibration) -> f32 {
+    let n = x.len();
+    let chunks = n.div_ceil(MIN_TASK_ELEMS);
+    let span = |c: usize| {
+        let start = c * MIN_TASK_ELEMS;
+        (start, MIN_TASK_ELEMS.min(n - start))
+    };
     match calibration {
-        Calibration::MinMax => x
-            .par_chunks(MIN_TASK_ELEMS)
-            .map(max_abs)
+        Calibration::MinMax => (0..chunks)
+            .into_par_iter()
+            .map_init(Vec::new, |buf, c| {
+                let (start, len) = span(c);
+                max_abs(x.read(start, len, buf))
+            })
             .reduce(|| 0.0, f32::max),
         Calibration::AbsMean => {
-            let a = x
-                .par_chunks(MIN_TASK_ELEMS)
-                .map(|c| {
+            let a = (0..chunks)
+                .into_par_iter()
+                .map_init(Vec::new, |buf, c| {
+                    let (start, len) = span(c);
                     let mut a = AbsSum::default();
-                    a.add_all(c);
+                    a.add_all(x.read(start, len, buf));
                     a
                 })
                 .reduce(AbsSum::default, AbsSum::merge);
-            let sum = if a.is_exact(x.len()) {
+            let sum = if a.is_exact(n) {
                 a.sum
             } else {
-                x.par_chunks(MIN_TASK_ELEMS)
-                    .map(|c| {
+                (0..chunks)
+                    .into_par_iter()
+                    .map_init(Vec::new, |buf, c| {
+                        let (start, len) = span(c);
                         let mut e = ExactSum::default();
-                        e.add_all(c);
+                        e.add_all(x.read(start, len, buf));
                         e
                     })
                     .reduce(ExactSum::default, ExactSum::merge)
                     .to_f64()
             };
-            mean(sum, x.len())
+            mean(sum, n)
         }
     }
 }
@@ -449,10 +473,10 @@ mod tests {
         let x: Vec<f32> = (0..12).map(|i| -(i as f32)).collect();
         // Blocks: rows {0,1} × cols {0,1,2}, rows {0,1} × col {3}, row {2} × ..., row {2} × col 3.
         assert_eq!(
-            amplitudes(&x, &layout, Calibration::MinMax),
+            amplitudes(Input::F32(&x), &layout, Calibration::MinMax),
             [6.0, 7.0, 10.0, 11.0]
         );
-        let means = amplitudes(&x, &layout, Calibration::AbsMean);
+        let means = amplitudes(Input::F32(&x), &layout, Calibration::AbsMean);
         assert_eq!(means, [3.0, 5.0, 9.0, 11.0]);
     }
 }

@@ -71,9 +71,12 @@ impl Layout {
             shape.to_vec()
         };
         let rank = dims.len();
-        let num_elements = checked_product(&dims).ok_or_else(|| {
+        // Also with a 0 dim: numpy refuses shapes whose other dims overflow, and so do we.
+        let nonzero: Vec<usize> = dims.iter().map(|&d| d.max(1)).collect();
+        checked_product(&nonzero).ok_or_else(|| {
             QuantError::Layout(format!("shape {shape:?} has more elements than fit in memory"))
         })?;
+        let num_elements = dims.iter().product();
         let (block, grid, per_tensor) = match &scheme.block {
             None => (dims.iter().map(|&d| d.max(1)).collect(), vec![1], true),
             Some(b) => {
@@ -304,6 +307,8 @@ mod tests {
         assert!(matches!(bad_dim, Err(QuantError::Scheme(_))));
         let huge = Layout::new(&scheme(QuantStore::Native, None), &[usize::MAX / 2, 3]);
         assert!(matches!(huge, Err(QuantError::Layout(_))));
+        let empty_but_huge = Layout::new(&scheme(QuantStore::Native, None), &[0, 1 << 40, 1 << 40]);
+        assert!(matches!(empty_but_huge, Err(QuantError::Layout(_))));
     }
 
     #[test]

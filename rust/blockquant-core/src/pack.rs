@@ -9,6 +9,7 @@ use rayon::prelude::*;
 use crate::calibrate::MIN_TASK_ELEMS;
 use crate::codec::{field_is_valid, Encode};
 use crate::error::{QuantError, Result};
+use crate::input::{Input, Window};
 use crate::layout::Layout;
 
 /// Codes are produced and consumed in stack buffers of this many values.
@@ -254,12 +255,40 @@ fn non_finite(x: f32) -> u32 {
 }
 
 /// Codes of the flat range `[start, start + out.len())`; returns whether any input was
-/// non-finite. Takes the AVX2 build of the loop when the CPU has it (same results: the code
-/// only widens the vectors, it never reorders or fuses the arithmetic).
+/// non-finite. Non-f32 input is converted a stack buffer at a time.
 #[inline]
 pub fn encode_range<C: Encode>(
     codec: C,
-    x: &[f32],
+    x: Window<'_>,
+    layout: &Layout,
+    effective: ScaleSlice<'_>,
+    start: usize,
+    out: &mut [u8],
+) -> bool {
+    if let Input::F32(xs) = x.input {
+        return encode_range_f32(codec, xs, x.start, layout, effective, start, out);
+    }
+    let mut buf = [0.0f32; BUF];
+    let mut bad = false;
+    let mut off = 0;
+    while off < out.len() {
+        let take = (out.len() - off).min(BUF);
+        let pos = start + off;
+        x.input.convert(pos - x.start, &mut buf[..take]);
+        bad |= encode_range_f32(codec, &buf[..take], pos, layout, effective, pos, &mut out[off..off + take]);
+        off += take;
+    }
+    bad
+}
+
+/// [`encode_range`] on f32 values, `xs[0]` being element `x_start` of the tensor. Takes the AVX2
+/// build of the loop when the CPU has it (same results: the code only widens the vectors, it
+/// never reorders or fuses the arithmetic).
+#[inline]
+pub fn encode_range_f32<C: Encode>(
+    codec: C,
+    xs: &[f32],
+    x_start: usize,
     layout: &Layout,
     effective: ScaleSlice<'_>,
     start: usize,
@@ -268,28 +297,30 @@ pub fn encode_range<C: Encode>(
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx2() {
         // SAFETY: the CPU supports AVX2, checked at run time just above.
-        return unsafe { encode_range_avx2(codec, x, layout, effective, start, out) };
+        return unsafe { encode_range_avx2(codec, xs, x_start, layout, effective, start, out) };
     }
-    encode_range_portable(codec, x, layout, effective, start, out)
+    encode_range_portable(codec, xs, x_start, layout, effective, start, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn encode_range_avx2<C: Encode>(
     codec: C,
-    x: &[f32],
+    xs: &[f32],
+    x_start: usize,
     layout: &Layout,
     effective: ScaleSlice<'_>,
     start: usize,
     out: &mut [u8],
 ) -> bool {
-    encode_range_portable(codec, x, layout, effective, start, out)
+    encode_range_portable(codec, xs, x_start, layout, effective, start, out)
 }
 
 #[inline(always)]
 fn encode_range_portable<C: Encode>(
     codec: C,
-    x: &[f32],
+    xs: &[f32],
+    x_start: usize,
     layout: &Layout,
     effective: ScaleSlice<'_>,
     start: usize,
@@ -297,8 +328,8 @@ fn encode_range_portable<C: Encode>(
 ) -> bool {
     let mut bad = false;
     for (pos, len, s) in Segments::new(layout, start, out.len()) {
-        let o = pos - start;
-        bad |= encode_run(codec, &x[pos..pos + len], effective.get(s), &mut out[o..o + len]);
+        let (o, i) = (pos - start, pos - x_start);
+        bad |= encode_run(codec, &xs[i..i + len], effective.get(s), &mut out[o..o + len]);
     }
     bad
 }
@@ -306,7 +337,7 @@ fn encode_range_portable<C: Encode>(
 /// Quantize all of `x` into `out`; returns whether any input was non-finite.
 pub fn encode_into<C: Encode>(
     codec: C,
-    x: &[f32],
+    x: Window<'_>,
     layout: &Layout,
     effective: &[f32],
     out: StorageMut<'_>,
@@ -326,7 +357,7 @@ pub fn encode_into<C: Encode>(
 
 fn pack_words<C: Encode, W: Word>(
     codec: C,
-    x: &[f32],
+    x: Window<'_>,
     layout: &Layout,
     sc: ScaleSlice<'_>,
     out: &mut [W],
@@ -350,7 +381,7 @@ fn pack_words<C: Encode, W: Word>(
 /// are consecutive in memory.
 pub fn encode_words_last_axis<C: Encode, W: Word>(
     codec: C,
-    x: &[f32],
+    x: Window<'_>,
     layout: &Layout,
     sc: ScaleSlice<'_>,
     w0: usize,
@@ -379,7 +410,7 @@ pub fn encode_words_last_axis<C: Encode, W: Word>(
 /// (o, wi, i) is element (o, wi·per + t, i), and runs over i are contiguous.
 fn encode_words_outer_axis<C: Encode, W: Word>(
     codec: C,
-    x: &[f32],
+    x: Window<'_>,
     layout: &Layout,
     sc: ScaleSlice<'_>,
     w0: usize,

@@ -6,6 +6,7 @@ use rayon::prelude::*;
 use crate::calibrate::{amplitudes, run_amplitude, Calibration, MIN_TASK_ELEMS};
 use crate::codec::{decode_table, minifloat, Encode, FloatCode, IntHalfAway, IntHalfEven, Rounding};
 use crate::error::{QuantError, Result};
+use crate::input::{Input, Window};
 use crate::layout::Layout;
 use crate::pack::{
     encode_range, encode_words_last_axis, for_each_segment, IntDecode, ScaleSlice, Segments, Storage,
@@ -111,7 +112,7 @@ fn check_global(layout: &Layout, global: Option<f32>, quantizing: bool) -> Resul
 
 /// Work out the scales of `x` (calibrated, or explicit and rounded to their dtype).
 pub fn compute_scales(
-    x: &[f32],
+    x: Input<'_>,
     layout: &Layout,
     opts: &QuantizeOptions,
     explicit: Option<ExplicitScales<'_>>,
@@ -181,7 +182,7 @@ pub fn compute_scales(
 /// On a non-finite input returns `NonFinite` naming the first one; `out` is then unspecified
 /// (callers hand in fresh storage and drop it on error).
 pub fn encode_values(
-    x: &[f32],
+    x: Input<'_>,
     layout: &Layout,
     effective: &[f32],
     rounding: Rounding,
@@ -191,14 +192,14 @@ pub fn encode_values(
     assert_eq!(effective.len(), layout.num_scales, "scale count");
     let value = layout.scheme.value;
     let bad = match (minifloat(value), rounding) {
-        (Some(fmt), _) => crate::pack::encode_into(FloatCode(fmt), x, layout, effective, out),
+        (Some(fmt), _) => crate::pack::encode_into(FloatCode(fmt), Window::all(x), layout, effective, out),
         (None, Rounding::HalfAway) => {
             let (qmin, qmax) = value.range();
-            crate::pack::encode_into(IntHalfAway { qmin, qmax }, x, layout, effective, out)
+            crate::pack::encode_into(IntHalfAway { qmin, qmax }, Window::all(x), layout, effective, out)
         }
         (None, Rounding::HalfEven) => {
             let (qmin, qmax) = value.range();
-            crate::pack::encode_into(IntHalfEven { qmin, qmax }, x, layout, effective, out)
+            crate::pack::encode_into(IntHalfEven { qmin, qmax }, Window::all(x), layout, effective, out)
         }
     };
     if bad {
@@ -207,18 +208,24 @@ pub fn encode_values(
     Ok(())
 }
 
-fn first_non_finite(x: &[f32]) -> QuantError {
-    let (index, &value) = x
-        .iter()
-        .enumerate()
-        .find(|(_, v)| !v.is_finite())
-        .expect("a non-finite value was seen");
-    QuantError::NonFinite { index, value }
+fn first_non_finite(x: Input<'_>) -> QuantError {
+    let mut buf = Vec::new();
+    for start in (0..x.len()).step_by(MIN_TASK_ELEMS) {
+        let len = MIN_TASK_ELEMS.min(x.len() - start);
+        let chunk = x.read(start, len, &mut buf);
+        if let Some(i) = chunk.iter().position(|v| !v.is_finite()) {
+            return QuantError::NonFinite {
+                index: start + i,
+                value: chunk[i],
+            };
+        }
+    }
+    unreachable!("a non-finite value was seen")
 }
 
 /// Calibrate, then quantize: the whole of `bq.quantize` for f32 input.
 pub fn quantize(
-    x: &[f32],
+    x: Input<'_>,
     layout: &Layout,
     opts: &QuantizeOptions,
     explicit: Option<ExplicitScales<'_>>,
@@ -306,7 +313,7 @@ fn lcm(a: usize, b: usize) -> usize {
 }
 
 fn quantize_fused(
-    x: &[f32],
+    x: Input<'_>,
     layout: &Layout,
     opts: &QuantizeOptions,
     out: StorageMut<'_>,
@@ -331,7 +338,7 @@ fn quantize_fused(
 
 fn fused_with<C: Encode>(
     codec: C,
-    x: &[f32],
+    x: Input<'_>,
     layout: &Layout,
     opts: &QuantizeOptions,
     out: StorageMut<'_>,
@@ -347,18 +354,18 @@ fn fused_with<C: Encode>(
     };
     let bad = match out {
         StorageMut::U8(bytes) if per == 1 => {
-            fused_pieces(x, layout, opts, &pieces, &mut stored, bytes, |p, sc, out| {
-                encode_range(codec, x, layout, sc, p.start, out)
+            fused_pieces(x, layout, opts, &pieces, &mut stored, bytes, |p, xs, sc, out| {
+                encode_range(codec, xs, layout, sc, p.start, out)
             })
         }
         StorageMut::U8(words) => {
-            fused_pieces(x, layout, opts, &pieces, &mut stored, words, |p, sc, out| {
-                encode_words_last_axis(codec, x, layout, sc, first_word(p), out)
+            fused_pieces(x, layout, opts, &pieces, &mut stored, words, |p, xs, sc, out| {
+                encode_words_last_axis(codec, xs, layout, sc, first_word(p), out)
             })
         }
         StorageMut::U32(words) => {
-            fused_pieces(x, layout, opts, &pieces, &mut stored, words, |p, sc, out| {
-                encode_words_last_axis(codec, x, layout, sc, first_word(p), out)
+            fused_pieces(x, layout, opts, &pieces, &mut stored, words, |p, xs, sc, out| {
+                encode_words_last_axis(codec, xs, layout, sc, first_word(p), out)
             })
         }
     };
@@ -409,19 +416,20 @@ fn measure_piece_portable(
     half_range: f32,
 ) {
     for (pos, len, s) in Segments::new(layout, p.start, p.len) {
-        let alpha = run_amplitude(&x[pos..pos + len], opts.calibration);
+        let i = pos - p.start; // x holds just this piece
+        let alpha = run_amplitude(&x[i..i + len], opts.calibration);
         sc[s - p.scale0] = dtype.round(alpha / half_range, opts.scale_rounding);
     }
 }
 
 fn fused_pieces<W: Word>(
-    x: &[f32],
+    x: Input<'_>,
     layout: &Layout,
     opts: &QuantizeOptions,
     pieces: &[Piece],
     stored: &mut [f32],
     words: &mut [W],
-    encode_piece: impl Fn(&Piece, ScaleSlice<'_>, &mut [W]) -> bool + Sync,
+    encode_piece: impl Fn(&Piece, Window<'_>, ScaleSlice<'_>, &mut [W]) -> bool + Sync,
 ) -> bool {
     // Hand each piece its own scales and words (disjoint, in order).
     let mut work = Vec::with_capacity(pieces.len());
@@ -436,14 +444,20 @@ fn fused_pieces<W: Word>(
     let dtype = layout.scheme.scale_dtype();
     let half_range = layout.scheme.value.half_range();
     work.into_par_iter()
-        .map(|(p, sc, w)| {
-            // Measure the piece's blocks, then quantize them while they are in cache.
-            measure_piece(x, layout, &p, sc, opts, dtype, half_range);
+        .map_init(Vec::new, |buf, (p, sc, w)| {
+            // Read (or convert) the piece once; measure its blocks, then quantize them while
+            // they are in cache.
+            let xs = x.read(p.start, p.len, buf);
+            measure_piece(xs, layout, &p, sc, opts, dtype, half_range);
             let slice = ScaleSlice {
                 scales: sc,
                 base: p.scale0,
             };
-            encode_piece(&p, slice, w)
+            let window = Window {
+                input: Input::F32(xs),
+                start: p.start,
+            };
+            encode_piece(&p, window, slice, w)
         })
         .reduce(|| false, |a, b| a | b)
 }

@@ -8,7 +8,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use blockquant_core::{
-    bytes, pack, pool, quantize as q, Calibration, ExplicitScales, Layout, QuantError, QuantMode,
+    bytes, pack, pool, quantize as q, Calibration, ExplicitScales, Input, Layout, QuantError, QuantMode,
     QuantScheme, QuantStore, QuantValue, QuantizeOptions, Rounding, ScaleDtype, ScaleRounding,
     Scales, Storage, StorageMut,
 };
@@ -268,13 +268,37 @@ fn f32_array<'py>(py: Python<'py>, data: &[f32], shape: &[usize]) -> PyResult<Bo
 
 type Quantized<'py> = (Bound<'py, PyUntypedArray>, Bound<'py, PyArrayDyn<f32>>, Option<f32>);
 
-/// Quantize a C-contiguous float32 array. Returns `(values, scales, global_scale)`.
+/// Run `f` on the input values, borrowed from the numpy array without a copy. `kind` says how to
+/// read it: "f32", "f64", or "f16" / "bf16" for a uint16 view of half-precision bits.
+fn with_input<R>(x: &Bound<'_, PyUntypedArray>, kind: &str, f: impl FnOnce(Input<'_>) -> PyResult<R>) -> PyResult<R> {
+    let bad = || PyTypeError::new_err(format!("x of kind {kind:?} must be a C-contiguous array of its dtype"));
+    match kind {
+        "f32" => {
+            let a = x.cast::<PyArrayDyn<f32>>().map_err(|_| bad())?.readonly();
+            f(Input::F32(a.as_slice().map_err(|_| bad())?))
+        }
+        "f64" => {
+            let a = x.cast::<PyArrayDyn<f64>>().map_err(|_| bad())?.readonly();
+            f(Input::F64(a.as_slice().map_err(|_| bad())?))
+        }
+        "f16" | "bf16" => {
+            let a = x.cast::<PyArrayDyn<u16>>().map_err(|_| bad())?.readonly();
+            let bits = a.as_slice().map_err(|_| bad())?;
+            f(if kind == "f16" { Input::F16(bits) } else { Input::BF16(bits) })
+        }
+        _ => Err(errors::QuantError::new_err(format!("unknown input kind {kind:?}"))),
+    }
+}
+
+/// Quantize a C-contiguous float array (see `with_input` for `kind`). Returns
+/// `(values, scales, global_scale)`.
 #[pyfunction]
-#[pyo3(signature = (x, scheme, calibration="minmax", rounding="half_away", scale_rounding="up", scales=None, global_scale=None))]
+#[pyo3(signature = (x, kind, scheme, calibration="minmax", rounding="half_away", scale_rounding="up", scales=None, global_scale=None))]
 #[allow(clippy::too_many_arguments)]
 fn quantize<'py>(
     py: Python<'py>,
-    x: PyReadonlyArrayDyn<'py, f32>,
+    x: &Bound<'py, PyUntypedArray>,
+    kind: &str,
     scheme: SchemeSpec,
     calibration: &str,
     rounding: &str,
@@ -289,7 +313,6 @@ fn quantize<'py>(
             rounding: parse_rounding(rounding)?,
             scale_rounding: parse_scale_rounding(scale_rounding)?,
         };
-        let xs = contiguous(&x, "x")?;
         let given = match &scales {
             Some(s) => Some(contiguous(s, "scales")?),
             None => None,
@@ -299,10 +322,12 @@ fn quantize<'py>(
             global: global_scale,
         };
         let storage = new_storage(py, &layout);
-        let result = with_storage_mut(&storage, |out| {
-            pool::install(|| q::quantize(xs, &layout, &opts, Some(explicit), out))
-        })?;
-        let sc = result.map_err(to_py)?;
+        let sc = with_input(x, kind, |xs| {
+            with_storage_mut(&storage, |out| {
+                pool::install(|| q::quantize(xs, &layout, &opts, Some(explicit), out))
+            })
+        })?
+        .map_err(to_py)?;
         let scales = f32_array(py, &sc.stored, &layout.grid)?;
         Ok((storage, scales, sc.global))
     })
