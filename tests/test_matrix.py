@@ -199,3 +199,35 @@ def test_float_dequantize_error_is_within_half_an_ulp(value):
     exp = np.maximum(np.floor(np.log2(np.maximum(v, 1e-300))), emin)
     half_ulp = 2.0 ** (exp - mbits - 1)
     assert np.all(np.abs(x - qt.dequantize()) <= half_ulp * e * (1 + 1e-6))
+
+
+@pytest.mark.parametrize("scheme", OPTION_SCHEMES, ids=repr)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("calibration", ["minmax", "absmean"])
+def test_other_input_dtypes_are_read_in_place(scheme, dtype, calibration):
+    """f16 / bf16 / f64 input is converted by the core a piece at a time: same bits as quantizing
+    the float32 cast (and as the reference), on every kernel path (one-pass, two-pass, multi-dim
+    blocks, two-level)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    shape = (3, 4, 5, 6, 37) if scheme.block and len(scheme.block.size) == 5 else (6, 5, 70)
+    x = data(shape, seed=9).astype(dt)
+    got = bq.quantize(x, scheme, calibration=calibration)
+    assert_same(ref.quantize(x, scheme, calibration=calibration), got)
+    assert got.to_bytes() == bq.quantize(x.astype(np.float32), scheme, calibration=calibration).to_bytes()
+
+
+def test_large_non_f32_input_spans_many_pieces():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal(300_001).astype(np.float32)
+    x[123_457] = np.inf
+    for dt in (np.float16, ml_dtypes.bfloat16, np.float64):
+        for scheme in (bq.presets.int8(), bq.presets.mxfp4(), bq.presets.nvfp4()):
+            with pytest.raises(bq.NonFiniteError, match="flat index 123457$"):
+                bq.quantize(x.astype(dt), scheme)
+    x[123_457] = 0.5
+    for dt in (np.float16, ml_dtypes.bfloat16, np.float64):
+        for scheme in (bq.presets.int8(), bq.presets.mxfp4(), bq.presets.nvfp4()):
+            xd = x.astype(dt)
+            assert bq.quantize(xd, scheme).to_bytes() == bq.quantize(xd.astype(np.float32), scheme).to_bytes()
