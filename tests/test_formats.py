@@ -118,3 +118,14 @@ def test_each_line_is_padded_on_its_own():
     qt = bq.quantize(np.ones((3, 3), np.float32), s)
     assert qt.values.shape == (3, 1)  # 3 words, not 2
     assert qt.values.tolist() == [[0x777]] * 3
+
+
+def test_typed_views_without_ml_dtypes_name_the_extra(monkeypatch):
+    import sys
+
+    qt = bq.quantize(np.ones(32, np.float32), bq.presets.mxfp8())
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # makes `import ml_dtypes` fail
+    with pytest.raises(ImportError, match=r"blockquant\[ml\]"):
+        qt.values_view()
+    with pytest.raises(ImportError, match=r"blockquant\[ml\]"):
+        qt.scales_view()
