@@ -24,7 +24,8 @@ def dequantize(
     global_scale: Optional[float],
     scheme: _SchemeSpec,
     shape: Sequence[int],
-) -> npt.NDArray[np.float32]: ...
+    dtype: str = "float32",
+) -> npt.NDArray[np.generic]: ...
 def to_bytes(
     values: npt.NDArray[np.generic],
     scales: npt.NDArray[np.float32],

@@ -189,12 +189,18 @@ class QTensor:
 
     # -- conversions -----------------------------------------------------------------------
     def dequantize(self, dtype: Any = np.float32) -> np.ndarray:
-        """x̂ = decode(q) × scale, as float32 (or float16, bfloat16, float64 from that f32)."""
+        """x̂ = decode(q) × scale as float32, or converted from that f32 result (round to nearest
+        even) to float16, bfloat16 or float64 — written directly, with no float32 temporary."""
+        name = _output_dtype_name(dtype)
         out = _core.dequantize(
-            self._values, self._scales, self._global, self._scheme._spec(), self._shape
+            self._values, self._scales, self._global, self._scheme._spec(), self._shape, name
         )
+        if name == "float16":
+            out = out.view(np.float16)
+        elif name == "bfloat16":
+            out = out.view(_import_ml_dtypes().bfloat16)
         # The numpy crate makes 0-d arrays as shape (1,): give back the caller's shape.
-        return _cast_output(out.reshape(self._shape), dtype)
+        return out.reshape(self._shape)
 
     def to_bytes(self) -> bytes:
         """burn's layout (SPEC §9): values, then scales, then the f32 per-tensor scale."""
@@ -309,13 +315,14 @@ def _ml_dtype(value: QuantValue) -> Any:
     }[value]
 
 
-def _cast_output(out: np.ndarray, dtype: Any) -> np.ndarray:
-    dt = np.dtype(dtype)
-    if dt == np.float32:
-        return out
-    if dt.kind != "f" and dt.name != "bfloat16":
+def _output_dtype_name(dtype: Any) -> str:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dequantize returns a float dtype, got {dtype!r}") from None
+    if dt.name not in _INPUT_KINDS:
         raise TypeError(f"dequantize returns float16, bfloat16, float32 or float64, got {dt}")
-    return out.astype(dt)
+    return dt.name
 
 
 def _global_scale(g: Any) -> float:

@@ -475,9 +475,59 @@ impl Decode for TableDecode<'_> {
     }
 }
 
+/// An output element type of dequantize: the f32 result x̂, converted as a numpy cast would.
+pub trait OutElem: Copy + Send + Sync + Default {
+    fn from_f32(v: f32) -> Self;
+}
+
+impl OutElem for f32 {
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+
+impl OutElem for f64 {
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        v as f64
+    }
+}
+
+/// IEEE binary16 bits, rounded to nearest even (overflow gives ±inf, as numpy's cast).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct F16Bits(pub u16);
+
+impl OutElem for F16Bits {
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        F16Bits(half::f16::from_f32(v).to_bits())
+    }
+}
+
+/// bfloat16 bits, rounded to nearest even (as ml_dtypes' cast).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct BF16Bits(pub u16);
+
+impl OutElem for BF16Bits {
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        BF16Bits(half::bf16::from_f32(v).to_bits())
+    }
+}
+
 /// Decode a flat range's codes (given in `codes`) against their scales into `out`.
 #[inline]
-fn decode_range<D: Decode>(dec: D, layout: &Layout, effective: &[f32], start: usize, codes: &[u8], out: &mut [f32]) {
+fn decode_range<D: Decode, O: OutElem>(
+    dec: D,
+    layout: &Layout,
+    effective: &[f32],
+    start: usize,
+    codes: &[u8],
+    out: &mut [O],
+) {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx2() {
         // SAFETY: the CPU supports AVX2, checked at run time just above.
@@ -488,23 +538,43 @@ fn decode_range<D: Decode>(dec: D, layout: &Layout, effective: &[f32], start: us
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn decode_range_avx2<D: Decode>(dec: D, layout: &Layout, effective: &[f32], start: usize, codes: &[u8], out: &mut [f32]) {
+unsafe fn decode_range_avx2<D: Decode, O: OutElem>(
+    dec: D,
+    layout: &Layout,
+    effective: &[f32],
+    start: usize,
+    codes: &[u8],
+    out: &mut [O],
+) {
     decode_range_portable(dec, layout, effective, start, codes, out)
 }
 
 #[inline(always)]
-fn decode_range_portable<D: Decode>(dec: D, layout: &Layout, effective: &[f32], start: usize, codes: &[u8], out: &mut [f32]) {
+fn decode_range_portable<D: Decode, O: OutElem>(
+    dec: D,
+    layout: &Layout,
+    effective: &[f32],
+    start: usize,
+    codes: &[u8],
+    out: &mut [O],
+) {
     for (pos, len, s) in Segments::new(layout, start, out.len()) {
         let e = effective[s];
         let o = pos - start;
         for (y, &c) in out[o..o + len].iter_mut().zip(&codes[o..o + len]) {
-            *y = dec.decode(c) * e;
+            *y = O::from_f32(dec.decode(c) * e);
         }
     }
 }
 
 /// Dequantize every value of `storage` into `out`.
-pub fn decode_into<D: Decode>(table: D, layout: &Layout, storage: Storage<'_>, effective: &[f32], out: &mut [f32]) {
+pub fn decode_into<D: Decode, O: OutElem>(
+    table: D,
+    layout: &Layout,
+    storage: Storage<'_>,
+    effective: &[f32],
+    out: &mut [O],
+) {
     match storage {
         Storage::U8(codes) if layout.packing.per == 1 => {
             out.par_chunks_mut(MIN_TASK_ELEMS)
@@ -519,7 +589,13 @@ pub fn decode_into<D: Decode>(table: D, layout: &Layout, storage: Storage<'_>, e
     }
 }
 
-fn unpack_words<W: Word, D: Decode>(table: D, layout: &Layout, words: &[W], effective: &[f32], out: &mut [f32]) {
+fn unpack_words<W: Word, D: Decode, O: OutElem>(
+    table: D,
+    layout: &Layout,
+    words: &[W],
+    effective: &[f32],
+    out: &mut [O],
+) {
     let p = &layout.packing;
     let (per, nw, inner, n_axis) = (p.per, p.words_axis, p.inner, p.n_axis);
     let bits = p.field_bits;

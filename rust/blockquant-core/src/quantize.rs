@@ -9,8 +9,8 @@ use crate::error::{QuantError, Result};
 use crate::input::{Input, Window};
 use crate::layout::Layout;
 use crate::pack::{
-    encode_range, encode_words_last_axis, for_each_segment, IntDecode, ScaleSlice, Segments, Storage,
-    StorageMut, TableDecode, Word,
+    encode_range, encode_words_last_axis, for_each_segment, BF16Bits, F16Bits, IntDecode, OutElem,
+    ScaleSlice, Segments, Storage, StorageMut, TableDecode, Word,
 };
 use crate::scale::{check_scales, ScaleRounding};
 use crate::scheme::ScaleDtype;
@@ -462,8 +462,27 @@ fn fused_pieces<W: Word>(
         .reduce(|| false, |a, b| a | b)
 }
 
-/// x̂ = f32(decode(q)) × e into `out` (C order).
-pub fn dequantize(layout: &Layout, storage: Storage<'_>, effective: &[f32], out: &mut [f32]) {
+/// Where dequantize writes: x̂ as f32, or converted from that f32 (SPEC §7).
+#[derive(Debug)]
+pub enum Output<'a> {
+    F32(&'a mut [f32]),
+    F64(&'a mut [f64]),
+    F16(&'a mut [F16Bits]),
+    BF16(&'a mut [BF16Bits]),
+}
+
+/// x̂ = f32(decode(q)) × e into `out` (C order), converted to the output's type element by
+/// element (no full-size f32 temporary).
+pub fn dequantize(layout: &Layout, storage: Storage<'_>, effective: &[f32], out: Output<'_>) {
+    match out {
+        Output::F32(o) => dequantize_into(layout, storage, effective, o),
+        Output::F64(o) => dequantize_into(layout, storage, effective, o),
+        Output::F16(o) => dequantize_into(layout, storage, effective, o),
+        Output::BF16(o) => dequantize_into(layout, storage, effective, o),
+    }
+}
+
+fn dequantize_into<O: OutElem>(layout: &Layout, storage: Storage<'_>, effective: &[f32], out: &mut [O]) {
     assert_eq!(out.len(), layout.num_elements, "output length");
     assert_eq!(effective.len(), layout.num_scales, "scale count");
     let p = &layout.packing;

@@ -8,7 +8,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use blockquant_core::{
-    bytes, pack, pool, quantize as q, Calibration, ExplicitScales, Input, Layout, QuantError, QuantMode,
+    bytes, pack, pool, quantize as q, BF16Bits, Calibration, ExplicitScales, F16Bits, Input, Layout, Output, QuantError, QuantMode,
     QuantScheme, QuantStore, QuantValue, QuantizeOptions, Rounding, ScaleDtype, ScaleRounding,
     Scales, Storage, StorageMut,
 };
@@ -338,9 +338,10 @@ fn stored_scales(layout: &Layout, scales: &PyReadonlyArrayDyn<'_, f32>, global: 
     Scales::from_stored(layout, s.to_vec(), global).map_err(to_py)
 }
 
-/// Dequantize storage + stored scales to a float32 array of `shape`.
+/// Dequantize storage + stored scales to an array of `shape`: float32, float64, or float16 /
+/// bfloat16 returned as their uint16 bit patterns (the Python side views them).
 #[pyfunction]
-#[pyo3(signature = (values, scales, global_scale, scheme, shape))]
+#[pyo3(signature = (values, scales, global_scale, scheme, shape, dtype="float32"))]
 fn dequantize<'py>(
     py: Python<'py>,
     values: &Bound<'py, PyUntypedArray>,
@@ -348,19 +349,50 @@ fn dequantize<'py>(
     global_scale: Option<f32>,
     scheme: SchemeSpec,
     shape: Vec<usize>,
-) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+    dtype: &str,
+) -> PyResult<Bound<'py, PyUntypedArray>> {
     guarded(|| {
         let layout = layout(scheme, &shape)?;
         let sc = stored_scales(&layout, &scales, global_scale)?;
-        let out = PyArrayDyn::<f32>::zeros(py, IxDyn(&shape), false);
-        {
-            let mut rw = out.readwrite();
-            let dst = rw.as_slice_mut().expect("a fresh array is contiguous");
-            with_storage(values, &layout, |st| {
-                pool::install(|| q::dequantize(&layout, st, &sc.effective, dst))
-            })?;
-        }
-        Ok(out)
+        let eff = &sc.effective;
+        let dims = IxDyn(&shape);
+        let run = |out: Output<'_>| {
+            with_storage(values, &layout, |st| pool::install(|| q::dequantize(&layout, st, eff, out)))
+        };
+        let arr = match dtype {
+            "float32" => {
+                let a = PyArrayDyn::<f32>::zeros(py, dims, false);
+                run(Output::F32(a.readwrite().as_slice_mut().expect("contiguous")))?;
+                a.into_any()
+            }
+            "float64" => {
+                let a = PyArrayDyn::<f64>::zeros(py, dims, false);
+                run(Output::F64(a.readwrite().as_slice_mut().expect("contiguous")))?;
+                a.into_any()
+            }
+            "float16" | "bfloat16" => {
+                let a = PyArrayDyn::<u16>::zeros(py, dims, false);
+                {
+                    let mut rw = a.readwrite();
+                    let bits = rw.as_slice_mut().expect("contiguous");
+                    let (ptr, len) = (bits.as_mut_ptr(), bits.len());
+                    if dtype == "float16" {
+                        // SAFETY: F16Bits is a repr(transparent) u16; the slice is ours alone.
+                        run(Output::F16(unsafe { std::slice::from_raw_parts_mut(ptr as *mut F16Bits, len) }))?;
+                    } else {
+                        // SAFETY: BF16Bits is a repr(transparent) u16; the slice is ours alone.
+                        run(Output::BF16(unsafe { std::slice::from_raw_parts_mut(ptr as *mut BF16Bits, len) }))?;
+                    }
+                }
+                a.into_any()
+            }
+            other => {
+                return Err(PyTypeError::new_err(format!(
+                    "dequantize returns float32, float64, float16 or bfloat16, got {other}"
+                )))
+            }
+        };
+        Ok(arr.cast_into::<PyUntypedArray>().expect("a numpy array"))
     })
 }
 
