@@ -1,25 +1,43 @@
-"""The ``blockquant`` command (also ``python -m blockquant``).
+"""The ``blockquant`` command (also ``python -m blockquant``): low-bit quantization of checkpoints.
 
-``blockquant demo`` quantizes a built-in set of generated, weight-like tensors with every preset
-and prints a table: scheme, bits per value (scales included), SQNR, max abs error, throughput.
+    blockquant quantize IN -o OUT --scheme SCHEME   quantize a checkpoint (.safetensors/.npz/.npy)
+    blockquant dequantize IN -o OUT                 back to float tensors
+    blockquant inspect FILE                         per tensor: scheme, shape, bytes, bits/value
+    blockquant report IN --scheme SCHEME            per tensor: SQNR, max error, sizes, time
+    blockquant demo                                 every preset on built-in generated tensors
+    blockquant bench                                the benchmark (benches/bench.py, or a short one)
+
+A SCHEME is a preset name (nvfp4, mxfp4, int8, ...) or its spelled-out form, such as
+q4s/packed_native0/block32:f16 (see ``QuantScheme.parse``). A problem with the input, the
+scheme or the output is one line on stderr, ``blockquant: error: FILE: TENSOR: message``, exit
+code 2, and no output file.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
+import math
+import shutil
+import statistics
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
 
 import numpy as np
 
 from . import presets
+from .errors import QuantError
 from .qtensor import quantize
+from .scheme import QuantScheme
 
-__all__ = ["main", "demo_tensors", "sqnr_db"]
+__all__ = ["demo_tensors", "main", "sqnr_db"]
 
 
-def demo_tensors(seed: int = 0, scale: int = 1) -> Dict[str, np.ndarray]:
+def demo_tensors(seed: int = 0, scale: int = 1) -> dict[str, np.ndarray]:
     """Weight-like float32 tensors, generated (no download): Gaussian projections, heavy-tailed
     MLP weights, an embedding table, a norm vector, and a matrix with rare large outliers."""
     rng = np.random.default_rng(seed)
@@ -47,9 +65,15 @@ def sqnr_db(x: np.ndarray, y: np.ndarray) -> float:
     return 10.0 * np.log10(signal / noise)
 
 
-def _table(rows: List[Sequence[str]], header: Sequence[str]) -> str:
+def _table(rows: list[Sequence[str]], header: Sequence[str], left: int = 0) -> str:
+    """A Markdown table; the first ``left`` columns are left-aligned, the others right-aligned."""
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "| " + " | ".join(str(c).rjust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+
+    def line(r: Sequence[str]) -> str:
+        cells = [str(c).ljust(w) if i < left else str(c).rjust(w)
+                 for i, (c, w) in enumerate(zip(r, widths))]
+        return "| " + " | ".join(cells) + " |"
+
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     return "\n".join([line(header), sep, *[line(r) for r in rows]])
 
@@ -96,20 +120,348 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
+class CliError(Exception):
+    """A user error: printed as one line, exit code 2."""
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr, by bytes of input; silent unless stderr is a
+    terminal (and not ``--quiet``)."""
+
+    def __init__(self, total: int, label: str, quiet: bool = False,
+                 stream: TextIO | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        isatty = getattr(self.stream, "isatty", None)
+        self.enabled = not quiet and bool(isatty and isatty())
+        self.total, self.label, self.done, self.count = max(total, 1), label, 0, 0
+        self._last = 0.0
+        self._t0 = time.perf_counter()
+
+    def __call__(self, name: str, nbytes: int) -> None:
+        self.done += nbytes
+        self.count += 1
+        now = time.perf_counter()
+        if self.enabled and (now - self._last > 0.1 or self.done >= self.total):
+            self._last = now
+            self._draw(name)
+
+    def _draw(self, name: str) -> None:
+        cols = shutil.get_terminal_size((80, 20)).columns
+        frac = min(self.done / self.total, 1.0)
+        bar_w = max(10, min(30, cols // 4))
+        fill = round(frac * bar_w)
+        text = (f"{self.label} [{'#' * fill}{'.' * (bar_w - fill)}] {frac:4.0%} "
+                f"{self.count} tensors {time.perf_counter() - self._t0:.1f}s {name}")
+        self.stream.write("\r" + text[: cols - 1].ljust(cols - 1))
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            cols = shutil.get_terminal_size((80, 20)).columns
+            self.stream.write("\r" + " " * (cols - 1) + "\r")
+            self.stream.flush()
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def _fmt_db(x: float) -> str:
+    return "exact" if x == math.inf else f"{x:.2f}"
+
+
+def _jsonable(x: Any) -> Any:
+    """inf/NaN (not JSON) become null: an exact tensor's SQNR is null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def _scheme(text: str) -> QuantScheme:
+    try:
+        return QuantScheme.parse(text)
+    except QuantError as e:
+        raise CliError(f"--scheme: {e}") from None
+
+
+def _calibration(args: argparse.Namespace) -> str:
+    if args.calibration is not None:
+        return args.calibration
+    return presets.CALIBRATION.get(args.scheme, "minmax")
+
+
+def _progress(path: str, label: str, quiet: bool) -> ProgressBar:
+    """A progress bar over the bytes of the checkpoint at ``path`` (read only when shown)."""
+    from .checkpoint import open_checkpoint
+
+    bar = ProgressBar(1, label, quiet)
+    if bar.enabled:
+        with open_checkpoint(path) as ckpt:
+            bar.total = max(1, sum(t.nbytes for t in ckpt.tensors))
+    return bar
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from .checkpoint import quantize_file
+
+    scheme = _scheme(args.scheme)
+    bar = _progress(args.input, "quantize", args.quiet)
+    try:
+        res = quantize_file(
+            args.input, args.output, scheme, include=args.include, exclude=args.exclude,
+            calibration=_calibration(args), rounding=args.rounding,
+            scale_rounding=args.scale_rounding, force=args.force, progress=bar,
+        )
+    finally:
+        bar.close()
+    if not res.quantized:
+        print(f"blockquant: warning: {args.input}: no floating-point tensor was selected; "
+              "the output is a copy", file=sys.stderr)
+    if not args.quiet:
+        n = len(res.quantized) + len(res.copied)
+        print(f"{args.output}: {len(res.quantized)} of {n} tensors quantized with {scheme}, "
+              f"{_human(res.bytes_in)} -> {_human(res.bytes_out)} "
+              f"({res.bytes_in / max(res.bytes_out, 1):.2f}x) in {res.seconds:.2f} s")
+    return 0
+
+
+def cmd_dequantize(args: argparse.Namespace) -> int:
+    from .checkpoint import dequantize_file
+
+    bar = _progress(args.input, "dequantize", args.quiet)
+    t0 = time.perf_counter()
+    try:
+        n_deq, n_copy = dequantize_file(
+            args.input, args.output, dtype=args.dtype, force=args.force, progress=bar
+        )
+    finally:
+        bar.close()
+    if not args.quiet:
+        print(f"{args.output}: {n_deq} tensors dequantized, {n_copy} copied, "
+              f"in {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .checkpoint import inspect_file
+
+    info = inspect_file(args.file)
+    if args.json:
+        print(json.dumps(_jsonable(info), indent=1))
+        return 0
+    rows = info["tensors"]
+    n_q = sum(1 for r in rows if r["scheme"] is not None)
+    meta = ", ".join(f"{k}={v}" for k, v in info["metadata"].items())
+    print(f"{info['file']}: {info['format']}, {len(rows)} tensors ({n_q} quantized), "
+          f"{_human(info['file_bytes'])}" + (f"; metadata: {meta}" if meta else ""))
+
+    def bits(b: float | None) -> str:
+        return "-" if b is None else f"{b:.3f}"
+
+    table = [[r["name"], r["scheme"] or "-", "x".join(map(str, r["shape"])) or "()",
+              r["dtype"], _human(r["bytes"]), bits(r["bits_per_value"])] for r in rows]
+    numel = sum(r["numel"] for r in rows)
+    nbytes = sum(r["bytes"] for r in rows)
+    table.append(["total", "", "", "", _human(nbytes),
+                  bits(8.0 * nbytes / numel if numel else None)])
+    print(_table(table, ["tensor", "scheme", "shape", "dtype", "bytes", "bits/value"], left=4))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .checkpoint import report_file
+
+    scheme = _scheme(args.scheme)
+    bar = _progress(args.input, "report", args.quiet)
+    try:
+        rep = report_file(
+            args.input, scheme, include=args.include, exclude=args.exclude,
+            calibration=_calibration(args), rounding=args.rounding,
+            scale_rounding=args.scale_rounding, progress=bar,
+        )
+    finally:
+        bar.close()
+    if args.json:
+        print(json.dumps(_jsonable(rep), indent=1))
+        return 0
+
+    def row(name: str, shape: str, r: dict[str, Any]) -> list[str]:
+        ratio = f"{r['bytes_before'] / r['bytes_after']:.2f}x" if r["bytes_after"] else "-"
+        return [name, shape, _fmt_db(r["sqnr_db"]), f"{r['max_abs_err']:.3g}",
+                _human(r["bytes_before"]), _human(r["bytes_after"]), ratio,
+                f"{r['seconds'] * 1e3:.1f}"]
+
+    o, f = rep["overall"], rep["file_total"]
+    table = [row(r["name"], "x".join(map(str, r["shape"])) or "()", r) for r in rep["tensors"]]
+    table.append(row(f"overall ({o['tensors']} tensors)", f"{o['numel']:,} values", o))
+    print(f"{rep['file']} with {rep['scheme']} (calibration {rep['calibration']}, rounding "
+          f"{rep['rounding']}, scale rounding {rep['scale_rounding']})")
+    print(_table(table, ["tensor", "shape", "SQNR dB", "max abs err", "before", "after",
+                         "ratio", "ms"], left=2))
+    gbs = o["bytes_before"] / o["seconds"] / 1e9 if o["seconds"] else math.inf
+    print(f"\nwhole file: {_human(f['bytes_before'])} -> {_human(f['bytes_after'])} "
+          f"({f['bytes_before'] / max(f['bytes_after'], 1):.2f}x), {f['unquantized']} of "
+          f"{f['tensors']} tensors left as they are; quantize time {o['seconds']:.2f} s "
+          f"({gbs:.2f} GB/s of input). Sizes after are values + scales, as written by quantize.")
+    return 0
+
+
+def _bench_script() -> Path | None:
+    """benches/bench.py of the source tree this package runs from, if any."""
+    path = Path(__file__).resolve().parents[2] / "benches" / "bench.py"
+    return path if path.is_file() else None
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    script = None if args.builtin else _bench_script()
+    if script is not None:
+        spec = importlib.util.spec_from_file_location("blockquant_bench", script)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return int(module.main(list(args.extra)) or 0)
+    return _builtin_bench(args.extra)
+
+
+def _builtin_bench(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="blockquant bench --builtin")
+    p.add_argument("--size", type=int, default=4 * 2**20, help="elements (default 4 Mi)")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--quick", action="store_true", help="1 Mi elements, 3 repeats")
+    a = p.parse_args(list(argv))
+    if a.quick:
+        a.size, a.repeat = 2**20, 3
+    n = max(4096, a.size - a.size % 4096)
+    x = np.random.default_rng(0).standard_normal((n // 4096, 4096)).astype(np.float32)
+    dst = np.empty_like(x)
+
+    def median(fn: Any) -> float:
+        fn()
+        times = []
+        for _ in range(a.repeat):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    copy_s = median(lambda: np.copyto(dst, x))
+    gb = x.nbytes / 1e9
+    print(f"blockquant built-in benchmark: {n:,} float32 ({x.nbytes / 2**20:.0f} MiB), median "
+          f"of {a.repeat}; np.copyto {copy_s * 1e3:.2f} ms = {gb / copy_s:.2f} GB/s\n")
+    rows = []
+    for name, make in presets.PRESETS.items():
+        scheme, cal = make(), presets.CALIBRATION[name]
+        q = median(lambda s=scheme, c=cal: quantize(x, s, calibration=c))
+        rows.append([name, str(scheme), f"{q * 1e3:.2f}", f"{gb / q:.2f}", f"{copy_s / q:.2f}"])
+    print(_table(rows, ["preset", "scheme", "quantize ms", "GB/s", "of copyto"], left=2))
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="blockquant", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="quantize built-in generated tensors with every preset")
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--scale", type=int, default=1, help="tensor size multiplier")
-    d.add_argument("--repeat", type=int, default=3, help="timing repeats (best is kept)")
-    d.set_defaults(func=demo)
+    paragraphs = (__doc__ or "").split("\n\n")
+    p = argparse.ArgumentParser(
+        prog="blockquant",
+        description=(paragraphs[0] + "\n\n" + paragraphs[2]).replace("``", "'"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n  blockquant quantize model.safetensors -o model.nvfp4.safetensors "
+        "--scheme nvfp4\n  blockquant report model.safetensors --scheme mxfp4 "
+        "--exclude 'LayerNorm|bias'\n\n'blockquant COMMAND --help' tells more.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    scheme_help = ("a preset (" + ", ".join(presets.PRESETS) + ") or a spelled-out scheme such "
+                   "as q4s/packed_native0/block32:f16")
+
+    def options(c: argparse.ArgumentParser) -> None:
+        c.add_argument("--scheme", required=True, help=scheme_help)
+        c.add_argument("--include", metavar="REGEX",
+                       help="quantize only floating tensors whose name matches (re.search)")
+        c.add_argument("--exclude", metavar="REGEX",
+                       help="leave tensors whose name matches as they are")
+        c.add_argument("--calibration", choices=["minmax", "absmean"],
+                       help="block amplitude (default: the preset's, else minmax)")
+        c.add_argument("--rounding", choices=["half_away", "half_even"], default="half_away",
+                       help="rounding of int values (default half_away)")
+        c.add_argument("--scale-rounding", choices=["up", "nearest"], default="up",
+                       help="rounding of scales to their dtype (default up: no clipping)")
+        c.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
+
+    q = sub.add_parser("quantize", help="quantize a checkpoint into a .safetensors file",
+                       description="Quantize each floating-point tensor of IN (.safetensors, "
+                       ".npz or .npy) and write OUT (.safetensors); other tensors are copied.")
+    q.add_argument("input", metavar="IN")
+    q.add_argument("-o", "--output", metavar="OUT", required=True)
+    options(q)
+    q.add_argument("-f", "--force", action="store_true", help="replace OUT if it exists")
+    q.set_defaults(func=cmd_quantize)
+
+    d = sub.add_parser("dequantize", help="turn a quantized file back into float tensors")
+    d.add_argument("input", metavar="IN")
+    d.add_argument("-o", "--output", metavar="OUT", required=True)
+    d.add_argument("--dtype", choices=["float32", "float16", "bfloat16", "float64"],
+                   help="output dtype (default: each tensor's original dtype)")
+    d.add_argument("-f", "--force", action="store_true", help="replace OUT if it exists")
+    d.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
+    d.set_defaults(func=cmd_dequantize)
+
+    i = sub.add_parser("inspect", help="what a file holds: scheme, shape, bytes per tensor")
+    i.add_argument("file", metavar="FILE")
+    i.add_argument("--json", action="store_true", help="print JSON")
+    i.set_defaults(func=cmd_inspect)
+
+    r = sub.add_parser("report", help="quantize in memory and measure: SQNR, error, size, time")
+    r.add_argument("input", metavar="IN")
+    options(r)
+    r.add_argument("--json", action="store_true", help="print JSON (SQNR null when exact)")
+    r.set_defaults(func=cmd_report)
+
+    dm = sub.add_parser("demo", help="quantize built-in generated tensors with every preset")
+    dm.add_argument("--seed", type=int, default=0)
+    dm.add_argument("--scale", type=int, default=1, help="tensor size multiplier")
+    dm.add_argument("--repeat", type=int, default=3, help="timing repeats (best is kept)")
+    dm.set_defaults(func=demo)
+
+    b = sub.add_parser("bench", help="run benches/bench.py if present, else a short benchmark",
+                       description="Run the repository's benches/bench.py (other arguments, such "
+                       "as --quick, go to it) or, installed without it, a short built-in "
+                       "benchmark (--size N, --repeat R, --quick).")
+    b.add_argument("--builtin", action="store_true", help="the built-in benchmark in any case")
+    b.set_defaults(func=cmd_bench)
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = _parser().parse_args(argv)
-    return int(args.func(args))
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra and args.command != "bench":
+            parser.parse_args(argv)  # the usual "unrecognized arguments" error
+        args.extra = extra
+    except SystemExit as e:  # argparse: usage errors (2), --help (0)
+        return e.code if isinstance(e.code, int) else 2
+    try:
+        return int(args.func(args))
+    except (CliError, QuantError) as e:
+        print(f"blockquant: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if isinstance(e, BrokenPipeError):  # `blockquant inspect ... | head`
+            sys.stdout = None  # type: ignore[assignment]
+            return 1
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"blockquant: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nblockquant: interrupted (no output written)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

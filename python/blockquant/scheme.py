@@ -8,6 +8,7 @@ invalid scheme never exists. The Rust core re-checks the same rules (it never tr
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, replace
 from typing import Iterable, Optional, Tuple
 
@@ -302,6 +303,74 @@ class QuantScheme:
             None if self.block is None else self.block.dtype.value,
         )
 
+    # -- text form ---------------------------------------------------------------------------
+    @classmethod
+    def parse(cls, text: str) -> QuantScheme:
+        """The scheme a text names: a preset (``nvfp4``, ``int8``, ...; see
+        :data:`blockquant.presets.PRESETS`) or the spelled-out form that ``str(scheme)`` prints::
+
+            VALUE/STORE/LEVELS[/lookup]
+
+            VALUE   q8f q8s q4f q4s q2f q2s e4m3 e5m2 e2m1
+            STORE   native | packed_u32_DIM | packed_nativeDIM   (DIM from the last axis)
+            LEVELS  tensor                    no level: burn's implicit f32 per-tensor scale
+                    tensor:DTYPE              one explicit per-tensor scale
+                    blockAxB..:DTYPE          one scale per block (1 to 5 dims, no leading 1)
+                    blockAxB..:DTYPE+tensor:f32   two-level (block dtype f16 or ue4m3)
+            DTYPE   f32 f16 bf16 ue8m0 ue4m3
+
+        e.g. ``q4s/packed_native0/block32:f16``, ``e4m3/native/block32x32:ue8m0``,
+        ``e2m1/packed_native0/block16:ue4m3+tensor:f32`` (= ``nvfp4``). Only that canonical
+        spelling is accepted (lowercase, no spaces, numbers without leading zeros), so
+        ``str(QuantScheme.parse(t)) == t`` for every spelled-out ``t`` that parses, and
+        ``QuantScheme.parse(str(s)) == s`` for every scheme ``s``. A preset name parses to the
+        preset's scheme, which prints spelled out. A bad text raises :class:`SchemeError`
+        quoting the bad part.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"a scheme text is a str, got {type(text).__name__}")
+        from .presets import PRESETS  # here: presets imports this module
+
+        if text in PRESETS:
+            return PRESETS[text]()
+        parts = text.split("/")
+        if len(parts) == 1:
+            raise SchemeError(
+                f"unknown scheme {text!r}: not a preset ({', '.join(PRESETS)}) nor "
+                "VALUE/STORE/LEVELS such as 'q4s/packed_native0/block32:f16'"
+            )
+        if len(parts) not in (3, 4):
+            raise SchemeError(
+                f"a scheme is VALUE/STORE/LEVELS[/lookup], got {len(parts)} parts in {text!r}"
+            )
+        value = _parse_value(parts[0], text)
+        store = _parse_store(parts[1], text)
+        tensor, block = _parse_levels(parts[2], text)
+        mode = QuantMode.Symmetric
+        if len(parts) == 4:
+            if parts[3] != "lookup":
+                raise SchemeError(
+                    f"unknown mode {parts[3]!r} in {text!r}: the only mode written is 'lookup' "
+                    "(symmetric is the default and is not written)"
+                )
+            mode = QuantMode.Lookup
+        try:
+            return cls(value, store, mode, tensor, block)
+        except SchemeError as e:
+            raise SchemeError(f"{e} (in {text!r})") from None
+
+    def __str__(self) -> str:
+        """The canonical text form, which :meth:`parse` reads back (presets print spelled out)."""
+        if self.block is None:
+            levels = "tensor" if self.tensor is None else f"tensor:{_DTYPE_TEXT[self.tensor]}"
+        else:
+            size = "x".join(map(str, self.block.size))
+            levels = f"block{size}:{_DTYPE_TEXT[self.block.dtype]}"
+            if self.tensor is not None:
+                levels += f"+tensor:{_DTYPE_TEXT[self.tensor]}"
+        text = f"{_VALUE_TEXT[self.value]}/{_store_text(self.store)}/{levels}"
+        return text + "/lookup" if self.mode is QuantMode.Lookup else text
+
     def __repr__(self) -> str:
         parts = [f"value={self.value}", f"store={self.store}"]
         if self.mode is not QuantMode.Symmetric:
@@ -311,3 +380,104 @@ class QuantScheme:
         if self.tensor is not None:
             parts.append(f"tensor={self.tensor}")
         return f"QuantScheme({', '.join(parts)})"
+
+
+# -- the text form (QuantScheme.parse / str) ------------------------------------------------------
+_VALUE_TEXT = {v: v.value.lower() for v in QuantValue}
+_DTYPE_TEXT = {d: d.value.lower() for d in ScaleDtype}
+_TEXT_VALUE = {t: v for v, t in _VALUE_TEXT.items()}
+_TEXT_DTYPE = {t: d for d, t in _DTYPE_TEXT.items()}
+_NUMBER = r"(0|[1-9][0-9]*)"  # canonical: no sign, no leading zeros
+_LEVELS_HINT = "tensor, tensor:DTYPE, blockN:DTYPE, blockNxM:DTYPE or blockN:DTYPE+tensor:f32"
+
+
+def _store_text(store: QuantStore) -> str:
+    if store.kind == "native":
+        return "native"
+    # The dim follows the name; an underscore keeps it apart from the 32 of u32.
+    return f"packed_u32_{store.dim}" if store.kind == "packed_u32" else f"packed_native{store.dim}"
+
+
+def _one_of(names: Iterable[str]) -> str:
+    names = list(names)
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _parse_value(part: str, text: str) -> QuantValue:
+    if part not in _TEXT_VALUE:
+        raise SchemeError(f"unknown value {part!r} in {text!r}: expected {_one_of(_TEXT_VALUE)}")
+    return _TEXT_VALUE[part]
+
+
+def _parse_store(part: str, text: str) -> QuantStore:
+    if part == "native":
+        return QuantStore.Native
+    m = re.fullmatch(r"packed_u32_" + _NUMBER, part)
+    if m:
+        return QuantStore.packed_u32(int(m.group(1)))
+    m = re.fullmatch(r"packed_native" + _NUMBER, part)
+    if m:
+        return QuantStore.packed_native(int(m.group(1)))
+    raise SchemeError(
+        f"unknown store {part!r} in {text!r}: expected native, packed_u32_DIM or "
+        "packed_nativeDIM, DIM counting from the last axis (packed_u32_0, packed_native0)"
+    )
+
+
+def _parse_dtype(part: str, text: str) -> ScaleDtype:
+    if part not in _TEXT_DTYPE:
+        raise SchemeError(
+            f"unknown scale dtype {part!r} in {text!r}: expected {_one_of(_TEXT_DTYPE)}"
+        )
+    return _TEXT_DTYPE[part]
+
+
+def _parse_block(part: str, text: str) -> BlockScale:
+    head, colon, dtype = part.partition(":")
+    if not colon:
+        raise SchemeError(
+            f"block level {part!r} in {text!r} has no scale dtype: write e.g. '{part}:f16'"
+        )
+    dims = head[len("block"):].split("x")
+    if not all(re.fullmatch(_NUMBER, d) for d in dims):
+        raise SchemeError(
+            f"bad block size {head!r} in {text!r}: expected positive sizes joined by 'x', "
+            "e.g. block32 or block16x16"
+        )
+    size = [int(d) for d in dims]
+    if len(size) > 1 and size[0] == 1:
+        canon = "block" + "x".join(map(str, BlockScale(size, ScaleDtype.F32).size))
+        raise SchemeError(
+            f"block size {head!r} in {text!r} has a leading 1: a block is rank-relative, "
+            f"write {canon!r}"
+        )
+    scale_dtype = _parse_dtype(dtype, text)
+    try:
+        return BlockScale(size, scale_dtype)
+    except SchemeError as e:
+        raise SchemeError(f"{e} (in {text!r})") from None
+
+
+def _parse_levels(part: str, text: str) -> tuple[ScaleDtype | None, BlockScale | None]:
+    if part == "tensor":
+        return None, None
+    if part.startswith("tensor:"):
+        dtype = part[len("tensor:"):]
+        if "+" in dtype:
+            raise SchemeError(
+                f"levels {part!r} in {text!r}: write the block level first, as "
+                "blockN:DTYPE+tensor:f32"
+            )
+        return _parse_dtype(dtype, text), None
+    if part.startswith("block"):
+        block_part, plus, tensor_part = part.partition("+")
+        block = _parse_block(block_part, text)
+        if not plus:
+            return None, block
+        if not tensor_part.startswith("tensor:"):
+            raise SchemeError(
+                f"bad second level {tensor_part!r} in {text!r}: a two-level scheme ends with "
+                "'+tensor:f32'"
+            )
+        return _parse_dtype(tensor_part[len("tensor:"):], text), block
+    raise SchemeError(f"unknown levels {part!r} in {text!r}: expected {_LEVELS_HINT}")

@@ -1,0 +1,157 @@
+"""The text form of a scheme: QuantScheme.parse and str() are exact inverses."""
+
+import blockquant as bq
+import pytest
+from blockquant import QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype, SchemeError
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+PRESET_TEXT = {
+    "int8": "q8s/native/tensor:f32",
+    "int8_block32": "q8s/native/block32:f16",
+    "int4_block32": "q4s/packed_native0/block32:f16",
+    "mxfp8": "e4m3/native/block32:ue8m0",
+    "mxfp4": "e2m1/packed_native0/block32:ue8m0",
+    "nvfp4": "e2m1/packed_native0/block16:ue4m3+tensor:f32",
+    "bitnet": "q2s/packed_u32_0/tensor:f32",
+}
+
+
+def test_every_preset_has_a_spelling():
+    assert set(PRESET_TEXT) == set(bq.presets.PRESETS)
+
+
+@pytest.mark.parametrize("name", list(PRESET_TEXT))
+def test_presets_parse_by_name_and_print_spelled_out(name):
+    s = bq.presets.PRESETS[name]()
+    assert QuantScheme.parse(name) == s
+    assert str(s) == PRESET_TEXT[name]
+    assert QuantScheme.parse(PRESET_TEXT[name]) == s
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "q4s/packed_native0/block32:f16",
+        "e4m3/native/block32x32:ue8m0",
+        "e2m1/packed_native0/block16:ue4m3+tensor:f32",
+        "q8f/packed_u32_0/tensor",
+        "q8f/packed_u32_0/tensor:f32",
+        "q2f/packed_u32_3/block1:bf16",
+        "e5m2/packed_native12/block2x3x4x5x6:f32",
+        "q4f/native/tensor:ue4m3/lookup",
+    ],
+)
+def test_spelled_out_texts_print_back_identically(text):
+    assert str(QuantScheme.parse(text)) == text
+
+
+def test_no_level_and_an_explicit_f32_level_are_different_schemes():
+    assert str(QuantScheme()) == "q8f/packed_u32_0/tensor"
+    assert str(QuantScheme().per_tensor(ScaleDtype.F32)) == "q8f/packed_u32_0/tensor:f32"
+    assert QuantScheme.parse("q8f/packed_u32_0/tensor") == QuantScheme()
+    assert QuantScheme.parse("q8f/packed_u32_0/tensor:f32") != QuantScheme()
+
+
+def test_lookup_mode_is_a_suffix():
+    s = bq.presets.int8().with_mode(QuantMode.Lookup)
+    assert str(s) == "q8s/native/tensor:f32/lookup"
+    assert QuantScheme.parse(str(s)) == s
+
+
+def test_repr_is_unchanged():
+    assert repr(bq.presets.nvfp4()) == (
+        "QuantScheme(value=E2M1, store=PackedNative(0), block=BlockScale([16], UE4M3), tensor=F32)"
+    )
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("q4s/native/block32:f8", "unknown scale dtype 'f8' in 'q4s/native/block32:f8'"),
+        ("q9s/native/tensor", "unknown value 'q9s' in 'q9s/native/tensor'"),
+        ("Q4S/native/tensor", "unknown value 'Q4S'"),
+        ("q4s/packed/tensor", "unknown store 'packed' in"),
+        ("q4s/packed_u320/tensor", "unknown store 'packed_u320'"),
+        ("q4s/packed_native_0/tensor", "unknown store 'packed_native_0'"),
+        ("q4s/packed_native01/tensor", "unknown store 'packed_native01'"),
+        ("q4s/native/", "unknown levels ''"),
+        ("q4s/native/per_tensor", "unknown levels 'per_tensor'"),
+        ("q4s/native/tensor:", "unknown scale dtype ''"),
+        ("q4s/native/block32", "block level 'block32' in 'q4s/native/block32' has no scale dtype"),
+        ("q4s/native/block:f16", "bad block size 'block'"),
+        ("q4s/native/block32x:f16", "bad block size 'block32x'"),
+        ("q4s/native/block032:f16", "bad block size 'block032'"),
+        ("q4s/native/block0:f16", "positive"),
+        ("q4s/native/block1x32:f16", "leading 1: a block is rank-relative, write 'block32'"),
+        ("q4s/native/block2x2x2x2x2x2:f16", "1 to 5 dimensions"),
+        ("q4s/native/block16:ue4m3+tensor:f16", "stores its per-tensor scale as f32"),
+        ("q4s/native/block16:f32+tensor:f32", "F16 or UE4M3"),
+        ("q4s/native/block16:f16+tensor", "bad second level 'tensor'"),
+        ("q4s/native/tensor:f32+block16:f16", "write the block level first"),
+        ("q4s/native/tensor/symmetric", "unknown mode 'symmetric'"),
+        ("q4s/native", "got 2 parts in 'q4s/native'"),
+        ("q4s/native/tensor/lookup/x", "got 5 parts"),
+        ("nvfp5", "unknown scheme 'nvfp5': not a preset"),
+        ("", "unknown scheme ''"),
+        (" nvfp4", "unknown scheme ' nvfp4'"),
+    ],
+)
+def test_bad_texts_say_what_is_wrong(text, message):
+    with pytest.raises(SchemeError) as e:
+        QuantScheme.parse(text)
+    assert message in str(e.value)
+
+
+def test_parse_takes_a_str():
+    with pytest.raises(TypeError):
+        QuantScheme.parse(b"nvfp4")  # type: ignore[arg-type]
+
+
+# -- round trips over every valid scheme ----------------------------------------------------------
+stores = st.one_of(
+    st.just(QuantStore.Native),
+    st.integers(0, 20).map(QuantStore.packed_u32),
+    st.integers(0, 20).map(QuantStore.packed_native),
+)
+block_sizes = st.lists(st.integers(1, 300), min_size=1, max_size=5)
+
+
+@st.composite
+def schemes(draw):
+    s = QuantScheme(draw(st.sampled_from(QuantValue)), draw(stores), draw(st.sampled_from(QuantMode)))
+    level = draw(st.sampled_from(["none", "tensor", "block", "two"]))
+    if level == "tensor":
+        s = s.per_tensor(draw(st.sampled_from(ScaleDtype)))
+    elif level == "block":
+        s = s.per_block(draw(block_sizes), draw(st.sampled_from(ScaleDtype)))
+    elif level == "two":
+        s = s.per_block(draw(block_sizes), draw(st.sampled_from([ScaleDtype.F16, ScaleDtype.UE4M3])))
+        s = s.per_tensor(ScaleDtype.F32)
+    return s
+
+
+@settings(max_examples=400, deadline=None)
+@given(schemes())
+def test_parse_inverts_str(s):
+    text = str(s)
+    assert QuantScheme.parse(text) == s
+    assert str(QuantScheme.parse(text)) == text
+
+
+TOKENS = [
+    "q8f", "q4s", "e2m1", "e4m3", "/", "native", "packed_u32_", "packed_native", "0", "1", "7",
+    "32", "x", "block", "tensor", ":", "f16", "f32", "ue4m3", "ue8m0", "bf16", "+", "lookup", "_",
+]
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(st.sampled_from(TOKENS), max_size=12).map("".join))
+def test_only_canonical_texts_parse(text):
+    """Whatever parses prints back as the very same text: one spelling per scheme."""
+    try:
+        s = QuantScheme.parse(text)
+    except SchemeError as e:
+        assert repr(text) in str(e)
+        return
+    assert str(s) == text
