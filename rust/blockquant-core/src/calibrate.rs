@@ -9,6 +9,7 @@ use rayon::prelude::*;
 
 use crate::input::Input;
 use crate::layout::Layout;
+use crate::simd::avx2_dispatch;
 
 /// How α is measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -180,21 +181,9 @@ fn mean(sum: f64, count: usize) -> f32 {
     }
 }
 
-/// max |x| of a slice (AVX2 build when the CPU has it).
-#[inline]
-pub(crate) fn max_abs(xs: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2() {
-        // SAFETY: the CPU supports AVX2, checked at run time just above.
-        return unsafe { max_abs_avx2(xs) };
-    }
-    max_abs_portable(xs)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn max_abs_avx2(xs: &[f32]) -> f32 {
-    max_abs_portable(xs)
+avx2_dispatch! {
+    /// max |x| of a slice.
+    pub(crate) fn max_abs[](xs: &[f32]) -> f32 => max_abs_portable;
 }
 
 /// Written so it compiles to packed max instructions: 8 independent lanes.

@@ -11,6 +11,7 @@ use crate::codec::{field_is_valid, Encode};
 use crate::error::{QuantError, Result};
 use crate::input::{Input, Window};
 use crate::layout::Layout;
+use crate::simd::avx2_dispatch;
 
 /// Codes are produced and consumed in stack buffers of this many values.
 const BUF: usize = 2048;
@@ -281,39 +282,17 @@ pub fn encode_range<C: Encode>(
     bad
 }
 
-/// [`encode_range`] on f32 values, `xs[0]` being element `x_start` of the tensor. Takes the AVX2
-/// build of the loop when the CPU has it (same results: the code only widens the vectors, it
-/// never reorders or fuses the arithmetic).
-#[inline]
-pub fn encode_range_f32<C: Encode>(
-    codec: C,
-    xs: &[f32],
-    x_start: usize,
-    layout: &Layout,
-    effective: ScaleSlice<'_>,
-    start: usize,
-    out: &mut [u8],
-) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2() {
-        // SAFETY: the CPU supports AVX2, checked at run time just above.
-        return unsafe { encode_range_avx2(codec, xs, x_start, layout, effective, start, out) };
-    }
-    encode_range_portable(codec, xs, x_start, layout, effective, start, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn encode_range_avx2<C: Encode>(
-    codec: C,
-    xs: &[f32],
-    x_start: usize,
-    layout: &Layout,
-    effective: ScaleSlice<'_>,
-    start: usize,
-    out: &mut [u8],
-) -> bool {
-    encode_range_portable(codec, xs, x_start, layout, effective, start, out)
+avx2_dispatch! {
+    /// [`encode_range`] on f32 values, `xs[0]` being element `x_start` of the tensor.
+    pub fn encode_range_f32[C: Encode](
+        codec: C,
+        xs: &[f32],
+        x_start: usize,
+        layout: &Layout,
+        effective: ScaleSlice<'_>,
+        start: usize,
+        out: &mut [u8],
+    ) -> bool => encode_range_portable;
 }
 
 #[inline(always)]
@@ -518,35 +497,16 @@ impl OutElem for BF16Bits {
     }
 }
 
-/// Decode a flat range's codes (given in `codes`) against their scales into `out`.
-#[inline]
-fn decode_range<D: Decode, O: OutElem>(
-    dec: D,
-    layout: &Layout,
-    effective: &[f32],
-    start: usize,
-    codes: &[u8],
-    out: &mut [O],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2() {
-        // SAFETY: the CPU supports AVX2, checked at run time just above.
-        return unsafe { decode_range_avx2(dec, layout, effective, start, codes, out) };
-    }
-    decode_range_portable(dec, layout, effective, start, codes, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn decode_range_avx2<D: Decode, O: OutElem>(
-    dec: D,
-    layout: &Layout,
-    effective: &[f32],
-    start: usize,
-    codes: &[u8],
-    out: &mut [O],
-) {
-    decode_range_portable(dec, layout, effective, start, codes, out)
+avx2_dispatch! {
+    /// Decode a flat range's codes (given in `codes`) against their scales into `out`.
+    fn decode_range[D: Decode, O: OutElem](
+        dec: D,
+        layout: &Layout,
+        effective: &[f32],
+        start: usize,
+        codes: &[u8],
+        out: &mut [O],
+    ) => decode_range_portable;
 }
 
 #[inline(always)]

@@ -8,6 +8,7 @@ use crate::codec::{decode_table, minifloat, Encode, FloatCode, IntHalfAway, IntH
 use crate::error::{QuantError, Result};
 use crate::input::{Input, Window};
 use crate::layout::Layout;
+use crate::simd::avx2_dispatch;
 use crate::pack::{
     encode_range, encode_words_last_axis, for_each_segment, BF16Bits, F16Bits, IntDecode, OutElem,
     ScaleSlice, Segments, Storage, StorageMut, TableDecode, Word,
@@ -372,37 +373,17 @@ fn fused_with<C: Encode>(
     (stored, bad)
 }
 
-/// The stored scale of every block of a piece.
-#[inline]
-fn measure_piece(
-    x: &[f32],
-    layout: &Layout,
-    p: &Piece,
-    sc: &mut [f32],
-    opts: &QuantizeOptions,
-    dtype: ScaleDtype,
-    half_range: f32,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2() {
-        // SAFETY: the CPU supports AVX2, checked at run time just above.
-        return unsafe { measure_piece_avx2(x, layout, p, sc, opts, dtype, half_range) };
-    }
-    measure_piece_portable(x, layout, p, sc, opts, dtype, half_range)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn measure_piece_avx2(
-    x: &[f32],
-    layout: &Layout,
-    p: &Piece,
-    sc: &mut [f32],
-    opts: &QuantizeOptions,
-    dtype: ScaleDtype,
-    half_range: f32,
-) {
-    measure_piece_portable(x, layout, p, sc, opts, dtype, half_range)
+avx2_dispatch! {
+    /// The stored scale of every block of a piece (`x` holds just the piece).
+    fn measure_piece[](
+        x: &[f32],
+        layout: &Layout,
+        p: &Piece,
+        sc: &mut [f32],
+        opts: &QuantizeOptions,
+        dtype: ScaleDtype,
+        half_range: f32,
+    ) => measure_piece_portable;
 }
 
 #[inline(always)]
