@@ -37,6 +37,26 @@ pub const E5M2: MiniFloat = MiniFloat {
     all_ones_nan: false,
 };
 
+/// IEEE binary16, as a scale dtype (finite values only are ever produced).
+pub const F16: MiniFloat = MiniFloat {
+    exp_bits: 5,
+    man_bits: 10,
+    bias: 15,
+    max_code: 0x7BFF,
+    ieee_specials: true,
+    all_ones_nan: false,
+};
+
+/// bfloat16, as a scale dtype.
+pub const BF16: MiniFloat = MiniFloat {
+    exp_bits: 8,
+    man_bits: 7,
+    bias: 127,
+    max_code: 0x7F7F,
+    ieee_specials: true,
+    all_ones_nan: false,
+};
+
 pub const E2M1: MiniFloat = MiniFloat {
     exp_bits: 2,
     man_bits: 1,
@@ -55,7 +75,7 @@ impl MiniFloat {
 
     /// The largest finite magnitude.
     pub fn max_value(&self) -> f32 {
-        self.decode(self.max_code as u8)
+        self.magnitude_value(self.max_code)
     }
 
     /// Encode a finite f32: round to nearest, ties to even; |x| ≥ max gives ±max. −0 keeps its
@@ -100,6 +120,55 @@ impl MiniFloat {
             } else {
                 round_shift_rne(m, shift)
             }
+        }
+    }
+
+    /// The code of a finite `s ≥ 0` rounded to nearest (ties to even) or up (the smallest value
+    /// ≥ s), saturating at the largest value. Used for scales; branch-light so it vectorizes.
+    #[inline(always)]
+    pub fn round_magnitude(&self, s: f32, up: bool) -> u32 {
+        let abs = s.to_bits() & 0x7FFF_FFFF;
+        if abs >= self.max_value_bits() {
+            return self.max_code;
+        }
+        let shift_round = |v: u32, shift: u32| {
+            if up {
+                (v >> shift) + ((v & ((1u32 << shift) - 1)) != 0) as u32
+            } else {
+                round_shift_rne(v, shift)
+            }
+        };
+        let f32_exp = (abs >> 23) as i32;
+        let emin = 1 - self.bias;
+        if f32_exp - 127 >= emin {
+            let rebias = ((127 - self.bias) as u32) << 23;
+            shift_round(abs - rebias, 23 - self.man_bits)
+        } else {
+            let m = if f32_exp == 0 {
+                abs
+            } else {
+                (abs & 0x7F_FFFF) | 0x80_0000
+            };
+            let e = f32_exp.max(1) - 127;
+            let shift = (23 + emin - self.man_bits as i32 - e) as u32;
+            if shift >= 25 {
+                // Below half the smallest value: 0, or the smallest value when rounding up.
+                (up && abs != 0) as u32
+            } else {
+                shift_round(m, shift)
+            }
+        }
+    }
+
+    /// The value of a non-negative finite code (≤ `max_code`), built from bits.
+    #[inline(always)]
+    pub fn magnitude_value(&self, code: u32) -> f32 {
+        let e = code >> self.man_bits;
+        let m = code & ((1 << self.man_bits) - 1);
+        if e == 0 {
+            m as f32 * exp2i(1 - self.bias - self.man_bits as i32)
+        } else {
+            f32::from_bits((((e as i32 - self.bias + 127) as u32) << 23) | (m << (23 - self.man_bits)))
         }
     }
 

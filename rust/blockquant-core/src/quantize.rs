@@ -142,14 +142,14 @@ pub fn compute_scales(
         }
         check_scales(given, "scales")?;
         check_global(layout, ex.global, true)?;
-        let stored: Vec<f32> = given.iter().map(|&s| dtype.round(s, mode)).collect();
+        let stored: Vec<f32> = given.par_iter().with_min_len(MIN_TASK_ELEMS).map(|&s| dtype.round(s, mode)).collect();
         return Scales::from_stored(layout, stored, ex.global);
     }
 
     let value = scheme.value;
     let half_range = value.half_range();
     let alpha = amplitudes(x, layout, opts.calibration);
-    let raw: Vec<f32> = alpha.iter().map(|&a| a / half_range).collect();
+    let raw: Vec<f32> = alpha.par_iter().with_min_len(MIN_TASK_ELEMS).map(|&a| a / half_range).collect();
     if scheme.is_two_level() {
         // g maps the largest raw block scale onto the block dtype's largest value.
         let max_raw = raw.iter().fold(0.0f32, |m, &s| if s > m { s } else { m });
@@ -160,17 +160,18 @@ pub fn compute_scales(
         };
         // A caller's g of 0 leaves nothing to normalize by: every block quantizes to 0.
         let stored: Vec<f32> = raw
-            .iter()
+            .par_iter()
+            .with_min_len(MIN_TASK_ELEMS)
             .map(|&s| dtype.round(if g == 0.0 { 0.0 } else { s / g }, mode))
             .collect();
-        let effective = stored.iter().map(|&b| effective_scale(b, g)).collect();
+        let effective = stored.par_iter().with_min_len(MIN_TASK_ELEMS).map(|&b| effective_scale(b, g)).collect();
         Ok(Scales {
             stored,
             global: Some(g),
             effective,
         })
     } else {
-        let stored: Vec<f32> = raw.iter().map(|&s| dtype.round(s, mode)).collect();
+        let stored: Vec<f32> = raw.par_iter().with_min_len(MIN_TASK_ELEMS).map(|&s| dtype.round(s, mode)).collect();
         Ok(Scales {
             effective: stored.clone(),
             stored,

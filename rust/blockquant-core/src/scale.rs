@@ -7,7 +7,7 @@
 use half::{bf16, f16};
 
 use crate::error::{QuantError, Result};
-use crate::minifloat::{exp2i, E4M3};
+use crate::minifloat::{exp2i, BF16, E4M3, F16};
 use crate::scheme::ScaleDtype;
 
 /// How a raw scale becomes a stored one.
@@ -21,8 +21,6 @@ pub enum ScaleRounding {
     Nearest,
 }
 
-const F16_MAX_BITS: u16 = 0x7BFF;
-const BF16_MAX_BITS: u16 = 0x7F7F;
 const UE8M0_MAX_CODE: u32 = 254;
 
 impl ScaleDtype {
@@ -31,7 +29,7 @@ impl ScaleDtype {
         match self {
             Self::F32 => f32::MAX,
             Self::F16 => 65504.0,
-            Self::BF16 => bf16::from_bits(BF16_MAX_BITS).to_f32(),
+            Self::BF16 => BF16.max_value(),
             Self::UE8M0 => exp2i(127),
             Self::UE4M3 => 448.0,
         }
@@ -54,68 +52,35 @@ impl ScaleDtype {
     }
 
     /// Round a scale (finite, ≥ 0) to this dtype; returns the stored code. −0 is stored as +0.
+    #[inline(always)]
     pub fn round_code(self, s: f32, mode: ScaleRounding) -> u32 {
         let s = if s == 0.0 { 0.0 } else { s };
-        let nearest = self.nearest_code(s);
-        match mode {
-            ScaleRounding::Nearest => nearest,
-            ScaleRounding::Up if self.decode_code(nearest) < s && nearest < self.max_code() => {
-                nearest + 1
-            }
-            ScaleRounding::Up => nearest,
+        let up = mode == ScaleRounding::Up;
+        match self {
+            Self::F32 => s.to_bits(),
+            Self::F16 => F16.round_magnitude(s, up),
+            Self::BF16 => BF16.round_magnitude(s, up),
+            Self::UE4M3 => E4M3.round_magnitude(s, up),
+            Self::UE8M0 => ue8m0_round(s, up),
         }
     }
 
     /// Round a scale (finite, ≥ 0) to this dtype and return the stored value as f32 (exact).
-    #[inline]
+    #[inline(always)]
     pub fn round(self, s: f32, mode: ScaleRounding) -> f32 {
+        let code = self.round_code(s, mode);
         match self {
-            // The identity: skip the code round trip on the hot path.
-            Self::F32 => {
-                if s == 0.0 {
-                    0.0
-                } else {
-                    s
-                }
-            }
-            _ => self.decode_code(self.round_code(s, mode)),
-        }
-    }
-
-    /// The code of the largest finite value.
-    fn max_code(self) -> u32 {
-        match self {
-            Self::F32 => f32::MAX.to_bits(),
-            Self::F16 => F16_MAX_BITS as u32,
-            Self::BF16 => BF16_MAX_BITS as u32,
-            Self::UE8M0 => UE8M0_MAX_CODE,
-            Self::UE4M3 => E4M3.max_code,
+            Self::F32 => f32::from_bits(code),
+            Self::F16 => F16.magnitude_value(code),
+            Self::BF16 => BF16.magnitude_value(code),
+            Self::UE4M3 => E4M3.magnitude_value(code),
+            Self::UE8M0 => exp2i(code as i32 - 127),
         }
     }
 
     /// Round to nearest, ties to even, saturating at the largest value.
     fn nearest_code(self, s: f32) -> u32 {
-        match self {
-            Self::F32 => s.to_bits(),
-            Self::F16 => {
-                let h = f16::from_f32(s);
-                if h.is_infinite() {
-                    F16_MAX_BITS as u32
-                } else {
-                    h.to_bits() as u32
-                }
-            }
-            Self::BF16 => {
-                let h = bf16::from_f32(s);
-                if h.is_infinite() {
-                    BF16_MAX_BITS as u32
-                } else {
-                    h.to_bits() as u32
-                }
-            }
-            Self::UE4M3 => E4M3.encode(s) as u32,
-            Self::UE8M0 => ue8m0_nearest(s),
-        }
+        self.round_code(s, ScaleRounding::Nearest)
     }
 
     /// The value of a stored code.
@@ -161,18 +126,25 @@ impl ScaleDtype {
     }
 }
 
-/// UE8M0 nearest: a float with no mantissa bits, so RNE on the f32 bit pattern decides between
-/// two powers of two; ties go to the even exponent code. No zero: 0 and tiny values give 2^-127.
-fn ue8m0_nearest(s: f32) -> u32 {
+/// UE8M0: a float with no mantissa bits. Nearest is RNE on the f32 bit pattern between two
+/// powers of two, ties to the even exponent code; up is 2^ceil(log2 s). No zero: 0 and tiny
+/// values give 2^-127 (code 0); everything saturates at 2^127 (code 254).
+#[inline(always)]
+fn ue8m0_round(s: f32, up: bool) -> u32 {
     let bits = s.to_bits();
     let exp = bits >> 23;
     let man = bits & 0x7F_FFFF;
     let code = if exp == 0 {
         // f32 subnormal: between 2^-127 (code 0, mantissa 0x40_0000) and 2^-126 (code 1).
-        (man > 0x60_0000) as u32
+        if up {
+            (man > 0x40_0000) as u32
+        } else {
+            (man > 0x60_0000) as u32
+        }
+    } else if up {
+        exp + (man != 0) as u32
     } else {
-        let up = (man > 0x40_0000) || (man == 0x40_0000 && exp & 1 == 1);
-        exp + up as u32
+        exp + ((man > 0x40_0000) || (man == 0x40_0000 && exp & 1 == 1)) as u32
     };
     code.min(UE8M0_MAX_CODE)
 }
@@ -250,6 +222,31 @@ mod tests {
                 // Below the smallest value: up gives it, nearest gives 0 below half of it.
                 assert_eq!(d.round(tiny / 4.0, Up), tiny, "{d}");
                 assert_eq!(d.round(tiny / 4.0, Nearest), 0.0, "{d}");
+            }
+        }
+    }
+
+    /// The bit-level rounding agrees with the `half` crate's conversions (nearest) and is the
+    /// tightest upper bound (up), over a sweep of every 1031st positive f32.
+    #[test]
+    fn half_precision_rounding_matches_the_half_crate() {
+        for bits in (0..0x7F80_0000u32).step_by(1031) {
+            let s = f32::from_bits(bits);
+            let h = f16::from_f32(s);
+            let want = if h.is_infinite() { 65504.0 } else { h.to_f32() };
+            assert_eq!(ScaleDtype::F16.round(s, Nearest).to_bits(), want.to_bits(), "f16 {s:e}");
+            let b = bf16::from_f32(s);
+            let want = if b.is_infinite() { ScaleDtype::BF16.max_value() } else { b.to_f32() };
+            assert_eq!(ScaleDtype::BF16.round(s, Nearest).to_bits(), want.to_bits(), "bf16 {s:e}");
+            for d in [ScaleDtype::F16, ScaleDtype::BF16, ScaleDtype::UE4M3, ScaleDtype::UE8M0] {
+                let up = d.round(s, Up);
+                let code = d.round_code(s, Up);
+                if s <= d.max_value() {
+                    assert!(up >= s, "{d} up {s:e} -> {up:e}");
+                    if code > 0 {
+                        assert!(d.decode_code(code - 1) < s, "{d} up {s:e} not tight");
+                    }
+                }
             }
         }
     }
