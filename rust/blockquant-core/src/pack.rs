@@ -150,41 +150,56 @@ impl<'a> ScaleSlice<'a> {
 }
 
 /// Pack consecutive codes into words, `per` fields per word, the first in the low bits; a last
-/// partial word gets zero padding. `per` is a compile-time constant in each arm, so the shifts
-/// and masks are constants and the loop vectorizes.
+/// partial word gets zero padding. Eight codes at a time are squeezed together with shifts and
+/// masks inside one u64 (SWAR), which is little-endian bytes of the words either way.
 #[inline]
 fn pack_fields<W: Word>(codes: &[u8], words: &mut [W], per: usize) {
-    match per {
-        1 => pack_fields_n::<W, 1>(codes, words),
-        2 => pack_fields_n::<W, 2>(codes, words),
-        4 => pack_fields_n::<W, 4>(codes, words),
-        8 => pack_fields_n::<W, 8>(codes, words),
-        16 => pack_fields_n::<W, 16>(codes, words),
-        _ => unreachable!("values per word is 1, 2, 4, 8 or 16"),
+    let bits = (W::BITS as usize) / per;
+    if bits == 8 && W::BITS == 8 {
+        words.iter_mut().zip(codes).for_each(|(w, &c)| *w = W::from_u32(c as u32));
+        return;
+    }
+    let mask = ((1u16 << bits) - 1) as u8;
+    let mut bytes = [0u8; BUF + 8];
+    let full = codes.len() / 8;
+    for (i, c8) in codes.chunks_exact(8).enumerate() {
+        let x = u64::from_le_bytes(c8.try_into().expect("8 codes"));
+        let v = squeeze8(x, bits);
+        bytes[i * bits..(i + 1) * bits].copy_from_slice(&v.to_le_bytes()[..bits]);
+    }
+    let mut bit = full * 8 * bits;
+    for &c in &codes[full * 8..] {
+        bytes[bit / 8] |= (c & mask) << (bit % 8);
+        bit += bits;
+    }
+    let wb = W::BITS as usize / 8;
+    for (w, b) in words.iter_mut().zip(bytes.chunks_exact(wb)) {
+        let mut v = 0u32;
+        for (k, &byte) in b.iter().enumerate() {
+            v |= (byte as u32) << (8 * k);
+        }
+        *w = W::from_u32(v);
     }
 }
 
+/// Eight byte-wide fields of `x` (low `bits` of each kept) packed into the low 8·bits bits.
 #[inline(always)]
-fn pack_fields_n<W: Word, const PER: usize>(codes: &[u8], words: &mut [W]) {
-    let bits = W::BITS / PER as u32;
-    let mask = if bits == 32 { u32::MAX } else { (1u32 << bits) - 1 };
-    let mut chunks = codes.chunks_exact(PER);
-    let mut full = 0;
-    for (w, c) in words.iter_mut().zip(&mut chunks) {
-        let mut acc = 0u32;
-        for (t, &f) in c.iter().enumerate() {
-            acc |= (f as u32 & mask) << (t as u32 * bits);
+fn squeeze8(x: u64, bits: usize) -> u64 {
+    match bits {
+        8 => x,
+        4 => {
+            let x = x & 0x0F0F_0F0F_0F0F_0F0F;
+            let x = (x | (x >> 4)) & 0x00FF_00FF_00FF_00FF;
+            let x = (x | (x >> 8)) & 0x0000_FFFF_0000_FFFF;
+            (x | (x >> 16)) & 0xFFFF_FFFF
         }
-        *w = W::from_u32(acc);
-        full += 1;
-    }
-    let rem = chunks.remainder();
-    if !rem.is_empty() {
-        let mut acc = 0u32;
-        for (t, &f) in rem.iter().enumerate() {
-            acc |= (f as u32 & mask) << (t as u32 * bits);
+        2 => {
+            let x = x & 0x0303_0303_0303_0303;
+            let x = (x | (x >> 6)) & 0x000F_000F_000F_000F;
+            let x = (x | (x >> 12)) & 0x0000_00FF_0000_00FF;
+            (x | (x >> 24)) & 0xFFFF
         }
-        words[full] = W::from_u32(acc);
+        _ => unreachable!("fields are 2, 4 or 8 bits"),
     }
 }
 
