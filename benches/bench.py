@@ -189,14 +189,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         xs = x.reshape(case["shape"])
         s = case["scheme"]
         cal = "absmean" if s == bq.presets.bitnet() else "minmax"
-        bq_q = median_time(lambda: bq.quantize(xs, s, calibration=cal), args.repeat)
-        ref_q = median_time(lambda: ref.quantize(xs, s, calibration=cal), args.ref_repeat, warmup=0)
+        bq_q = median_time(lambda: bq.quantize(xs, s, calibration=cal), args.repeat)  # noqa: B023 - called at once
+        ref_q = median_time(lambda: ref.quantize(xs, s, calibration=cal), args.ref_repeat, warmup=0)  # noqa: B023 - called at once
         qt = bq.quantize(xs, s)
         rq = ref.quantize(xs, s)
         bq_d = median_time(qt.dequantize, args.repeat)
         ref_d = median_time(rq.dequantize, args.ref_repeat, warmup=0)
         bq.set_num_threads(1)
-        one_q = median_time(lambda: bq.quantize(xs, s, calibration=cal), max(3, args.repeat // 2))
+        one_q = median_time(lambda: bq.quantize(xs, s, calibration=cal), max(3, args.repeat // 2))  # noqa: B023 - called at once
         bq.set_num_threads(0)
         r = dict(
             name=case["name"], scheme=repr(s), shape=list(case["shape"]),

@@ -1,5 +1,25 @@
+import os
+
 import numpy as np
 import pytest
+
+# tests/fuzz/ holds the atheris target, run by hand or by tests/fuzz/run.sh, not by pytest.
+collect_ignore = ["fuzz"]
+
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # pragma: no cover - hypothesis is in the test extra
+    pass
+else:
+    # A modest default keeps the suite fast; BLOCKQUANT_HYPOTHESIS_EXAMPLES=5000 digs deeper.
+    settings.register_profile(
+        "blockquant",
+        max_examples=int(os.environ.get("BLOCKQUANT_HYPOTHESIS_EXAMPLES", "300")),
+        deadline=None,  # the first call of a kernel builds the thread pool
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        print_blob=True,
+    )
+    settings.load_profile("blockquant")
 
 
 @pytest.fixture

@@ -8,14 +8,15 @@ import struct
 import subprocess
 import sys
 
-import blockquant as bq
 import ml_dtypes
 import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
+
+import blockquant as bq
 from blockquant import QuantScheme
 from blockquant.checkpoint import SafetensorsWriter, quantize_file
 from blockquant.cli import ProgressBar, _bench_script, main
-from safetensors.numpy import load_file, save_file
 
 
 # -- an independent, minimal safetensors codec (not the one under test) -------------------------

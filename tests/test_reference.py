@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import math
 
-import blockquant.reference as ref
 import ml_dtypes
 import numpy as np
 import pytest
+
+import blockquant.reference as ref
 from blockquant.errors import (
     LayoutError,
     MissingGlobalScaleError,

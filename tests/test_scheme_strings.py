@@ -1,10 +1,11 @@
 """The text form of a scheme: QuantScheme.parse and str() are exact inverses."""
 
-import blockquant as bq
 import pytest
-from blockquant import QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype, SchemeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import blockquant as bq
+from blockquant import QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype, SchemeError
 
 PRESET_TEXT = {
     "int8": "q8s/native/tensor:f32",

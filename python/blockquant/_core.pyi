@@ -5,6 +5,20 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 import numpy.typing as npt
 
+# PyO3 gives the module an __all__ of its functions, in registration order.
+__all__ = [
+    "quantize",
+    "dequantize",
+    "to_bytes",
+    "from_bytes",
+    "check_parts",
+    "round_scale",
+    "layout_info",
+    "set_num_threads",
+    "get_num_threads",
+    "_panic_for_tests",
+]
+
 _SchemeSpec = Tuple[str, str, int, str, Optional[str], Optional[Sequence[int]], Optional[str]]
 _Quantized = Tuple[npt.NDArray[np.generic], npt.NDArray[np.float32], Optional[float]]
 

@@ -691,7 +691,7 @@ def _load_qtensor(ckpt: Checkpoint, e: _Entry) -> QTensor:
     except QuantError as err:
         raise ckpt.error(e.name, str(err)) from None
     blob = bytearray()
-    for (key, part), (_, dtype, shape, _) in zip(e.parts.items(), expected):
+    for (_key, part), (_, dtype, shape, _) in zip(e.parts.items(), expected):
         t = ckpt.info(part)
         if t.dtype != dtype or t.shape != shape:
             raise ckpt.error(

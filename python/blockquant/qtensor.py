@@ -237,7 +237,7 @@ class QTensor:
         if not isinstance(values, np.ndarray):
             raise TypeError(f"values must be a numpy array, got {type(values).__name__}")
         storage_shape, storage_dtype, grid, _ = _core.layout_info(scheme._spec(), shape)
-        if values.dtype != np.dtype(storage_dtype):
+        if values.dtype.newbyteorder("=") != np.dtype(storage_dtype):
             raise LayoutError(
                 f"values for {scheme!r} are stored as {storage_dtype}, got {values.dtype}"
             )
@@ -406,10 +406,12 @@ def round_scale(arr: Any, dtype: ScaleDtype, mode: str = "up") -> np.ndarray:
     if bad.any():
         i = int(np.flatnonzero(bad.ravel())[0])
         raise ScaleError(f"scales must be finite and >= 0, got {a64.ravel()[i]} at index {i}")
-    # float64 → float32 first (RNE), exactly as the core receives every scale; saturation of
-    # values past f32's range is the dtype's business below.
+    # float64 → float32 first (RNE), exactly as the core receives every scale; a scale past
+    # f32's range is an error, as for quantize(scales=...) and the reference.
     with np.errstate(over="ignore"):
         a32 = a64.astype(np.float32)
-    a32 = np.where(np.isinf(a32), np.float32(np.finfo(np.float32).max), a32)
+    if np.isinf(a32).any():
+        i = int(np.flatnonzero(np.isinf(a32).ravel())[0])
+        raise ScaleError(f"scales must fit in float32, got {a64.ravel()[i]} at index {i}")
     out = _core.round_scale(np.ascontiguousarray(a32), dtype.value, mode)
     return out.reshape(a.shape)

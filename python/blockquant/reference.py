@@ -360,6 +360,10 @@ def _check_shape(shape) -> tuple[int, ...]:
     dims = tuple(int(d) for d in dims)
     if any(d < 0 for d in dims):
         raise LayoutError(f"a shape has dims >= 0, got {dims}")
+    # numpy cannot make an array whose non-zero dims multiply past its index range (times the
+    # 4-byte elements of uint32 storage and float32 output), even when another dim is 0.
+    if 4 * math.prod(max(d, 1) for d in dims) > np.iinfo(np.intp).max:
+        raise LayoutError(f"shape {dims} has more elements than fit in memory")
     return dims
 
 
@@ -555,7 +559,10 @@ def _check_fit(shape: tuple[int, ...], scheme: QuantScheme) -> None:
 def _input_as_f32(x) -> tuple[np.ndarray, np.ndarray]:
     """(the input as an array, the input as float32 rounded to nearest even); TypeError for
     anything but float16, bfloat16, float32 or float64 (ints, bools, complex, objects...)."""
-    a = np.asarray(x)
+    try:
+        a = np.asarray(x)
+    except ValueError as e:  # a ragged nested list: not an array at all
+        raise TypeError(f"quantize takes an array of floats: {e}") from None
     if a.dtype.name == "bfloat16":
         return a, a.astype(np.float32)
     if a.dtype.kind != "f" or a.dtype.itemsize not in (2, 4, 8):

@@ -12,7 +12,9 @@ pub fn to_bytes(layout: &Layout, storage: Storage<'_>, scales: &Scales) -> Vec<u
     let mut out = Vec::with_capacity(layout.total_bytes());
     match storage {
         Storage::U8(b) => out.extend_from_slice(b),
-        Storage::U32(ws) => ws.iter().for_each(|w| out.extend_from_slice(&w.to_le_bytes())),
+        Storage::U32(ws) => ws
+            .iter()
+            .for_each(|w| out.extend_from_slice(&w.to_le_bytes())),
     }
     for &s in &scales.stored {
         dtype.write_le(s, &mut out);
@@ -47,9 +49,17 @@ pub fn from_bytes<'a>(layout: &Layout, data: &'a [u8]) -> Result<Parts<'a>> {
     let dtype = layout.scheme.scale_dtype();
     let sb = dtype.size_bytes();
     let (scale_bytes, global_bytes) = rest.split_at(layout.num_scales * sb);
-    let stored: Vec<f32> = scale_bytes.chunks_exact(sb).map(|c| dtype.read_le(c)).collect();
+    let stored: Vec<f32> = scale_bytes
+        .chunks_exact(sb)
+        .map(|c| dtype.read_le(c))
+        .collect();
     let global = (global_bytes.len() == 4).then(|| {
-        f32::from_le_bytes([global_bytes[0], global_bytes[1], global_bytes[2], global_bytes[3]])
+        f32::from_le_bytes([
+            global_bytes[0],
+            global_bytes[1],
+            global_bytes[2],
+            global_bytes[3],
+        ])
     });
     let scales = Scales::from_stored(layout, stored, global).map_err(|e| match e {
         QuantError::Scale(m) => QuantError::Layout(format!("corrupt scales: {m}")),
@@ -120,11 +130,16 @@ mod tests {
         let layout = Layout::new(&spec_example_scheme(), &[8]).unwrap();
         for len in [0, 13, 15] {
             let err = from_bytes(&layout, &vec![0u8; len]).unwrap_err();
-            assert!(matches!(err, QuantError::Layout(ref m) if m.contains("expected 14 bytes") && m.contains(&format!("got {len}"))));
+            assert!(
+                matches!(err, QuantError::Layout(ref m) if m.contains("expected 14 bytes") && m.contains(&format!("got {len}")))
+            );
         }
         let mut data = vec![0u8; 14];
         data[8] = 0x7F; // a NaN UE4M3 scale
-        assert!(matches!(from_bytes(&layout, &data), Err(QuantError::Layout(_))));
+        assert!(matches!(
+            from_bytes(&layout, &data),
+            Err(QuantError::Layout(_))
+        ));
     }
 }
 
@@ -154,7 +169,11 @@ mod fuzz_tests {
         let shapes: [&[usize]; 5] = [&[], &[0], &[7], &[3, 5], &[2, 3, 9]];
         let mut accepted = 0;
         for value in QuantValue::ALL {
-            for store in [QuantStore::Native, QuantStore::PackedU32(0), QuantStore::PackedNative(1)] {
+            for store in [
+                QuantStore::Native,
+                QuantStore::PackedU32(0),
+                QuantStore::PackedNative(1),
+            ] {
                 for levels in 0..3 {
                     let s = QuantScheme::default().with_value(value).with_store(store);
                     let s = match levels {
@@ -166,23 +185,35 @@ mod fuzz_tests {
                             .per_tensor(ScaleDtype::F32),
                     };
                     for shape in shapes {
-                        let Ok(layout) = Layout::new(&s, shape) else { continue };
+                        let Ok(layout) = Layout::new(&s, shape) else {
+                            continue;
+                        };
                         let n = layout.total_bytes();
                         for len in [n, n.saturating_sub(1), n + 1] {
                             let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
-                            let Ok(parts) = from_bytes(&layout, &data) else { continue };
+                            let Ok(parts) = from_bytes(&layout, &data) else {
+                                continue;
+                            };
                             accepted += 1;
                             let st = storage_of(&layout, parts.storage);
                             assert_eq!(to_bytes(&layout, st.as_storage(), &parts.scales), data);
                             let _ = check_storage(&layout, st.as_storage());
                             let mut out = vec![0.0f32; layout.num_elements];
-                            dequantize(&layout, st.as_storage(), &parts.scales.effective, Output::F32(&mut out));
+                            dequantize(
+                                &layout,
+                                st.as_storage(),
+                                &parts.scales.effective,
+                                Output::F32(&mut out),
+                            );
                         }
                     }
                 }
             }
         }
-        assert!(accepted > 100, "the generator should produce valid layouts too ({accepted})");
+        assert!(
+            accepted > 100,
+            "the generator should produce valid layouts too ({accepted})"
+        );
     }
 
     enum Owned {
@@ -199,7 +230,12 @@ mod fuzz_tests {
     }
     fn storage_of(layout: &Layout, bytes: &[u8]) -> Owned {
         if layout.packing.word_bits == 32 {
-            Owned::U32(bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+            Owned::U32(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            )
         } else {
             Owned::U8(bytes.to_vec())
         }

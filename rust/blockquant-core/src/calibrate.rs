@@ -78,8 +78,8 @@ fn for_each_row_in_grid_row(layout: &Layout, g: usize, mut f: impl FnMut(usize))
     let mut idx = lo.clone();
     loop {
         let mut row = 0;
-        for ax in 0..lead {
-            row = row * layout.dims[ax] + idx[ax];
+        for (d, i) in layout.dims[..lead].iter().zip(&idx[..lead]) {
+            row = row * d + i;
         }
         f(row);
         // Odometer over the leading axes, innermost fastest.

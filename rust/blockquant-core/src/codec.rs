@@ -125,8 +125,7 @@ pub fn field_is_valid(value: QuantValue, packing: &Packing, field: u32) -> bool 
             if field >> bits != 0 {
                 return false; // Native E2M1 with a non-zero high nibble
             }
-            fmt.decode(field as u8).is_finite()
-                && fmt.decode(field as u8).abs() <= fmt.max_value()
+            fmt.decode(field as u8).is_finite() && fmt.decode(field as u8).abs() <= fmt.max_value()
         }
         None => {
             let w = packing.field_bits;
@@ -186,7 +185,11 @@ mod tests {
         };
         let mut x = -10.0f32;
         while x < 10.0 {
-            assert_eq!(away.encode(x) as i8, x.round().clamp(-8.0, 7.0) as i8, "{x}");
+            assert_eq!(
+                away.encode(x) as i8,
+                x.round().clamp(-8.0, 7.0) as i8,
+                "{x}"
+            );
             assert_eq!(
                 even.encode(x) as i8,
                 x.round_ties_even().clamp(-8.0, 7.0) as i8,

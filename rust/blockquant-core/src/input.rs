@@ -47,7 +47,9 @@ impl<'a> Input<'a> {
         match self {
             Self::F32(x) => out.copy_from_slice(&x[start..end]),
             // `half` converts with F16C when the CPU has it; the conversion is exact.
-            Self::F16(x) => x[start..end].reinterpret_cast::<half::f16>().convert_to_f32_slice(out),
+            Self::F16(x) => x[start..end]
+                .reinterpret_cast::<half::f16>()
+                .convert_to_f32_slice(out),
             Self::BF16(x) => {
                 for (o, &b) in out.iter_mut().zip(&x[start..end]) {
                     *o = f32::from_bits((b as u32) << 16);

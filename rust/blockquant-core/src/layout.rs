@@ -74,7 +74,9 @@ impl Layout {
         // Also with a 0 dim: numpy refuses shapes whose other dims overflow, and so do we.
         let nonzero: Vec<usize> = dims.iter().map(|&d| d.max(1)).collect();
         checked_product(&nonzero).ok_or_else(|| {
-            QuantError::Layout(format!("shape {shape:?} has more elements than fit in memory"))
+            QuantError::Layout(format!(
+                "shape {shape:?} has more elements than fit in memory"
+            ))
         })?;
         let num_elements = dims.iter().product();
         let (block, grid, per_tensor) = match &scheme.block {
@@ -101,7 +103,9 @@ impl Layout {
         let num_scales = grid.iter().product();
         let packing = packing_for(scheme, &dims)?;
         checked_product(&[packing.num_words(), packing.word_bytes()]).ok_or_else(|| {
-            QuantError::Layout(format!("shape {shape:?} has more elements than fit in memory"))
+            QuantError::Layout(format!(
+                "shape {shape:?} has more elements than fit in memory"
+            ))
         })?;
         Ok(Self {
             scheme: *scheme,

@@ -168,7 +168,9 @@ impl MiniFloat {
         if e == 0 {
             m as f32 * exp2i(1 - self.bias - self.man_bits as i32)
         } else {
-            f32::from_bits((((e as i32 - self.bias + 127) as u32) << 23) | (m << (23 - self.man_bits)))
+            f32::from_bits(
+                (((e as i32 - self.bias + 127) as u32) << 23) | (m << (23 - self.man_bits)),
+            )
         }
     }
 
@@ -203,7 +205,8 @@ impl MiniFloat {
         let value = if exp_field == 0 {
             man as f32 * exp2i(1 - self.bias - self.man_bits as i32)
         } else {
-            ((1 << self.man_bits) | man) as f32 * exp2i(exp_field as i32 - self.bias - self.man_bits as i32)
+            ((1 << self.man_bits) | man) as f32
+                * exp2i(exp_field as i32 - self.bias - self.man_bits as i32)
         };
         sign * value
     }
@@ -281,7 +284,11 @@ mod tests {
                 let lo = fmt.decode(c as u8);
                 let hi = fmt.decode(c as u8 + 1);
                 let mid = ((lo as f64 + hi as f64) / 2.0) as f32;
-                assert_eq!(mid as f64, (lo as f64 + hi as f64) / 2.0, "midpoint exact in f32");
+                assert_eq!(
+                    mid as f64,
+                    (lo as f64 + hi as f64) / 2.0,
+                    "midpoint exact in f32"
+                );
                 let even = if c % 2 == 0 { c } else { c + 1 };
                 assert_eq!(fmt.encode(mid) as u32, even, "{fmt:?} mid {mid}");
                 assert_eq!(fmt.encode(-mid) as u32, even | 1 << fmt.sign_shift());

@@ -156,7 +156,10 @@ impl<'a> ScaleSlice<'a> {
 fn pack_fields<W: Word>(codes: &[u8], words: &mut [W], per: usize) {
     let bits = (W::BITS as usize) / per;
     if bits == 8 && W::BITS == 8 {
-        words.iter_mut().zip(codes).for_each(|(w, &c)| *w = W::from_u32(c as u32));
+        words
+            .iter_mut()
+            .zip(codes)
+            .for_each(|(w, &c)| *w = W::from_u32(c as u32));
         return;
     }
     let mask = ((1u16 << bits) - 1) as u8;
@@ -219,7 +222,11 @@ fn unpack_fields<W: Word>(line: &[W], first: usize, codes: &mut [u8], per: usize
 #[inline(always)]
 fn unpack_fields_n<W: Word, const PER: usize>(line: &[W], first: usize, codes: &mut [u8]) {
     let bits = W::BITS / PER as u32;
-    let mask = if bits == 32 { u32::MAX } else { (1u32 << bits) - 1 };
+    let mask = if bits == 32 {
+        u32::MAX
+    } else {
+        (1u32 << bits) - 1
+    };
     let mut j = 0;
     // Head: fields up to the next word boundary.
     while j < codes.len() && (first + j) % PER != 0 {
@@ -291,7 +298,15 @@ pub fn encode_range<C: Encode>(
         let take = (out.len() - off).min(BUF);
         let pos = start + off;
         x.input.convert(pos - x.start, &mut buf[..take]);
-        bad |= encode_range_f32(codec, &buf[..take], pos, layout, effective, pos, &mut out[off..off + take]);
+        bad |= encode_range_f32(
+            codec,
+            &buf[..take],
+            pos,
+            layout,
+            effective,
+            pos,
+            &mut out[off..off + take],
+        );
         off += take;
     }
     bad
@@ -323,7 +338,12 @@ fn encode_range_portable<C: Encode>(
     let mut bad = false;
     for (pos, len, s) in Segments::new(layout, start, out.len()) {
         let (o, i) = (pos - start, pos - x_start);
-        bad |= encode_run(codec, &xs[i..i + len], effective.get(s), &mut out[o..o + len]);
+        bad |= encode_run(
+            codec,
+            &xs[i..i + len],
+            effective.get(s),
+            &mut out[o..o + len],
+        );
     }
     bad
 }
@@ -556,7 +576,14 @@ pub fn decode_into<D: Decode, O: OutElem>(
                 .enumerate()
                 .for_each(|(ci, chunk)| {
                     let start = ci * MIN_TASK_ELEMS;
-                    decode_range(table, layout, effective, start, &codes[start..start + chunk.len()], chunk)
+                    decode_range(
+                        table,
+                        layout,
+                        effective,
+                        start,
+                        &codes[start..start + chunk.len()],
+                        chunk,
+                    )
                 });
         }
         Storage::U8(words) => unpack_words(table, layout, words, effective, out),
@@ -600,7 +627,14 @@ fn unpack_words<W: Word, D: Decode, O: OutElem>(
                     let w0 = line * nw;
                     unpack_fields(&words[w0..w0 + nw], col, &mut codes[..take], per);
                     let o = pos - start;
-                    decode_range(table, layout, effective, pos, &codes[..take], &mut chunk[o..o + take]);
+                    decode_range(
+                        table,
+                        layout,
+                        effective,
+                        pos,
+                        &codes[..take],
+                        &mut chunk[o..o + take],
+                    );
                     pos += take;
                 }
             });
@@ -658,7 +692,10 @@ pub fn check_storage(layout: &Layout, storage: Storage<'_>) -> Result<()> {
         Ok(())
     };
     match storage {
-        Storage::U8(ws) => ws.iter().enumerate().try_for_each(|(i, &w)| check(i, w as u32)),
+        Storage::U8(ws) => ws
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, &w)| check(i, w as u32)),
         Storage::U32(ws) => ws.iter().enumerate().try_for_each(|(i, &w)| check(i, w)),
     }
 }

@@ -4,17 +4,19 @@
 use rayon::prelude::*;
 
 use crate::calibrate::{amplitudes, run_amplitude, Calibration, MIN_TASK_ELEMS};
-use crate::codec::{decode_table, minifloat, Encode, FloatCode, IntHalfAway, IntHalfEven, Rounding};
+use crate::codec::{
+    decode_table, minifloat, Encode, FloatCode, IntHalfAway, IntHalfEven, Rounding,
+};
 use crate::error::{QuantError, Result};
 use crate::input::{Input, Window};
 use crate::layout::Layout;
-use crate::simd::avx2_dispatch;
 use crate::pack::{
     encode_range, encode_words_last_axis, for_each_segment, BF16Bits, F16Bits, IntDecode, OutElem,
     ScaleSlice, Segments, Storage, StorageMut, TableDecode, Word,
 };
 use crate::scale::{check_scales, ScaleRounding};
 use crate::scheme::ScaleDtype;
+use crate::simd::avx2_dispatch;
 
 /// Options of a quantize call.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -142,14 +144,22 @@ pub fn compute_scales(
         }
         check_scales(given, "scales")?;
         check_global(layout, ex.global, true)?;
-        let stored: Vec<f32> = given.par_iter().with_min_len(MIN_TASK_ELEMS).map(|&s| dtype.round(s, mode)).collect();
+        let stored: Vec<f32> = given
+            .par_iter()
+            .with_min_len(MIN_TASK_ELEMS)
+            .map(|&s| dtype.round(s, mode))
+            .collect();
         return Scales::from_stored(layout, stored, ex.global);
     }
 
     let value = scheme.value;
     let half_range = value.half_range();
     let alpha = amplitudes(x, layout, opts.calibration);
-    let raw: Vec<f32> = alpha.par_iter().with_min_len(MIN_TASK_ELEMS).map(|&a| a / half_range).collect();
+    let raw: Vec<f32> = alpha
+        .par_iter()
+        .with_min_len(MIN_TASK_ELEMS)
+        .map(|&a| a / half_range)
+        .collect();
     if scheme.is_two_level() {
         // g maps the largest raw block scale onto the block dtype's largest value.
         let max_raw = raw.iter().fold(0.0f32, |m, &s| if s > m { s } else { m });
@@ -164,14 +174,22 @@ pub fn compute_scales(
             .with_min_len(MIN_TASK_ELEMS)
             .map(|&s| dtype.round(if g == 0.0 { 0.0 } else { s / g }, mode))
             .collect();
-        let effective = stored.par_iter().with_min_len(MIN_TASK_ELEMS).map(|&b| effective_scale(b, g)).collect();
+        let effective = stored
+            .par_iter()
+            .with_min_len(MIN_TASK_ELEMS)
+            .map(|&b| effective_scale(b, g))
+            .collect();
         Ok(Scales {
             stored,
             global: Some(g),
             effective,
         })
     } else {
-        let stored: Vec<f32> = raw.par_iter().with_min_len(MIN_TASK_ELEMS).map(|&s| dtype.round(s, mode)).collect();
+        let stored: Vec<f32> = raw
+            .par_iter()
+            .with_min_len(MIN_TASK_ELEMS)
+            .map(|&s| dtype.round(s, mode))
+            .collect();
         Ok(Scales {
             effective: stored.clone(),
             stored,
@@ -194,14 +212,28 @@ pub fn encode_values(
     assert_eq!(effective.len(), layout.num_scales, "scale count");
     let value = layout.scheme.value;
     let bad = match (minifloat(value), rounding) {
-        (Some(fmt), _) => crate::pack::encode_into(FloatCode(fmt), Window::all(x), layout, effective, out),
+        (Some(fmt), _) => {
+            crate::pack::encode_into(FloatCode(fmt), Window::all(x), layout, effective, out)
+        }
         (None, Rounding::HalfAway) => {
             let (qmin, qmax) = value.range();
-            crate::pack::encode_into(IntHalfAway { qmin, qmax }, Window::all(x), layout, effective, out)
+            crate::pack::encode_into(
+                IntHalfAway { qmin, qmax },
+                Window::all(x),
+                layout,
+                effective,
+                out,
+            )
         }
         (None, Rounding::HalfEven) => {
             let (qmin, qmax) = value.range();
-            crate::pack::encode_into(IntHalfEven { qmin, qmax }, Window::all(x), layout, effective, out)
+            crate::pack::encode_into(
+                IntHalfEven { qmin, qmax },
+                Window::all(x),
+                layout,
+                effective,
+                out,
+            )
         }
     };
     if bad {
@@ -253,7 +285,9 @@ fn fusable(layout: &Layout) -> bool {
     !layout.per_tensor
         && !layout.scheme.is_two_level()
         && layout.rows_map_directly()
-        && layout.packing.inner == 1
+        // Native, or packed along the last axis (`inner == 1` alone also holds when the dims
+        // after an outer packed axis are all 1).
+        && layout.packing.axis + 1 == layout.rank()
         && layout.num_elements > 0
 }
 
@@ -355,21 +389,33 @@ fn fused_with<C: Encode>(
         line * nw + (p.start - line * n) / per
     };
     let bad = match out {
-        StorageMut::U8(bytes) if per == 1 => {
-            fused_pieces(x, layout, opts, &pieces, &mut stored, bytes, |p, xs, sc, out| {
-                encode_range(codec, xs, layout, sc, p.start, out)
-            })
-        }
-        StorageMut::U8(words) => {
-            fused_pieces(x, layout, opts, &pieces, &mut stored, words, |p, xs, sc, out| {
-                encode_words_last_axis(codec, xs, layout, sc, first_word(p), out)
-            })
-        }
-        StorageMut::U32(words) => {
-            fused_pieces(x, layout, opts, &pieces, &mut stored, words, |p, xs, sc, out| {
-                encode_words_last_axis(codec, xs, layout, sc, first_word(p), out)
-            })
-        }
+        StorageMut::U8(bytes) if per == 1 => fused_pieces(
+            x,
+            layout,
+            opts,
+            &pieces,
+            &mut stored,
+            bytes,
+            |p, xs, sc, out| encode_range(codec, xs, layout, sc, p.start, out),
+        ),
+        StorageMut::U8(words) => fused_pieces(
+            x,
+            layout,
+            opts,
+            &pieces,
+            &mut stored,
+            words,
+            |p, xs, sc, out| encode_words_last_axis(codec, xs, layout, sc, first_word(p), out),
+        ),
+        StorageMut::U32(words) => fused_pieces(
+            x,
+            layout,
+            opts,
+            &pieces,
+            &mut stored,
+            words,
+            |p, xs, sc, out| encode_words_last_axis(codec, xs, layout, sc, first_word(p), out),
+        ),
     };
     (stored, bad)
 }
@@ -464,7 +510,12 @@ pub fn dequantize(layout: &Layout, storage: Storage<'_>, effective: &[f32], out:
     }
 }
 
-fn dequantize_into<O: OutElem>(layout: &Layout, storage: Storage<'_>, effective: &[f32], out: &mut [O]) {
+fn dequantize_into<O: OutElem>(
+    layout: &Layout,
+    storage: Storage<'_>,
+    effective: &[f32],
+    out: &mut [O],
+) {
     assert_eq!(out.len(), layout.num_elements, "output length");
     assert_eq!(effective.len(), layout.num_scales, "scale count");
     let p = &layout.packing;

@@ -107,7 +107,17 @@ impl ScaleDtype {
 
     /// Append the little-endian encoding of `v`, which must be representable.
     pub fn write_le(self, v: f32, out: &mut Vec<u8>) {
-        let code = self.nearest_code(v);
+        // A −0 read from bytes is kept as −0, so a bytes round trip is exact (rounding a computed
+        // scale never makes one).
+        let code = if v == 0.0 && v.is_sign_negative() && self.has_zero() {
+            match self {
+                Self::F32 => 0x8000_0000,
+                Self::F16 | Self::BF16 => 0x8000,
+                _ => 0x80,
+            }
+        } else {
+            self.nearest_code(v)
+        };
         match self.size_bytes() {
             4 => out.extend_from_slice(&code.to_le_bytes()),
             2 => out.extend_from_slice(&(code as u16).to_le_bytes()),
@@ -156,7 +166,11 @@ pub fn check_scales(scales: &[f32], what: &str) -> Result<()> {
         .enumerate()
         .find(|(_, s)| !s.is_finite() || **s < 0.0)
     {
-        let why = if s.is_finite() { "negative" } else { "non-finite" };
+        let why = if s.is_finite() {
+            "negative"
+        } else {
+            "non-finite"
+        };
         return Err(QuantError::Scale(format!(
             "{what} must be finite and >= 0, got {why} {s} at index {i}"
         )));
@@ -234,11 +248,28 @@ mod tests {
             let s = f32::from_bits(bits);
             let h = f16::from_f32(s);
             let want = if h.is_infinite() { 65504.0 } else { h.to_f32() };
-            assert_eq!(ScaleDtype::F16.round(s, Nearest).to_bits(), want.to_bits(), "f16 {s:e}");
+            assert_eq!(
+                ScaleDtype::F16.round(s, Nearest).to_bits(),
+                want.to_bits(),
+                "f16 {s:e}"
+            );
             let b = bf16::from_f32(s);
-            let want = if b.is_infinite() { ScaleDtype::BF16.max_value() } else { b.to_f32() };
-            assert_eq!(ScaleDtype::BF16.round(s, Nearest).to_bits(), want.to_bits(), "bf16 {s:e}");
-            for d in [ScaleDtype::F16, ScaleDtype::BF16, ScaleDtype::UE4M3, ScaleDtype::UE8M0] {
+            let want = if b.is_infinite() {
+                ScaleDtype::BF16.max_value()
+            } else {
+                b.to_f32()
+            };
+            assert_eq!(
+                ScaleDtype::BF16.round(s, Nearest).to_bits(),
+                want.to_bits(),
+                "bf16 {s:e}"
+            );
+            for d in [
+                ScaleDtype::F16,
+                ScaleDtype::BF16,
+                ScaleDtype::UE4M3,
+                ScaleDtype::UE8M0,
+            ] {
                 let up = d.round(s, Up);
                 let code = d.round_code(s, Up);
                 if s <= d.max_value() {
@@ -303,6 +334,16 @@ mod tests {
                 assert_eq!(out.len(), d.size_bytes());
                 assert_eq!(d.read_le(&out).to_bits(), v.to_bits(), "{d} {s}");
             }
+        }
+        for d in [
+            ScaleDtype::F32,
+            ScaleDtype::F16,
+            ScaleDtype::BF16,
+            ScaleDtype::UE4M3,
+        ] {
+            let mut out = Vec::new();
+            d.write_le(-0.0, &mut out);
+            assert_eq!(d.read_le(&out).to_bits(), (-0.0f32).to_bits(), "{d}");
         }
         let mut out = Vec::new();
         ScaleDtype::UE4M3.write_le(0.5, &mut out);

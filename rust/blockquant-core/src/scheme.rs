@@ -356,9 +356,9 @@ mod tests {
             .unwrap();
         assert!(s.per_tensor(ScaleDtype::F32).validate().is_ok());
         let err = s.per_tensor(ScaleDtype::F16).validate().unwrap_err();
-        assert!(err
-            .to_string()
-            .starts_with("a two-level scheme stores its per-tensor scale as f32, got QuantScheme("));
+        assert!(err.to_string().starts_with(
+            "a two-level scheme stores its per-tensor scale as f32, got QuantScheme("
+        ));
         for wide in [ScaleDtype::F32, ScaleDtype::BF16, ScaleDtype::UE8M0] {
             let s = QuantScheme::default()
                 .per_block(&[16], wide)

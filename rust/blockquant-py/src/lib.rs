@@ -8,9 +8,9 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use blockquant_core::{
-    bytes, pack, pool, quantize as q, BF16Bits, Calibration, ExplicitScales, F16Bits, Input, Layout, Output, QuantError, QuantMode,
-    QuantScheme, QuantStore, QuantValue, QuantizeOptions, Rounding, ScaleDtype, ScaleRounding,
-    Scales, Storage, StorageMut,
+    bytes, pack, pool, quantize as q, BF16Bits, Calibration, ExplicitScales, F16Bits, Input,
+    Layout, Output, QuantError, QuantMode, QuantScheme, QuantStore, QuantValue, QuantizeOptions,
+    Rounding, ScaleDtype, ScaleRounding, Scales, Storage, StorageMut,
 };
 use numpy::{
     IxDyn, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
@@ -78,7 +78,8 @@ type SchemeSpec = (
 
 fn scheme_from_spec(spec: SchemeSpec) -> PyResult<QuantScheme> {
     let (value, store_kind, dim, mode, tensor, block, block_dtype) = spec;
-    let bad = |what: &str, got: &str| errors::QuantError::new_err(format!("unknown {what} {got:?}"));
+    let bad =
+        |what: &str, got: &str| errors::QuantError::new_err(format!("unknown {what} {got:?}"));
     let value = QuantValue::from_name(&value).ok_or_else(|| bad("value", &value))?;
     let store = match store_kind.as_str() {
         "native" => QuantStore::Native,
@@ -141,10 +142,14 @@ fn parse_scale_rounding(s: &str) -> PyResult<ScaleRounding> {
 }
 
 fn parse_dtype(s: &str) -> PyResult<ScaleDtype> {
-    ScaleDtype::from_name(s).ok_or_else(|| errors::QuantError::new_err(format!("unknown scale dtype {s:?}")))
+    ScaleDtype::from_name(s)
+        .ok_or_else(|| errors::QuantError::new_err(format!("unknown scale dtype {s:?}")))
 }
 
-fn contiguous<'a, T: numpy::Element>(a: &'a PyReadonlyArrayDyn<'_, T>, what: &str) -> PyResult<&'a [T]> {
+fn contiguous<'a, T: numpy::Element>(
+    a: &'a PyReadonlyArrayDyn<'_, T>,
+    what: &str,
+) -> PyResult<&'a [T]> {
     a.as_slice()
         .map_err(|_| PyTypeError::new_err(format!("{what} must be a C-contiguous array")))
 }
@@ -173,22 +178,30 @@ where
     let py = arr.py();
     if let Ok(a) = arr.cast::<PyArrayDyn<u32>>() {
         let mut rw = a.readwrite();
-        let s = rw.as_slice_mut().map_err(|_| PyTypeError::new_err("storage must be contiguous"))?;
+        let s = rw
+            .as_slice_mut()
+            .map_err(|_| PyTypeError::new_err("storage must be contiguous"))?;
         return Ok(py.detach(|| f(StorageMut::U32(s))));
     }
     if let Ok(a) = arr.cast::<PyArrayDyn<u8>>() {
         let mut rw = a.readwrite();
-        let s = rw.as_slice_mut().map_err(|_| PyTypeError::new_err("storage must be contiguous"))?;
+        let s = rw
+            .as_slice_mut()
+            .map_err(|_| PyTypeError::new_err("storage must be contiguous"))?;
         return Ok(py.detach(|| f(StorageMut::U8(s))));
     }
     if let Ok(a) = arr.cast::<PyArrayDyn<i8>>() {
         let mut rw = a.readwrite();
-        let s = rw.as_slice_mut().map_err(|_| PyTypeError::new_err("storage must be contiguous"))?;
+        let s = rw
+            .as_slice_mut()
+            .map_err(|_| PyTypeError::new_err("storage must be contiguous"))?;
         // SAFETY: i8 and u8 have the same size and alignment; every bit pattern is valid in both.
         let s = unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, s.len()) };
         return Ok(py.detach(|| f(StorageMut::U8(s))));
     }
-    Err(PyTypeError::new_err("storage must be an int8, uint8 or uint32 array"))
+    Err(PyTypeError::new_err(
+        "storage must be an int8, uint8 or uint32 array",
+    ))
 }
 
 /// Run `f` on read-only storage, checked against the layout's dtype and shape.
@@ -255,7 +268,11 @@ fn storage_dtype_name(layout: &Layout) -> &'static str {
     }
 }
 
-fn f32_array<'py>(py: Python<'py>, data: &[f32], shape: &[usize]) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+fn f32_array<'py>(
+    py: Python<'py>,
+    data: &[f32],
+    shape: &[usize],
+) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
     let arr = PyArrayDyn::<f32>::zeros(py, IxDyn(shape), false);
     {
         let mut rw = arr.readwrite();
@@ -266,12 +283,24 @@ fn f32_array<'py>(py: Python<'py>, data: &[f32], shape: &[usize]) -> PyResult<Bo
     Ok(arr)
 }
 
-type Quantized<'py> = (Bound<'py, PyUntypedArray>, Bound<'py, PyArrayDyn<f32>>, Option<f32>);
+type Quantized<'py> = (
+    Bound<'py, PyUntypedArray>,
+    Bound<'py, PyArrayDyn<f32>>,
+    Option<f32>,
+);
 
 /// Run `f` on the input values, borrowed from the numpy array without a copy. `kind` says how to
 /// read it: "f32", "f64", or "f16" / "bf16" for a uint16 view of half-precision bits.
-fn with_input<R>(x: &Bound<'_, PyUntypedArray>, kind: &str, f: impl FnOnce(Input<'_>) -> PyResult<R>) -> PyResult<R> {
-    let bad = || PyTypeError::new_err(format!("x of kind {kind:?} must be a C-contiguous array of its dtype"));
+fn with_input<R>(
+    x: &Bound<'_, PyUntypedArray>,
+    kind: &str,
+    f: impl FnOnce(Input<'_>) -> PyResult<R>,
+) -> PyResult<R> {
+    let bad = || {
+        PyTypeError::new_err(format!(
+            "x of kind {kind:?} must be a C-contiguous array of its dtype"
+        ))
+    };
     match kind {
         "f32" => {
             let a = x.cast::<PyArrayDyn<f32>>().map_err(|_| bad())?.readonly();
@@ -284,9 +313,15 @@ fn with_input<R>(x: &Bound<'_, PyUntypedArray>, kind: &str, f: impl FnOnce(Input
         "f16" | "bf16" => {
             let a = x.cast::<PyArrayDyn<u16>>().map_err(|_| bad())?.readonly();
             let bits = a.as_slice().map_err(|_| bad())?;
-            f(if kind == "f16" { Input::F16(bits) } else { Input::BF16(bits) })
+            f(if kind == "f16" {
+                Input::F16(bits)
+            } else {
+                Input::BF16(bits)
+            })
         }
-        _ => Err(errors::QuantError::new_err(format!("unknown input kind {kind:?}"))),
+        _ => Err(errors::QuantError::new_err(format!(
+            "unknown input kind {kind:?}"
+        ))),
     }
 }
 
@@ -333,7 +368,11 @@ fn quantize<'py>(
     })
 }
 
-fn stored_scales(layout: &Layout, scales: &PyReadonlyArrayDyn<'_, f32>, global: Option<f32>) -> PyResult<Scales> {
+fn stored_scales(
+    layout: &Layout,
+    scales: &PyReadonlyArrayDyn<'_, f32>,
+    global: Option<f32>,
+) -> PyResult<Scales> {
     let s = contiguous(scales, "scales")?;
     Scales::from_stored(layout, s.to_vec(), global).map_err(to_py)
 }
@@ -357,17 +396,23 @@ fn dequantize<'py>(
         let eff = &sc.effective;
         let dims = IxDyn(&shape);
         let run = |out: Output<'_>| {
-            with_storage(values, &layout, |st| pool::install(|| q::dequantize(&layout, st, eff, out)))
+            with_storage(values, &layout, |st| {
+                pool::install(|| q::dequantize(&layout, st, eff, out))
+            })
         };
         let arr = match dtype {
             "float32" => {
                 let a = PyArrayDyn::<f32>::zeros(py, dims, false);
-                run(Output::F32(a.readwrite().as_slice_mut().expect("contiguous")))?;
+                run(Output::F32(
+                    a.readwrite().as_slice_mut().expect("contiguous"),
+                ))?;
                 a.into_any()
             }
             "float64" => {
                 let a = PyArrayDyn::<f64>::zeros(py, dims, false);
-                run(Output::F64(a.readwrite().as_slice_mut().expect("contiguous")))?;
+                run(Output::F64(
+                    a.readwrite().as_slice_mut().expect("contiguous"),
+                ))?;
                 a.into_any()
             }
             "float16" | "bfloat16" => {
@@ -378,10 +423,14 @@ fn dequantize<'py>(
                     let (ptr, len) = (bits.as_mut_ptr(), bits.len());
                     if dtype == "float16" {
                         // SAFETY: F16Bits is a repr(transparent) u16; the slice is ours alone.
-                        run(Output::F16(unsafe { std::slice::from_raw_parts_mut(ptr as *mut F16Bits, len) }))?;
+                        run(Output::F16(unsafe {
+                            std::slice::from_raw_parts_mut(ptr as *mut F16Bits, len)
+                        }))?;
                     } else {
                         // SAFETY: BF16Bits is a repr(transparent) u16; the slice is ours alone.
-                        run(Output::BF16(unsafe { std::slice::from_raw_parts_mut(ptr as *mut BF16Bits, len) }))?;
+                        run(Output::BF16(unsafe {
+                            std::slice::from_raw_parts_mut(ptr as *mut BF16Bits, len)
+                        }))?;
                     }
                 }
                 a.into_any()
@@ -493,10 +542,18 @@ fn round_scale<'py>(
 
 /// `(storage_shape, storage_dtype, grid_shape, nbytes)` of a scheme on a shape.
 #[pyfunction]
-fn layout_info(scheme: SchemeSpec, shape: Vec<usize>) -> PyResult<(Vec<usize>, &'static str, Vec<usize>, usize)> {
+fn layout_info(
+    scheme: SchemeSpec,
+    shape: Vec<usize>,
+) -> PyResult<(Vec<usize>, &'static str, Vec<usize>, usize)> {
     guarded(|| {
         let l = layout(scheme, &shape)?;
-        Ok((l.storage_shape(), storage_dtype_name(&l), l.grid.clone(), l.total_bytes()))
+        Ok((
+            l.storage_shape(),
+            storage_dtype_name(&l),
+            l.grid.clone(),
+            l.total_bytes(),
+        ))
     })
 }
 

@@ -1,0 +1,232 @@
+"""Threads, the GIL and fork (README, "Threads").
+
+The binding releases the GIL around every kernel, and kernels run on one bounded rayon pool
+(rust/blockquant-core/src/pool.rs) that a forked child rebuilds. Here:
+
+- 8 Python threads quantizing and dequantizing different 1M-element arrays at once (and the
+  same array from every thread) give exactly the single-threaded results;
+- results do not depend on the pool's size, even when another thread resizes the pool while
+  kernels run;
+- a child forked after the pool has been used can still quantize, with the same results.
+
+Scenarios that could deadlock run in a subprocess under a timeout, so a deadlock fails the test
+instead of hanging the suite.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import blockquant as bq
+from blockquant import QuantScheme, QuantStore, QuantValue, ScaleDtype
+
+N = 1 << 20  # big enough that the kernels run long, with the GIL released
+SCHEMES = [
+    (bq.presets.nvfp4(), "minmax"),
+    (bq.presets.int8_block32(), "minmax"),
+    (bq.presets.int4_block32(), "minmax"),
+    (bq.presets.mxfp8(), "minmax"),
+    (bq.presets.bitnet(), "absmean"),
+    (bq.presets.int8(), "minmax"),
+    (QuantScheme(QuantValue.Q4F, QuantStore.packed_u32(1)).per_block([4, 8], ScaleDtype.BF16),
+     "minmax"),
+    (QuantScheme(QuantValue.E5M2, QuantStore.Native).per_block([2, 16], ScaleDtype.F16)
+     .per_tensor(ScaleDtype.F32), "absmean"),
+]
+
+
+def digest(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p)
+    return h.hexdigest()
+
+
+def work(job) -> str:
+    x, scheme, calibration = job
+    qt = bq.quantize(x, scheme, calibration=calibration)
+    back = bq.QTensor.from_bytes(qt.to_bytes(), scheme, x.shape)
+    return digest(qt.to_bytes(), back.dequantize().tobytes(), qt.dequantize(np.float16).tobytes())
+
+
+@pytest.fixture(scope="module")
+def jobs():
+    rng = np.random.default_rng(99)
+    return [
+        ((rng.standard_normal((1024, N // 1024)) * 10.0 ** (i - 4)).astype(np.float32), s, c)
+        for i, (s, c) in enumerate(SCHEMES)
+    ]
+
+
+@pytest.fixture(autouse=True)
+def default_pool():
+    yield
+    bq.set_num_threads(0)
+
+
+def test_eight_threads_give_the_single_threaded_results(jobs):
+    sequential = [work(j) for j in jobs]
+    with ThreadPoolExecutor(max_workers=8) as ex:
+        for _ in range(2):
+            assert list(ex.map(work, jobs)) == sequential
+        # The same input array (and the same schemes) from every thread at once.
+        same = [(jobs[0][0], s, c) for _, s, c in jobs]
+        assert list(ex.map(work, same)) == [work(j) for j in same]
+
+
+def test_the_gil_is_released_while_kernels_run():
+    """A pure-Python thread keeps counting while the main thread sits in one long kernel call.
+
+    With a long switch interval the interpreter never takes the GIL from a thread by force in
+    the few milliseconds a call lasts: had the binding kept the GIL for the call, the counter
+    would not move at all during it."""
+    import threading
+
+    x = np.random.default_rng(3).standard_normal(1 << 23).astype(np.float32)
+    scheme = bq.presets.int8_block32()
+    bq.quantize(x[:1024], scheme)  # build the pool first
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.1)
+    try:
+        best = 0
+        for _ in range(3):  # a loaded machine may starve the counter once; not three times
+            count = [0]
+            started, stop = threading.Event(), threading.Event()
+
+            def counter(count=count, started=started, stop=stop):
+                started.set()
+                while not stop.is_set():
+                    count[0] += 1
+
+            t = threading.Thread(target=counter)
+            t.start()
+            started.wait()
+            before = count[0]
+            bq.quantize(x, scheme)
+            best = max(best, count[0] - before)
+            stop.set()
+            t.join()
+            if best > 1000:
+                break
+    finally:
+        sys.setswitchinterval(interval)
+    assert best > 1000, f"the counter advanced only {best} times during quantize"
+
+
+def test_results_do_not_depend_on_the_pool_size(jobs):
+    want = [work(j) for j in jobs[:4]]
+    for n in (1, 2, 3, 0):
+        bq.set_num_threads(n)
+        assert [work(j) for j in jobs[:4]] == want
+
+
+def _run(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True, text=True, timeout=timeout, env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_resizing_the_pool_while_threads_quantize_does_not_deadlock():
+    _run("""
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+        import numpy as np, blockquant as bq
+
+        x = np.random.default_rng(0).standard_normal((512, 2048)).astype(np.float32)
+        schemes = [bq.presets.nvfp4(), bq.presets.int8_block32(), bq.presets.bitnet()]
+        want = [bq.quantize(x, s).to_bytes() for s in schemes]
+        stop = threading.Event()
+
+        def resize():
+            n = 0
+            while not stop.is_set():
+                bq.set_num_threads(n % 4)  # 0 (default), 1, 2, 3
+                bq.get_num_threads()
+                n += 1
+
+        def job(i):
+            s = schemes[i % 3]
+            for _ in range(10):
+                qt = bq.quantize(x, s)
+                assert qt.to_bytes() == want[i % 3]
+                qt.dequantize()
+            return i
+
+        t = threading.Thread(target=resize)
+        t.start()
+        try:
+            with ThreadPoolExecutor(8) as ex:
+                assert sorted(ex.map(job, range(16))) == list(range(16))
+        finally:
+            stop.set()
+            t.join()
+        # A panic in the pool, caught, in the middle of it all, leaves the pool usable.
+        try:
+            bq._core._panic_for_tests()
+        except bq.InternalError:
+            pass
+        assert bq.quantize(x, schemes[0]).to_bytes() == want[0]
+    """)
+
+
+def test_a_forked_child_can_still_quantize():
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    _run("""
+        import os
+        import numpy as np, blockquant as bq
+
+        x = np.random.default_rng(1).standard_normal((256, 4096)).astype(np.float32)
+        s = bq.presets.nvfp4()
+        want = bq.quantize(x, s).to_bytes()  # the parent's pool is built and has run
+        bq.set_num_threads(2)
+        assert bq.quantize(x, bq.presets.int8()).nbytes > 0
+
+        def child(n_threads):
+            if n_threads is not None:
+                bq.set_num_threads(n_threads)
+            ok = bq.quantize(x, s).to_bytes() == want
+            ok &= bq.QTensor.from_bytes(want, s, x.shape).dequantize().shape == x.shape
+            ok &= bq.get_num_threads() >= 1
+            return ok
+
+        for n_threads in (None, 1, 3):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    code = 0 if child(n_threads) else 1
+                except BaseException:
+                    code = 2
+                os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (n_threads, status)
+        # A grandchild: forked from a child that rebuilt its pool.
+        pid = os.fork()
+        if pid == 0:
+            code = 3
+            try:
+                bq.quantize(x, s)
+                pid2 = os.fork()
+                if pid2 == 0:
+                    os._exit(0 if bq.quantize(x, s).to_bytes() == want else 1)
+                _, st = os.waitpid(pid2, 0)
+                code = os.WEXITSTATUS(st) if os.WIFEXITED(st) else 4
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        # And the parent still works.
+        assert bq.quantize(x, s).to_bytes() == want
+    """)
