@@ -119,10 +119,21 @@ fn max_abs_cols(x: Input<'_>, layout: &Layout, g: usize, k0: usize, out: &mut [f
     let mut buf = Vec::new();
     for_each_row_in_grid_row(layout, g, |row| {
         let cols = row_blocks(&x, layout, row, k0, out.len(), &mut buf);
-        for (a, seg) in out.iter_mut().zip(cols.chunks(bc)) {
-            *a = max_abs(seg).max(*a);
-        }
+        max_abs_blocks(cols, bc, out);
     });
+}
+
+avx2_dispatch! {
+    /// `out[k] = max(out[k], max |x| over block k of cols)`, blocks of `bc` columns.
+    fn max_abs_blocks[](cols: &[f32], bc: usize, out: &mut [f32]) => max_abs_blocks_portable;
+}
+
+#[inline(always)]
+fn max_abs_blocks_portable(cols: &[f32], bc: usize, out: &mut [f32]) {
+    for (a, seg) in out.iter_mut().zip(cols.chunks(bc)) {
+        let m = max_abs_portable(seg);
+        *a = if m > *a { m } else { *a };
+    }
 }
 
 fn mean_abs_cols(x: Input<'_>, layout: &Layout, g: usize, k0: usize, out: &mut [f32]) {

@@ -5,7 +5,7 @@ use rayon::prelude::*;
 
 use crate::calibrate::{amplitudes, run_amplitude, Calibration, MIN_TASK_ELEMS};
 use crate::codec::{
-    decode_table, minifloat, Encode, FloatCode, IntHalfAway, IntHalfEven, Rounding,
+    decode_table, minifloat, E2M1Code, Encode, FloatCode, IntHalfAway, IntHalfEven, Rounding,
 };
 use crate::error::{QuantError, Result};
 use crate::input::{Input, Window};
@@ -15,7 +15,7 @@ use crate::pack::{
     ScaleSlice, Segments, Storage, StorageMut, TableDecode, Word,
 };
 use crate::scale::{check_scales, ScaleRounding};
-use crate::scheme::ScaleDtype;
+use crate::scheme::{QuantValue, ScaleDtype};
 use crate::simd::avx2_dispatch;
 
 /// Options of a quantize call.
@@ -212,6 +212,9 @@ pub fn encode_values(
     assert_eq!(effective.len(), layout.num_scales, "scale count");
     let value = layout.scheme.value;
     let bad = match (minifloat(value), rounding) {
+        (Some(_), _) if value == QuantValue::E2M1 => {
+            crate::pack::encode_into(E2M1Code, Window::all(x), layout, effective, out)
+        }
         (Some(fmt), _) => {
             crate::pack::encode_into(FloatCode(fmt), Window::all(x), layout, effective, out)
         }
@@ -357,6 +360,7 @@ fn quantize_fused(
     let value = layout.scheme.value;
     let (qmin, qmax) = value.range();
     let bad = match (minifloat(value), opts.rounding) {
+        (Some(_), _) if value == QuantValue::E2M1 => fused_with(E2M1Code, x, layout, opts, out),
         (Some(fmt), _) => fused_with(FloatCode(fmt), x, layout, opts, out),
         (None, Rounding::HalfAway) => fused_with(IntHalfAway { qmin, qmax }, x, layout, opts, out),
         (None, Rounding::HalfEven) => fused_with(IntHalfEven { qmin, qmax }, x, layout, opts, out),
