@@ -135,24 +135,32 @@ def peers(x: np.ndarray, repeat: int, copy_s: float) -> List[Dict]:
 
 def peak_extra_memory(name: str, n: int) -> Optional[float]:
     """Peak resident memory of one quantize call beyond its input and output, in MiB, measured
-    in a fresh child process (ru_maxrss is a high-water mark, so it needs a clean process)."""
+    in a child process: Linux's peak-RSS mark (VmHWM) is reset just before the call by writing 5
+    to /proc/self/clear_refs. (getrusage's ru_maxrss will not do: a child inherits the parent's
+    high-water mark.)"""
     code = f"""
-import resource, numpy as np, blockquant as bq, sys
+import numpy as np, blockquant as bq, sys
 sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
 from bench import cases
+def vm(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
 case = [c for c in cases({n}) if c["name"] == {name!r}][0]
-# float32 straight from the generator: a float64 temporary would set the high-water mark.
+# float32 straight from the generator: no float64 temporary.
 x = np.random.default_rng(0).standard_normal(case["shape"], dtype=np.float32)
-small = bq.quantize(x[:8], case["scheme"])  # load everything, warm the pool
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+bq.quantize(x[:8], case["scheme"])  # load everything, warm the pool
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+base = vm("VmRSS")
 qt = bq.quantize(x, case["scheme"])
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = vm("VmHWM")
 out = qt.values.nbytes + qt.scales.nbytes
-print((after - before) * 1024 / 2**20 - out / 2**20)
+print((peak - base - out) / 2**20)
 """
     try:
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-        return max(0.0, float(res.stdout.strip()))
+        return float(res.stdout.strip())
     except Exception:
         return None
 
