@@ -85,46 +85,13 @@ impl MiniFloat {
         let bits = x.to_bits();
         let sign = (bits >> 31) << self.sign_shift();
         let abs = bits & 0x7FFF_FFFF;
-        let mag = self.encode_magnitude(abs);
+        let mag = self.round_magnitude(f32::from_bits(abs), false);
         (sign | mag) as u8
     }
 
-    /// The code of `|x|` from its f32 bit pattern (sign bit already cleared).
-    #[inline(always)]
-    fn encode_magnitude(&self, abs: u32) -> u32 {
-        let max_bits = self.max_value_bits();
-        if abs >= max_bits {
-            // Saturate: also catches +inf and NaN bit patterns (all above max).
-            return self.max_code;
-        }
-        let f32_exp = (abs >> 23) as i32; // biased f32 exponent, 0 for subnormals
-        let emin = 1 - self.bias; // unbiased exponent of the smallest normal
-        let drop = 23 - self.man_bits; // mantissa bits dropped for a normal result
-        if f32_exp - 127 >= emin {
-            // Normal in the target: rebias the exponent, round the mantissa. A carry out of
-            // the mantissa correctly bumps the exponent; abs < max keeps it ≤ max_code.
-            let rebias = ((127 - self.bias) as u32) << 23;
-            let v = abs - rebias;
-            round_shift_rne(v, drop)
-        } else {
-            // Subnormal in the target: value = M · 2^(E-23); code = value / 2^(emin - man_bits).
-            let m = if f32_exp == 0 {
-                abs
-            } else {
-                (abs & 0x7F_FFFF) | 0x80_0000
-            };
-            let e = f32_exp.max(1) - 127;
-            let shift = (23 + emin - self.man_bits as i32 - e) as u32; // ≥ drop + 1
-            if shift >= 25 {
-                0 // below half the smallest subnormal (M < 2^24)
-            } else {
-                round_shift_rne(m, shift)
-            }
-        }
-    }
-
-    /// The code of a finite `s ≥ 0` rounded to nearest (ties to even) or up (the smallest value
-    /// ≥ s), saturating at the largest value. Used for scales; branch-light so it vectorizes.
+    /// The code of `s ≥ 0` rounded to nearest (ties to even) or up (the smallest value ≥ s),
+    /// saturating at the largest value (+inf and NaN bit patterns, being above it, too).
+    /// Branch-light so it vectorizes.
     #[inline(always)]
     pub fn round_magnitude(&self, s: f32, up: bool) -> u32 {
         let abs = s.to_bits() & 0x7FFF_FFFF;
@@ -138,19 +105,22 @@ impl MiniFloat {
                 round_shift_rne(v, shift)
             }
         };
-        let f32_exp = (abs >> 23) as i32;
-        let emin = 1 - self.bias;
+        let f32_exp = (abs >> 23) as i32; // biased f32 exponent, 0 for subnormals
+        let emin = 1 - self.bias; // unbiased exponent of the smallest normal
         if f32_exp - 127 >= emin {
+            // Normal in the target: rebias the exponent, round the mantissa. A carry out of
+            // the mantissa correctly bumps the exponent; abs < max keeps it ≤ max_code.
             let rebias = ((127 - self.bias) as u32) << 23;
             shift_round(abs - rebias, 23 - self.man_bits)
         } else {
+            // Subnormal in the target: value = M · 2^(E-23); code = value / 2^(emin - man_bits).
             let m = if f32_exp == 0 {
                 abs
             } else {
                 (abs & 0x7F_FFFF) | 0x80_0000
             };
             let e = f32_exp.max(1) - 127;
-            let shift = (23 + emin - self.man_bits as i32 - e) as u32;
+            let shift = (23 + emin - self.man_bits as i32 - e) as u32; // > 23 - man_bits
             if shift >= 25 {
                 // Below half the smallest value: 0, or the smallest value when rounding up.
                 (up && abs != 0) as u32

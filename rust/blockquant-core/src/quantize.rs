@@ -18,6 +18,33 @@ use crate::scale::{check_scales, ScaleRounding};
 use crate::scheme::{QuantValue, ScaleDtype};
 use crate::simd::avx2_dispatch;
 
+/// Evaluates `$body` with `$codec` bound to the encoder of `$value` under `$rounding`: each
+/// (value, rounding) pair gets its own monomorphized kernel.
+macro_rules! with_codec {
+    ($value:expr, $rounding:expr, |$codec:ident| $body:expr) => {{
+        let value: QuantValue = $value;
+        let (qmin, qmax) = value.range();
+        match (minifloat(value), $rounding) {
+            (Some(_), _) if value == QuantValue::E2M1 => {
+                let $codec = E2M1Code;
+                $body
+            }
+            (Some(fmt), _) => {
+                let $codec = FloatCode(fmt);
+                $body
+            }
+            (None, Rounding::HalfAway) => {
+                let $codec = IntHalfAway { qmin, qmax };
+                $body
+            }
+            (None, Rounding::HalfEven) => {
+                let $codec = IntHalfEven { qmin, qmax };
+                $body
+            }
+        }
+    }};
+}
+
 /// Options of a quantize call.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QuantizeOptions {
@@ -211,34 +238,9 @@ pub fn encode_values(
     assert_eq!(x.len(), layout.num_elements, "input length");
     assert_eq!(effective.len(), layout.num_scales, "scale count");
     let value = layout.scheme.value;
-    let bad = match (minifloat(value), rounding) {
-        (Some(_), _) if value == QuantValue::E2M1 => {
-            crate::pack::encode_into(E2M1Code, Window::all(x), layout, effective, out)
-        }
-        (Some(fmt), _) => {
-            crate::pack::encode_into(FloatCode(fmt), Window::all(x), layout, effective, out)
-        }
-        (None, Rounding::HalfAway) => {
-            let (qmin, qmax) = value.range();
-            crate::pack::encode_into(
-                IntHalfAway { qmin, qmax },
-                Window::all(x),
-                layout,
-                effective,
-                out,
-            )
-        }
-        (None, Rounding::HalfEven) => {
-            let (qmin, qmax) = value.range();
-            crate::pack::encode_into(
-                IntHalfEven { qmin, qmax },
-                Window::all(x),
-                layout,
-                effective,
-                out,
-            )
-        }
-    };
+    let bad = with_codec!(value, rounding, |codec| {
+        crate::pack::encode_into(codec, Window::all(x), layout, effective, out)
+    });
     if bad {
         return Err(first_non_finite(x));
     }
@@ -357,15 +359,9 @@ fn quantize_fused(
     opts: &QuantizeOptions,
     out: StorageMut<'_>,
 ) -> Result<Scales> {
-    let value = layout.scheme.value;
-    let (qmin, qmax) = value.range();
-    let bad = match (minifloat(value), opts.rounding) {
-        (Some(_), _) if value == QuantValue::E2M1 => fused_with(E2M1Code, x, layout, opts, out),
-        (Some(fmt), _) => fused_with(FloatCode(fmt), x, layout, opts, out),
-        (None, Rounding::HalfAway) => fused_with(IntHalfAway { qmin, qmax }, x, layout, opts, out),
-        (None, Rounding::HalfEven) => fused_with(IntHalfEven { qmin, qmax }, x, layout, opts, out),
-    };
-    let (stored, bad) = bad;
+    let (stored, bad) = with_codec!(layout.scheme.value, opts.rounding, |codec| {
+        fused_with(codec, x, layout, opts, out)
+    });
     if bad {
         return Err(first_non_finite(x));
     }

@@ -111,34 +111,41 @@ fn layout(spec: SchemeSpec, shape: &[usize]) -> PyResult<Layout> {
     Layout::new(&scheme_from_spec(spec)?, shape).map_err(to_py)
 }
 
+/// One of a fixed set of option strings (the Python layer checks them first; this is the
+/// core's own guard).
+fn parse_choice<T: Copy>(what: &str, s: &str, choices: &[(&str, T)]) -> PyResult<T> {
+    choices
+        .iter()
+        .find(|(name, _)| *name == s)
+        .map(|&(_, v)| v)
+        .ok_or_else(|| {
+            let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
+            errors::QuantError::new_err(format!("{what} is one of {names:?}, got {s:?}"))
+        })
+}
+
 fn parse_calibration(s: &str) -> PyResult<Calibration> {
-    match s {
-        "minmax" => Ok(Calibration::MinMax),
-        "absmean" => Ok(Calibration::AbsMean),
-        _ => Err(errors::QuantError::new_err(format!(
-            "calibration is 'minmax' or 'absmean', got {s:?}"
-        ))),
-    }
+    let choices = [
+        ("minmax", Calibration::MinMax),
+        ("absmean", Calibration::AbsMean),
+    ];
+    parse_choice("calibration", s, &choices)
 }
 
 fn parse_rounding(s: &str) -> PyResult<Rounding> {
-    match s {
-        "half_away" => Ok(Rounding::HalfAway),
-        "half_even" => Ok(Rounding::HalfEven),
-        _ => Err(errors::QuantError::new_err(format!(
-            "rounding is 'half_away' or 'half_even', got {s:?}"
-        ))),
-    }
+    let choices = [
+        ("half_away", Rounding::HalfAway),
+        ("half_even", Rounding::HalfEven),
+    ];
+    parse_choice("rounding", s, &choices)
 }
 
 fn parse_scale_rounding(s: &str) -> PyResult<ScaleRounding> {
-    match s {
-        "up" => Ok(ScaleRounding::Up),
-        "nearest" => Ok(ScaleRounding::Nearest),
-        _ => Err(errors::QuantError::new_err(format!(
-            "scale_rounding is 'up' or 'nearest', got {s:?}"
-        ))),
-    }
+    let choices = [
+        ("up", ScaleRounding::Up),
+        ("nearest", ScaleRounding::Nearest),
+    ];
+    parse_choice("scale_rounding", s, &choices)
 }
 
 fn parse_dtype(s: &str) -> PyResult<ScaleDtype> {
