@@ -159,3 +159,14 @@ def test_reference_is_reachable_as_an_attribute():
     code = "import blockquant as bq; print(bq.reference.quantize.__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "quantize"
+
+
+def test_bad_scales_are_reported_before_bad_data_in_both_implementations():
+    import blockquant.reference as ref
+
+    x = np.full(64, np.nan, np.float32)
+    for impl in (bq, ref):
+        with pytest.raises(bq.ScaleError):
+            impl.quantize(x, INT8B, scales=[-1.0, 1.0])
+        with pytest.raises(bq.NonFiniteError):
+            impl.quantize(x, INT8B, scales=[1.0, 1.0])

@@ -722,7 +722,8 @@ def quantize(
     global_scale=None,
 ) -> RefQTensor:
     """Quantize ``x`` under ``scheme`` (SPEC §3-§8)."""
-    # Validation order: argument types, mode, scheme/tensor fit, non-finite input, scales.
+    # Validation order: argument types, mode, scheme/tensor fit, scales, non-finite input (the
+    # core checks the caller's scales before it reads the data).
     if not isinstance(scheme, QuantScheme):
         raise TypeError(f"scheme is a QuantScheme, got {scheme!r}")
     _check_option("calibration", calibration, CALIBRATIONS)
@@ -733,7 +734,6 @@ def quantize(
     shape = tuple(original.shape)
     shape1 = _rank1(shape)
     _check_fit(shape, scheme)
-    _check_finite(original, x32)
     x1 = x32.reshape(shape1)
 
     if global_scale is not None and not scheme.is_two_level:
@@ -745,7 +745,8 @@ def quantize(
     given_g = None if global_scale is None else float(_global_from_arg(global_scale))
     if scales is not None:
         stored, g = _explicit_scales(scales, shape1, scheme, scale_rounding), given_g
-    else:
+    _check_finite(original, x32)
+    if scales is None:
         stored, g = _compute_scales(x1, scheme, calibration, scale_rounding, given_g)
 
     # Values against the stored (effective) scale: x / e as an f32 division; e = 0 gives code 0.
