@@ -230,3 +230,41 @@ def test_a_forked_child_can_still_quantize():
         # And the parent still works.
         assert bq.quantize(x, s).to_bytes() == want
     """)
+
+
+def test_fork_while_other_threads_use_the_pool_lock():
+    """A thread that holds the pool's lock at fork() time does not exist in the child; the core
+    holds that lock across fork() (pthread_atfork) so the child never inherits it locked."""
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    _run("""
+        import os, threading
+        import numpy as np, blockquant as bq
+
+        x = np.random.default_rng(2).standard_normal((64, 256)).astype(np.float32)
+        want = bq.quantize(x, bq.presets.int8_block32()).to_bytes()
+        stop = threading.Event()
+
+        def churn():
+            n = 0
+            while not stop.is_set():  # takes and releases the pool lock constantly
+                bq.set_num_threads(1 + n % 2)
+                bq.get_num_threads()
+                n += 1
+
+        threads = [threading.Thread(target=churn) for _ in range(2)]
+        for t in threads:
+            t.start()
+        try:
+            for _ in range(30):
+                pid = os.fork()
+                if pid == 0:
+                    ok = bq.quantize(x, bq.presets.int8_block32()).to_bytes() == want
+                    os._exit(0 if ok else 1)
+                _, status = os.waitpid(pid, 0)
+                assert os.waitstatus_to_exitcode(status) == 0
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+    """)

@@ -1,42 +1,45 @@
 //! The bounded thread pool every kernel runs in.
 //!
 //! Sized by `set_num_threads`, else `BLOCKQUANT_NUM_THREADS`, else the machine's parallelism.
-//! A pool built before `fork()` has no threads in the child: the pool remembers the process id
-//! that built it and a child builds its own (the parent's is leaked, never joined).
+//! Fork safety: a pool built before `fork()` has no threads in the child, so the pool remembers
+//! the process id that built it and a child builds its own (the parent's is leaked, never
+//! joined). The lock around the pool is held across `fork()` by a `pthread_atfork` handler, so a
+//! child never inherits it locked by a thread that does not exist there.
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Once};
 
+use parking_lot::Mutex;
 use rayon::{ThreadPool, ThreadPoolBuilder};
 
 struct PoolState {
     pool: Arc<ThreadPool>,
     pid: u32,
-    threads: usize,
 }
 
 static POOL: Mutex<Option<PoolState>> = Mutex::new(None);
-static REQUESTED: Mutex<Option<usize>> = Mutex::new(None);
+/// Threads asked for by `set_num_threads` (0: none asked).
+static REQUESTED: AtomicUsize = AtomicUsize::new(0);
+static ATFORK: Once = Once::new();
 
 /// Threads the pool will use.
 pub fn default_threads() -> usize {
-    if let Some(n) = *REQUESTED.lock().unwrap_or_else(|e| e.into_inner()) {
-        return n;
+    match REQUESTED.load(Ordering::Relaxed) {
+        0 => std::env::var("BLOCKQUANT_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        n => n,
     }
-    std::env::var("BLOCKQUANT_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Bound the pool to `n` threads (0: back to the default).
 pub fn set_num_threads(n: usize) {
-    *REQUESTED.lock().unwrap_or_else(|e| e.into_inner()) = (n > 0).then_some(n);
-    let mut state = POOL.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(old) = state.take() {
-        // Dropping a pool only signals its threads; they finish their work and exit.
-        drop(old);
-    }
+    REQUESTED.store(n, Ordering::Relaxed);
+    // Dropping a pool only signals its threads; they finish their work and exit. Calls running
+    // in it keep it alive through their own `Arc`.
+    drop(POOL.lock().take());
 }
 
 /// The number of threads kernels run on.
@@ -45,35 +48,53 @@ pub fn num_threads() -> usize {
 }
 
 fn current() -> Arc<ThreadPool> {
+    register_atfork();
     let pid = std::process::id();
-    let mut state = POOL.lock().unwrap_or_else(|e| e.into_inner());
-    match state.as_ref() {
-        Some(s) if s.pid == pid => s.pool.clone(),
-        _ => {
-            if let Some(stale) = state.take() {
-                if stale.pid != pid {
-                    // Forked child: the parent's worker threads do not exist here, and
-                    // dropping the pool would wait on them.
-                    std::mem::forget(stale);
-                }
-            }
-            let threads = default_threads();
-            let pool = Arc::new(
-                ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .thread_name(|i| format!("blockquant-{i}"))
-                    .build()
-                    .expect("building the thread pool"),
-            );
-            *state = Some(PoolState {
-                pool: pool.clone(),
-                pid,
-                threads,
-            });
-            let _ = state.as_ref().map(|s| s.threads);
-            pool
-        }
+    let mut state = POOL.lock();
+    if let Some(s) = state.as_ref().filter(|s| s.pid == pid) {
+        return s.pool.clone();
     }
+    if let Some(stale) = state.take() {
+        // Forked child: the parent's worker threads do not exist here, and dropping the pool
+        // would wait on them.
+        std::mem::forget(stale);
+    }
+    let pool = Arc::new(
+        ThreadPoolBuilder::new()
+            .num_threads(default_threads())
+            .thread_name(|i| format!("blockquant-{i}"))
+            .build()
+            .expect("building the thread pool"),
+    );
+    *state = Some(PoolState {
+        pool: pool.clone(),
+        pid,
+    });
+    pool
+}
+
+#[cfg(unix)]
+fn register_atfork() {
+    extern "C" fn prepare() {
+        // Take the lock and keep it over the fork; both sides release it below.
+        std::mem::forget(POOL.lock());
+    }
+    extern "C" fn release() {
+        // SAFETY: `prepare` locked POOL in this thread just before fork() and leaked the guard;
+        // parent and child each own that locked state and release it exactly once.
+        unsafe { POOL.force_unlock() };
+    }
+    ATFORK.call_once(|| {
+        // SAFETY: the handlers are plain functions that only lock/unlock a static mutex.
+        unsafe {
+            libc::pthread_atfork(Some(prepare), Some(release), Some(release));
+        }
+    });
+}
+
+#[cfg(not(unix))]
+fn register_atfork() {
+    ATFORK.call_once(|| {});
 }
 
 /// Run `f` inside the pool.
