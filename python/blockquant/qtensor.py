@@ -15,7 +15,7 @@ from . import _core
 from .errors import LayoutError, QuantError, ScaleError
 from .scheme import QuantScheme, QuantValue, ScaleDtype
 
-__all__ = ["QTensor", "quantize", "dequantize", "round_scale", "as_float32"]
+__all__ = ["QTensor", "quantize", "dequantize", "round_scale"]
 
 _CALIBRATIONS = ("minmax", "absmean")
 _ROUNDINGS = ("half_away", "half_even")
@@ -37,15 +37,6 @@ def _float_array(x: Any, what: str = "x") -> np.ndarray:
             f"{what} must be a float16, bfloat16, float32 or float64 array, got dtype {arr.dtype}"
         )
     return arr
-
-
-def as_float32(x: Any, what: str = "x") -> np.ndarray:
-    """``x`` as a C-contiguous, native-order float32 array (a view when it already is one).
-
-    float16, float64 and bfloat16 convert exactly as numpy casts (round to nearest even).
-    """
-    # Not ascontiguousarray: it turns 0-d arrays into 1-d ones.
-    return np.asarray(_float_array(x, what), dtype=np.float32, order="C")
 
 
 def _as_input(x: Any) -> Tuple[np.ndarray, str]:
@@ -115,6 +106,20 @@ def _explicit_scales(scales: Any) -> np.ndarray:
     if not np.all(np.isfinite(arr32)):
         raise ScaleError("scales must fit in float32")
     return np.ascontiguousarray(arr32)
+
+
+def _scales_in_grid(scales: Any, grid: Any, scheme: QuantScheme, shape: Tuple[int, ...]) -> np.ndarray:
+    """Caller-given scales, checked, as float32 in the grid's shape (one value may stand for a
+    per-tensor grid of shape (1,))."""
+    arr = _explicit_scales(scales)
+    grid = tuple(grid)
+    if arr.shape == grid:
+        return arr
+    if arr.size == 1 and grid == (1,):
+        return arr.reshape(1)
+    raise ScaleError(
+        f"scales for {scheme!r} on shape {shape} have the grid shape {grid}, got {arr.shape}"
+    )
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
@@ -246,15 +251,7 @@ class QTensor:
                 f"values for {scheme!r} with shape {shape} have storage shape "
                 f"{tuple(storage_shape)}, got {tuple(values.shape)}"
             )
-        scales_f = _explicit_scales(scales)
-        if scales_f.shape != tuple(grid):
-            if scales_f.size == 1 and tuple(grid) == (1,):
-                scales_f = scales_f.reshape(1)
-            else:
-                raise ScaleError(
-                    f"scales for {scheme!r} on shape {shape} have the grid shape {tuple(grid)}, "
-                    f"got {scales_f.shape}"
-                )
+        scales_f = _scales_in_grid(scales, grid, scheme, shape)
         values = np.array(values, dtype=values.dtype.newbyteorder("="), order="C", copy=True)
         g = None if global_scale is None else _global_scale(global_scale)
         _core.check_parts(values, scales_f, g, scheme._spec(), shape)
@@ -369,16 +366,8 @@ def quantize(
     xs, kind = _as_input(x)
     given = None
     if scales is not None:
-        given = _explicit_scales(scales)
         grid = _core.layout_info(scheme._spec(), xs.shape)[2]
-        if given.shape != tuple(grid):
-            if given.size == 1 and tuple(grid) == (1,):
-                given = given.reshape(1)
-            else:
-                raise ScaleError(
-                    f"scales for {scheme!r} on shape {xs.shape} have the grid shape "
-                    f"{tuple(grid)}, got {given.shape}"
-                )
+        given = _scales_in_grid(scales, grid, scheme, xs.shape)
     g = None if global_scale is None else _global_scale(global_scale)
     values, stored, g_out = _core.quantize(
         xs, kind, scheme._spec(), calibration, rounding, scale_rounding, given, g

@@ -95,7 +95,7 @@ mod tests {
         let parts = from_bytes(&layout, &data).unwrap();
         assert_eq!(parts.scales.stored, [0.5, 0.125]);
         assert_eq!(parts.scales.global, Some(3.0));
-        assert_eq!(parts.scales.effective, [1.5, 0.375]);
+        assert_eq!(parts.scales.effective(), [1.5, 0.375]);
         let again = to_bytes(&layout, Storage::U8(parts.storage), &parts.scales);
         assert_eq!(again, data);
     }
@@ -202,7 +202,7 @@ mod fuzz_tests {
                             dequantize(
                                 &layout,
                                 st.as_storage(),
-                                &parts.scales.effective,
+                                parts.scales.effective(),
                                 Output::F32(&mut out),
                             );
                         }

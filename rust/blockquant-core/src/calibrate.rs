@@ -149,17 +149,13 @@ fn mean_abs_cols(x: Input<'_>, layout: &Layout, g: usize, k0: usize, out: &mut [
     let gc = layout.grid_cols();
     for (j, (a, o)) in acc.iter().zip(out.iter_mut()).enumerate() {
         let count = layout.block_count(g * gc + k0 + j);
-        let sum = if a.is_exact(count) {
-            a.sum
-        } else {
-            // Rare: a block whose magnitudes span > ~2^29. Sum it again, exactly.
+        *o = a.mean(count, || {
             let mut exact = ExactSum::default();
             for_each_row_in_grid_row(layout, g, |row| {
                 exact.add_all(row_blocks(&x, layout, row, k0 + j, 1, &mut buf));
             });
             exact.to_f64()
-        };
-        *o = mean(sum, count);
+        });
     }
 }
 
@@ -172,14 +168,11 @@ pub(crate) fn run_amplitude(xs: &[f32], calibration: Calibration) -> f32 {
         Calibration::AbsMean => {
             let mut a = AbsSum::default();
             a.add_all(xs);
-            let sum = if a.is_exact(xs.len()) {
-                a.sum
-            } else {
+            a.mean(xs.len(), || {
                 let mut e = ExactSum::default();
                 e.add_all(xs);
                 e.to_f64()
-            };
-            mean(sum, xs.len())
+            })
         }
     }
 }
@@ -244,9 +237,7 @@ fn tensor_amplitude(x: Input<'_>, calibration: Calibration) -> f32 {
                     a
                 })
                 .reduce(AbsSum::default, AbsSum::merge);
-            let sum = if a.is_exact(n) {
-                a.sum
-            } else {
+            a.mean(n, || {
                 (0..chunks)
                     .into_par_iter()
                     .map_init(Vec::new, |buf, c| {
@@ -257,8 +248,7 @@ fn tensor_amplitude(x: Input<'_>, calibration: Calibration) -> f32 {
                     })
                     .reduce(ExactSum::default, ExactSum::merge)
                     .to_f64()
-            };
-            mean(sum, n)
+            })
         }
     }
 }
@@ -300,6 +290,17 @@ impl AbsSum {
             max: self.max.max(o.max),
             min_nonzero: self.min_nonzero.min(o.min_nonzero),
         }
+    }
+
+    /// The mean |x| over `count` values: from this f64 sum when it is provably exact, else from
+    /// `exact_sum` (rare: magnitudes spanning more than ~2^29 within one block).
+    fn mean(&self, count: usize, exact_sum: impl FnOnce() -> f64) -> f32 {
+        let sum = if self.is_exact(count) {
+            self.sum
+        } else {
+            exact_sum()
+        };
+        mean(sum, count)
     }
 
     /// Every partial sum is a multiple of u = ulp(min_nonzero) and at most count·max; if that

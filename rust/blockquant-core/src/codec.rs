@@ -120,23 +120,49 @@ pub fn minifloat(value: QuantValue) -> Option<MiniFloat> {
     }
 }
 
-/// Decode table indexed by a stored field (Native: the whole byte).
-pub fn decode_table(value: QuantValue, packing: &Packing) -> Vec<f32> {
-    let fields = 1usize << packing.field_bits.min(8);
-    let bits = value.bits();
-    (0..fields)
-        .map(|f| {
-            let f = f as u32;
-            match minifloat(value) {
-                Some(fmt) => fmt.decode((f & ((1 << bits) - 1)) as u8),
-                // Sign-extend from the field's width: Native fields are whole int8 bytes.
-                None => {
-                    let w = packing.field_bits;
-                    (((f << (32 - w)) as i32) >> (32 - w)) as f32
-                }
-            }
-        })
-        .collect()
+/// Turns a stored field into its f32 value.
+pub trait Decode: Copy + Send + Sync {
+    fn decode(&self, field: u8) -> f32;
+}
+
+/// Int fields: sign-extend from the field's width (8 for Native, whose fields are whole int8
+/// bytes). Plain arithmetic, so the dequantize loop vectorizes.
+#[derive(Clone, Copy)]
+pub struct IntDecode {
+    shift: u32,
+}
+
+impl IntDecode {
+    pub fn new(packing: &Packing) -> Self {
+        Self {
+            shift: 8 - packing.field_bits.min(8),
+        }
+    }
+}
+
+impl Decode for IntDecode {
+    #[inline(always)]
+    fn decode(&self, field: u8) -> f32 {
+        (((field << self.shift) as i8) >> self.shift) as f32
+    }
+}
+
+/// Float fields: one load from a 256-entry table (see [`float_table`]).
+#[derive(Clone, Copy)]
+pub struct TableDecode<'a>(pub &'a [f32; 256]);
+
+impl Decode for TableDecode<'_> {
+    #[inline(always)]
+    fn decode(&self, field: u8) -> f32 {
+        self.0[field as usize]
+    }
+}
+
+/// The value of every byte as a field of float format `fmt`: only its low bits count, so a
+/// Native E2M1 byte with a non-zero high nibble decodes by its low nibble (SPEC §8).
+pub fn float_table(fmt: &MiniFloat) -> [f32; 256] {
+    let mask = (1u32 << (fmt.sign_shift() + 1)) - 1;
+    std::array::from_fn(|i| fmt.decode((i as u32 & mask) as u8))
 }
 
 /// Whether a stored field is a valid code of `value` (used when taking storage from a caller).
@@ -250,7 +276,7 @@ mod tests {
     }
 
     #[test]
-    fn native_and_packed_decode_tables() {
+    fn native_and_packed_decoders() {
         let native = Packing {
             word_bits: 8,
             per: 1,
@@ -267,13 +293,14 @@ mod tests {
             per: 2,
             ..native.clone()
         };
-        let t = decode_table(QuantValue::Q4S, &native);
-        assert_eq!(t[0xFF], -1.0);
-        assert_eq!(t[0x7F], 127.0);
-        let t = decode_table(QuantValue::Q4S, &packed);
-        assert_eq!(t.len(), 16);
-        assert_eq!(t[0xF], -1.0);
-        assert_eq!(t[0x8], -8.0);
+        let d = IntDecode::new(&native);
+        assert_eq!(d.decode(0xFF), -1.0);
+        assert_eq!(d.decode(0x7F), 127.0);
+        let d = IntDecode::new(&packed);
+        assert_eq!(d.decode(0xF), -1.0);
+        assert_eq!(d.decode(0x8), -8.0);
+        let t = float_table(&E2M1);
+        assert_eq!((t[0x7], t[0xF], t[0x17]), (6.0, -6.0, 6.0));
         assert!(field_is_valid(QuantValue::Q4S, &packed, 0x9)); // -7
         assert!(!field_is_valid(QuantValue::Q4S, &packed, 0x8)); // -8
         assert!(!field_is_valid(QuantValue::Q4S, &native, 0x08)); // 8 as int8

@@ -2,7 +2,7 @@
 //! packing (SPEC §8). Every tensor-dependent rule of the scheme is checked here, once.
 
 use crate::error::{QuantError, Result};
-use crate::scheme::{QuantScheme, QuantStore, QuantValue};
+use crate::scheme::{QuantScheme, QuantStore};
 
 /// How values sit in storage words.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -259,15 +259,10 @@ fn packing_for(scheme: &QuantScheme, dims: &[usize]) -> Result<Packing> {
     })
 }
 
-/// Whether `value` stores sign-extended two's complement ints.
-pub fn is_int(value: QuantValue) -> bool {
-    !value.is_float()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheme::ScaleDtype;
+    use crate::scheme::{QuantValue, ScaleDtype};
 
     fn scheme(store: QuantStore, block: Option<&[usize]>) -> QuantScheme {
         let s = QuantScheme::default()

@@ -180,13 +180,6 @@ impl MiniFloat {
         };
         sign * value
     }
-
-    /// A 2^(1 + exp_bits + man_bits)-entry decode table (the dequantize hot loop reads it).
-    pub fn decode_table(&self) -> Vec<f32> {
-        (0..1u32 << (1 + self.sign_shift()))
-            .map(|c| self.decode(c as u8))
-            .collect()
-    }
 }
 
 /// `v >> shift` rounded to nearest, ties to even (1 ≤ shift ≤ 31).

@@ -7,7 +7,7 @@
 use rayon::prelude::*;
 
 use crate::calibrate::MIN_TASK_ELEMS;
-use crate::codec::{field_is_valid, Encode};
+use crate::codec::{field_is_valid, Decode, Encode};
 use crate::error::{QuantError, Result};
 use crate::input::{Input, Window};
 use crate::layout::Layout;
@@ -113,19 +113,6 @@ impl Iterator for Segments<'_> {
         let item = (self.pos, seg_end - self.pos, self.scale);
         self.pos = seg_end;
         Some(item)
-    }
-}
-
-/// Calls `f(pos, len, scale_index)` for each run of [`Segments`].
-#[inline(always)]
-pub fn for_each_segment(
-    layout: &Layout,
-    start: usize,
-    len: usize,
-    mut f: impl FnMut(usize, usize, usize),
-) {
-    for (pos, len, s) in Segments::new(layout, start, len) {
-        f(pos, len, s);
     }
 }
 
@@ -457,36 +444,6 @@ fn encode_words_outer_axis<C: Encode, W: Word>(
         w += take;
     }
     bad
-}
-
-/// Turns a stored field into its f32 value.
-pub trait Decode: Copy + Send + Sync {
-    fn decode(&self, field: u8) -> f32;
-}
-
-/// Int fields: sign-extend from the field's width (8 for Native). Plain arithmetic, so the
-/// dequantize loop vectorizes.
-#[derive(Clone, Copy)]
-pub struct IntDecode {
-    pub shift: u32,
-}
-
-impl Decode for IntDecode {
-    #[inline(always)]
-    fn decode(&self, field: u8) -> f32 {
-        (((field << self.shift) as i8) >> self.shift) as f32
-    }
-}
-
-/// Float fields: one load from a 256-entry table (every byte value has an entry).
-#[derive(Clone, Copy)]
-pub struct TableDecode<'a>(pub &'a [f32; 256]);
-
-impl Decode for TableDecode<'_> {
-    #[inline(always)]
-    fn decode(&self, field: u8) -> f32 {
-        self.0[field as usize]
-    }
 }
 
 /// An output element type of dequantize: the f32 result x̂, converted as a numpy cast would.

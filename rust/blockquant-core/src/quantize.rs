@@ -5,14 +5,15 @@ use rayon::prelude::*;
 
 use crate::calibrate::{amplitudes, run_amplitude, Calibration, MIN_TASK_ELEMS};
 use crate::codec::{
-    decode_table, minifloat, E2M1Code, Encode, FloatCode, IntHalfAway, IntHalfEven, Rounding,
+    float_table, minifloat, E2M1Code, Encode, FloatCode, IntDecode, IntHalfAway, IntHalfEven,
+    Rounding, TableDecode,
 };
 use crate::error::{QuantError, Result};
 use crate::input::{Input, Window};
 use crate::layout::Layout;
 use crate::pack::{
-    encode_range, encode_words_last_axis, for_each_segment, BF16Bits, F16Bits, IntDecode, OutElem,
-    ScaleSlice, Segments, Storage, StorageMut, TableDecode, Word,
+    encode_range, encode_words_last_axis, BF16Bits, F16Bits, OutElem, ScaleSlice, Segments,
+    Storage, StorageMut, Word,
 };
 use crate::scale::{check_scales, ScaleRounding};
 use crate::scheme::{QuantValue, ScaleDtype};
@@ -70,23 +71,41 @@ pub struct Scales {
     pub stored: Vec<f32>,
     /// Two-level only: the per-tensor scale g, f32.
     pub global: Option<f32>,
-    /// What values are divided by: `stored`, or `b_i × g` for two-level.
-    pub effective: Vec<f32>,
+    /// Two-level only: b_i × g. One-level values are divided by `stored` itself.
+    two_level_effective: Vec<f32>,
 }
 
 impl Scales {
-    /// Rebuild effective scales from stored ones (after `from_bytes` / `from_parts`).
-    pub fn from_stored(layout: &Layout, stored: Vec<f32>, global: Option<f32>) -> Result<Self> {
-        check_stored(layout, &stored, global)?;
-        let effective = match global {
-            Some(g) => stored.iter().map(|&b| effective_scale(b, g)).collect(),
-            None => stored.clone(),
+    /// Scales as stored; for two-level (`global` set) the effective scales are derived here.
+    pub fn new(stored: Vec<f32>, global: Option<f32>) -> Self {
+        let two_level_effective = match global {
+            Some(g) => stored
+                .par_iter()
+                .with_min_len(MIN_TASK_ELEMS)
+                .map(|&b| effective_scale(b, g))
+                .collect(),
+            None => Vec::new(),
         };
-        Ok(Self {
+        Self {
             stored,
             global,
-            effective,
-        })
+            two_level_effective,
+        }
+    }
+
+    /// Check stored scales against `layout`, then [`Scales::new`] (after `from_bytes` /
+    /// `from_parts`, or explicit scales).
+    pub fn from_stored(layout: &Layout, stored: Vec<f32>, global: Option<f32>) -> Result<Self> {
+        check_stored(layout, &stored, global)?;
+        Ok(Self::new(stored, global))
+    }
+
+    /// What values are divided by: `stored`, or `b_i × g` for two-level.
+    pub fn effective(&self) -> &[f32] {
+        match self.global {
+            Some(_) => &self.two_level_effective,
+            None => &self.stored,
+        }
     }
 }
 
@@ -98,18 +117,19 @@ pub fn effective_scale(b: f32, g: f32) -> f32 {
     (b * g).min(f32::MAX)
 }
 
+fn scale_count_error(layout: &Layout, got: usize) -> QuantError {
+    QuantError::Scale(format!(
+        "expected {} scales (grid {:?}) for {} on shape {:?}, got {got}",
+        layout.num_scales, layout.grid, layout.scheme, layout.shape
+    ))
+}
+
 /// Check that stored scales fit `layout`: count, representable in the dtype, global presence.
 pub fn check_stored(layout: &Layout, stored: &[f32], global: Option<f32>) -> Result<()> {
-    let scheme = &layout.scheme;
     if stored.len() != layout.num_scales {
-        return Err(QuantError::Scale(format!(
-            "expected {} scales (grid {:?}) for {scheme} on shape {:?}, got {}",
-            layout.num_scales,
-            layout.grid,
-            layout.shape,
-            stored.len()
-        )));
+        return Err(scale_count_error(layout, stored.len()));
     }
+    let scheme = &layout.scheme;
     let dtype = scheme.scale_dtype();
     if let Some((i, s)) = stored
         .iter()
@@ -120,16 +140,8 @@ pub fn check_stored(layout: &Layout, stored: &[f32], global: Option<f32>) -> Res
             "scale {s} at index {i} is not a value of {dtype} (scales must be finite, >= 0 and exactly representable)"
         )));
     }
-    check_global(layout, global, false)
-}
-
-fn check_global(layout: &Layout, global: Option<f32>, quantizing: bool) -> Result<()> {
-    let scheme = &layout.scheme;
     match (scheme.is_two_level(), global) {
         (true, None) => Err(QuantError::MissingGlobalScale {
-            scheme: scheme.to_string(),
-        }),
-        (false, Some(_)) if quantizing => Err(QuantError::UnexpectedGlobalScale {
             scheme: scheme.to_string(),
         }),
         (false, Some(_)) => Err(QuantError::GlobalScaleNotTaken {
@@ -151,26 +163,21 @@ pub fn compute_scales(
     let dtype = scheme.scale_dtype();
     let mode = opts.scale_rounding;
     let ex = explicit.unwrap_or_default();
-    if ex.global.is_some() && !scheme.is_two_level() {
-        return Err(QuantError::UnexpectedGlobalScale {
-            scheme: scheme.to_string(),
-        });
-    }
-    if let Some(g) = ex.global {
-        check_scales(&[g], "the per-tensor scale")?;
+    match (ex.global, scheme.is_two_level()) {
+        (Some(_), false) => {
+            return Err(QuantError::UnexpectedGlobalScale {
+                scheme: scheme.to_string(),
+            })
+        }
+        (Some(g), true) => check_scales(&[g], "the per-tensor scale")?,
+        (None, _) => {}
     }
     if let Some(given) = ex.scales {
         if given.len() != layout.num_scales {
-            return Err(QuantError::Scale(format!(
-                "expected {} scales (grid {:?}) for {scheme} on shape {:?}, got {}",
-                layout.num_scales,
-                layout.grid,
-                layout.shape,
-                given.len()
-            )));
+            return Err(scale_count_error(layout, given.len()));
         }
         check_scales(given, "scales")?;
-        check_global(layout, ex.global, true)?;
+        // A two-level scheme without its per-tensor scale is reported by `from_stored`.
         let stored: Vec<f32> = given
             .par_iter()
             .with_min_len(MIN_TASK_ELEMS)
@@ -179,50 +186,30 @@ pub fn compute_scales(
         return Scales::from_stored(layout, stored, ex.global);
     }
 
-    let value = scheme.value;
-    let half_range = value.half_range();
+    let half_range = scheme.value.half_range();
     let alpha = amplitudes(x, layout, opts.calibration);
-    let raw: Vec<f32> = alpha
-        .par_iter()
-        .with_min_len(MIN_TASK_ELEMS)
-        .map(|&a| a / half_range)
-        .collect();
-    if scheme.is_two_level() {
-        // g maps the largest raw block scale onto the block dtype's largest value.
-        let max_raw = raw.iter().fold(0.0f32, |m, &s| if s > m { s } else { m });
-        let g = match ex.global {
-            Some(g) => g,
-            None if max_raw == 0.0 => 1.0,
-            None => max_raw / dtype.max_value(),
-        };
-        // A caller's g of 0 leaves nothing to normalize by: every block quantizes to 0.
-        let stored: Vec<f32> = raw
+    // One pass from α to the stored scale: s_raw = α / half_range, then the dtype's rounding,
+    // where `to_block` maps s_raw to the block dtype's units (two-level: ÷ g).
+    let round_all = |to_block: fn(f32, f32) -> f32, g: f32| -> Vec<f32> {
+        alpha
             .par_iter()
             .with_min_len(MIN_TASK_ELEMS)
-            .map(|&s| dtype.round(if g == 0.0 { 0.0 } else { s / g }, mode))
-            .collect();
-        let effective = stored
-            .par_iter()
-            .with_min_len(MIN_TASK_ELEMS)
-            .map(|&b| effective_scale(b, g))
-            .collect();
-        Ok(Scales {
-            stored,
-            global: Some(g),
-            effective,
-        })
-    } else {
-        let stored: Vec<f32> = raw
-            .par_iter()
-            .with_min_len(MIN_TASK_ELEMS)
-            .map(|&s| dtype.round(s, mode))
-            .collect();
-        Ok(Scales {
-            effective: stored.clone(),
-            stored,
-            global: None,
-        })
+            .map(|&a| dtype.round(to_block(a / half_range, g), mode))
+            .collect()
+    };
+    if !scheme.is_two_level() {
+        return Ok(Scales::new(round_all(|s, _| s, 1.0), None));
     }
+    // g maps the largest raw block scale onto the block dtype's largest value.
+    let max_raw = alpha.iter().fold(0.0f32, |m, &a| m.max(a)) / half_range;
+    let g = match ex.global {
+        Some(g) => g,
+        None if max_raw == 0.0 => 1.0,
+        None => max_raw / dtype.max_value(),
+    };
+    // A caller's g of 0 leaves nothing to normalize by: every block quantizes to 0.
+    let stored = round_all(|s, g| if g == 0.0 { 0.0 } else { s / g }, g);
+    Ok(Scales::new(stored, Some(g)))
 }
 
 /// Quantize `x` (C order, `layout.num_elements` values) against `effective` scales into `out`.
@@ -275,7 +262,7 @@ pub fn quantize(
         return quantize_fused(x, layout, opts, out);
     }
     let scales = compute_scales(x, layout, opts, explicit)?;
-    encode_values(x, layout, &scales.effective, opts.rounding, out)?;
+    encode_values(x, layout, scales.effective(), opts.rounding, out)?;
     Ok(scales)
 }
 
@@ -305,6 +292,8 @@ struct Piece {
     len: usize,
     scale0: usize,
     scales: usize,
+    /// Global index of the first storage word, and the count.
+    word0: usize,
     words: usize,
 }
 
@@ -323,6 +312,7 @@ fn pieces(layout: &Layout) -> Vec<Piece> {
                 len: (r1 - r0) * n,
                 scale0: r0 * gc,
                 scales: (r1 - r0) * gc,
+                word0: r0 * nw,
                 words: (r1 - r0) * nw,
             });
         }
@@ -337,6 +327,7 @@ fn pieces(layout: &Layout) -> Vec<Piece> {
                     len: c1 - c0,
                     scale0: r * gc + c0 / bc,
                     scales: c1.div_ceil(bc) - c0 / bc,
+                    word0: r * nw + c0 / per,
                     words: c1.div_ceil(per) - c0 / per,
                 });
             }
@@ -365,11 +356,7 @@ fn quantize_fused(
     if bad {
         return Err(first_non_finite(x));
     }
-    Ok(Scales {
-        effective: stored.clone(),
-        stored,
-        global: None,
-    })
+    Ok(Scales::new(stored, None))
 }
 
 fn fused_with<C: Encode>(
@@ -381,15 +368,8 @@ fn fused_with<C: Encode>(
 ) -> (Vec<f32>, bool) {
     let mut stored = vec![0.0f32; layout.num_scales];
     let pieces = pieces(layout);
-    let n = layout.row_len();
-    let (per, nw) = (layout.packing.per, layout.packing.words_axis);
-    // Global index of a piece's first word (pieces start on word boundaries).
-    let first_word = move |p: &Piece| {
-        let line = p.start / n;
-        line * nw + (p.start - line * n) / per
-    };
     let bad = match out {
-        StorageMut::U8(bytes) if per == 1 => fused_pieces(
+        StorageMut::U8(bytes) if layout.packing.per == 1 => fused_pieces(
             x,
             layout,
             opts,
@@ -405,7 +385,7 @@ fn fused_with<C: Encode>(
             &pieces,
             &mut stored,
             words,
-            |p, xs, sc, out| encode_words_last_axis(codec, xs, layout, sc, first_word(p), out),
+            |p, xs, sc, out| encode_words_last_axis(codec, xs, layout, sc, p.word0, out),
         ),
         StorageMut::U32(words) => fused_pieces(
             x,
@@ -414,7 +394,7 @@ fn fused_with<C: Encode>(
             &pieces,
             &mut stored,
             words,
-            |p, xs, sc, out| encode_words_last_axis(codec, xs, layout, sc, first_word(p), out),
+            |p, xs, sc, out| encode_words_last_axis(codec, xs, layout, sc, p.word0, out),
         ),
     };
     (stored, bad)
@@ -518,20 +498,15 @@ fn dequantize_into<O: OutElem>(
 ) {
     assert_eq!(out.len(), layout.num_elements, "output length");
     assert_eq!(effective.len(), layout.num_scales, "scale count");
-    let p = &layout.packing;
-    if layout.scheme.value.is_float() {
-        let mut table = [0.0f32; 256];
-        let t = decode_table(layout.scheme.value, p);
-        // Fields index the table; Native float bytes use only their low `bits` (SPEC §8).
-        for (i, v) in table.iter_mut().enumerate() {
-            *v = t[i & (t.len() - 1)];
+    match minifloat(layout.scheme.value) {
+        Some(fmt) => {
+            let table = float_table(&fmt);
+            crate::pack::decode_into(TableDecode(&table), layout, storage, effective, out);
         }
-        crate::pack::decode_into(TableDecode(&table), layout, storage, effective, out);
-    } else {
-        let dec = IntDecode {
-            shift: 8 - p.field_bits.min(8),
-        };
-        crate::pack::decode_into(dec, layout, storage, effective, out);
+        None => {
+            let dec = IntDecode::new(&layout.packing);
+            crate::pack::decode_into(dec, layout, storage, effective, out);
+        }
     }
 }
 
@@ -548,11 +523,4 @@ pub fn round_scales(
         .zip(scales.par_iter())
         .for_each(|(o, &s)| *o = dtype.round(s, mode));
     Ok(())
-}
-
-/// Per-element scale lookups for callers outside the kernels (tests, tools).
-pub fn scale_of_element(layout: &Layout, effective: &[f32], flat: usize) -> f32 {
-    let mut e = f32::NAN;
-    for_each_segment(layout, flat, 1, |_, _, s| e = effective[s]);
-    e
 }

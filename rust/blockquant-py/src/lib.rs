@@ -161,57 +161,91 @@ fn contiguous<'a, T: numpy::Element>(
         .map_err(|_| PyTypeError::new_err(format!("{what} must be a C-contiguous array")))
 }
 
-/// Fresh storage of the layout's dtype and shape: int8 (Native ints), uint8, or uint32.
+/// The numpy dtype of a layout's value storage (SPEC §8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StorageDtype {
+    /// Native int values, sign-extended.
+    I8,
+    /// Native float codes, and PackedNative.
+    U8,
+    /// PackedU32.
+    U32,
+}
+
+impl StorageDtype {
+    fn of(layout: &Layout) -> Self {
+        if layout.packing.word_bits == 32 {
+            Self::U32
+        } else if layout.packing.native && !layout.scheme.value.is_float() {
+            Self::I8
+        } else {
+            Self::U8
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::I8 => "int8",
+            Self::U8 => "uint8",
+            Self::U32 => "uint32",
+        }
+    }
+}
+
+/// int8 storage seen as bytes.
+fn bytes_of(s: &[i8]) -> &[u8] {
+    // SAFETY: i8 and u8 have the same size and alignment; every bit pattern is valid in both.
+    unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, s.len()) }
+}
+
+/// int8 storage seen as writable bytes.
+fn bytes_of_mut(s: &mut [i8]) -> &mut [u8] {
+    // SAFETY: as in `bytes_of`; the borrow is carried over unchanged.
+    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, s.len()) }
+}
+
+/// Fresh storage of the layout's dtype and shape.
 fn new_storage<'py>(py: Python<'py>, layout: &Layout) -> Bound<'py, PyUntypedArray> {
     let shape = IxDyn(&layout.storage_shape());
-    let arr = if layout.packing.word_bits == 32 {
-        PyArrayDyn::<u32>::zeros(py, shape, false).into_any()
-    } else if layout.packing.native && !layout.scheme.value.is_float() {
-        PyArrayDyn::<i8>::zeros(py, shape, false).into_any()
-    } else {
-        PyArrayDyn::<u8>::zeros(py, shape, false).into_any()
+    let arr = match StorageDtype::of(layout) {
+        StorageDtype::U32 => PyArrayDyn::<u32>::zeros(py, shape, false).into_any(),
+        StorageDtype::I8 => PyArrayDyn::<i8>::zeros(py, shape, false).into_any(),
+        StorageDtype::U8 => PyArrayDyn::<u8>::zeros(py, shape, false).into_any(),
     };
     arr.cast_into::<PyUntypedArray>().expect("a numpy array")
 }
 
-/// Run `f` on writable storage (the array must be freshly made or exclusively ours).
-fn with_storage_mut<R>(
+/// Run `f`, with the GIL released, on storage made by [`new_storage`] for `layout`.
+fn with_storage_mut<R: Send>(
     arr: &Bound<'_, PyUntypedArray>,
+    layout: &Layout,
     f: impl FnOnce(StorageMut<'_>) -> R + Send,
-) -> PyResult<R>
-where
-    R: Send,
-{
+) -> PyResult<R> {
     let py = arr.py();
-    if let Ok(a) = arr.cast::<PyArrayDyn<u32>>() {
-        let mut rw = a.readwrite();
-        let s = rw
-            .as_slice_mut()
-            .map_err(|_| PyTypeError::new_err("storage must be contiguous"))?;
-        return Ok(py.detach(|| f(StorageMut::U32(s))));
+    fn not_ours<E>(_: E) -> PyErr {
+        PyTypeError::new_err("storage must be a fresh C-contiguous array")
     }
-    if let Ok(a) = arr.cast::<PyArrayDyn<u8>>() {
-        let mut rw = a.readwrite();
-        let s = rw
-            .as_slice_mut()
-            .map_err(|_| PyTypeError::new_err("storage must be contiguous"))?;
-        return Ok(py.detach(|| f(StorageMut::U8(s))));
+    match StorageDtype::of(layout) {
+        StorageDtype::U32 => {
+            let mut rw = arr.cast::<PyArrayDyn<u32>>().map_err(not_ours)?.readwrite();
+            let s = rw.as_slice_mut().map_err(not_ours)?;
+            Ok(py.detach(|| f(StorageMut::U32(s))))
+        }
+        StorageDtype::U8 => {
+            let mut rw = arr.cast::<PyArrayDyn<u8>>().map_err(not_ours)?.readwrite();
+            let s = rw.as_slice_mut().map_err(not_ours)?;
+            Ok(py.detach(|| f(StorageMut::U8(s))))
+        }
+        StorageDtype::I8 => {
+            let mut rw = arr.cast::<PyArrayDyn<i8>>().map_err(not_ours)?.readwrite();
+            let s = bytes_of_mut(rw.as_slice_mut().map_err(not_ours)?);
+            Ok(py.detach(|| f(StorageMut::U8(s))))
+        }
     }
-    if let Ok(a) = arr.cast::<PyArrayDyn<i8>>() {
-        let mut rw = a.readwrite();
-        let s = rw
-            .as_slice_mut()
-            .map_err(|_| PyTypeError::new_err("storage must be contiguous"))?;
-        // SAFETY: i8 and u8 have the same size and alignment; every bit pattern is valid in both.
-        let s = unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, s.len()) };
-        return Ok(py.detach(|| f(StorageMut::U8(s))));
-    }
-    Err(PyTypeError::new_err(
-        "storage must be an int8, uint8 or uint32 array",
-    ))
 }
 
-/// Run `f` on read-only storage, checked against the layout's dtype and shape.
+/// Run `f`, with the GIL released, on read-only storage checked against the layout's dtype
+/// and shape.
 fn with_storage<R: Send>(
     arr: &Bound<'_, PyUntypedArray>,
     layout: &Layout,
@@ -228,50 +262,31 @@ fn with_storage<R: Send>(
             arr.shape()
         )));
     }
-    let wrong = |got: &str| {
+    let want = StorageDtype::of(layout);
+    let wrong = |_| {
         errors::LayoutError::new_err(format!(
-            "values for {} are stored as {}, got {got}",
+            "values for {} are stored as {}, got {}",
             layout.scheme,
-            storage_dtype_name(layout)
+            want.name(),
+            arr.dtype()
         ))
     };
-    let want = storage_dtype_name(layout);
-    if let Ok(a) = arr.cast::<PyArrayDyn<u32>>() {
-        if want != "uint32" {
-            return Err(wrong("uint32"));
+    match want {
+        StorageDtype::U32 => {
+            let ro = arr.cast::<PyArrayDyn<u32>>().map_err(wrong)?.readonly();
+            let s = contiguous(&ro, "values")?;
+            Ok(py.detach(|| f(Storage::U32(s))))
         }
-        let ro = a.readonly();
-        let s = contiguous(&ro, "values")?;
-        return Ok(py.detach(|| f(Storage::U32(s))));
-    }
-    if let Ok(a) = arr.cast::<PyArrayDyn<u8>>() {
-        if want != "uint8" {
-            return Err(wrong("uint8"));
+        StorageDtype::U8 => {
+            let ro = arr.cast::<PyArrayDyn<u8>>().map_err(wrong)?.readonly();
+            let s = contiguous(&ro, "values")?;
+            Ok(py.detach(|| f(Storage::U8(s))))
         }
-        let ro = a.readonly();
-        let s = contiguous(&ro, "values")?;
-        return Ok(py.detach(|| f(Storage::U8(s))));
-    }
-    if let Ok(a) = arr.cast::<PyArrayDyn<i8>>() {
-        if want != "int8" {
-            return Err(wrong("int8"));
+        StorageDtype::I8 => {
+            let ro = arr.cast::<PyArrayDyn<i8>>().map_err(wrong)?.readonly();
+            let s = bytes_of(contiguous(&ro, "values")?);
+            Ok(py.detach(|| f(Storage::U8(s))))
         }
-        let ro = a.readonly();
-        let s = contiguous(&ro, "values")?;
-        // SAFETY: i8 and u8 have the same size and alignment; every bit pattern is valid in both.
-        let s = unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, s.len()) };
-        return Ok(py.detach(|| f(Storage::U8(s))));
-    }
-    Err(wrong(&arr.dtype().to_string()))
-}
-
-fn storage_dtype_name(layout: &Layout) -> &'static str {
-    if layout.packing.word_bits == 32 {
-        "uint32"
-    } else if layout.packing.native && !layout.scheme.value.is_float() {
-        "int8"
-    } else {
-        "uint8"
     }
 }
 
@@ -365,7 +380,7 @@ fn quantize<'py>(
         };
         let storage = new_storage(py, &layout);
         let sc = with_input(x, kind, |xs| {
-            with_storage_mut(&storage, |out| {
+            with_storage_mut(&storage, &layout, |out| {
                 pool::install(|| q::quantize(xs, &layout, &opts, Some(explicit), out))
             })
         })?
@@ -400,7 +415,7 @@ fn dequantize<'py>(
     guarded(|| {
         let layout = layout(scheme, &shape)?;
         let sc = stored_scales(&layout, &scales, global_scale)?;
-        let eff = &sc.effective;
+        let eff = sc.effective();
         let dims = IxDyn(&shape);
         let run = |out: Output<'_>| {
             with_storage(values, &layout, |st| {
@@ -483,7 +498,7 @@ fn from_bytes<'py>(
         let layout = layout(scheme, &shape)?;
         let parts = bytes::from_bytes(&layout, data).map_err(to_py)?;
         let storage = new_storage(py, &layout);
-        with_storage_mut(&storage, |out| match out {
+        with_storage_mut(&storage, &layout, |out| match out {
             StorageMut::U8(dst) => dst.copy_from_slice(parts.storage),
             StorageMut::U32(dst) => {
                 for (w, c) in dst.iter_mut().zip(parts.storage.chunks_exact(4)) {
@@ -557,7 +572,7 @@ fn layout_info(
         let l = layout(scheme, &shape)?;
         Ok((
             l.storage_shape(),
-            storage_dtype_name(&l),
+            StorageDtype::of(&l).name(),
             l.grid.clone(),
             l.total_bytes(),
         ))
