@@ -25,7 +25,7 @@ from .errors import (
     UnsupportedSchemeError,
 )
 from .qtensor import QTensor, dequantize, quantize, round_scale
-from .scheme import BlockScale, QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype
+from .scheme import BlockScale, Layout, QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype
 
 __all__ = [
     "QuantScheme",
@@ -34,6 +34,7 @@ __all__ = [
     "QuantMode",
     "ScaleDtype",
     "BlockScale",
+    "Layout",
     "QTensor",
     "quantize",
     "dequantize",

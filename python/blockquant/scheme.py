@@ -16,7 +16,15 @@ import numpy as np
 
 from .errors import SchemeError
 
-__all__ = ["QuantValue", "ScaleDtype", "QuantMode", "QuantStore", "BlockScale", "QuantScheme"]
+__all__ = [
+    "QuantValue",
+    "ScaleDtype",
+    "QuantMode",
+    "QuantStore",
+    "BlockScale",
+    "QuantScheme",
+    "Layout",
+]
 
 MAX_BLOCK_DIMS = 5
 
@@ -291,6 +299,31 @@ class QuantScheme:
         """The dtype of a two-level scheme's per-tensor scale (always F32), else None."""
         return ScaleDtype.F32 if self.is_two_level else None
 
+    def layout(self, shape: Iterable[int]) -> "Layout":
+        """This scheme applied to a tensor of ``shape``: storage, scale grid and byte counts.
+        Raises :class:`SchemeError` when the tensor cannot take the scheme."""
+        from . import _core
+
+        dims = tuple(int(d) for d in shape)
+        storage_shape, storage_dtype, grid, total = _core.layout_info(self._spec(), dims)
+        n_scales = 1
+        for d in grid:
+            n_scales *= d
+        storage_nbytes = np.dtype(storage_dtype).itemsize
+        for d in storage_shape:
+            storage_nbytes *= d
+        return Layout(
+            shape=dims,
+            storage_shape=tuple(storage_shape),
+            storage_dtype=np.dtype(storage_dtype),
+            scale_grid=tuple(grid),
+            scale_dtype=self.scale_dtype,
+            n_scales=n_scales,
+            storage_nbytes=storage_nbytes,
+            scales_nbytes=total - storage_nbytes,
+            nbytes=total,
+        )
+
     def _spec(self) -> tuple:
         """The plain tuple the Rust core reads."""
         return (
@@ -380,6 +413,31 @@ class QuantScheme:
         if self.tensor is not None:
             parts.append(f"tensor={self.tensor}")
         return f"QuantScheme({', '.join(parts)})"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A scheme applied to one tensor shape (:meth:`QuantScheme.layout`): what is stored, and
+    how many bytes burn's layout (``QTensor.to_bytes``) takes."""
+
+    #: The tensor's shape (a 0-d tensor is laid out as shape ``(1,)``).
+    shape: Tuple[int, ...]
+    #: Shape of the value storage (``QTensor.values``).
+    storage_shape: Tuple[int, ...]
+    #: dtype of the value storage: int8, uint8 or uint32.
+    storage_dtype: np.dtype
+    #: Shape of the scale grid (``QTensor.scales``); ``(1,)`` for one per-tensor scale.
+    scale_grid: Tuple[int, ...]
+    #: How the scales of the grid are stored.
+    scale_dtype: ScaleDtype
+    #: Number of scales in the grid.
+    n_scales: int
+    #: Bytes of the value storage.
+    storage_nbytes: int
+    #: Bytes of the scales: the grid in its dtype, plus 4 for a two-level per-tensor scale.
+    scales_nbytes: int
+    #: Total bytes: ``storage_nbytes + scales_nbytes``.
+    nbytes: int
 
 
 # -- the text form (QuantScheme.parse / str) ------------------------------------------------------
