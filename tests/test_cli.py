@@ -1,12 +1,14 @@
 """The `blockquant` command on small checkpoints it builds itself: quantize, dequantize, inspect,
-report, demo, bench; the file format; and every user error (exit 2, one line, nothing written)."""
+report, demo, --version; the benchmark script; the file format; and every user error (exit 2, one line, nothing written)."""
 
+import importlib.metadata
 import io
 import json
 import os
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -16,7 +18,10 @@ from safetensors.numpy import load_file, save_file
 import blockquant as bq
 from blockquant import QuantScheme
 from blockquant.checkpoint import SafetensorsWriter, quantize_file
-from blockquant.cli import ProgressBar, _bench_script, main
+from blockquant.cli import ProgressBar, main
+from blockquant.metrics import ErrorStats, sqnr_db
+
+BENCH = Path(__file__).resolve().parents[1] / "benches" / "bench.py"
 
 
 # -- an independent, minimal safetensors codec (not the one under test) -------------------------
@@ -383,17 +388,18 @@ def test_report(ckpt, tensors, capsys):
     assert rep["scheme"] == "e2m1/packed_native0/block16:ue4m3+tensor:f32"
     rows = {r["name"]: r for r in rep["tensors"]}
     assert set(rows) == set(FLOATS) - {"norm"}
-    signal = noise = 0.0
+    total = ErrorStats()
     for name, r in rows.items():
-        x = tensors[name].astype(np.float64)
-        qt = bq.quantize(tensors[name], bq.presets.nvfp4())
-        d = x - qt.dequantize().astype(np.float64)
-        assert r["sqnr_db"] == pytest.approx(bq.cli.sqnr_db(x, qt.dequantize()), rel=1e-9)
-        assert r["max_abs_err"] == pytest.approx(np.abs(d).max(), rel=1e-12)
-        assert r["bytes_before"] == tensors[name].nbytes and r["bytes_after"] == qt.nbytes
-        signal, noise = signal + (x**2).sum(), noise + (d**2).sum()
+        x = tensors[name]
+        qt = bq.quantize(x, bq.presets.nvfp4())
+        stats = ErrorStats.between(x, qt.dequantize())  # the formulas: tests/test_metrics.py
+        assert r["sqnr_db"] == pytest.approx(sqnr_db(x, qt.dequantize()), rel=1e-9)
+        assert r["max_abs_err"] == pytest.approx(stats.max_abs_err, rel=1e-12)
+        assert r["bytes_before"] == x.nbytes and r["bytes_after"] == qt.nbytes
+        total += stats
     o = rep["overall"]
-    assert o["sqnr_db"] == pytest.approx(10 * np.log10(signal / noise), rel=1e-9)
+    assert o["sqnr_db"] == pytest.approx(total.sqnr_db, rel=1e-9)  # summed, not averaged
+    assert o["numel"] == total.numel
     assert o["bytes_after"] == sum(r["bytes_after"] for r in rows.values())
     assert rep["file_total"]["unquantized"] == 3
     assert run("report", ckpt, "--scheme", "int8_block32") == 0
@@ -434,11 +440,36 @@ def test_demo_still_runs(capsys):
     assert "| nvfp4 |" in out.replace("  ", " ") or "nvfp4" in out
 
 
-def test_bench(capsys):
-    assert _bench_script() is not None and _bench_script().name == "bench.py"
-    assert run("bench", "--builtin", "--size", "8192", "--repeat", "1") == 0
-    out = capsys.readouterr().out
-    assert "np.copyto" in out and "nvfp4" in out and "of copyto" in out
+def test_bench_is_not_a_command(capsys):
+    assert run("bench") == 2  # the benchmark is benches/bench.py, outside the package
+    assert "invalid choice: 'bench'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not BENCH.is_file(), reason="benches/bench.py is not in this tree")
+def test_bench_script_runs_standalone(tmp_path):
+    cmd = [sys.executable, str(BENCH)]
+    help_ = subprocess.run([*cmd, "--help"], capture_output=True, text=True, timeout=60,
+                           cwd=tmp_path, check=False)
+    assert help_.returncode == 0 and "--quick" in help_.stdout, help_.stderr
+    res = subprocess.run([*cmd, "--quick", "--size", "8192", "--repeat", "1", "--json",
+                          str(tmp_path / "b.json")], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, check=False)
+    assert res.returncode == 0, res.stderr
+    assert "np.copyto" in res.stdout and "NVFP4" in res.stdout and "of copyto" in res.stdout
+    results = json.loads((tmp_path / "b.json").read_text())
+    assert results["size"] == 8192 and len(results["cases"]) == 7
+
+
+def test_version(capsys, monkeypatch):
+    assert run("--version") == 0
+    assert capsys.readouterr().out == f"blockquant {importlib.metadata.version('blockquant')}\n"
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    assert run("--version") == 0
+    assert capsys.readouterr().out == f"blockquant {bq.__version__}\n"
 
 
 def test_usage_errors_exit_2(capsys):

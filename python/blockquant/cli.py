@@ -5,7 +5,6 @@
     blockquant inspect FILE                         per tensor: scheme, shape, bytes, bits/value
     blockquant report IN --scheme SCHEME            per tensor: SQNR, max error, sizes, time
     blockquant demo                                 every preset on built-in generated tensors
-    blockquant bench                                the benchmark (benches/bench.py, or a short one)
 
 A SCHEME is a preset name (nvfp4, mxfp4, int8, ...) or its spelled-out form, such as
 q4s/packed_native0/block32:f16 (see ``QuantScheme.parse``). A problem with the input, the
@@ -16,25 +15,42 @@ code 2, and no output file.
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import dataclasses
+import importlib.metadata
 import json
 import math
 import shutil
-import statistics
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
 
-from . import presets
+from . import __version__, presets
+from .checkpoint import (
+    FileOptions,
+    dequantize_file,
+    inspect_file,
+    open_checkpoint,
+    quantize_file,
+    report_file,
+)
 from .errors import QuantError
+from .metrics import ErrorStats
 from .qtensor import quantize
 from .scheme import QuantScheme
 
-__all__ = ["demo_tensors", "main", "sqnr_db"]
+__all__ = ["demo_tensors", "main", "version"]
+
+
+def version() -> str:
+    """The installed distribution's version; the package's own when run from a source tree
+    that was never installed."""
+    try:
+        return importlib.metadata.version("blockquant")
+    except importlib.metadata.PackageNotFoundError:
+        return __version__
 
 
 def demo_tensors(seed: int = 0, scale: int = 1) -> dict[str, np.ndarray]:
@@ -53,16 +69,6 @@ def demo_tensors(seed: int = 0, scale: int = 1) -> dict[str, np.ndarray]:
     w.flat[hot] *= 60.0  # outlier features, as in LLM activations/weights
     out["mlp.down_proj_outliers"] = w
     return {k: v.astype(np.float32) for k, v in out.items()}
-
-
-def sqnr_db(x: np.ndarray, y: np.ndarray) -> float:
-    """Signal to quantization-noise ratio in dB (inf when exact)."""
-    x64 = x.astype(np.float64)
-    noise = float(np.sum((x64 - y.astype(np.float64)) ** 2))
-    signal = float(np.sum(x64**2))
-    if noise == 0.0:
-        return float("inf")
-    return 10.0 * np.log10(signal / noise)
 
 
 def _table(rows: list[Sequence[str]], header: Sequence[str], left: int = 0) -> str:
@@ -90,7 +96,7 @@ def demo(args: argparse.Namespace) -> int:
     for name, make in presets.PRESETS.items():
         scheme = make()
         cal = presets.CALIBRATION[name]
-        nbytes, signal, noise, max_err, elapsed = 0, 0.0, 0.0, 0.0, 0.0
+        nbytes, stats, elapsed = 0, ErrorStats(), 0.0
         for x in tensors.values():
             best = float("inf")
             for _ in range(args.repeat):
@@ -98,19 +104,14 @@ def demo(args: argparse.Namespace) -> int:
                 qt = quantize(x, scheme, calibration=cal)
                 best = min(best, time.perf_counter() - t0)
             elapsed += best
-            y = qt.dequantize()
-            d = x.astype(np.float64) - y
-            signal += float(np.sum(x.astype(np.float64) ** 2))
-            noise += float(np.sum(d * d))
-            max_err = max(max_err, float(np.max(np.abs(d))))
+            stats += ErrorStats.between(x, qt.dequantize())
             nbytes += qt.nbytes
-        sqnr = float("inf") if noise == 0 else 10 * np.log10(signal / noise)
         rows.append(
             [
                 name,
                 f"{8 * nbytes / n_total:.3f}",
-                f"{sqnr:.2f}",
-                f"{max_err:.3g}",
+                f"{stats.sqnr_db:.2f}",
+                f"{stats.max_abs_err:.3g}",
                 f"{in_bytes / elapsed / 1e9:.2f}",
             ]
         )
@@ -192,16 +193,18 @@ def _scheme(text: str) -> QuantScheme:
         raise CliError(f"--scheme: {e}") from None
 
 
-def _calibration(args: argparse.Namespace) -> str:
-    if args.calibration is not None:
-        return args.calibration
-    return presets.CALIBRATION.get(args.scheme, "minmax")
+def _file_options(args: argparse.Namespace) -> FileOptions:
+    """The file options from whichever of them this command takes; the calibration, when not
+    given, is the one the named preset is meant for."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(FileOptions)
+             if hasattr(args, f.name)}
+    if "calibration" in given and given["calibration"] is None:
+        given["calibration"] = presets.CALIBRATION.get(args.scheme, "minmax")
+    return FileOptions(**given)
 
 
 def _progress(path: str, label: str, quiet: bool) -> ProgressBar:
     """A progress bar over the bytes of the checkpoint at ``path`` (read only when shown)."""
-    from .checkpoint import open_checkpoint
-
     bar = ProgressBar(1, label, quiet)
     if bar.enabled:
         with open_checkpoint(path) as ckpt:
@@ -210,16 +213,11 @@ def _progress(path: str, label: str, quiet: bool) -> ProgressBar:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
-    from .checkpoint import quantize_file
-
     scheme = _scheme(args.scheme)
+    options = _file_options(args)
     bar = _progress(args.input, "quantize", args.quiet)
     try:
-        res = quantize_file(
-            args.input, args.output, scheme, include=args.include, exclude=args.exclude,
-            calibration=_calibration(args), rounding=args.rounding,
-            scale_rounding=args.scale_rounding, force=args.force, progress=bar,
-        )
+        res = quantize_file(args.input, args.output, scheme, options, progress=bar)
     finally:
         bar.close()
     if not res.quantized:
@@ -234,14 +232,11 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def cmd_dequantize(args: argparse.Namespace) -> int:
-    from .checkpoint import dequantize_file
-
+    options = _file_options(args)
     bar = _progress(args.input, "dequantize", args.quiet)
     t0 = time.perf_counter()
     try:
-        n_deq, n_copy = dequantize_file(
-            args.input, args.output, dtype=args.dtype, force=args.force, progress=bar
-        )
+        n_deq, n_copy = dequantize_file(args.input, args.output, options, progress=bar)
     finally:
         bar.close()
     if not args.quiet:
@@ -251,8 +246,6 @@ def cmd_dequantize(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from .checkpoint import inspect_file
-
     info = inspect_file(args.file)
     if args.json:
         print(json.dumps(_jsonable(info), indent=1))
@@ -277,16 +270,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .checkpoint import report_file
-
     scheme = _scheme(args.scheme)
+    options = _file_options(args)
     bar = _progress(args.input, "report", args.quiet)
     try:
-        rep = report_file(
-            args.input, scheme, include=args.include, exclude=args.exclude,
-            calibration=_calibration(args), rounding=args.rounding,
-            scale_rounding=args.scale_rounding, progress=bar,
-        )
+        rep = report_file(args.input, scheme, options, progress=bar)
     finally:
         bar.close()
     if args.json:
@@ -314,57 +302,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_script() -> Path | None:
-    """benches/bench.py of the source tree this package runs from, if any."""
-    path = Path(__file__).resolve().parents[2] / "benches" / "bench.py"
-    return path if path.is_file() else None
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    script = None if args.builtin else _bench_script()
-    if script is not None:
-        spec = importlib.util.spec_from_file_location("blockquant_bench", script)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return int(module.main(list(args.extra)) or 0)
-    return _builtin_bench(args.extra)
-
-
-def _builtin_bench(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(prog="blockquant bench --builtin")
-    p.add_argument("--size", type=int, default=4 * 2**20, help="elements (default 4 Mi)")
-    p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--quick", action="store_true", help="1 Mi elements, 3 repeats")
-    a = p.parse_args(list(argv))
-    if a.quick:
-        a.size, a.repeat = 2**20, 3
-    n = max(4096, a.size - a.size % 4096)
-    x = np.random.default_rng(0).standard_normal((n // 4096, 4096)).astype(np.float32)
-    dst = np.empty_like(x)
-
-    def median(fn: Any) -> float:
-        fn()
-        times = []
-        for _ in range(a.repeat):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-
-    copy_s = median(lambda: np.copyto(dst, x))
-    gb = x.nbytes / 1e9
-    print(f"blockquant built-in benchmark: {n:,} float32 ({x.nbytes / 2**20:.0f} MiB), median "
-          f"of {a.repeat}; np.copyto {copy_s * 1e3:.2f} ms = {gb / copy_s:.2f} GB/s\n")
-    rows = []
-    for name, make in presets.PRESETS.items():
-        scheme, cal = make(), presets.CALIBRATION[name]
-        q = median(lambda s=scheme, c=cal: quantize(x, s, calibration=c))
-        rows.append([name, str(scheme), f"{q * 1e3:.2f}", f"{gb / q:.2f}", f"{copy_s / q:.2f}"])
-    print(_table(rows, ["preset", "scheme", "quantize ms", "GB/s", "of copyto"], left=2))
-    return 0
-
-
 def _parser() -> argparse.ArgumentParser:
     paragraphs = (__doc__ or "").split("\n\n")
     p = argparse.ArgumentParser(
@@ -375,6 +312,7 @@ def _parser() -> argparse.ArgumentParser:
         "--scheme nvfp4\n  blockquant report model.safetensors --scheme mxfp4 "
         "--exclude 'LayerNorm|bias'\n\n'blockquant COMMAND --help' tells more.",
     )
+    p.add_argument("--version", action="version", version=f"blockquant {version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     scheme_help = ("a preset (" + ", ".join(presets.PRESETS) + ") or a spelled-out scheme such "
                    "as q4s/packed_native0/block32:f16")
@@ -427,13 +365,6 @@ def _parser() -> argparse.ArgumentParser:
     dm.add_argument("--scale", type=int, default=1, help="tensor size multiplier")
     dm.add_argument("--repeat", type=int, default=3, help="timing repeats (best is kept)")
     dm.set_defaults(func=demo)
-
-    b = sub.add_parser("bench", help="run benches/bench.py if present, else a short benchmark",
-                       description="Run the repository's benches/bench.py (other arguments, such "
-                       "as --quick, go to it) or, installed without it, a short built-in "
-                       "benchmark (--size N, --repeat R, --quick).")
-    b.add_argument("--builtin", action="store_true", help="the built-in benchmark in any case")
-    b.set_defaults(func=cmd_bench)
     return p
 
 
@@ -441,10 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args, extra = parser.parse_known_args(argv)
-        if extra and args.command != "bench":
-            parser.parse_args(argv)  # the usual "unrecognized arguments" error
-        args.extra = extra
+        args = parser.parse_args(argv)
     except SystemExit as e:  # argparse: usage errors (2), --help (0)
         return e.code if isinstance(e.code, int) else 2
     try:

@@ -1,0 +1,280 @@
+"""The file commands as functions: quantize, dequantize, inspect and report a checkpoint.
+
+Each reads one tensor at a time, checks everything it can before writing anything, and on any
+problem raises :class:`CheckpointError` and leaves no output file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import QuantError
+from ..metrics import ErrorStats
+from ..qtensor import quantize
+from ..scheme import QuantScheme
+from .base import FLOAT_DTYPES, NAME_TO_ST, Checkpoint, TensorInfo, numel, st_nbytes
+from .format import META_KEY, Entry, load_qtensor, metadata_value, part_layout, read_entries
+from .options import FileOptions
+from .readers import open_checkpoint
+from .safetensors import HeaderEntry, SafetensorsWriter, float_array
+
+Progress = Callable[[str, int], None]  # (tensor name, input bytes done with it)
+
+
+def _no_progress(name: str, nbytes: int) -> None:
+    pass
+
+
+def natural_key(name: str) -> list[Any]:
+    """Sort key that puts layer.2 before layer.10."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+def _selected(t: TensorInfo, options: FileOptions) -> bool:
+    return t.is_float and options.selects(t.name)
+
+
+def _check_not_quantized(ckpt: Checkpoint) -> None:
+    if META_KEY in ckpt.metadata:
+        raise ckpt.error(
+            None, "already holds blockquant-quantized tensors (dequantize it first)"
+        )
+
+
+def _parts(ckpt: Checkpoint, t: TensorInfo, scheme: QuantScheme) -> list[HeaderEntry]:
+    try:
+        return part_layout(t.name, scheme, t.shape)
+    except QuantError as e:
+        raise ckpt.error(t.name, f"{e} (leave it out with --exclude)") from None
+
+
+def _copy_entry(ckpt: Checkpoint, t: TensorInfo) -> HeaderEntry:
+    if t.dtype is None:
+        raise ckpt.error(t.name, f"dtype {t.dtype_name} cannot be stored in a safetensors file")
+    return HeaderEntry(t.name, t.dtype, t.shape, t.nbytes)
+
+
+def _check_names(ckpt: Checkpoint, layout: list[HeaderEntry], owners: list[str]) -> None:
+    seen: dict[str, str] = {}
+    for entry, owner in zip(layout, owners):
+        if entry.name in seen or entry.name == "__metadata__":
+            other = seen.get(entry.name, "the header")
+            raise ckpt.error(
+                owner,
+                f"output name {entry.name!r} is taken twice (by {other!r} and {owner!r}): "
+                "rename or --exclude one of them",
+            )
+        seen[entry.name] = owner
+
+
+@dataclass
+class QuantizeSummary:
+    quantized: list[str]
+    copied: list[str]
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+
+
+def quantize_file(
+    src: Any,
+    dst: Any,
+    scheme: QuantScheme,
+    options: FileOptions | None = None,
+    *,
+    progress: Progress = _no_progress,
+) -> QuantizeSummary:
+    """Quantize the floating-point tensors of ``src`` that ``options`` selects and write the
+    result to ``dst`` (the format is in :mod:`blockquant.checkpoint.format`). One tensor is in
+    memory at a time. Raises :class:`CheckpointError` (nothing written) on any problem."""
+    options = options or FileOptions()
+    t0 = time.perf_counter()
+    with open_checkpoint(src) as ckpt:
+        _check_not_quantized(ckpt)
+        plan: list[tuple[TensorInfo, list[HeaderEntry] | None]] = []  # (tensor, parts or None)
+        layout: list[HeaderEntry] = []
+        owners: list[str] = []
+        entries: dict[str, Entry] = {}
+        for t in ckpt.tensors:
+            if _selected(t, options):
+                parts = _parts(ckpt, t, scheme)
+                layout += parts
+                owners += [t.name] * len(parts)
+                entries[t.name] = Entry(
+                    t.name, scheme, t.shape, FLOAT_DTYPES[t.dtype or ""],
+                    {key: p.name for key, p in zip(("values", "scales", "global_scale"), parts)},
+                    options.quantize_options(),
+                )
+                plan.append((t, parts))
+            else:
+                layout.append(_copy_entry(ckpt, t))
+                owners.append(t.name)
+                plan.append((t, None))
+        _check_names(ckpt, layout, owners)
+        metadata = dict(ckpt.metadata)
+        metadata[META_KEY] = metadata_value(entries)
+        with SafetensorsWriter(dst, layout, metadata, force=options.force) as w:
+            for t, parts in plan:
+                if parts is not None:
+                    x = ckpt.read(t.name)
+                    try:
+                        qt = quantize(x, scheme, **options.quantize_options())
+                    except QuantError as e:
+                        raise ckpt.error(t.name, str(e)) from None
+                    del x
+                    blob = memoryview(qt.to_bytes())
+                    at = 0
+                    for part in parts:  # burn's bytes are the parts one after the other
+                        w.write(part.name, blob[at: at + part.nbytes])
+                        at += part.nbytes
+                    del qt, blob
+                else:
+                    w.write_from(t.name, ckpt, t.name)
+                progress(t.name, t.nbytes)
+            w.commit()
+        bytes_out = os.path.getsize(dst)
+    return QuantizeSummary(
+        [t.name for t, parts in plan if parts is not None],
+        [t.name for t, parts in plan if parts is None],
+        sum(t.nbytes for t, _ in plan),
+        bytes_out,
+        time.perf_counter() - t0,
+    )
+
+
+def dequantize_file(
+    src: Any,
+    dst: Any,
+    options: FileOptions | None = None,
+    *,
+    progress: Progress = _no_progress,
+) -> tuple[int, int]:
+    """Turn a quantized file back into float tensors (each in its original dtype, or
+    ``options.dtype``), copying the other tensors and the metadata (less the ``blockquant``
+    key). Returns (tensors dequantized, tensors copied)."""
+    options = options or FileOptions()
+    with open_checkpoint(src) as ckpt:
+        entries = read_entries(ckpt)
+        if not entries:
+            raise ckpt.error(None, "holds no blockquant-quantized tensor (nothing to dequantize)")
+        part_of = {p: e.name for e in entries.values() for p in e.parts.values()}
+        layout: list[HeaderEntry] = []
+        plan: list[tuple[str, str]] = []  # ("deq" | "copy", name), in file order
+        for t in ckpt.tensors:
+            if t.name not in part_of:
+                layout.append(_copy_entry(ckpt, t))
+                plan.append(("copy", t.name))
+            elif t.name == entries[part_of[t.name]].parts["values"]:
+                e = entries[part_of[t.name]]
+                st = NAME_TO_ST[options.dtype or e.dtype]
+                layout.append(HeaderEntry(e.name, st, e.shape, st_nbytes(st, e.shape) or 0))
+                plan.append(("deq", e.name))
+        _check_names(ckpt, layout, [name for _, name in plan])
+        metadata = {k: v for k, v in ckpt.metadata.items() if k != META_KEY}
+        with SafetensorsWriter(dst, layout, metadata, force=options.force) as w:
+            for kind, name in plan:
+                if kind == "deq":
+                    e = entries[name]
+                    x = load_qtensor(ckpt, e).dequantize()
+                    w.write(name, float_array(x, options.dtype or e.dtype))
+                    progress(name, sum(ckpt.info(p).nbytes for p in e.parts.values()))
+                else:
+                    w.write_from(name, ckpt, name)
+                    progress(name, ckpt.info(name).nbytes)
+            w.commit()
+    n_deq = sum(1 for k, _ in plan if k == "deq")
+    return n_deq, len(plan) - n_deq
+
+
+def inspect_file(src: Any) -> dict[str, Any]:
+    """What a checkpoint holds: per tensor (a quantized one as one row) its scheme (None when
+    not quantized), shape, dtype, bytes in the file and bits per value."""
+    with open_checkpoint(src) as ckpt:
+        entries = read_entries(ckpt)
+        part_of = {p: e.name for e in entries.values() for p in e.parts.values()}
+        rows = []
+        for t in ckpt.tensors:
+            if t.name in part_of:
+                e = entries[part_of[t.name]]
+                if t.name != e.parts["values"]:
+                    continue
+                nbytes = sum(ckpt.info(p).nbytes for p in e.parts.values())
+                rows.append({"name": e.name, "scheme": str(e.scheme), "shape": list(e.shape),
+                             "dtype": e.dtype, "bytes": nbytes, "numel": numel(e.shape)})
+            else:
+                rows.append({"name": t.name, "scheme": None, "shape": list(t.shape),
+                             "dtype": t.dtype_name, "bytes": t.nbytes, "numel": t.numel})
+        rows.sort(key=lambda r: natural_key(r["name"]))
+        for r in rows:
+            r["bits_per_value"] = 8.0 * r["bytes"] / r["numel"] if r["numel"] else None
+        return {
+            "file": str(src),
+            "format": ckpt.format,
+            "file_bytes": os.path.getsize(src),
+            "metadata": {k: v for k, v in ckpt.metadata.items() if k != META_KEY},
+            "tensors": rows,
+        }
+
+
+def report_file(
+    src: Any,
+    scheme: QuantScheme,
+    options: FileOptions | None = None,
+    *,
+    progress: Progress = _no_progress,
+) -> dict[str, Any]:
+    """Quantize each selected tensor in memory (nothing written) and measure it: SQNR (dB), max
+    abs error, bytes before (in its own dtype) and after (values + scales, burn's layout), and
+    quantize time. ``overall`` sums over the quantized tensors; ``file`` over every tensor."""
+    options = options or FileOptions()
+    with open_checkpoint(src) as ckpt:
+        _check_not_quantized(ckpt)
+        chosen = {t.name for t in ckpt.tensors if _selected(t, options)}
+        for t in ckpt.tensors:  # every error before any work
+            if t.name in chosen:
+                _parts(ckpt, t, scheme)
+        rows = []
+        total = ErrorStats()
+        for t in ckpt.tensors:
+            if t.name not in chosen:
+                progress(t.name, t.nbytes)
+                continue
+            x = ckpt.read(t.name)
+            t0 = time.perf_counter()
+            try:
+                qt = quantize(x, scheme, **options.quantize_options())
+            except QuantError as e:
+                raise ckpt.error(t.name, str(e)) from None
+            seconds = time.perf_counter() - t0
+            stats = ErrorStats.between(x, qt.dequantize())
+            del x
+            total += stats
+            rows.append({"name": t.name, "shape": list(t.shape), "dtype": t.dtype_name,
+                         "sqnr_db": stats.sqnr_db, "max_abs_err": stats.max_abs_err,
+                         "bytes_before": t.nbytes, "bytes_after": qt.nbytes, "seconds": seconds})
+            progress(t.name, t.nbytes)
+        rows.sort(key=lambda r: natural_key(r["name"]))
+        before = sum(r["bytes_before"] for r in rows)
+        after = sum(r["bytes_after"] for r in rows)
+        file_bytes = sum(t.nbytes for t in ckpt.tensors)
+        return {
+            "file": str(src),
+            "scheme": str(scheme),
+            **options.quantize_options(),
+            "tensors": rows,
+            "overall": {
+                "tensors": len(rows), "numel": total.numel, "sqnr_db": total.sqnr_db,
+                "max_abs_err": total.max_abs_err, "bytes_before": before, "bytes_after": after,
+                "seconds": sum(r["seconds"] for r in rows),
+            },
+            "file_total": {
+                "tensors": len(ckpt.tensors), "unquantized": len(ckpt.tensors) - len(rows),
+                "bytes_before": file_bytes,
+                "bytes_after": after + file_bytes - before,
+            },
+        }

@@ -1,0 +1,153 @@
+"""The blockquant file format: quantized tensors inside a ``.safetensors`` file that read back
+without guessing.
+
+Format 1. For each quantized tensor ``NAME``:
+
+- ``NAME.values``: the value storage as it is (SPEC §8): I8, U8 or U32, in the storage shape;
+- ``NAME.scales``: the stored scales (block scales, or the one per-tensor scale) in the grid's
+  shape, encoded in their own dtype so the file is as small as the format: F32 and F16 as
+  themselves, BF16 as its U16 bits, UE8M0 and UE4M3 as their U8 codes (burn's bytes, SPEC §9);
+- ``NAME.global_scale`` (two-level schemes only): the per-tensor scale g, F32, shape ``()``.
+
+The header's ``__metadata__`` keeps the input's own metadata and adds one key, ``blockquant``: a
+JSON object ``{"format": 1, "tensors": {NAME: {"scheme", "shape", "dtype", "values", "scales",
+"global_scale"?, "calibration", "rounding", "scale_rounding"}}}`` with the scheme in its text
+form (``QuantScheme.parse``), the original shape and dtype (float16, bfloat16, float32, float64).
+Every other tensor (not floating point, or left out by include/exclude) is copied unchanged
+under its own name. A name used twice in the output (say an input that already has both ``w``
+and ``w.values``) is an error, never an overwrite.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import QuantError
+from ..qtensor import QTensor
+from ..scheme import QuantScheme, ScaleDtype
+from .base import NAME_TO_ST, NP_TO_ST, ST_DTYPES, Checkpoint
+from .safetensors import HeaderEntry
+
+FORMAT_VERSION = 1
+META_KEY = "blockquant"
+PART_KEYS = ("values", "scales", "global_scale")
+
+#: How each scale dtype's codes are stored in the file.
+_SCALE_TO_ST = {
+    ScaleDtype.F32: "F32",
+    ScaleDtype.F16: "F16",
+    ScaleDtype.BF16: "U16",
+    ScaleDtype.UE8M0: "U8",
+    ScaleDtype.UE4M3: "U8",
+}
+
+
+@dataclass
+class Entry:
+    """A quantized tensor's metadata entry."""
+
+    name: str
+    scheme: QuantScheme
+    shape: tuple[int, ...]
+    dtype: str  # float16 / bfloat16 / float32 / float64
+    parts: dict[str, str]  # "values"/"scales"/"global_scale" -> tensor name
+    extra: dict[str, Any] = field(default_factory=dict)  # the options it was quantized with
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"scheme": str(self.scheme), "shape": list(self.shape)}
+        d["dtype"] = self.dtype
+        d.update(self.parts)
+        d.update(self.extra)
+        return d
+
+
+def part_layout(name: str, scheme: QuantScheme, shape: tuple[int, ...]) -> list[HeaderEntry]:
+    """The output tensors holding ``name`` quantized with ``scheme``, in the order of burn's
+    bytes (``QTensor.to_bytes``). Raises SchemeError when the tensor cannot take the scheme."""
+    lay = scheme.layout(shape)
+    parts = [
+        HeaderEntry(f"{name}.values", NP_TO_ST[lay.storage_dtype], lay.storage_shape,
+                    lay.storage_nbytes),
+        HeaderEntry(f"{name}.scales", _SCALE_TO_ST[lay.scale_dtype], lay.scale_grid,
+                    lay.n_scales * lay.scale_dtype.nbytes),
+    ]
+    if scheme.is_two_level:
+        parts.append(HeaderEntry(f"{name}.global_scale", "F32", (), 4))
+    assert sum(p.nbytes for p in parts) == lay.nbytes, (name, scheme, shape)
+    return parts
+
+
+def metadata_value(entries: dict[str, Entry]) -> str:
+    """The ``blockquant`` metadata value declaring ``entries``."""
+    tensors = {name: e.to_json() for name, e in entries.items()}
+    return json.dumps({"format": FORMAT_VERSION, "tensors": tensors}, separators=(",", ":"))
+
+
+def read_entries(ckpt: Checkpoint) -> dict[str, Entry]:
+    """The quantized tensors a blockquant file declares (empty for any other file)."""
+    raw = ckpt.metadata.get(META_KEY)
+    if raw is None:
+        return {}
+    try:
+        meta = json.loads(raw)
+        version = meta["format"]
+        tensors = meta["tensors"]
+        if not isinstance(tensors, dict):
+            raise TypeError("'tensors' is not an object")
+    except (ValueError, KeyError, TypeError) as e:
+        raise ckpt.error(None, f"malformed blockquant metadata: {e}") from None
+    if version != FORMAT_VERSION:
+        raise ckpt.error(
+            None, f"blockquant format {version!r}: this version reads format {FORMAT_VERSION}"
+        )
+    out: dict[str, Entry] = {}
+    owner: dict[str, str] = {}
+    for name, d in tensors.items():
+        try:
+            scheme = QuantScheme.parse(d["scheme"])
+            shape = tuple(d["shape"])
+            if not all(type(s) is int and s >= 0 for s in shape):
+                raise ValueError(f"bad shape {d['shape']!r}")
+            dtype = d["dtype"]
+            if dtype not in NAME_TO_ST:
+                raise ValueError(f"bad dtype {dtype!r}")
+            keys = PART_KEYS if scheme.is_two_level else PART_KEYS[:2]
+            parts = {k: d[k] for k in keys}
+        except (QuantError, ValueError, KeyError, TypeError) as e:
+            raise ckpt.error(name, f"malformed blockquant metadata: {e}") from None
+        for key, part in parts.items():
+            if part not in ckpt:
+                raise ckpt.error(name, f"its {key} tensor {part!r} is missing")
+            if part in owner:
+                raise ckpt.error(name, f"its {key} tensor {part!r} belongs to {owner[part]!r} too")
+            owner[part] = name
+        extra = {k: v for k, v in d.items() if k not in ("scheme", "shape", "dtype", *keys)}
+        out[name] = Entry(name, scheme, shape, dtype, parts, extra)
+    return out
+
+
+def load_qtensor(ckpt: Checkpoint, e: Entry) -> QTensor:
+    """Rebuild a quantized tensor from its parts; everything is checked (QTensor.from_parts)."""
+    try:
+        expected = part_layout(e.name, e.scheme, e.shape)
+    except QuantError as err:
+        raise ckpt.error(e.name, str(err)) from None
+    blob = bytearray()
+    for part, want in zip(e.parts.values(), expected):
+        t = ckpt.info(part)
+        if t.dtype != want.dtype or t.shape != want.shape:
+            raise ckpt.error(
+                e.name,
+                f"{part} is {t.dtype} {list(t.shape)}, {e.scheme} on {list(e.shape)} stores "
+                f"{want.dtype} {list(want.shape)}",
+            )
+        blob += ckpt.read(part).astype(ST_DTYPES[want.dtype][1], copy=False).tobytes()
+    try:
+        # from_bytes decodes the scale codes (burn's layout is exactly the parts in a row);
+        # from_parts then checks every value code and scale.
+        qt = QTensor.from_bytes(bytes(blob), e.scheme, e.shape)
+        return QTensor.from_parts(qt.values, qt.scales, e.scheme, e.shape, qt.global_scale)
+    except QuantError as err:
+        raise ckpt.error(e.name, str(err)) from None

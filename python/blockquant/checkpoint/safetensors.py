@@ -1,0 +1,341 @@
+"""The safetensors format, read and written one tensor at a time.
+
+A safetensors file is an 8-byte little-endian header length, a JSON header (per tensor: dtype,
+shape, data offsets; plus an optional ``__metadata__`` of str -> str), then the raw
+little-endian tensor bytes. Both directions are written here with numpy alone, so memory stays
+bounded by the largest tensor and bfloat16 needs no extra package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
+
+import numpy as np
+
+from .base import (
+    ST_DTYPES,
+    Checkpoint,
+    CheckpointError,
+    TensorInfo,
+    os_reason,
+    st_nbytes,
+    to_le_bytes,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+MAX_HEADER = 100_000_000  # as the safetensors library
+_CHUNK = 64 << 20  # bytes copied at a time from one file to another
+
+
+class HeaderEntry(NamedTuple):
+    """One tensor of a file about to be written: what its header entry says."""
+
+    name: str
+    dtype: str  # safetensors name
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+# -- reading ----------------------------------------------------------------------------------
+class SafetensorsCheckpoint(Checkpoint):
+    format = "safetensors"
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self._f = open(path, "rb")  # noqa: SIM115 - open while the checkpoint is
+        try:
+            self._parse_header()
+        except BaseException:
+            self._f.close()
+            raise
+
+    def _parse_header(self) -> None:
+        size = os.fstat(self._f.fileno()).st_size
+        head = self._f.read(8)
+        if len(head) < 8:
+            raise self.error(None, f"not a safetensors file: {size} bytes, too short for a header")
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8 or n > MAX_HEADER:
+            raise self.error(
+                None,
+                f"not a safetensors file, or truncated: its header claims {n} bytes, "
+                f"the file has {size - 8} after the length",
+            )
+        raw = self._f.read(n)
+        try:
+            header = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise self.error(None, f"malformed safetensors header: {e}") from None
+        if not isinstance(header, dict):
+            raise self.error(None, "malformed safetensors header: not a JSON object")
+        self._data_start = 8 + n
+        data_len = size - self._data_start
+        meta = header.pop("__metadata__", None) or {}
+        if not isinstance(meta, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
+        ):
+            raise self.error(None, "malformed safetensors header: __metadata__ is not str -> str")
+        self.metadata = dict(meta)
+        self._offsets: dict[str, tuple[int, int]] = {}
+        entries = []
+        for name, e in header.items():
+            try:
+                dtype, shape, (a, b) = e["dtype"], tuple(e["shape"]), e["data_offsets"]
+                ok = (
+                    isinstance(dtype, str)
+                    and all(type(d) is int and d >= 0 for d in shape)
+                    and type(a) is int
+                    and type(b) is int
+                )
+            except (TypeError, KeyError, ValueError):
+                ok = False
+            if not ok:
+                raise self.error(name, f"malformed safetensors header entry {json.dumps(e)}")
+            if not 0 <= a <= b <= data_len:
+                raise self.error(
+                    name,
+                    f"data offsets [{a}, {b}] reach past the {data_len} data bytes "
+                    "(truncated file?)",
+                )
+            expected = st_nbytes(dtype, shape)
+            whole_bytes = ST_DTYPES.get(dtype, (1, None))[0] % 8 == 0
+            if expected is not None and whole_bytes and expected != b - a:
+                raise self.error(
+                    name, f"{dtype} {list(shape)} takes {expected} bytes, its offsets span {b - a}"
+                )
+            self._offsets[name] = (a, b)
+            entries.append((a, TensorInfo(name, dtype, shape, b - a)))
+        # File order: the order of the data, which is the order a reader streams fastest.
+        entries.sort(key=lambda t: t[0])
+        self.tensors = [t for _, t in entries]
+        self._index()
+
+    def close(self) -> None:
+        self._f.close()
+
+    def _read_bytes(self, name: str) -> bytes:
+        a, b = self._offsets[name]
+        self._f.seek(self._data_start + a)
+        data = self._f.read(b - a)
+        if len(data) != b - a:
+            raise self.error(name, "file ends inside the tensor's data (truncated?)")
+        return data
+
+    def read(self, name: str) -> np.ndarray:
+        t = self.info(name)
+        data = self._read_bytes(name)
+        if t.dtype == "BF16":
+            bits = np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16
+            return bits.view(np.float32).reshape(t.shape)
+        np_dtype = ST_DTYPES.get(t.dtype or "", (0, None))[1]
+        if np_dtype is None:
+            raise self.error(name, f"dtype {t.dtype} has no numpy equivalent")
+        arr = np.frombuffer(data, dtype=np_dtype).reshape(t.shape)
+        return arr.astype(np_dtype.newbyteorder("="), copy=False)
+
+    def copy_to(self, name: str, out: BinaryIO) -> None:
+        a, b = self._offsets[name]
+        self._f.seek(self._data_start + a)
+        left = b - a
+        while left:
+            chunk = self._f.read(min(left, _CHUNK))
+            if not chunk:
+                raise self.error(name, "file ends inside the tensor's data (truncated?)")
+            out.write(chunk)
+            left -= len(chunk)
+
+
+# -- writing ----------------------------------------------------------------------------------
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits, round to nearest even (NaN stays NaN)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    r = ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    nan = np.isnan(x)
+    if nan.any():
+        r[nan] = ((u[nan] >> 16) | np.uint32(0x0040)).astype(np.uint16)
+    return r
+
+
+def float_array(x: np.ndarray, dtype: str) -> np.ndarray:
+    """A float32 array as the array to write for ``dtype`` (a metadata dtype name: float16,
+    bfloat16, float32, float64); bfloat16 as its U16 bits, which numpy can hold."""
+    if dtype == "bfloat16":
+        return bf16_bits(x)
+    return x.astype(dtype, copy=False)
+
+
+@dataclass
+class _Out:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    offset: int = 0
+    written: bool = False
+
+
+class SafetensorsWriter:
+    """Writes a safetensors file one tensor at a time, in any order.
+
+    The header is computed up front from names, dtypes and shapes; the data goes into a
+    temporary file next to ``path`` (tensors sorted by alignment, so each starts on a multiple
+    of its element size) and :meth:`commit` renames it into place once every tensor is written.
+    Until then ``path`` is untouched; :meth:`abort` (or leaving a ``with`` block on an
+    exception) removes the temporary file. Without ``force`` an existing ``path`` is never
+    replaced.
+
+    Hand-written rather than the ``safetensors`` library's ``save_file``: that takes the whole
+    dict of tensors at once, so a checkpoint would have to fit in memory twice over, and it
+    cannot stream one tensor at a time into a temporary file renamed into place at the end.
+    """
+
+    def __init__(
+        self,
+        path: Any,
+        tensors: list[HeaderEntry] | list[tuple[str, str, tuple[int, ...], int]],
+        metadata: dict[str, str] | None = None,
+        *,
+        force: bool = False,
+    ) -> None:
+        self.path = Path(path)
+        self.force = force
+        self._check_target()
+        outs = [_Out(n, d, tuple(s), b) for n, d, s, b in tensors]
+        self._outs = {o.name: o for o in outs}
+        if len(self._outs) != len(outs) or "__metadata__" in self._outs:
+            raise CheckpointError(self.path, None, "duplicate tensor names")
+
+        def align(o: _Out) -> int:
+            bits = ST_DTYPES.get(o.dtype, (8, None))[0]
+            return bits // 8 if bits % 8 == 0 else 1
+
+        order = sorted(range(len(outs)), key=lambda i: (-align(outs[i]), i))
+        offset = 0
+        header: dict[str, Any] = {}
+        if metadata:
+            header["__metadata__"] = dict(metadata)
+        for i in order:
+            o = outs[i]
+            o.offset = offset
+            header[o.name] = {
+                "dtype": o.dtype,
+                "shape": list(o.shape),
+                "data_offsets": [offset, offset + o.nbytes],
+            }
+            offset += o.nbytes
+        raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        raw += b" " * (-len(raw) % 8)  # data starts 8-aligned, as the safetensors library does
+        self._data_start = 8 + len(raw)
+        self._total = self._data_start + offset
+        self._tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            self._f: BinaryIO | None = os.fdopen(fd, "wb")
+            self._f.write(struct.pack("<Q", len(raw)))
+            self._f.write(raw)
+        except OSError as e:
+            self.abort()
+            raise CheckpointError(self.path, None, f"cannot write: {os_reason(e)}") from None
+
+    def _check_target(self) -> None:
+        if self.path.is_dir():
+            raise CheckpointError(self.path, None, "is a directory")
+        if not self.path.parent.is_dir():
+            raise CheckpointError(self.path, None, f"no such directory {str(self.path.parent)!r}")
+        if self.path.exists() and not self.force:
+            raise CheckpointError(self.path, None, "already exists (--force replaces it)")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is not None or self._f is not None:
+            self.abort()
+
+    def _seek(self, name: str) -> BinaryIO:
+        o = self._outs[name]
+        if o.written:
+            raise ValueError(f"tensor {name!r} written twice")
+        assert self._f is not None
+        self._f.seek(self._data_start + o.offset)
+        return self._f
+
+    def _done(self, name: str) -> None:
+        o = self._outs[name]
+        assert self._f is not None
+        if self._f.tell() != self._data_start + o.offset + o.nbytes:
+            raise ValueError(f"tensor {name!r}: wrote a wrong number of bytes")
+        o.written = True
+
+    def write(self, name: str, data: Any) -> None:
+        """Write a tensor: a numpy array (converted to little-endian) or raw bytes."""
+        buf = to_le_bytes(data) if isinstance(data, np.ndarray) else memoryview(data).cast("B")
+        if len(buf) != self._outs[name].nbytes:
+            raise ValueError(
+                f"tensor {name!r} takes {self._outs[name].nbytes} bytes, got {len(buf)}"
+            )
+        self._io(lambda: self._seek(name).write(buf))
+        self._done(name)
+
+    def write_from(self, name: str, source: Checkpoint, source_name: str) -> None:
+        """Copy a tensor's bytes from an open checkpoint, in chunks."""
+        self._io(lambda: source.copy_to(source_name, self._seek(name)))
+        self._done(name)
+
+    def _io(self, fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except OSError as e:
+            raise CheckpointError(self.path, None, f"cannot write: {os_reason(e)}") from None
+
+    def commit(self) -> None:
+        missing = [o.name for o in self._outs.values() if not o.written]
+        if missing:
+            raise ValueError(f"tensors never written: {missing[:5]}")
+        f, self._f = self._f, None
+        assert f is not None
+        try:
+            f.truncate(self._total)
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+            if self.force:
+                os.replace(self._tmp, self.path)
+            else:
+                try:
+                    os.link(self._tmp, self.path)  # fails if path exists: never clobbers
+                    os.unlink(self._tmp)
+                except FileExistsError:
+                    raise CheckpointError(
+                        self.path, None, "already exists (--force replaces it)"
+                    ) from None
+                except OSError:  # a filesystem without hard links
+                    if self.path.exists():
+                        raise CheckpointError(
+                            self.path, None, "already exists (--force replaces it)"
+                        ) from None
+                    os.replace(self._tmp, self.path)
+        except OSError as e:
+            self.abort()
+            raise CheckpointError(self.path, None, f"cannot write: {os_reason(e)}") from None
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        f, self._f = getattr(self, "_f", None), None
+        if f is not None:
+            f.close()
+        try:
+            os.unlink(self._tmp)
+        except (OSError, AttributeError):
+            pass
