@@ -252,7 +252,7 @@ def test_round_scale_up(dtype):
     # representable: it survives a cast, and the code below it is < x
     np.testing.assert_array_equal(up.astype(oracle).astype(np.float32), up)
     assert np.all(_next_lower(up, dtype) < x)
-    small = np.array([vmin / 3, vmin, np.nextafter(np.float32(vmin), 1)], np.float32)
+    small = np.array([vmin / 3, vmin, np.nextafter(np.float32(vmin), np.float32(1))], np.float32)
     got = ref.round_scale(small, dtype, "up")
     assert got[0] == vmin and got[1] == vmin and got[2] > vmin
 
