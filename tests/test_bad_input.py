@@ -233,7 +233,10 @@ CASES: list[Case] = _non_finite_cases() + [
     quant("none", None, INT8B, TypeError),
     quant("ragged-list", [[1.0], [1.0, 2.0]], INT8B, TypeError),
     # -- arguments of the wrong type or value ----------------------------------------------------
-    quant("scheme-a-string", X, lambda: "int8", TypeError),
+    # A preset name or scheme text is a scheme; an unknown one is a SchemeError.
+    quant("scheme-an-unknown-name", X, lambda: "int9", bq.SchemeError, "unknown scheme"),
+    quant("scheme-a-bad-text", X, lambda: "q9s/native/tensor", bq.SchemeError, "unknown value"),
+    quant("scheme-an-int", X, lambda: 8, TypeError),
     quant("scheme-a-preset-function", X, lambda: bq.presets.int8, TypeError),
     quant("rounding-unknown", X, INT8B, bq.QuantError, "rounding", rounding="banker"),
     quant("rounding-not-a-string", X, INT8B, TypeError, rounding=1),
@@ -342,7 +345,8 @@ CASES: list[Case] = _non_finite_cases() + [
                bq.LayoutError),
     from_bytes("data-a-string", "abc", INT8, (1,), TypeError),
     from_bytes("data-none", None, INT8, (1,), TypeError),
-    from_bytes("scheme-a-string", SPEC9_BYTES, "int8", (8,), TypeError),
+    from_bytes("scheme-an-unknown-name", SPEC9_BYTES, "int9", (8,), bq.SchemeError),
+    from_bytes("scheme-an-int", SPEC9_BYTES, 8, (8,), TypeError),
     from_bytes("block-deeper-than-shape", bytes(8 + 4), BLOCK_2X4, (8,), bq.SchemeError),
     from_bytes("packing-dim-past-rank", bytes(8), QuantScheme().with_store(S.packed_u32(1)),
                (4,), bq.SchemeError),
@@ -571,7 +575,7 @@ def test_every_binding_entry_point_catches_panics():
     unguarded = [name for name, first in fns if not first.startswith("guarded(")]
     assert not unguarded, f"entry points without a panic guard: {unguarded}"
     public = {n for n in dir(bq._core) if not n.startswith("__")}
-    assert public == names
+    assert public == names | {"Scheme", "Layout"}  # the two frozen pyclasses
 
 
 def test_the_core_rejects_shapes_numpy_cannot_hold():
@@ -584,6 +588,6 @@ def test_the_core_rejects_shapes_numpy_cannot_hold():
         (INT8B, [2**64 - 1]),
     ]:
         with pytest.raises(bq.LayoutError):
-            bq._core.from_bytes(bytes(4), scheme._spec(), shape)
+            bq._core.from_bytes(bytes(4), scheme._handle, shape)
         with pytest.raises(bq.LayoutError):
-            bq._core.layout_info(scheme._spec(), shape)
+            scheme._handle.layout(shape)

@@ -23,9 +23,12 @@ def test_every_preset_has_a_spelling():
 
 
 @pytest.mark.parametrize("name", list(PRESET_TEXT))
-def test_presets_parse_by_name_and_print_spelled_out(name):
+def test_presets_resolve_by_name_and_print_spelled_out(name):
     s = bq.presets.PRESETS[name]()
-    assert QuantScheme.parse(name) == s
+    assert bq.presets.resolve(name) == s
+    # The grammar knows no preset names: resolve() is the one place names become schemes.
+    with pytest.raises(SchemeError, match="presets.resolve"):
+        QuantScheme.parse(name)
     assert str(s) == PRESET_TEXT[name]
     assert QuantScheme.parse(PRESET_TEXT[name]) == s
 
@@ -93,7 +96,7 @@ def test_repr_is_unchanged():
         ("q4s/native/tensor/symmetric", "unknown mode 'symmetric'"),
         ("q4s/native", "got 2 parts in 'q4s/native'"),
         ("q4s/native/tensor/lookup/x", "got 5 parts"),
-        ("nvfp5", "unknown scheme 'nvfp5': not a preset"),
+        ("nvfp5", "unknown scheme 'nvfp5'"),
         ("", "unknown scheme ''"),
         (" nvfp4", "unknown scheme ' nvfp4'"),
     ],

@@ -5,14 +5,15 @@
     >>> qt.values.dtype, qt.scales.shape
     (dtype('int8'), (2,))
 
-See SPEC.md (shipped with the repository) for the exact semantics; ``blockquant.reference`` is a
-pure-numpy implementation of the same functions that the tests compare against bit for bit.
+The exact semantics are in ``docs/format.md`` (in the repository and the sdist);
+``blockquant.reference`` is a pure-numpy implementation of the same functions that the tests
+compare against bit for bit.
 """
 
 from __future__ import annotations
 
 from . import presets
-from ._core import get_num_threads, set_num_threads
+from ._native import get_num_threads, set_num_threads
 from .errors import (
     InternalError,
     LayoutError,
@@ -24,6 +25,7 @@ from .errors import (
     UnexpectedGlobalScaleError,
     UnsupportedSchemeError,
 )
+from .options import QuantOptions
 from .qtensor import QTensor, dequantize, quantize, round_scale
 from .scheme import BlockScale, Layout, QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype
 
@@ -34,6 +36,7 @@ __all__ = [
     "QuantMode",
     "ScaleDtype",
     "BlockScale",
+    "QuantOptions",
     "Layout",
     "QTensor",
     "quantize",

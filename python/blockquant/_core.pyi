@@ -1,34 +1,72 @@
 # Stub of the compiled extension (rust/blockquant-py). Checked against the module by
-# `python -m mypy.stubtest blockquant._core` in CI.
-from typing import Optional, Sequence, Tuple
+# `python -m mypy.stubtest blockquant._core` in CI. Only blockquant._native imports it.
+from typing import Optional, Sequence, Tuple, final
 
 import numpy as np
 import numpy.typing as npt
 
 # PyO3 gives the module an __all__ of its functions, in registration order.
 __all__ = [
+    "Scheme",
+    "Layout",
     "quantize",
     "dequantize",
     "to_bytes",
     "from_bytes",
     "check_parts",
     "round_scale",
-    "layout_info",
     "set_num_threads",
     "get_num_threads",
     "_panic_for_tests",
 ]
 
-_SchemeSpec = Tuple[str, str, int, str, Optional[str], Optional[Sequence[int]], Optional[str]]
+@final
+class Scheme:
+    def __new__(
+        cls,
+        *,
+        value: str,
+        store: str,
+        dim: int,
+        mode: str,
+        tensor: Optional[str] = None,
+        block_size: Optional[Sequence[int]] = None,
+        block_dtype: Optional[str] = None,
+    ) -> Scheme: ...
+    @property
+    def block_size(self) -> Optional[list[int]]: ...
+    def layout(self, shape: Sequence[int]) -> Layout: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class Layout:
+    @property
+    def shape(self) -> list[int]: ...
+    @property
+    def storage_shape(self) -> list[int]: ...
+    @property
+    def storage_dtype(self) -> str: ...
+    @property
+    def scale_grid(self) -> list[int]: ...
+    @property
+    def n_scales(self) -> int: ...
+    @property
+    def storage_nbytes(self) -> int: ...
+    @property
+    def scales_nbytes(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+
 _Quantized = Tuple[npt.NDArray[np.generic], npt.NDArray[np.float32], Optional[float]]
 
 def quantize(
     x: npt.NDArray[np.generic],
     kind: str,
-    scheme: _SchemeSpec,
-    calibration: str = "minmax",
-    rounding: str = "half_away",
-    scale_rounding: str = "up",
+    scheme: Scheme,
+    calibration: str,
+    rounding: str,
+    scale_rounding: str,
     scales: Optional[npt.NDArray[np.float32]] = None,
     global_scale: Optional[float] = None,
 ) -> _Quantized: ...
@@ -36,7 +74,7 @@ def dequantize(
     values: npt.NDArray[np.generic],
     scales: npt.NDArray[np.float32],
     global_scale: Optional[float],
-    scheme: _SchemeSpec,
+    scheme: Scheme,
     shape: Sequence[int],
     dtype: str = "float32",
 ) -> npt.NDArray[np.generic]: ...
@@ -44,23 +82,20 @@ def to_bytes(
     values: npt.NDArray[np.generic],
     scales: npt.NDArray[np.float32],
     global_scale: Optional[float],
-    scheme: _SchemeSpec,
+    scheme: Scheme,
     shape: Sequence[int],
 ) -> bytes: ...
-def from_bytes(data: bytes, scheme: _SchemeSpec, shape: Sequence[int]) -> _Quantized: ...
+def from_bytes(data: bytes, scheme: Scheme, shape: Sequence[int]) -> _Quantized: ...
 def check_parts(
     values: npt.NDArray[np.generic],
     scales: npt.NDArray[np.float32],
     global_scale: Optional[float],
-    scheme: _SchemeSpec,
+    scheme: Scheme,
     shape: Sequence[int],
 ) -> None: ...
 def round_scale(
-    scales: npt.NDArray[np.float32], dtype: str, mode: str = "up"
+    scales: npt.NDArray[np.float32], dtype: str, mode: str
 ) -> npt.NDArray[np.float32]: ...
-def layout_info(
-    scheme: _SchemeSpec, shape: Sequence[int]
-) -> Tuple[list[int], str, list[int], int]: ...
 def set_num_threads(n: int) -> None: ...
 def get_num_threads() -> int: ...
 def _panic_for_tests() -> None: ...

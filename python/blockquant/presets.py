@@ -1,13 +1,16 @@
-"""Named schemes for the common formats (SPEC §11).
+"""Named schemes for the common formats (SPEC §11), and the one place a name becomes a scheme.
 
-Each preset is a plain :class:`~blockquant.QuantScheme`; ``calibration`` notes the calibration
-the format is meant for (only ``bitnet`` differs from the default minmax).
+A preset is a scheme plus the options it is meant to be used with (SPEC §12): ``bitnet()``
+carries absmean calibration, so ``quantize(x, bitnet())`` uses it unless told otherwise.
+:func:`resolve` turns "a preset name or a scheme text" into a scheme; the scheme grammar
+(:meth:`QuantScheme.parse`) knows no preset names.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict
+from typing import Callable, Dict, Union
 
+from .errors import SchemeError
 from .scheme import QuantScheme, QuantStore, QuantValue, ScaleDtype
 
 __all__ = [
@@ -20,6 +23,7 @@ __all__ = [
     "bitnet",
     "PRESETS",
     "CALIBRATION",
+    "resolve",
 ]
 
 _V, _S, _D = QuantValue, QuantStore, ScaleDtype
@@ -57,7 +61,11 @@ def nvfp4() -> QuantScheme:
 
 def bitnet() -> QuantScheme:
     """BitNet b1.58 ternary weights: Q2S, one f32 scale per tensor, 16 per uint32, absmean."""
-    return QuantScheme(_V.Q2S, _S.packed_u32(0)).per_tensor(_D.F32)
+    return (
+        QuantScheme(_V.Q2S, _S.packed_u32(0))
+        .per_tensor(_D.F32)
+        .with_options(calibration="absmean")
+    )
 
 
 PRESETS: Dict[str, Callable[[], QuantScheme]] = {
@@ -70,6 +78,28 @@ PRESETS: Dict[str, Callable[[], QuantScheme]] = {
     "bitnet": bitnet,
 }
 
-#: The calibration each preset is meant to be used with.
-CALIBRATION: Dict[str, str] = {name: "minmax" for name in PRESETS}
-CALIBRATION["bitnet"] = "absmean"
+#: The calibration each preset is meant to be used with (what its options say).
+CALIBRATION: Dict[str, str] = {
+    name: make().options.calibration or "minmax" for name, make in PRESETS.items()
+}
+
+
+def resolve(scheme: Union[QuantScheme, str]) -> QuantScheme:
+    """A scheme from a scheme, a preset name (``"nvfp4"``) or a scheme text
+    (``"q4s/packed_u32_0/block32:f16"``); anything else is a ``TypeError``, an unknown text a
+    :class:`SchemeError`."""
+    if isinstance(scheme, QuantScheme):
+        return scheme
+    if not isinstance(scheme, str):
+        raise TypeError(
+            "a scheme is a blockquant.QuantScheme, a preset name or a scheme text, "
+            f"got {type(scheme).__name__}"
+        )
+    if scheme in PRESETS:
+        return PRESETS[scheme]()
+    if "/" not in scheme:
+        raise SchemeError(
+            f"unknown scheme {scheme!r}: not a preset ({', '.join(PRESETS)}) nor "
+            "VALUE/STORE/LEVELS such as 'q4s/packed_native0/block32:f16'"
+        )
+    return QuantScheme.parse(scheme)

@@ -1,26 +1,24 @@
 """The quantize/dequantize API and :class:`QTensor` (SPEC §6–§11).
 
 This module only checks and converts arguments; every number is computed by the Rust core
-(``blockquant._core``), which releases the GIL while it works.
+(through :mod:`blockquant._native`, the one gateway to it), which releases the GIL while it
+works. Wherever a scheme is taken, a preset name or a scheme text is accepted too.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 
-from . import _core
-from .errors import LayoutError, QuantError, ScaleError
+from . import _native
+from .errors import LayoutError, ScaleError
+from .options import Calibration, Rounding, ScaleRounding
+from .presets import resolve
 from .scheme import QuantScheme, QuantValue, ScaleDtype
 
 __all__ = ["QTensor", "quantize", "dequantize", "round_scale"]
-
-_CALIBRATIONS = ("minmax", "absmean")
-_ROUNDINGS = ("half_away", "half_even")
-_SCALE_ROUNDINGS = ("up", "nearest")
-
 
 _INPUT_KINDS = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16"}
 
@@ -52,17 +50,8 @@ def _as_input(x: Any) -> Tuple[np.ndarray, str]:
     return arr, kind
 
 
-def _check_choice(name: str, value: str, choices: Tuple[str, ...]) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} is a string, one of {choices}, got {type(value).__name__}")
-    if value not in choices:
-        raise QuantError(f"{name} must be one of {choices}, got {value!r}")
-
-
 def _check_scheme(scheme: Any) -> QuantScheme:
-    if not isinstance(scheme, QuantScheme):
-        raise TypeError(f"scheme must be a blockquant.QuantScheme, got {type(scheme).__name__}")
-    return scheme
+    return resolve(scheme)
 
 
 def _shape(shape: Any) -> Tuple[int, ...]:
@@ -184,7 +173,7 @@ class QTensor:
     @property
     def nbytes(self) -> int:
         """Length of :meth:`to_bytes`: storage + scales + (two-level) 4."""
-        return int(_core.layout_info(self._scheme._spec(), self._shape)[3])
+        return self._scheme.layout(self._shape).nbytes
 
     @property
     def bits_per_value(self) -> float:
@@ -197,8 +186,8 @@ class QTensor:
         """x̂ = decode(q) × scale as float32, or converted from that f32 result (round to nearest
         even) to float16, bfloat16 or float64 — written directly, with no float32 temporary."""
         name = _output_dtype_name(dtype)
-        out = _core.dequantize(
-            self._values, self._scales, self._global, self._scheme._spec(), self._shape, name
+        out = _native.dequantize(
+            self._values, self._scales, self._global, self._scheme._handle, self._shape, name
         )
         if name == "float16":
             out = out.view(np.float16)
@@ -209,17 +198,17 @@ class QTensor:
 
     def to_bytes(self) -> bytes:
         """burn's layout (SPEC §9): values, then scales, then the f32 per-tensor scale."""
-        return _core.to_bytes(
-            self._values, self._scales, self._global, self._scheme._spec(), self._shape
+        return _native.to_bytes(
+            self._values, self._scales, self._global, self._scheme._handle, self._shape
         )
 
     @classmethod
-    def from_bytes(cls, data: Any, scheme: QuantScheme, shape: Any) -> "QTensor":
+    def from_bytes(cls, data: Any, scheme: Union[QuantScheme, str], shape: Any) -> "QTensor":
         """Rebuild from :meth:`to_bytes` output; the length must match exactly."""
         scheme = _check_scheme(scheme)
         shape = _shape(shape)
         buf = bytes(memoryview(data).cast("B")) if not isinstance(data, bytes) else data
-        values, scales, g = _core.from_bytes(buf, scheme._spec(), shape)
+        values, scales, g = _native.from_bytes(buf, scheme._handle, shape)
         return cls._new(values, scales, g, scheme, shape)
 
     @classmethod
@@ -227,7 +216,7 @@ class QTensor:
         cls,
         values: Any,
         scales: Any,
-        scheme: QuantScheme,
+        scheme: Union[QuantScheme, str],
         shape: Any,
         global_scale: Optional[float] = None,
     ) -> "QTensor":
@@ -241,20 +230,20 @@ class QTensor:
         shape = _shape(shape)
         if not isinstance(values, np.ndarray):
             raise TypeError(f"values must be a numpy array, got {type(values).__name__}")
-        storage_shape, storage_dtype, grid, _ = _core.layout_info(scheme._spec(), shape)
-        if values.dtype.newbyteorder("=") != np.dtype(storage_dtype):
+        layout = scheme.layout(shape)
+        if values.dtype.newbyteorder("=") != layout.storage_dtype:
             raise LayoutError(
-                f"values for {scheme!r} are stored as {storage_dtype}, got {values.dtype}"
+                f"values for {scheme!r} are stored as {layout.storage_dtype}, got {values.dtype}"
             )
-        if tuple(values.shape) != tuple(storage_shape):
+        if tuple(values.shape) != layout.storage_shape:
             raise LayoutError(
                 f"values for {scheme!r} with shape {shape} have storage shape "
-                f"{tuple(storage_shape)}, got {tuple(values.shape)}"
+                f"{layout.storage_shape}, got {tuple(values.shape)}"
             )
-        scales_f = _scales_in_grid(scales, grid, scheme, shape)
+        scales_f = _scales_in_grid(scales, layout.scale_grid, scheme, shape)
         values = np.array(values, dtype=values.dtype.newbyteorder("="), order="C", copy=True)
         g = None if global_scale is None else _global_scale(global_scale)
-        _core.check_parts(values, scales_f, g, scheme._spec(), shape)
+        _native.check_parts(values, scales_f, g, scheme._handle, shape)
         return cls._new(values, scales_f.copy(), g, scheme, shape)
 
     def values_view(self) -> np.ndarray:
@@ -343,34 +332,35 @@ def _global_scale(g: Any) -> float:
 
 def quantize(
     x: Any,
-    scheme: QuantScheme,
+    scheme: Union[QuantScheme, str],
     *,
-    calibration: str = "minmax",
-    rounding: str = "half_away",
-    scale_rounding: str = "up",
+    calibration: Optional[Calibration] = None,
+    rounding: Optional[Rounding] = None,
+    scale_rounding: Optional[ScaleRounding] = None,
     scales: Any = None,
     global_scale: Optional[float] = None,
 ) -> QTensor:
-    """Quantize ``x`` with ``scheme`` (SPEC §3–§6).
+    """Quantize ``x`` with ``scheme`` (SPEC §3–§6): a :class:`QuantScheme`, a preset name
+    (``"nvfp4"``) or a scheme text (``"q4s/packed_u32_0/block32:f16"``).
 
     ``calibration``: "minmax" (max |x| per block) or "absmean" (mean |x|, BitNet b1.58).
     ``rounding`` of int values: "half_away" (burn, ggml) or "half_even" (numpy, ONNX, PyTorch).
     ``scale_rounding``: "up" (values never clip) or "nearest" (a plain cast).
+    An option left as None is the scheme's own (a preset's), else the default (minmax,
+    half_away, up).
     ``scales``: explicit scales in the grid's shape (two-level: block scales b_i); skips
     calibration. ``global_scale``: a two-level scheme's per-tensor scale g.
     """
-    scheme = _check_scheme(scheme)
-    _check_choice("calibration", calibration, _CALIBRATIONS)
-    _check_choice("rounding", rounding, _ROUNDINGS)
-    _check_choice("scale_rounding", scale_rounding, _SCALE_ROUNDINGS)
+    scheme = resolve(scheme)
+    cal, rnd, srnd = scheme.options.resolve(calibration, rounding, scale_rounding)
     xs, kind = _as_input(x)
     given = None
     if scales is not None:
-        grid = _core.layout_info(scheme._spec(), xs.shape)[2]
+        grid = scheme.layout(xs.shape).scale_grid
         given = _scales_in_grid(scales, grid, scheme, xs.shape)
     g = None if global_scale is None else _global_scale(global_scale)
-    values, stored, g_out = _core.quantize(
-        xs, kind, scheme._spec(), calibration, rounding, scale_rounding, given, g
+    values, stored, g_out = _native.quantize(
+        xs, kind, scheme._handle, cal, rnd, srnd, given, g
     )
     return QTensor._new(values, stored, g_out, scheme, xs.shape)
 
@@ -382,11 +372,10 @@ def dequantize(qt: QTensor, dtype: Any = np.float32) -> np.ndarray:
     return qt.dequantize(dtype)
 
 
-def round_scale(arr: Any, dtype: ScaleDtype, mode: str = "up") -> np.ndarray:
+def round_scale(arr: Any, dtype: ScaleDtype, mode: ScaleRounding = "up") -> np.ndarray:
     """Round scales to what ``dtype`` stores (SPEC §4); returns their float32 values."""
     if not isinstance(dtype, ScaleDtype):
         raise TypeError(f"dtype must be a blockquant.ScaleDtype, got {dtype!r}")
-    _check_choice("mode", mode, _SCALE_ROUNDINGS)
     a = np.asarray(arr)
     if a.dtype.kind not in "fiu" and a.dtype.name != "bfloat16":
         raise TypeError(f"scales must be a real array, got dtype {a.dtype}")
@@ -402,5 +391,5 @@ def round_scale(arr: Any, dtype: ScaleDtype, mode: str = "up") -> np.ndarray:
     if np.isinf(a32).any():
         i = int(np.flatnonzero(np.isinf(a32).ravel())[0])
         raise ScaleError(f"scales must fit in float32, got {a64.ravel()[i]} at index {i}")
-    out = _core.round_scale(np.ascontiguousarray(a32), dtype.value, mode)
+    out = _native.round_scale(np.ascontiguousarray(a32), dtype.value, mode)
     return out.reshape(a.shape)

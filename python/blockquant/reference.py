@@ -1,4 +1,4 @@
-"""The pure-numpy definition of blockquant (SPEC.md), bit for bit.
+"""The pure-numpy definition of blockquant (docs/format.md; SPEC sections cited), bit for bit.
 
 This module is the executable form of the contract: the Rust core must produce exactly what these
 functions produce. It is written to be read, not to be fast. Everything is vectorized over the
@@ -34,6 +34,7 @@ from .errors import (
     UnexpectedGlobalScaleError,
     UnsupportedSchemeError,
 )
+from .presets import resolve
 from .scheme import QuantMode, QuantScheme, QuantValue, ScaleDtype
 
 __all__ = [
@@ -713,19 +714,22 @@ def _decoded_values(values: np.ndarray, scheme: QuantScheme, shape1) -> np.ndarr
 
 def quantize(
     x,
-    scheme: QuantScheme,
+    scheme: QuantScheme | str,
     *,
-    calibration: str = "minmax",
-    rounding: str = "half_away",
-    scale_rounding: str = "up",
+    calibration: str | None = None,
+    rounding: str | None = None,
+    scale_rounding: str | None = None,
     scales=None,
     global_scale=None,
 ) -> RefQTensor:
-    """Quantize ``x`` under ``scheme`` (SPEC §3-§8)."""
+    """Quantize ``x`` under ``scheme`` (SPEC §3-§8): a scheme, a preset name or a scheme text;
+    an option left as None is the scheme's own (a preset's, SPEC §12), else the default."""
     # Validation order: argument types, mode, scheme/tensor fit, scales, non-finite input (the
     # core checks the caller's scales before it reads the data).
-    if not isinstance(scheme, QuantScheme):
-        raise TypeError(f"scheme is a QuantScheme, got {scheme!r}")
+    scheme = resolve(scheme)
+    calibration, rounding, scale_rounding = scheme.options.resolve(
+        calibration, rounding, scale_rounding  # type: ignore[arg-type]
+    )
     _check_option("calibration", calibration, CALIBRATIONS)
     _check_option("rounding", rounding, ROUNDINGS)
     _check_option("scale_rounding", scale_rounding, SCALE_ROUNDINGS)
@@ -798,11 +802,12 @@ def _as_bytes(data) -> bytes:
     return bytes(data)
 
 
-def from_bytes(data, scheme: QuantScheme, shape) -> RefQTensor:
+def from_bytes(data, scheme: QuantScheme | str, shape) -> RefQTensor:
     """Rebuild a quantized tensor from to_bytes' layout. The length must match exactly. Any bit
     pattern is accepted in the values (no code-range check); scales (and g) are kept exactly as
     decoded, -0 included, but a negative, NaN or infinite one is a LayoutError."""
     data = _as_bytes(data)
+    scheme = resolve(scheme)
     _check_scheme(scheme)
     shape = _check_shape(shape)
     _check_fit(shape, scheme)

@@ -1,20 +1,24 @@
 """The scheme model (SPEC §1): what a quantized tensor holds and how it is laid out.
 
 Every class here is an immutable value: equal by value, hashable, with a readable repr. Builder
-methods return new schemes, and every validity rule is checked when a scheme is built, so an
-invalid scheme never exists. The Rust core re-checks the same rules (it never trusts its input).
+methods return new schemes. The validity rules live in one place, the Rust core: building a
+:class:`QuantScheme` builds its core twin (``_native.Scheme``) once, which checks every rule, and
+every later call hands that twin to the core as it is. So an invalid scheme never exists, and
+Python keeps only type checks (a ``TypeError`` for an argument of the wrong type).
 """
 
 from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass, replace
-from typing import Iterable, Optional, Tuple
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Optional, Tuple
 
 import numpy as np
 
-from .errors import SchemeError
+from . import _native
+from .errors import LayoutError, SchemeError
+from .options import QuantOptions
 
 __all__ = [
     "QuantValue",
@@ -145,15 +149,13 @@ class QuantStore:
     Native = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        if self.kind not in ("native", "packed_u32", "packed_native"):
-            raise SchemeError(f"unknown store kind {self.kind!r}")
+        if not isinstance(self.kind, str):
+            raise TypeError(f"a store kind is a str, got {type(self.kind).__name__}")
         if isinstance(self.dim, bool) or not isinstance(self.dim, (int, np.integer)):
             raise TypeError(f"a packing dim is an int, got {type(self.dim).__name__}")
         object.__setattr__(self, "dim", int(self.dim))
-        if self.dim < 0:
-            raise SchemeError(f"a packing dim counts from the innermost axis and is >= 0, got {self.dim}")
-        if self.kind == "native" and self.dim != 0:
-            raise SchemeError("the Native store has no packing dim")
+        # The rules (known kind, dim >= 0, Native has no dim) are the core's.
+        _native.Scheme(value="Q8F", store=self.kind, dim=self.dim, mode="Symmetric")
 
     @staticmethod
     def packed_u32(dim: int = 0) -> "QuantStore":
@@ -179,7 +181,8 @@ class QuantStore:
 QuantStore.Native = QuantStore("native", 0)  # type: ignore[misc]
 
 
-def _normalize_block(size: Iterable[int]) -> Tuple[int, ...]:
+def _normalize_block(size: Iterable[int], dtype: ScaleDtype) -> Tuple[int, ...]:
+    """The block as the core keeps it (leading 1s dropped); the core checks the rules."""
     if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
         size = (size,)
     try:
@@ -189,17 +192,15 @@ def _normalize_block(size: Iterable[int]) -> Tuple[int, ...]:
     for d in dims:
         if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
             raise TypeError(f"a block size is a sequence of ints, got an element {d!r}")
-    dims = [int(d) for d in dims]
-    if not dims:
-        raise SchemeError("a block size has 1 to 5 dimensions, got none")
-    if any(d <= 0 for d in dims):
-        raise SchemeError(f"block sizes are positive integers, got {dims}")
-    # Leading 1s are dropped: a block is rank-relative, missing leading dims are 1.
-    while len(dims) > 1 and dims[0] == 1:
-        dims.pop(0)
-    if len(dims) > MAX_BLOCK_DIMS:
-        raise SchemeError(f"a block size has 1 to {MAX_BLOCK_DIMS} dimensions, got {len(dims)}: {dims}")
-    return tuple(dims)
+    probe = _native.Scheme(
+        value="Q8F",
+        store="native",
+        dim=0,
+        mode="Symmetric",
+        block_size=[int(d) for d in dims],
+        block_dtype=dtype.value,
+    )
+    return tuple(probe.block_size)
 
 
 @dataclass(frozen=True, init=False)
@@ -212,7 +213,7 @@ class BlockScale:
     def __init__(self, size: Iterable[int], dtype: ScaleDtype) -> None:
         if not isinstance(dtype, ScaleDtype):
             raise TypeError(f"a block scale dtype is a ScaleDtype, got {dtype!r}")
-        object.__setattr__(self, "size", _normalize_block(size))
+        object.__setattr__(self, "size", _normalize_block(size, dtype))
         object.__setattr__(self, "dtype", dtype)
 
     @property
@@ -239,6 +240,9 @@ class QuantScheme:
     mode: QuantMode = QuantMode.Symmetric
     tensor: Optional[ScaleDtype] = None
     block: Optional[BlockScale] = None
+    #: The options the scheme is meant to be used with (a preset's; SPEC §12). Not part of the
+    #: scheme's identity: two schemes that store the same way are equal whatever their options.
+    options: QuantOptions = field(default=QuantOptions(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.value, QuantValue):
@@ -251,16 +255,24 @@ class QuantScheme:
             raise TypeError(f"a per-tensor scale dtype is a ScaleDtype, got {self.tensor!r}")
         if self.block is not None and not isinstance(self.block, BlockScale):
             raise TypeError(f"a block level is a BlockScale, got {self.block!r}")
-        if self.is_two_level:
-            if self.tensor is not ScaleDtype.F32:
-                raise SchemeError(
-                    f"a two-level scheme stores its per-tensor scale as f32, got {self!r}"
-                )
-            if self.block.dtype not in (ScaleDtype.F16, ScaleDtype.UE4M3):
-                raise SchemeError(
-                    "a two-level scheme's block scales must be F16 or UE4M3: wider block scales "
-                    f"would drive the per-tensor scale subnormal, got {self!r}"
-                )
+        if not isinstance(self.options, QuantOptions):
+            raise TypeError(f"options is a QuantOptions, got {self.options!r}")
+        # Built and validated once; every core call takes this object as it is.
+        core = _native.Scheme(
+            value=self.value.value,
+            store=self.store.kind,
+            dim=self.store.dim,
+            mode=self.mode.value,
+            tensor=None if self.tensor is None else self.tensor.value,
+            block_size=None if self.block is None else list(self.block.size),
+            block_dtype=None if self.block is None else self.block.dtype.value,
+        )
+        object.__setattr__(self, "_handle", core)
+
+    def __reduce__(self) -> Any:
+        # The core twin does not pickle; rebuilding it from the fields does.
+        return (QuantScheme, (self.value, self.store, self.mode, self.tensor, self.block,
+                              self.options))
 
     # -- builder ---------------------------------------------------------------------------
     def with_value(self, value: QuantValue) -> "QuantScheme":
@@ -277,6 +289,17 @@ class QuantScheme:
 
     def per_block(self, size: Iterable[int], dtype: ScaleDtype) -> "QuantScheme":
         return replace(self, block=BlockScale(size, dtype))
+
+    def with_options(
+        self,
+        calibration: Optional[str] = None,
+        rounding: Optional[str] = None,
+        scale_rounding: Optional[str] = None,
+    ) -> "QuantScheme":
+        """The same scheme, meant to be used with these options (what a preset carries);
+        ``quantize`` applies them unless its caller overrides them."""
+        opts = QuantOptions(calibration, rounding, scale_rounding)  # type: ignore[arg-type]
+        return replace(self, options=opts)
 
     # -- derived facts -----------------------------------------------------------------------
     @property
@@ -302,45 +325,31 @@ class QuantScheme:
     def layout(self, shape: Iterable[int]) -> "Layout":
         """This scheme applied to a tensor of ``shape``: storage, scale grid and byte counts.
         Raises :class:`SchemeError` when the tensor cannot take the scheme."""
-        from . import _core
-
-        dims = tuple(int(d) for d in shape)
-        storage_shape, storage_dtype, grid, total = _core.layout_info(self._spec(), dims)
-        n_scales = 1
-        for d in grid:
-            n_scales *= d
-        storage_nbytes = np.dtype(storage_dtype).itemsize
-        for d in storage_shape:
-            storage_nbytes *= d
+        try:
+            dims = tuple(shape)
+        except TypeError:
+            raise TypeError(f"shape must be a sequence of ints, got {shape!r}") from None
+        if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in dims):
+            raise TypeError(f"shape must be a sequence of ints, got {dims!r}")
+        if any(d < 0 for d in dims):
+            raise LayoutError(f"shape dims must be >= 0, got {dims}")
+        info = self._handle.layout([int(d) for d in dims])
         return Layout(
-            shape=dims,
-            storage_shape=tuple(storage_shape),
-            storage_dtype=np.dtype(storage_dtype),
-            scale_grid=tuple(grid),
+            shape=tuple(info.shape),
+            storage_shape=tuple(info.storage_shape),
+            storage_dtype=np.dtype(info.storage_dtype),
+            scale_grid=tuple(info.scale_grid),
             scale_dtype=self.scale_dtype,
-            n_scales=n_scales,
-            storage_nbytes=storage_nbytes,
-            scales_nbytes=total - storage_nbytes,
-            nbytes=total,
-        )
-
-    def _spec(self) -> tuple:
-        """The plain tuple the Rust core reads."""
-        return (
-            self.value.value,
-            self.store.kind,
-            self.store.dim,
-            self.mode.value,
-            None if self.tensor is None else self.tensor.value,
-            None if self.block is None else self.block.size,
-            None if self.block is None else self.block.dtype.value,
+            n_scales=info.n_scales,
+            storage_nbytes=info.storage_nbytes,
+            scales_nbytes=info.scales_nbytes,
+            nbytes=info.nbytes,
         )
 
     # -- text form ---------------------------------------------------------------------------
     @classmethod
     def parse(cls, text: str) -> QuantScheme:
-        """The scheme a text names: a preset (``nvfp4``, ``int8``, ...; see
-        :data:`blockquant.presets.PRESETS`) or the spelled-out form that ``str(scheme)`` prints::
+        """The scheme a spelled-out text names, the form ``str(scheme)`` prints::
 
             VALUE/STORE/LEVELS[/lookup]
 
@@ -353,24 +362,20 @@ class QuantScheme:
             DTYPE   f32 f16 bf16 ue8m0 ue4m3
 
         e.g. ``q4s/packed_native0/block32:f16``, ``e4m3/native/block32x32:ue8m0``,
-        ``e2m1/packed_native0/block16:ue4m3+tensor:f32`` (= ``nvfp4``). Only that canonical
-        spelling is accepted (lowercase, no spaces, numbers without leading zeros), so
-        ``str(QuantScheme.parse(t)) == t`` for every spelled-out ``t`` that parses, and
-        ``QuantScheme.parse(str(s)) == s`` for every scheme ``s``. A preset name parses to the
-        preset's scheme, which prints spelled out. A bad text raises :class:`SchemeError`
-        quoting the bad part.
+        ``e2m1/packed_native0/block16:ue4m3+tensor:f32`` (NVFP4). Only that canonical spelling
+        is accepted (lowercase, no spaces, numbers without leading zeros), so
+        ``str(QuantScheme.parse(t)) == t`` for every text ``t`` that parses, and
+        ``QuantScheme.parse(str(s)) == s`` for every scheme ``s``. The grammar knows no preset
+        names: :func:`blockquant.presets.resolve` takes a preset name or a scheme text. A bad
+        text raises :class:`SchemeError` quoting the bad part.
         """
         if not isinstance(text, str):
             raise TypeError(f"a scheme text is a str, got {type(text).__name__}")
-        from .presets import PRESETS  # here: presets imports this module
-
-        if text in PRESETS:
-            return PRESETS[text]()
         parts = text.split("/")
         if len(parts) == 1:
             raise SchemeError(
-                f"unknown scheme {text!r}: not a preset ({', '.join(PRESETS)}) nor "
-                "VALUE/STORE/LEVELS such as 'q4s/packed_native0/block32:f16'"
+                f"unknown scheme {text!r}: a scheme text is VALUE/STORE/LEVELS such as "
+                "'q4s/packed_native0/block32:f16' (preset names: blockquant.presets.resolve)"
             )
         if len(parts) not in (3, 4):
             raise SchemeError(

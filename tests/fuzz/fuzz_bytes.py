@@ -10,7 +10,7 @@ Each input is decoded (``decode``) into a scheme, a shape and an operation, then
 - ``from_parts``: ``QTensor.from_parts`` with values of a drawn dtype and shape (usually the
   right ones) filled from the input, scales from the input's bits (NaN, negative, anything) or
   rounded to their dtype, and a per-tensor scale or none; on success the bytes round-trip;
-- ``core``: the binding (``blockquant._core``) called directly with a raw scheme tuple (bad
+- ``core``: the binding (``blockquant._core``) called directly with a raw core scheme (bad
   names, bad block sizes, packing dims past the rank), a raw shape and raw arrays, bypassing the
   Python checks: the core must re-check everything itself.
 
@@ -128,7 +128,7 @@ def _run_from_bytes(r: Reader) -> None:
     data = tail[1:]
     if mode != 0:  # most of the time: exactly the expected length (when there is one)
         try:
-            n = bq._core.layout_info(scheme._spec(), list(shape))[3]
+            n = scheme.layout(shape).nbytes
         except ALLOWED:
             n = None  # an invalid scheme/shape pair
         if n is not None and n <= 1 << 16:
@@ -192,9 +192,10 @@ def _run_from_parts(r: Reader) -> None:
     g_bits = bytes(r.byte() for _ in range(4))
     scales_kind = r.byte() % 3
     try:
-        storage_shape, storage_dtype, grid, _ = bq._core.layout_info(scheme._spec(), shape)
+        lay = scheme.layout(shape)
     except ALLOWED:
         return
+    storage_shape, storage_dtype, grid = lay.storage_shape, lay.storage_dtype, lay.scale_grid
     values, scales = _parts(r, storage_shape, storage_dtype, grid)
     if scales_kind:  # representable scales, so the value checks get their turn
         with np.errstate(invalid="ignore", over="ignore"):
@@ -211,34 +212,40 @@ def _run_from_parts(r: Reader) -> None:
     _check_tensor(qt, scheme)
 
 
-def _raw_spec(r: Reader) -> tuple:
-    """A scheme tuple as QuantScheme._spec() makes them, with nothing checked."""
+def _raw_spec(r: Reader) -> dict:
+    """The core scheme's constructor arguments, with nothing checked."""
     names = [v.value for v in VALUES] + ["Q9", ""]
     dnames = [d.value for d in DTYPES] + ["F8", "f32"]
     block = [r.byte() % 40 for _ in range(r.byte() % 8)] if r.byte() % 2 else None
-    return (
-        r.pick(names),
-        r.pick(["native", "packed_u32", "packed_native", "packed"]),
-        r.byte() % 6,
-        r.pick(["Symmetric", "Symmetric", "Lookup", "Other"]),
-        r.pick([None, *dnames]),
-        block,
-        r.pick([None, *dnames]) if block is not None else None,
+    return dict(
+        value=r.pick(names),
+        store=r.pick(["native", "packed_u32", "packed_native", "packed"]),
+        dim=r.byte() % 6,
+        mode=r.pick(["Symmetric", "Symmetric", "Lookup", "Other"]),
+        tensor=r.pick([None, *dnames]),
+        block_size=block,
+        block_dtype=r.pick([None, *dnames]) if block is not None else None,
     )
 
 
 def _run_core(r: Reader) -> None:
-    spec = _raw_spec(r)
+    """The binding called directly, behind the Python layer's checks."""
+    try:
+        spec = bq._core.Scheme(**_raw_spec(r))
+    except ALLOWED:
+        spec = None
     shape = list(_dims(r, huge_ok=True))
     op = r.byte() % 4
+    if spec is None:
+        return
     try:
-        info = bq._core.layout_info(spec, shape)
+        info = spec.layout(shape)
     except ALLOWED:
         info = None
     if op == 0 or info is None:
         data = r.rest()
-        if info is not None and data and data[0] % 2 and info[3] <= 1 << 16:
-            data = _fill(data[1:], info[3])
+        if info is not None and data and data[0] % 2 and info.nbytes <= 1 << 16:
+            data = _fill(data[1:], info.nbytes)
         try:
             values, scales, g = bq._core.from_bytes(data, spec, shape)
         except ALLOWED:
@@ -247,7 +254,7 @@ def _run_core(r: Reader) -> None:
         assert out == data, f"to_bytes gave {out.hex()} for {data.hex()}"
         bq._core.dequantize(values, scales, g, spec, shape)
         return
-    storage_shape, storage_dtype, grid, _ = info
+    storage_shape, storage_dtype, grid = info.storage_shape, info.storage_dtype, info.scale_grid
     if math.prod(storage_shape) > 1 << 16:
         return
     values, scales = _parts(r, storage_shape, storage_dtype, grid)

@@ -28,6 +28,9 @@ pub enum QuantError {
     /// Bytes or storage that do not fit scheme and shape (→ `LayoutError`).
     #[error("{0}")]
     Layout(String),
+    /// An unknown option name, such as `calibration="max"` (→ `QuantError`, the base class).
+    #[error("{0}")]
+    Option(String),
     /// NaN or infinity in the input (→ `NonFiniteError`).
     #[error("non-finite value {} at flat index {index}", python_float(*value))]
     NonFinite { index: usize, value: f32 },

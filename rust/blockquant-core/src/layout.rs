@@ -92,6 +92,12 @@ impl Layout {
                 }
                 let mut block = vec![1; rank - size.len()];
                 block.extend_from_slice(size);
+                // A block wider than its axis covers the axis: clamping changes no grid, no
+                // block count and no result, and keeps every index product far from overflow
+                // whatever size a crafted scheme carries.
+                for (b, &d) in block.iter_mut().zip(&dims) {
+                    *b = (*b).min(d.max(1));
+                }
                 let grid = dims
                     .iter()
                     .zip(&block)

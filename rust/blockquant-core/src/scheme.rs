@@ -150,6 +150,36 @@ pub enum QuantStore {
     PackedNative(usize),
 }
 
+impl QuantMode {
+    /// The mode named `name` ("Symmetric" or "Lookup").
+    pub fn from_name(name: &str) -> Result<Self> {
+        match name {
+            "Symmetric" => Ok(Self::Symmetric),
+            "Lookup" => Ok(Self::Lookup),
+            _ => Err(QuantError::Scheme(format!(
+                "unknown mode {name:?}: expected \"Symmetric\" or \"Lookup\""
+            ))),
+        }
+    }
+}
+
+impl QuantStore {
+    /// The store of kind `kind` ("native", "packed_u32", "packed_native") packing along `dim`.
+    pub fn from_name(kind: &str, dim: usize) -> Result<Self> {
+        match kind {
+            "native" if dim == 0 => Ok(Self::Native),
+            "native" => Err(QuantError::Scheme(
+                "the Native store has no packing dim".into(),
+            )),
+            "packed_u32" => Ok(Self::PackedU32(dim)),
+            "packed_native" => Ok(Self::PackedNative(dim)),
+            _ => Err(QuantError::Scheme(format!(
+                "unknown store kind {kind:?}: expected \"native\", \"packed_u32\" or \"packed_native\""
+            ))),
+        }
+    }
+}
+
 /// One scale per block of `size` elements (rank-relative: missing leading dims are 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BlockScale {

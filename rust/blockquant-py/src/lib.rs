@@ -9,13 +9,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use blockquant_core::{
     bytes, pack, pool, quantize as q, BF16Bits, Calibration, ExplicitScales, F16Bits, Input,
-    Layout, Output, QuantError, QuantMode, QuantScheme, QuantStore, QuantValue, QuantizeOptions,
-    Rounding, ScaleDtype, ScaleRounding, Scales, Storage, StorageMut,
+    Layout, OptionName, Output, QuantError, QuantMode, QuantScheme, QuantStore, QuantValue,
+    QuantizeOptions, Rounding, ScaleDtype, ScaleRounding, Scales, Storage, StorageMut,
 };
 use numpy::{
     IxDyn, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
 };
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -44,6 +44,7 @@ fn to_py(err: QuantError) -> PyErr {
         QuantError::Unsupported { .. } => errors::UnsupportedSchemeError::new_err(msg),
         QuantError::Layout(_) => errors::LayoutError::new_err(msg),
         QuantError::NonFinite { .. } => errors::NonFiniteError::new_err(msg),
+        QuantError::Option(_) => errors::QuantError::new_err(msg),
     }
 }
 
@@ -65,92 +66,155 @@ fn guarded<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     }
 }
 
-/// The scheme as the Python side hands it over: `QuantScheme._spec()`.
-type SchemeSpec = (
-    String,
-    String,
-    usize,
-    String,
-    Option<String>,
-    Option<Vec<usize>>,
-    Option<String>,
-);
+/// A scheme, built and validated once on the Python side's request and then handed to every
+/// call as it is: Rust is the one validator of the scheme rules (SPEC §1).
+#[pyclass(frozen, eq, hash, module = "blockquant._core", name = "Scheme")]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Scheme(QuantScheme);
 
-fn scheme_from_spec(spec: SchemeSpec) -> PyResult<QuantScheme> {
-    let (value, store_kind, dim, mode, tensor, block, block_dtype) = spec;
-    let bad =
-        |what: &str, got: &str| errors::QuantError::new_err(format!("unknown {what} {got:?}"));
-    let value = QuantValue::from_name(&value).ok_or_else(|| bad("value", &value))?;
-    let store = match store_kind.as_str() {
-        "native" => QuantStore::Native,
-        "packed_u32" => QuantStore::PackedU32(dim),
-        "packed_native" => QuantStore::PackedNative(dim),
-        other => return Err(bad("store", other)),
-    };
-    let mode = match mode.as_str() {
-        "Symmetric" => QuantMode::Symmetric,
-        "Lookup" => QuantMode::Lookup,
-        other => return Err(bad("mode", other)),
-    };
-    let dtype = |name: &str| ScaleDtype::from_name(name).ok_or_else(|| bad("scale dtype", name));
-    let mut scheme = QuantScheme::default()
-        .with_value(value)
-        .with_store(store)
-        .with_mode(mode);
-    if let Some(t) = tensor {
-        scheme = scheme.per_tensor(dtype(&t)?);
+/// A non-negative size from Python: a negative or huge int is a `SchemeError` (`negative`
+/// says which rule a negative one breaks), not an `OverflowError`.
+fn size_arg(obj: &Bound<'_, PyAny>, what: &str, negative: &str) -> PyResult<usize> {
+    if obj.is_instance_of::<pyo3::types::PyBool>() || !obj.is_instance_of::<pyo3::types::PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "{what} is an int, got {}",
+            obj.get_type().name()?
+        )));
     }
-    if let (Some(size), Some(d)) = (block, block_dtype) {
-        scheme = scheme.per_block(&size, dtype(&d)?).map_err(to_py)?;
+    match obj.extract::<usize>() {
+        Ok(v) => Ok(v),
+        Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => {
+            let msg = if obj.lt(0)? {
+                format!("{negative}, got {obj}")
+            } else {
+                format!("{what} must be at most {}, got {obj}", usize::MAX)
+            };
+            Err(errors::SchemeError::new_err(msg))
+        }
+        Err(e) => Err(e),
     }
-    scheme.validate().map_err(to_py)?;
-    Ok(scheme)
 }
 
-fn layout(spec: SchemeSpec, shape: &[usize]) -> PyResult<Layout> {
-    Layout::new(&scheme_from_spec(spec)?, shape).map_err(to_py)
+fn scale_dtype_arg(name: &str) -> PyResult<ScaleDtype> {
+    ScaleDtype::from_name(name)
+        .ok_or_else(|| errors::SchemeError::new_err(format!("unknown scale dtype {name:?}")))
 }
 
-/// One of a fixed set of option strings (the Python layer checks them first; this is the
-/// core's own guard).
-fn parse_choice<T: Copy>(what: &str, s: &str, choices: &[(&str, T)]) -> PyResult<T> {
-    choices
-        .iter()
-        .find(|(name, _)| *name == s)
-        .map(|&(_, v)| v)
-        .ok_or_else(|| {
-            let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
-            errors::QuantError::new_err(format!("{what} is one of {names:?}, got {s:?}"))
+#[pymethods]
+impl Scheme {
+    /// `value`, `store` ("native", "packed_u32", "packed_native") and `mode` by name, scale
+    /// dtypes by name; raises `SchemeError` naming the broken rule.
+    #[new]
+    #[pyo3(signature = (*, value, store, dim, mode, tensor=None, block_size=None, block_dtype=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        value: &str,
+        store: &str,
+        dim: &Bound<'_, PyAny>,
+        mode: &str,
+        tensor: Option<&str>,
+        block_size: Option<Vec<Bound<'_, PyAny>>>,
+        block_dtype: Option<&str>,
+    ) -> PyResult<Self> {
+        guarded(|| {
+            let value = QuantValue::from_name(value)
+                .ok_or_else(|| errors::SchemeError::new_err(format!("unknown value {value:?}")))?;
+            let dim = size_arg(
+                dim,
+                "a packing dim",
+                "a packing dim counts from the innermost axis and is >= 0",
+            )?;
+            let store = QuantStore::from_name(store, dim).map_err(to_py)?;
+            let mode = QuantMode::from_name(mode).map_err(to_py)?;
+            let mut scheme = QuantScheme::default()
+                .with_value(value)
+                .with_store(store)
+                .with_mode(mode);
+            if let Some(t) = tensor {
+                scheme = scheme.per_tensor(scale_dtype_arg(t)?);
+            }
+            match (block_size, block_dtype) {
+                (Some(size), Some(d)) => {
+                    let dims = size
+                        .iter()
+                        .map(|b| size_arg(b, "a block size", "block sizes are positive integers"))
+                        .collect::<PyResult<Vec<usize>>>()?;
+                    scheme = scheme
+                        .per_block(&dims, scale_dtype_arg(d)?)
+                        .map_err(to_py)?;
+                }
+                (None, None) => {}
+                _ => {
+                    return Err(PyTypeError::new_err(
+                        "block_size and block_dtype come together",
+                    ))
+                }
+            }
+            scheme.validate().map_err(to_py)?;
+            Ok(Self(scheme))
         })
+    }
+
+    /// The block size as the scheme keeps it (leading 1s dropped), or None.
+    #[getter]
+    fn block_size(&self) -> Option<Vec<usize>> {
+        self.0.block.map(|b| b.size().to_vec())
+    }
+
+    /// This scheme on a tensor of `shape`; `SchemeError` when the tensor cannot take it.
+    fn layout(&self, shape: Vec<usize>) -> PyResult<LayoutInfo> {
+        guarded(|| {
+            let l = Layout::new(&self.0, &shape).map_err(to_py)?;
+            let storage_nbytes = l.storage_bytes();
+            let nbytes = l.total_bytes();
+            Ok(LayoutInfo {
+                shape: l.shape.clone(),
+                storage_shape: l.storage_shape(),
+                storage_dtype: StorageDtype::of(&l).name(),
+                scale_grid: l.grid.clone(),
+                n_scales: l.num_scales,
+                storage_nbytes,
+                scales_nbytes: nbytes - storage_nbytes,
+                nbytes,
+            })
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        self.0.to_string()
+    }
 }
 
-fn parse_calibration(s: &str) -> PyResult<Calibration> {
-    let choices = [
-        ("minmax", Calibration::MinMax),
-        ("absmean", Calibration::AbsMean),
-    ];
-    parse_choice("calibration", s, &choices)
+/// A scheme applied to one shape, with named fields (`QuantScheme.layout` wraps it).
+#[pyclass(frozen, get_all, module = "blockquant._core", name = "Layout")]
+struct LayoutInfo {
+    shape: Vec<usize>,
+    storage_shape: Vec<usize>,
+    storage_dtype: &'static str,
+    scale_grid: Vec<usize>,
+    n_scales: usize,
+    storage_nbytes: usize,
+    scales_nbytes: usize,
+    nbytes: usize,
 }
 
-fn parse_rounding(s: &str) -> PyResult<Rounding> {
-    let choices = [
-        ("half_away", Rounding::HalfAway),
-        ("half_even", Rounding::HalfEven),
-    ];
-    parse_choice("rounding", s, &choices)
+fn layout(scheme: &Bound<'_, Scheme>, shape: &[usize]) -> PyResult<Layout> {
+    Layout::new(&scheme.get().0, shape).map_err(to_py)
 }
 
-fn parse_scale_rounding(s: &str) -> PyResult<ScaleRounding> {
-    let choices = [
-        ("up", ScaleRounding::Up),
-        ("nearest", ScaleRounding::Nearest),
-    ];
-    parse_choice("scale_rounding", s, &choices)
-}
+/// An option given by name (`calibration="absmean"`): parsed by the core, which lists the
+/// choices when the name is unknown.
+struct Opt<T>(T);
 
-fn parse_dtype(s: &str) -> PyResult<ScaleDtype> {
-    ScaleDtype::from_name(s)
-        .ok_or_else(|| errors::QuantError::new_err(format!("unknown scale dtype {s:?}")))
+impl<'a, 'py, T: OptionName> FromPyObject<'a, 'py> for Opt<T> {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let name = obj.cast::<pyo3::types::PyString>().map_err(|_| {
+            PyTypeError::new_err(format!("{} is a string, got {}", T::WHAT, obj.get_type()))
+        })?;
+        T::from_name(name.to_str()?).map(Opt).map_err(to_py)
+    }
 }
 
 fn contiguous<'a, T: numpy::Element>(
@@ -350,25 +414,25 @@ fn with_input<R>(
 /// Quantize a C-contiguous float array (see `with_input` for `kind`). Returns
 /// `(values, scales, global_scale)`.
 #[pyfunction]
-#[pyo3(signature = (x, kind, scheme, calibration="minmax", rounding="half_away", scale_rounding="up", scales=None, global_scale=None))]
+#[pyo3(signature = (x, kind, scheme, calibration, rounding, scale_rounding, scales=None, global_scale=None))]
 #[allow(clippy::too_many_arguments)]
 fn quantize<'py>(
     py: Python<'py>,
     x: &Bound<'py, PyUntypedArray>,
     kind: &str,
-    scheme: SchemeSpec,
-    calibration: &str,
-    rounding: &str,
-    scale_rounding: &str,
+    scheme: &Bound<'py, Scheme>,
+    calibration: Opt<Calibration>,
+    rounding: Opt<Rounding>,
+    scale_rounding: Opt<ScaleRounding>,
     scales: Option<PyReadonlyArrayDyn<'py, f32>>,
     global_scale: Option<f32>,
 ) -> PyResult<Quantized<'py>> {
     guarded(|| {
         let layout = layout(scheme, x.shape())?;
         let opts = QuantizeOptions {
-            calibration: parse_calibration(calibration)?,
-            rounding: parse_rounding(rounding)?,
-            scale_rounding: parse_scale_rounding(scale_rounding)?,
+            calibration: calibration.0,
+            rounding: rounding.0,
+            scale_rounding: scale_rounding.0,
         };
         let given = match &scales {
             Some(s) => Some(contiguous(s, "scales")?),
@@ -408,7 +472,7 @@ fn dequantize<'py>(
     values: &Bound<'py, PyUntypedArray>,
     scales: PyReadonlyArrayDyn<'py, f32>,
     global_scale: Option<f32>,
-    scheme: SchemeSpec,
+    scheme: &Bound<'py, Scheme>,
     shape: Vec<usize>,
     dtype: &str,
 ) -> PyResult<Bound<'py, PyUntypedArray>> {
@@ -475,7 +539,7 @@ fn to_bytes<'py>(
     values: &Bound<'py, PyUntypedArray>,
     scales: PyReadonlyArrayDyn<'py, f32>,
     global_scale: Option<f32>,
-    scheme: SchemeSpec,
+    scheme: &Bound<'py, Scheme>,
     shape: Vec<usize>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     guarded(|| {
@@ -491,7 +555,7 @@ fn to_bytes<'py>(
 fn from_bytes<'py>(
     py: Python<'py>,
     data: &[u8],
-    scheme: SchemeSpec,
+    scheme: &Bound<'py, Scheme>,
     shape: Vec<usize>,
 ) -> PyResult<Quantized<'py>> {
     guarded(|| {
@@ -515,11 +579,11 @@ fn from_bytes<'py>(
 /// scale count and representability, per-tensor scale presence.
 #[pyfunction]
 #[pyo3(signature = (values, scales, global_scale, scheme, shape))]
-fn check_parts(
-    values: &Bound<'_, PyUntypedArray>,
-    scales: PyReadonlyArrayDyn<'_, f32>,
+fn check_parts<'py>(
+    values: &Bound<'py, PyUntypedArray>,
+    scales: PyReadonlyArrayDyn<'py, f32>,
     global_scale: Option<f32>,
-    scheme: SchemeSpec,
+    scheme: &Bound<'py, Scheme>,
     shape: Vec<usize>,
 ) -> PyResult<()> {
     guarded(|| {
@@ -540,16 +604,15 @@ fn check_parts(
 
 /// Round scales to a dtype (`bq.round_scale`); returns float32 values.
 #[pyfunction]
-#[pyo3(signature = (scales, dtype, mode="up"))]
 fn round_scale<'py>(
     py: Python<'py>,
     scales: PyReadonlyArrayDyn<'py, f32>,
     dtype: &str,
-    mode: &str,
+    mode: Opt<ScaleRounding>,
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
     guarded(|| {
-        let dtype = parse_dtype(dtype)?;
-        let mode = parse_scale_rounding(mode)?;
+        let dtype = scale_dtype_arg(dtype)?;
+        let mode = mode.0;
         let src = contiguous(&scales, "scales")?;
         let out = PyArrayDyn::<f32>::zeros(py, IxDyn(scales.shape()), false);
         {
@@ -559,23 +622,6 @@ fn round_scale<'py>(
                 .map_err(to_py)?;
         }
         Ok(out)
-    })
-}
-
-/// `(storage_shape, storage_dtype, grid_shape, nbytes)` of a scheme on a shape.
-#[pyfunction]
-fn layout_info(
-    scheme: SchemeSpec,
-    shape: Vec<usize>,
-) -> PyResult<(Vec<usize>, &'static str, Vec<usize>, usize)> {
-    guarded(|| {
-        let l = layout(scheme, &shape)?;
-        Ok((
-            l.storage_shape(),
-            StorageDtype::of(&l).name(),
-            l.grid.clone(),
-            l.total_bytes(),
-        ))
     })
 }
 
@@ -605,13 +651,14 @@ fn _panic_for_tests(py: Python<'_>) -> PyResult<()> {
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Scheme>()?;
+    m.add_class::<LayoutInfo>()?;
     m.add_function(wrap_pyfunction!(quantize, m)?)?;
     m.add_function(wrap_pyfunction!(dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(to_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(from_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(check_parts, m)?)?;
     m.add_function(wrap_pyfunction!(round_scale, m)?)?;
-    m.add_function(wrap_pyfunction!(layout_info, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_tests, m)?)?;

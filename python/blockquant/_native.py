@@ -1,0 +1,42 @@
+"""The one gateway to the compiled core, ``blockquant._core``: no other module imports it.
+
+Everything that crosses into Rust passes through here, as named objects: a scheme is a
+``_core.Scheme`` (a frozen pyclass, validated once when the Python :class:`QuantScheme` is
+built), a layout comes back as a ``_core.Layout`` with named fields, and option names are
+parsed by the core, which owns the list of choices.
+"""
+
+from __future__ import annotations
+
+from . import _core
+from ._core import (
+    Layout,
+    Scheme,
+    check_parts,
+    dequantize,
+    from_bytes,
+    get_num_threads,
+    quantize,
+    round_scale,
+    set_num_threads,
+    to_bytes,
+)
+
+__all__ = [
+    "Layout",
+    "Scheme",
+    "check_parts",
+    "dequantize",
+    "from_bytes",
+    "get_num_threads",
+    "quantize",
+    "round_scale",
+    "set_num_threads",
+    "to_bytes",
+    "panic_for_tests",
+]
+
+
+def panic_for_tests() -> None:
+    """Panic inside the core's thread pool (tests prove it surfaces as ``InternalError``)."""
+    _core._panic_for_tests()

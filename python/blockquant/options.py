@@ -1,0 +1,43 @@
+"""The quantize options and their names, typed so that mypy catches a misspelled one.
+
+The names are parsed by the Rust core (the one list of choices); these ``Literal`` types mirror
+it for type checkers, and :class:`QuantOptions` is what a preset carries (SPEC §12: ``bitnet()``
+quantizes with absmean without being told).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+__all__ = ["Calibration", "Rounding", "ScaleRounding", "QuantOptions"]
+
+#: How the amplitude of a block is measured: max |x|, or mean |x| (BitNet b1.58).
+Calibration = Literal["minmax", "absmean"]
+#: Ties of integer rounding: half away from zero (burn, ggml) or half to even (numpy, ONNX).
+Rounding = Literal["half_away", "half_even"]
+#: How a raw scale becomes a stored one: the smallest value >= it, or the nearest.
+ScaleRounding = Literal["up", "nearest"]
+
+
+@dataclass(frozen=True)
+class QuantOptions:
+    """Options a scheme is meant to be used with; ``None`` leaves the library default
+    (minmax, half_away, up). An argument given to ``quantize`` wins over these."""
+
+    calibration: Optional[Calibration] = None
+    rounding: Optional[Rounding] = None
+    scale_rounding: Optional[ScaleRounding] = None
+
+    def resolve(
+        self,
+        calibration: Optional[Calibration] = None,
+        rounding: Optional[Rounding] = None,
+        scale_rounding: Optional[ScaleRounding] = None,
+    ) -> tuple[str, str, str]:
+        """The options to use: the caller's where given, else these, else the defaults."""
+        return (
+            calibration if calibration is not None else self.calibration or "minmax",
+            rounding if rounding is not None else self.rounding or "half_away",
+            scale_rounding if scale_rounding is not None else self.scale_rounding or "up",
+        )
