@@ -2,6 +2,7 @@
 writer per file format, the blockquant format apart from the commands)."""
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -66,6 +67,27 @@ def test_commands_take_the_options(tmp_path, rng):
     assert (rep["rounding"], rep["scale_rounding"]) == ("half_even", "nearest")
     assert [r["scheme"] for r in inspect_file(q)["tensors"]] == [
         str(bq.presets.int8_block32()), None]
+
+
+def test_a_presets_options_apply_unless_overridden(tmp_path, rng):
+    src, q = tmp_path / "m.npy", tmp_path / "q.safetensors"
+    w = rng.normal(0, 1, (4, 64)).astype(np.float32)
+    np.save(src, w)
+    for opts, cal in [(None, "absmean"), (FileOptions(calibration="minmax"), "minmax")]:
+        quantize_file(src, q, bq.presets.bitnet(), opts or FileOptions(force=True))
+        entry = json.loads(inspect_meta(q))["tensors"]["m"]
+        assert (entry["calibration"], entry["rounding"], entry["scale_rounding"]) == (
+            cal, "half_away", "up")  # every option recorded, resolved
+        want = bq.quantize(w, bq.presets.bitnet(), calibration=cal)
+        np.testing.assert_array_equal(load_file(q)["m.values"], want.values)
+        rep = report_file(src, bq.presets.bitnet(), opts)
+        assert rep["calibration"] == cal
+        q.unlink()
+
+
+def inspect_meta(path):
+    with checkpoint.open_checkpoint(path) as ckpt:
+        return ckpt.metadata["blockquant"]
 
 
 def test_part_layout_matches_burns_bytes():

@@ -16,7 +16,6 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import blockquant as bq
-from blockquant import QuantScheme
 from blockquant.checkpoint import SafetensorsWriter, quantize_file
 from blockquant.cli import ProgressBar, main
 from blockquant.metrics import ErrorStats, sqnr_db
@@ -104,12 +103,12 @@ FLOATS = ["layer.0.w", "layer.0.w16", "layer.1.wbf", "layer.1.w64", "norm"]
 )
 def test_quantize_equals_the_library_bit_for_bit(tmp_path, ckpt, tensors, scheme):
     out = tmp_path / "q.safetensors"
-    s = QuantScheme.parse(scheme)
+    s = bq.presets.resolve(scheme)
     two_d = s.store.dim > 0 or (s.block is not None and len(s.block.size) > 1)
     floats = [n for n in FLOATS if n != "norm"] if two_d else FLOATS  # norm is 1-D
     exclude = ["--exclude", "^norm$"] if two_d else []
     assert run("quantize", ckpt, "-o", out, "--scheme", scheme, "-q", *exclude) == 0
-    cal = bq.presets.CALIBRATION.get(scheme, "minmax")
+    cal = s.options.calibration or "minmax"  # a preset's own (bitnet: absmean)
     loaded = load_file(out)  # the safetensors library reads it (strict about offsets)
     raw, meta = read_raw(out)
     assert meta["format"] == "pt"
@@ -117,7 +116,7 @@ def test_quantize_equals_the_library_bit_for_bit(tmp_path, ckpt, tensors, scheme
     assert entries["format"] == 1
     for name in floats:
         x = tensors[name]
-        qt = bq.quantize(x, s, calibration=cal)
+        qt = bq.quantize(x, s)
         e = entries["tensors"][name]
         assert e["scheme"] == str(s) and e["shape"] == list(x.shape) and e["dtype"] == x.dtype.name
         assert e["calibration"] == cal
@@ -141,7 +140,7 @@ def test_scales_are_stored_in_their_dtype(tmp_path, ckpt, tensors):
                              ("int8", "F32"), ("q8s/native/block32:bf16", "U16")]:
         assert run("quantize", ckpt, "-o", out, "--scheme", scheme, "-q", "--force") == 0
         loaded = load_file(out)
-        qt = bq.quantize(tensors["layer.0.w"], QuantScheme.parse(scheme))
+        qt = bq.quantize(tensors["layer.0.w"], scheme)
         got = loaded["layer.0.w.scales"]
         assert got.dtype == {"U8": np.uint8, "F16": np.float16, "F32": np.float32,
                              "U16": np.uint16}[st_dtype]

@@ -7,7 +7,7 @@
     blockquant demo                                 every preset on built-in generated tensors
 
 A SCHEME is a preset name (nvfp4, mxfp4, int8, ...) or its spelled-out form, such as
-q4s/packed_native0/block32:f16 (see ``QuantScheme.parse``). A problem with the input, the
+q4s/packed_native0/block32:f16 (see ``blockquant.presets.resolve``). A problem with the input, the
 scheme or the output is one line on stderr, ``blockquant: error: FILE: TENSOR: message``, exit
 code 2, and no output file.
 """
@@ -23,7 +23,7 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import Any, TextIO, get_args
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from .checkpoint import (
 )
 from .errors import QuantError
 from .metrics import ErrorStats
+from .options import Calibration, Rounding, ScaleRounding
 from .qtensor import quantize
 from .scheme import QuantScheme
 
@@ -94,14 +95,13 @@ def demo(args: argparse.Namespace) -> int:
     )
     rows = []
     for name, make in presets.PRESETS.items():
-        scheme = make()
-        cal = presets.CALIBRATION[name]
+        scheme = make()  # quantized with the options the preset carries
         nbytes, stats, elapsed = 0, ErrorStats(), 0.0
         for x in tensors.values():
             best = float("inf")
             for _ in range(args.repeat):
                 t0 = time.perf_counter()
-                qt = quantize(x, scheme, calibration=cal)
+                qt = quantize(x, scheme)
                 best = min(best, time.perf_counter() - t0)
             elapsed += best
             stats += ErrorStats.between(x, qt.dequantize())
@@ -188,19 +188,16 @@ def _jsonable(x: Any) -> Any:
 
 def _scheme(text: str) -> QuantScheme:
     try:
-        return QuantScheme.parse(text)
+        return presets.resolve(text)
     except QuantError as e:
         raise CliError(f"--scheme: {e}") from None
 
 
 def _file_options(args: argparse.Namespace) -> FileOptions:
-    """The file options from whichever of them this command takes; the calibration, when not
-    given, is the one the named preset is meant for."""
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(FileOptions)
-             if hasattr(args, f.name)}
-    if "calibration" in given and given["calibration"] is None:
-        given["calibration"] = presets.CALIBRATION.get(args.scheme, "minmax")
-    return FileOptions(**given)
+    """The file options, from whichever of them this command takes (an option not given is
+    None: the scheme's own, else the default)."""
+    return FileOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(FileOptions)
+                          if hasattr(args, f.name)})
 
 
 def _progress(path: str, label: str, quiet: bool) -> ProgressBar:
@@ -323,12 +320,14 @@ def _parser() -> argparse.ArgumentParser:
                        help="quantize only floating tensors whose name matches (re.search)")
         c.add_argument("--exclude", metavar="REGEX",
                        help="leave tensors whose name matches as they are")
-        c.add_argument("--calibration", choices=["minmax", "absmean"],
+        # The choices are the option types' (which mirror the core's list).
+        c.add_argument("--calibration", choices=get_args(Calibration),
                        help="block amplitude (default: the preset's, else minmax)")
-        c.add_argument("--rounding", choices=["half_away", "half_even"], default="half_away",
-                       help="rounding of int values (default half_away)")
-        c.add_argument("--scale-rounding", choices=["up", "nearest"], default="up",
-                       help="rounding of scales to their dtype (default up: no clipping)")
+        c.add_argument("--rounding", choices=get_args(Rounding),
+                       help="rounding of int values (default: the preset's, else half_away)")
+        c.add_argument("--scale-rounding", choices=get_args(ScaleRounding),
+                       help="rounding of scales to their dtype (default: the preset's, else up: "
+                       "no clipping)")
         c.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
 
     q = sub.add_parser("quantize", help="quantize a checkpoint into a .safetensors file",

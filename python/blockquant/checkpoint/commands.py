@@ -108,7 +108,7 @@ def quantize_file(
                 entries[t.name] = Entry(
                     t.name, scheme, t.shape, FLOAT_DTYPES[t.dtype or ""],
                     {key: p.name for key, p in zip(("values", "scales", "global_scale"), parts)},
-                    options.quantize_options(),
+                    options.quantize_options(scheme),
                 )
                 plan.append((t, parts))
             else:
@@ -123,7 +123,7 @@ def quantize_file(
                 if parts is not None:
                     x = ckpt.read(t.name)
                     try:
-                        qt = quantize(x, scheme, **options.quantize_options())
+                        qt = quantize(x, scheme, **options.quantize_options(scheme))
                     except QuantError as e:
                         raise ckpt.error(t.name, str(e)) from None
                     del x
@@ -247,7 +247,7 @@ def report_file(
             x = ckpt.read(t.name)
             t0 = time.perf_counter()
             try:
-                qt = quantize(x, scheme, **options.quantize_options())
+                qt = quantize(x, scheme, **options.quantize_options(scheme))
             except QuantError as e:
                 raise ckpt.error(t.name, str(e)) from None
             seconds = time.perf_counter() - t0
@@ -265,7 +265,7 @@ def report_file(
         return {
             "file": str(src),
             "scheme": str(scheme),
-            **options.quantize_options(),
+            **options.quantize_options(scheme),
             "tensors": rows,
             "overall": {
                 "tensors": len(rows), "numel": total.numel, "sqnr_db": total.sqnr_db,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Optional
 
+from ..options import Calibration, Rounding, ScaleRounding
+from ..scheme import QuantScheme
 from .base import NAME_TO_ST, CheckpointError
 
 
@@ -25,7 +28,8 @@ class FileOptions:
 
     - ``include`` / ``exclude``: regular expressions (``re.search``) on tensor names; only the
       floating-point tensors that match ``include`` (if given) and not ``exclude`` are quantized.
-    - ``calibration``, ``rounding``, ``scale_rounding``: passed to :func:`blockquant.quantize`.
+    - ``calibration``, ``rounding``, ``scale_rounding``: passed to :func:`blockquant.quantize`;
+      None is the scheme's own (a preset's), else the library default.
     - ``force``: replace an existing output file.
     - ``dtype``: dequantize to float16, bfloat16, float32 or float64 rather than each tensor's
       original dtype.
@@ -33,9 +37,9 @@ class FileOptions:
 
     include: str | None = None
     exclude: str | None = None
-    calibration: str = "minmax"
-    rounding: str = "half_away"
-    scale_rounding: str = "up"
+    calibration: Optional[Calibration] = None
+    rounding: Optional[Rounding] = None
+    scale_rounding: Optional[ScaleRounding] = None
     force: bool = False
     dtype: str | None = None
 
@@ -53,7 +57,9 @@ class FileOptions:
             return False
         return not (exclude is not None and exclude.search(name))
 
-    def quantize_options(self) -> dict[str, str]:
-        """The keyword options of :func:`blockquant.quantize`, as recorded in the file."""
-        return {"calibration": self.calibration, "rounding": self.rounding,
-                "scale_rounding": self.scale_rounding}
+    def quantize_options(self, scheme: QuantScheme) -> dict[str, str]:
+        """The options ``scheme`` is quantized with, all of them resolved: they are recorded in
+        the file and the report, so a reader never needs to know the defaults."""
+        cal, rnd, srnd = scheme.options.resolve(self.calibration, self.rounding,
+                                                self.scale_rounding)
+        return {"calibration": cal, "rounding": rnd, "scale_rounding": srnd}
