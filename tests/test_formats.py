@@ -70,14 +70,21 @@ def test_a_million_random_values(value):
 
 @pytest.mark.parametrize("value", list(FORMATS))
 def test_decoder_matches_ml_dtypes_on_every_code(value):
+    """Every finite code decodes as ml_dtypes decodes it; a NaN or infinity code is corrupt data
+    that from_bytes refuses (SPEC §9: quantize never produces one)."""
     dt, _, n = FORMATS[value]
     codes = np.arange(n, dtype=np.uint8)
+    finite = np.isfinite(codes.view(dt).astype(np.float32))
     s = QuantScheme(value, QuantStore.Native).per_tensor(ScaleDtype.F32)
-    data = codes.tobytes() + np.float32(1.0).tobytes()
-    got = bq.QTensor.from_bytes(data, s, (n,)).dequantize()
-    want = codes.view(dt).astype(np.float32)
-    np.testing.assert_array_equal(got, want)  # NaNs compare equal in position
+    good = codes[finite]
+    data = good.tobytes() + np.float32(1.0).tobytes()
+    got = bq.QTensor.from_bytes(data, s, (good.size,)).dequantize()
+    want = good.view(dt).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    for code in codes[~finite]:
+        with pytest.raises(bq.LayoutError, match="not a code"):
+            bq.QTensor.from_bytes(bytes([code]) + np.float32(1.0).tobytes(), s, (1,))
 
 
 @pytest.mark.parametrize("value", list(FORMATS))

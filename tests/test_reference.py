@@ -317,7 +317,7 @@ def test_encode_decode_scales():
 
 SPEC_SCHEME = (
     QuantScheme()
-    .with_value(V.Q8S)
+    .with_value(V.Q8F)
     .with_store(QuantStore.Native)
     .per_block([4], ScaleDtype.UE4M3)
     .per_tensor(ScaleDtype.F32)
@@ -337,14 +337,10 @@ def test_spec_example_from_bytes():
 
 
 def test_spec_example_quantize():
-    codes = np.array([0, 25, 51, 76, 102, 127, -127, -1], np.float32)
+    codes = np.array([0, 25, 51, 76, 102, 127, -128, -1], np.float32)
     e = np.array([1.5] * 4 + [0.375] * 4, np.float32)
     qt = ref.quantize(codes * e, SPEC_SCHEME, scales=[0.5, 0.125], global_scale=3.0)
-    b = qt.to_bytes()
-    assert len(b) == 14
-    assert b[:6] == SPEC_BYTES[:6]
-    assert b[6:8] == bytes([0x81, 0xFF])
-    assert b[8:] == SPEC_BYTES[8:]
+    assert qt.to_bytes() == SPEC_BYTES
 
 
 @pytest.mark.parametrize("value", [V.Q4F, V.Q4S, V.E2M1])
@@ -604,20 +600,33 @@ def test_explicit_per_tensor_scale_shapes():
         assert ref.quantize(x, QuantScheme(), scales=sc).scales.tolist() == [2.0]
 
 
-def test_from_bytes_decodes_any_value_bits():
-    # Native ints are read as the int8 they hold, even outside the value's range
+def test_from_bytes_accepts_exactly_the_codes_quantize_makes():
+    """SPEC §9 (amended): from_bytes accepts what from_parts accepts. Native ints are the int8
+    they hold and must lie in [qmin, qmax]; packed int fields sign-extend from their bits; a
+    Native E2M1 byte uses only its low nibble; padding is zero; E4M3/E5M2 NaN/inf are corrupt."""
     q4 = QuantScheme(value=V.Q4S, store=QuantStore.Native)
-    data = bytes([0xE4, 0x7F, 0x80, 0x07]) + np.float32(0.5).tobytes()
-    np.testing.assert_array_equal(
-        ref.from_bytes(data, q4, (4,)).dequantize(), [-14, 63.5, -64, 3.5]
-    )
-    # packed int fields sign-extend from their bits; float codes use only their low bits
+    data = bytes([0xF9, 0x07, 0x00, 0xFF]) + np.float32(0.5).tobytes()
+    np.testing.assert_array_equal(ref.from_bytes(data, q4, (4,)).dequantize(), [-3.5, 3.5, 0, -0.5])
+    for bad in (0x7F, 0x80, 0xF8, 0x08):  # 127, -128, -8, 8: no Q4S code
+        with pytest.raises(LayoutError, match="not a code of Q4S"):
+            ref.from_bytes(bytes([bad, 0, 0, 0]) + np.float32(0.5).tobytes(), q4, (4,))
     q2 = QuantScheme(value=V.Q2F, store=QuantStore.packed_native(0))
     data = bytes([0b11_10_01_00]) + np.float32(1).tobytes()
     np.testing.assert_array_equal(ref.from_bytes(data, q2, (4,)).dequantize(), [0, 1, -2, -1])
+    q2s = QuantScheme(value=V.Q2S, store=QuantStore.packed_native(0))
+    with pytest.raises(LayoutError, match="not a code of Q2S"):  # field 0b10 = -2
+        ref.from_bytes(bytes([0b11_10_01_00]) + np.float32(1).tobytes(), q2s, (4,))
+    with pytest.raises(LayoutError, match="padding"):  # 3 values, the 4th field is padding
+        ref.from_bytes(bytes([0b01_00_00_00]) + np.float32(1).tobytes(), q2, (3,))
     e2 = QuantScheme(value=V.E2M1, store=QuantStore.Native)
-    data = bytes([0xF1, 0x0F, 0x77]) + np.float32(1).tobytes()
+    data = bytes([0x01, 0x0F, 0x07]) + np.float32(1).tobytes()
     np.testing.assert_array_equal(ref.from_bytes(data, e2, (3,)).dequantize(), [0.5, -6, 6])
+    with pytest.raises(LayoutError, match="not a code of E2M1"):
+        ref.from_bytes(bytes([0xF1, 0, 0]) + np.float32(1).tobytes(), e2, (3,))
+    e4 = QuantScheme(value=V.E4M3, store=QuantStore.Native)
+    for nan in (0x7F, 0xFF):
+        with pytest.raises(LayoutError, match="not a code of E4M3"):
+            ref.from_bytes(bytes([nan]) + np.float32(1).tobytes(), e4, (1,))
 
 
 def test_from_bytes_rejects_corrupt_scales():

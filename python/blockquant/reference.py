@@ -803,9 +803,10 @@ def _as_bytes(data) -> bytes:
 
 
 def from_bytes(data, scheme: QuantScheme | str, shape) -> RefQTensor:
-    """Rebuild a quantized tensor from to_bytes' layout. The length must match exactly. Any bit
-    pattern is accepted in the values (no code-range check); scales (and g) are kept exactly as
-    decoded, -0 included, but a negative, NaN or infinite one is a LayoutError."""
+    """Rebuild a quantized tensor from to_bytes' layout. The length must match exactly; scales
+    (and g) are kept exactly as decoded, -0 included, but a negative, NaN or infinite one is a
+    LayoutError; so is a stored code quantize can never produce, or non-zero padding (SPEC §9:
+    from_bytes accepts exactly what from_parts accepts). Scales are checked first (SPEC §12)."""
     data = _as_bytes(data)
     scheme = resolve(scheme)
     _check_scheme(scheme)
@@ -831,7 +832,48 @@ def from_bytes(data, scheme: QuantScheme | str, shape) -> RefQTensor:
         g32 = np.frombuffer(data[scale_end:], dtype="<f4").astype(np.float32)
         _check_decoded_scales(g32, "the per-tensor scale")
         g = float(g32[0])
+    _check_codes(values, scheme, _rank1(shape))
     return RefQTensor(values, scales, g, shape, scheme)
+
+
+def _code_is_valid(fields: np.ndarray, value: QuantValue) -> np.ndarray:
+    """Whether each unsigned ``bits``-bit field is a code quantize can produce."""
+    bits = value.bits
+    if value.is_float:
+        # A finite, in-range code has a magnitude at most the largest finite one's.
+        fmt = FLOAT_VALUE_FORMATS[value]
+        return (fields >> bits == 0) & ((fields & (fmt.sign_bit - 1)) <= fmt.max_mag)
+    sign = 1 << (bits - 1)
+    v = (fields ^ sign) - sign
+    return (v >= value.qmin) & (v <= value.qmax)
+
+
+def _check_codes(values: np.ndarray, scheme: QuantScheme, shape1) -> None:
+    """Every stored field holds a valid code, and padding fields are zero (SPEC §9)."""
+    packing = _packing(scheme, len(shape1))
+    if packing is None:
+        if scheme.value.is_float:
+            ok = _code_is_valid(values.astype(np.int64), scheme.value)
+        else:  # Native ints are the sign-extended int8 value itself
+            v = values.astype(np.int64)
+            ok = (v >= scheme.value.qmin) & (v <= scheme.value.qmax)
+        bad = np.flatnonzero(~ok.ravel())
+        if bad.size:
+            i = int(bad[0])
+            raise LayoutError(
+                f"stored value {i} is {int(values.ravel()[i])}, not a code of {scheme.value}"
+            )
+        return
+    ax, per, _ = packing
+    n = shape1[ax]
+    fields = _unpack(values, ax, per, scheme.value.bits, values.shape[ax] * per)
+    along = np.moveaxis(fields, ax, -1)
+    used, padding = along[..., :n], along[..., n:]
+    bad_code = ~_code_is_valid(used, scheme.value)
+    if bad_code.any():
+        raise LayoutError(f"a stored field is not a code of {scheme.value}")
+    if (padding != 0).any():
+        raise LayoutError("a stored word has non-zero padding bits")
 
 
 def _check_decoded_scales(s: np.ndarray, what: str) -> None:

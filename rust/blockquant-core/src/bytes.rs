@@ -3,7 +3,7 @@
 
 use crate::error::{QuantError, Result};
 use crate::layout::Layout;
-use crate::pack::Storage;
+use crate::pack::{check_storage, Storage};
 use crate::quantize::Scales;
 
 /// Serialize a quantized tensor. `scales` must already fit `layout` (see [`Scales::from_stored`]).
@@ -34,7 +34,9 @@ pub struct Parts<'a> {
 }
 
 /// Split `data` into its parts. The length must match exactly; every scale must decode to a
-/// finite, non-negative number (a NaN code is corrupt data, not a scale).
+/// finite, non-negative number (a NaN code is corrupt data, not a scale); and every stored code
+/// must be one quantize can produce, with zero padding (SPEC §9: `from_bytes` accepts exactly
+/// what `from_parts` accepts). Scales are checked before values (SPEC §12).
 pub fn from_bytes<'a>(layout: &Layout, data: &'a [u8]) -> Result<Parts<'a>> {
     let expected = layout.total_bytes();
     if data.len() != expected {
@@ -65,6 +67,15 @@ pub fn from_bytes<'a>(layout: &Layout, data: &'a [u8]) -> Result<Parts<'a>> {
         QuantError::Scale(m) => QuantError::Layout(format!("corrupt scales: {m}")),
         other => other,
     })?;
+    if layout.packing.word_bits == 8 {
+        check_storage(layout, Storage::U8(storage))?;
+    } else {
+        let words: Vec<u32> = storage
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        check_storage(layout, Storage::U32(&words))?;
+    }
     Ok(Parts { storage, scales })
 }
 
@@ -77,7 +88,7 @@ mod tests {
 
     fn spec_example_scheme() -> QuantScheme {
         QuantScheme::default()
-            .with_value(QuantValue::Q8S)
+            .with_value(QuantValue::Q8F)
             .with_store(QuantStore::Native)
             .per_block(&[4], ScaleDtype::UE4M3)
             .unwrap()
@@ -100,11 +111,11 @@ mod tests {
         assert_eq!(again, data);
     }
 
-    /// The same bytes from quantize with explicit scales (the in-range values).
+    /// The same bytes from quantize with explicit scales: -48 / 0.375 = -128, Q8F's minimum.
     #[test]
     fn spec_example_from_quantize() {
         let layout = Layout::new(&spec_example_scheme(), &[8]).unwrap();
-        let x = [0.0f32, 37.5, 76.5, 114.0, 38.25, 47.625, -47.625, -0.375];
+        let x = [0.0f32, 37.5, 76.5, 114.0, 38.25, 47.625, -48.0, -0.375];
         let mut out = vec![0u8; 8];
         let scales = quantize(
             crate::Input::F32(&x),
@@ -118,10 +129,9 @@ mod tests {
         )
         .unwrap();
         let bytes = to_bytes(&layout, Storage::U8(&out), &scales);
-        // -47.625 / 0.375 = -127: Q8S cannot store the example's -128.
         assert_eq!(
             bytes,
-            [0x00, 0x19, 0x33, 0x4c, 0x66, 0x7f, 0x81, 0xff, 0x30, 0x20, 0x00, 0x00, 0x40, 0x40]
+            [0x00, 0x19, 0x33, 0x4c, 0x66, 0x7f, 0x80, 0xff, 0x30, 0x20, 0x00, 0x00, 0x40, 0x40]
         );
     }
 
@@ -190,7 +200,13 @@ mod fuzz_tests {
                         };
                         let n = layout.total_bytes();
                         for len in [n, n.saturating_sub(1), n + 1] {
-                            let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                            let mut data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                            // Random value bytes are rarely all valid codes; zero codes are, so
+                            // half the time the scales and the rest of the checks get their turn.
+                            if rng.next() % 2 == 0 {
+                                let n = layout.storage_bytes().min(len);
+                                data[..n].fill(0);
+                            }
                             let Ok(parts) = from_bytes(&layout, &data) else {
                                 continue;
                             };
