@@ -10,6 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import blockquant as bq
 import blockquant.reference as ref
 from blockquant.errors import (
     LayoutError,
@@ -225,10 +226,22 @@ def test_round_scale_ue8m0_ties_to_even():
         ],
         np.float32,
     )
-    # 1.5 = 2**0 * 1.5: codes 127 | 128 -> even 128 (2.0); 3.0: codes 128 | 129 -> 128 (2.0);
-    # 1.5 * 2**-127 (an f32 subnormal): codes 0 | 1 -> 0; 1.5 * 2**126: 253 | 254 -> 254
-    expect = [2.0, 2.0, 8.0, 0.5, 2.0**-127, 2.0**-125, 2.0**-125, 2.0**-127, 2.0**-127, 2.0**127]
+    # SPEC §4: a tie goes up, as ml_dtypes' cast: 1.5 -> 2.0, 3.0 -> 4.0, 6.0 -> 8.0; the cast
+    # sends an f32 subnormal above 2**-127 to 2**-126; 0 is the zero rule's 2**-127.
+    expect = [2.0, 4.0, 8.0, 1.0, 2.0**-126, 2.0**-125, 2.0**-124, 2.0**-127, 2.0**-127, 2.0**127]
     np.testing.assert_array_equal(ref.round_scale(x, ScaleDtype.UE8M0, "nearest"), expect)
+
+
+def test_ue8m0_nearest_equals_the_ml_dtypes_cast_wherever_it_is_finite():
+    bits = np.arange(1, 0x7F800000, 4093, dtype=np.uint32)  # every exponent, many mantissas
+    x = bits.view(np.float32)
+    cast = x.astype(ml_dtypes.float8_e8m0fnu).astype(np.float32)
+    finite = np.isfinite(cast)
+    assert finite.mean() > 0.99
+    np.testing.assert_array_equal(ref.round_scale(x, ScaleDtype.UE8M0, "nearest")[finite],
+                                  cast[finite])
+    np.testing.assert_array_equal(bq.round_scale(x, ScaleDtype.UE8M0, "nearest")[finite],
+                                  cast[finite])
 
 
 def _next_lower(y: np.ndarray, dtype) -> np.ndarray:

@@ -201,22 +201,19 @@ def _check_not_nan(x: np.ndarray) -> None:
 
 
 def _ue8m0_round(s: np.ndarray, mode: str) -> np.ndarray:
-    """UE8M0 code (int64) of float32 scales s >= 0: ``up`` is 2**ceil(log2 s) and ``nearest``
-    rounds to nearest with ties to the even code, both within [2**-127, 2**127] (no zero: 0 and
-    everything below 2**-127 give the smallest value). Read off the f32 bit pattern."""
+    """UE8M0 code (int64) of float32 scales s >= 0: ``up`` is 2**ceil(log2 s); ``nearest``
+    rounds to nearest with ties up, as ml_dtypes' float8_e8m0fnu cast (SPEC §4), both within
+    [2**-127, 2**127] (no zero: 0 and everything below 2**-127 give the smallest value). Read
+    off the f32 bit pattern."""
     _, e_field, mant = _f32_fields(s)
     subnormal = e_field == 0  # includes 0; 2**-127 is itself an f32 subnormal (mantissa 0x400000)
     if mode == "up":
         # Normal: 2**(E-127) * (1 + m) rounds up to 2**(E-127+1) unless m == 0.
-        # Subnormal: <= 2**-127 gives code 0, (2**-127, 2**-126) gives code 1.
         code = np.where(subnormal, mant > 0x400000, e_field + (mant != 0))
     else:
-        # Nearest with 0 mantissa bits: the midpoint of [2**k, 2**(k+1)] is mantissa 0x400000;
-        # ties go to the even code. Subnormals: midpoint of [2**-127, 2**-126] is 0x600000, and
-        # everything below 2**-127 saturates to the smallest code 0.
-        odd = (e_field & 1) == 1
-        up = (mant > 0x400000) | ((mant == 0x400000) & odd)
-        code = np.where(subnormal, mant > 0x600000, e_field + up)
+        # Normal: the midpoint of [2**k, 2**(k+1)] is mantissa 0x400000, and a tie goes up.
+        # Subnormal: the cast sends everything above 2**-127 to 2**-126 (as "up" does).
+        code = np.where(subnormal, mant > 0x400000, e_field + (mant >= 0x400000))
     return np.clip(code.astype(np.int64), 0, 254)
 
 
