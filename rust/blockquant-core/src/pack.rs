@@ -656,3 +656,875 @@ pub fn check_storage(layout: &Layout, storage: Storage<'_>) -> Result<()> {
         Storage::U32(ws) => ws.iter().enumerate().try_for_each(|(i, &w)| check(i, w)),
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    //! Packing against a bit-at-a-time oracle, the kernels against scalar oracles, and every
+    //! dispatching (AVX2) kernel against its portable build. The oracles also serve the tests
+    //! of `quantize.rs`.
+
+    use super::*;
+    use crate::codec::{
+        float_table, E2M1Code, FloatCode, IntDecode, IntHalfAway, IntHalfEven, TableDecode,
+    };
+    use crate::minifloat::{E2M1, E4M3, E5M2};
+    use crate::quantize::{dequantize, encode_values, Output};
+    use crate::scheme::{QuantScheme, QuantStore, QuantValue, ScaleDtype};
+    use crate::Rounding;
+
+    /// SplitMix64: seeded, so a failing case replays.
+    pub(crate) struct Rng(u64);
+
+    impl Rng {
+        pub(crate) fn new(seed: u64) -> Self {
+            Self(seed)
+        }
+        pub(crate) fn next_u64(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+        pub(crate) fn below(&mut self, n: usize) -> usize {
+            (self.next_u64() % n as u64) as usize
+        }
+        pub(crate) fn byte(&mut self) -> u8 {
+            self.next_u64() as u8
+        }
+        /// Uniform in [-1, 1).
+        pub(crate) fn unit(&mut self) -> f32 {
+            (self.next_u64() >> 40) as f32 / (1u32 << 23) as f32 - 1.0
+        }
+        pub(crate) fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+            xs[self.below(xs.len())]
+        }
+    }
+
+    /// The values and codes of SPEC §1, from its tables alone (not from `scheme`/`minifloat`).
+    pub(crate) mod oracle {
+        use crate::scheme::QuantValue;
+        use crate::Rounding;
+
+        /// bits, qmin, qmax, and for a float value (mantissa bits, exponent bias).
+        pub(crate) fn spec(value: QuantValue) -> (u32, f64, f64, Option<(u32, i32)>) {
+            match value {
+                QuantValue::Q8F => (8, -128.0, 127.0, None),
+                QuantValue::Q8S => (8, -127.0, 127.0, None),
+                QuantValue::Q4F => (4, -8.0, 7.0, None),
+                QuantValue::Q4S => (4, -7.0, 7.0, None),
+                QuantValue::Q2F => (2, -2.0, 1.0, None),
+                QuantValue::Q2S => (2, -1.0, 1.0, None),
+                QuantValue::E4M3 => (8, -448.0, 448.0, Some((3, 7))),
+                QuantValue::E5M2 => (8, -57344.0, 57344.0, Some((2, 15))),
+                QuantValue::E2M1 => (4, -6.0, 6.0, Some((1, 1))),
+            }
+        }
+
+        /// Value of a float code's magnitude bits by the textbook formula; `None` for NaN/inf.
+        pub(crate) fn float_magnitude(value: QuantValue, mag: u32) -> Option<f64> {
+            let (_, _, qmax, fmt) = spec(value);
+            let (mb, bias) = fmt.expect("a float value");
+            let (e, m) = (mag >> mb, mag & ((1 << mb) - 1));
+            let v = if e == 0 {
+                m as f64 * 2f64.powi(1 - bias - mb as i32)
+            } else {
+                (1.0 + m as f64 / (1u32 << mb) as f64) * 2f64.powi(e as i32 - bias)
+            };
+            // Codes past the largest finite value are NaN or infinity (E4M3FN, E5M2).
+            (v <= qmax).then_some(v)
+        }
+
+        /// The value a stored field (the low `bits` of a code) stands for; `None` if no value.
+        pub(crate) fn field_value(value: QuantValue, field: u32) -> Option<f64> {
+            let (bits, qmin, qmax, fmt) = spec(value);
+            match fmt {
+                None => {
+                    let v = (((field << (32 - bits)) as i32) >> (32 - bits)) as f64;
+                    (v >= qmin && v <= qmax).then_some(v)
+                }
+                Some(_) => {
+                    let sign = if field >> (bits - 1) & 1 == 1 {
+                        -1.0
+                    } else {
+                        1.0
+                    };
+                    float_magnitude(value, field & ((1 << (bits - 1)) - 1)).map(|m| sign * m)
+                }
+            }
+        }
+
+        /// The value of a field of `field_bits` as storage holds it (SPEC §8): 8-bit fields of a
+        /// sub-byte int are int8 bytes, of a sub-byte float the code in the low bits, high bits 0.
+        pub(crate) fn stored_value(value: QuantValue, field_bits: u32, f: u32) -> Option<f64> {
+            let (bits, qmin, qmax, fmt) = spec(value);
+            match fmt {
+                Some(_) if f >> bits != 0 => None,
+                Some(_) => field_value(value, f),
+                None => {
+                    let shift = 32 - field_bits;
+                    let v = (((f << shift) as i32) >> shift) as f64;
+                    (v >= qmin && v <= qmax).then_some(v)
+                }
+            }
+        }
+
+        /// The code of `xs = x / e` as the kernels write it one per byte: ints as int8 bytes,
+        /// floats as their bit pattern (E2M1 in the low nibble). `xs` must not be NaN.
+        pub(crate) fn encode(value: QuantValue, rounding: Rounding, xs: f32) -> u8 {
+            assert!(!xs.is_nan());
+            let (bits, qmin, qmax, fmt) = spec(value);
+            if fmt.is_none() {
+                let r = match rounding {
+                    Rounding::HalfAway => xs.round(),
+                    Rounding::HalfEven => xs.round_ties_even(),
+                };
+                return (r as f64).clamp(qmin, qmax) as i8 as u8;
+            }
+            let a = xs.abs() as f64;
+            let sign = ((xs.to_bits() >> 31) as u8) << (bits - 1);
+            let mags = magnitudes(value);
+            let top = mags.len() - 1;
+            if a >= mags[top] {
+                return sign | top as u8;
+            }
+            let lo = mags.iter().rposition(|&v| v <= a).unwrap();
+            let mid = (mags[lo] + mags[lo + 1]) / 2.0; // exact in f64
+            let code = if a < mid || (a == mid && lo % 2 == 0) {
+                lo
+            } else {
+                lo + 1
+            };
+            sign | code as u8
+        }
+
+        /// A float value's finite magnitudes in code order (codes are monotone in value).
+        fn magnitudes(value: QuantValue) -> &'static [f64] {
+            use std::sync::OnceLock;
+            static TABLES: [OnceLock<Vec<f64>>; 3] = [const { OnceLock::new() }; 3];
+            let (bits, _, _, _) = spec(value);
+            let k = match value {
+                QuantValue::E4M3 => 0,
+                QuantValue::E5M2 => 1,
+                _ => 2,
+            };
+            TABLES[k].get_or_init(|| {
+                (0..1u32 << (bits - 1))
+                    .map_while(|m| float_magnitude(value, m))
+                    .collect()
+            })
+        }
+
+        /// SPEC §4's zero rule and §6: the code of `x` against scale `e`.
+        pub(crate) fn quantize_one(value: QuantValue, rounding: Rounding, x: f32, e: f32) -> u8 {
+            if e == 0.0 {
+                0
+            } else {
+                encode(value, rounding, x / e)
+            }
+        }
+
+        /// SPEC §7: f32(decode(field)) × e.
+        pub(crate) fn dequantize_one(value: QuantValue, field: u32, e: f32) -> f32 {
+            field_value(value, field).expect("a valid field") as f32 * e
+        }
+    }
+
+    /// Value storage of a layout, either word type.
+    #[derive(Debug, Clone, PartialEq)]
+    pub(crate) enum Words {
+        U8(Vec<u8>),
+        U32(Vec<u32>),
+    }
+
+    impl Words {
+        /// Zeroed storage for `layout`.
+        pub(crate) fn new(layout: &Layout) -> Self {
+            Self::filled(layout, 0)
+        }
+        pub(crate) fn filled(layout: &Layout, v: u32) -> Self {
+            let n = layout.packing.num_words();
+            match layout.packing.word_bits {
+                8 => Self::U8(vec![v as u8; n]),
+                _ => Self::U32(vec![v; n]),
+            }
+        }
+        pub(crate) fn as_mut(&mut self) -> StorageMut<'_> {
+            match self {
+                Self::U8(w) => StorageMut::U8(w),
+                Self::U32(w) => StorageMut::U32(w),
+            }
+        }
+        pub(crate) fn as_ref(&self) -> Storage<'_> {
+            match self {
+                Self::U8(w) => Storage::U8(w),
+                Self::U32(w) => Storage::U32(w),
+            }
+        }
+        pub(crate) fn get(&self, i: usize) -> u32 {
+            match self {
+                Self::U8(w) => w[i] as u32,
+                Self::U32(w) => w[i],
+            }
+        }
+        pub(crate) fn set(&mut self, i: usize, v: u32) {
+            match self {
+                Self::U8(w) => w[i] = v as u8,
+                Self::U32(w) => w[i] = v,
+            }
+        }
+        pub(crate) fn len(&self) -> usize {
+            match self {
+                Self::U8(w) => w.len(),
+                Self::U32(w) => w.len(),
+            }
+        }
+    }
+
+    /// Index into the scale grid of element `flat` (C order), from the block shape alone.
+    pub(crate) fn grid_index(layout: &Layout, flat: usize) -> usize {
+        if layout.per_tensor {
+            return 0;
+        }
+        let (dims, block) = (&layout.dims, &layout.block);
+        let (mut rem, mut g, mut stride) = (flat, 0, 1);
+        for ax in (0..dims.len()).rev() {
+            g += (rem % dims[ax] / block[ax]) * stride;
+            stride *= dims[ax].div_ceil(block[ax]);
+            rem /= dims[ax];
+        }
+        g
+    }
+
+    /// f32 values that sit on the kernels' edges: signed zeros, subnormals, the largest
+    /// values, exact ties of the int roundings and of the float formats.
+    pub(crate) const EDGES: [f32; 26] = [
+        0.0,
+        -0.0,
+        1e-45,
+        -1e-45,
+        1.1754942e-38,
+        1e-40,
+        -1e-40,
+        f32::MAX,
+        f32::MIN,
+        1e38,
+        -3e38,
+        0.5,
+        -0.5,
+        1.5,
+        -2.5,
+        127.5,
+        -127.5,
+        0.25,
+        0.75,
+        5.0,
+        -5.0,
+        6.0,
+        464.0,
+        -432.0,
+        61440.0,
+        57344.0,
+    ];
+
+    /// A scale as the kernels may meet it: zero (zero rule), subnormal, a power of two (so
+    /// that ties stay exact), ordinary, huge.
+    pub(crate) fn sample_scale(rng: &mut Rng) -> f32 {
+        match rng.below(8) {
+            0 => 0.0,
+            1 => f32::from_bits(1 + rng.below(1 << 20) as u32),
+            2 | 3 => 2f32.powi(rng.below(40) as i32 - 20),
+            4 => 3e38,
+            _ => 10f32.powf(rng.unit() * 4.0) * 0.01,
+        }
+    }
+
+    /// An input value for an element whose scale is `e`: often an exact multiple or midpoint
+    /// of a code's value times `e`, sometimes an edge, otherwise a random magnitude.
+    pub(crate) fn sample_value(rng: &mut Rng, e: f32, with_non_finite: bool) -> f32 {
+        match rng.below(10) {
+            0 if with_non_finite => rng.pick(&[f32::NAN, f32::INFINITY, f32::NEG_INFINITY]),
+            0 | 1 => rng.pick(&EDGES),
+            2 | 3 => {
+                // k/2 for k in -260..260: integer ties, and E2M1/E4M3 midpoints at small scales.
+                let k = rng.below(520) as f32 - 260.0;
+                let v = (k / 2.0) * if e == 0.0 { 1.0 } else { e };
+                if v.is_finite() {
+                    v
+                } else {
+                    0.0
+                }
+            }
+            _ => {
+                let v = rng.unit() * 10f32.powf(rng.unit() * 3.0) * if e == 0.0 { 1.0 } else { e };
+                if v.is_finite() {
+                    v
+                } else {
+                    1.0
+                }
+            }
+        }
+    }
+
+    // ---- pack_fields / unpack_fields / squeeze8 against bit-at-a-time oracles ----
+
+    /// Codes packed `per` to a word of `word_bits`, first in the low bits, one bit at a time.
+    fn pack_oracle(codes: &[u8], per: usize, word_bits: u32) -> Vec<u32> {
+        let bits = word_bits as usize / per;
+        let mut words = vec![0u32; codes.len().div_ceil(per)];
+        for (i, &c) in codes.iter().enumerate() {
+            for b in 0..bits {
+                if (c >> b) & 1 == 1 {
+                    words[i / per] |= 1 << ((i % per) * bits + b);
+                }
+            }
+        }
+        words
+    }
+
+    /// Field `f` of a line of words, one bit at a time.
+    fn field_oracle(line: &[u32], f: usize, per: usize, word_bits: u32) -> u8 {
+        let bits = word_bits as usize / per;
+        let mut v = 0u8;
+        for b in 0..bits.min(8) {
+            let bit = (f % per) * bits + b;
+            v |= (((line[f / per] >> bit) & 1) as u8) << b;
+        }
+        v
+    }
+
+    /// Lengths around every per-word count and up to the kernels' buffer size.
+    fn lengths() -> impl Iterator<Item = usize> {
+        (0..=70).chain([BUF - 9, BUF - 8, BUF - 7, BUF - 1, BUF])
+    }
+
+    fn check_pack<W: Word>(per: usize, rng: &mut Rng) {
+        for len in lengths() {
+            // Full random bytes: bits above a field's width must be dropped.
+            let codes: Vec<u8> = (0..len).map(|_| rng.byte()).collect();
+            // Stale contents: every word, padding included, must be overwritten.
+            let mut words = vec![W::from_u32(0xA5A5_A5A5); len.div_ceil(per)];
+            pack_fields(&codes, &mut words, per);
+            let got: Vec<u32> = words.iter().map(|w| w.to_u32()).collect();
+            assert_eq!(
+                got,
+                pack_oracle(&codes, per, W::BITS),
+                "{} per {per} len {len}",
+                W::BITS
+            );
+        }
+    }
+
+    #[test]
+    fn pack_fields_matches_a_bit_at_a_time_oracle() {
+        let mut rng = Rng::new(1);
+        // u8 words: Q8 / Q4 / Q2 in PackedNative; u32 words: the same in PackedU32.
+        for per in [1, 2, 4] {
+            check_pack::<u8>(per, &mut rng);
+        }
+        for per in [4, 8, 16] {
+            check_pack::<u32>(per, &mut rng);
+        }
+    }
+
+    fn check_unpack<W: Word>(per: usize, rng: &mut Rng) {
+        // Short lines: every (first, len) pair; padding words hold random bits, which a
+        // correct unpack never reads into a field inside the range.
+        for nw in [1, 2, 3, 5] {
+            let line: Vec<u32> = (0..nw).map(|_| rng.next_u64() as u32).collect();
+            let line_w: Vec<W> = line.iter().map(|&v| W::from_u32(v)).collect();
+            let line: Vec<u32> = line_w.iter().map(|w| w.to_u32()).collect();
+            let total = nw * per;
+            for first in 0..total {
+                for len in 0..=total - first {
+                    let mut got = vec![0xEEu8; len];
+                    unpack_fields(&line_w, first, &mut got, per);
+                    let want: Vec<u8> = (first..first + len)
+                        .map(|f| field_oracle(&line, f, per, W::BITS))
+                        .collect();
+                    assert_eq!(got, want, "{} per {per} first {first} len {len}", W::BITS);
+                }
+            }
+        }
+        // Long lines: buffer-sized runs from random starts.
+        let nw = (3 * BUF).div_ceil(per);
+        let line_w: Vec<W> = (0..nw)
+            .map(|_| W::from_u32(rng.next_u64() as u32))
+            .collect();
+        let line: Vec<u32> = line_w.iter().map(|w| w.to_u32()).collect();
+        for _ in 0..20 {
+            let first = rng.below(BUF);
+            let len = rng.below(BUF + 1);
+            let mut got = vec![0u8; len];
+            unpack_fields(&line_w, first, &mut got, per);
+            for (j, &g) in got.iter().enumerate() {
+                assert_eq!(g, field_oracle(&line, first + j, per, W::BITS));
+            }
+        }
+    }
+
+    #[test]
+    fn unpack_fields_matches_a_bit_at_a_time_oracle() {
+        let mut rng = Rng::new(2);
+        // 8 per byte (1-bit fields) is not used by any value today, but the kernel has the arm.
+        for per in [1, 2, 4, 8] {
+            check_unpack::<u8>(per, &mut rng);
+        }
+        for per in [4, 8, 16] {
+            check_unpack::<u32>(per, &mut rng);
+        }
+    }
+
+    #[test]
+    fn packed_fields_round_trip_with_padding_zero() {
+        let mut rng = Rng::new(3);
+        for (word_bits, per) in [(8, 1), (8, 2), (8, 4), (32, 4), (32, 8), (32, 16)] {
+            let bits = word_bits / per as u32;
+            let mask = ((1u32 << bits) - 1) as u8;
+            for len in lengths() {
+                let codes: Vec<u8> = (0..len).map(|_| rng.byte()).collect();
+                let masked: Vec<u8> = codes.iter().map(|&c| c & mask).collect();
+                let mut back = vec![0u8; len];
+                let padding = |ws: Vec<u32>| {
+                    // Fields past the last code of the last word.
+                    let used = len % per;
+                    if used == 0 || ws.is_empty() {
+                        return 0;
+                    }
+                    ws[ws.len() - 1] >> (used as u32 * bits)
+                };
+                if word_bits == 8 {
+                    let mut w = vec![0xFFu8; len.div_ceil(per)];
+                    pack_fields(&codes, &mut w, per);
+                    unpack_fields(&w, 0, &mut back, per);
+                    assert_eq!(padding(w.iter().map(|&v| v as u32).collect()), 0);
+                } else {
+                    let mut w = vec![u32::MAX; len.div_ceil(per)];
+                    pack_fields(&codes, &mut w, per);
+                    unpack_fields(&w, 0, &mut back, per);
+                    assert_eq!(padding(w), 0, "per {per} len {len}");
+                }
+                assert_eq!(back, masked, "{word_bits}-bit words, per {per}, len {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn squeeze8_matches_a_bit_at_a_time_oracle() {
+        let mut rng = Rng::new(4);
+        for _ in 0..2000 {
+            let x = rng.next_u64();
+            for bits in [2usize, 4, 8] {
+                let mut want = 0u64;
+                for i in 0..8 {
+                    for b in 0..bits {
+                        want |= ((x >> (8 * i + b)) & 1) << (i * bits + b);
+                    }
+                }
+                assert_eq!(squeeze8(x, bits), want, "{x:#x} {bits}");
+            }
+        }
+    }
+
+    // ---- whole-tensor encode/decode: outer axis against the transposed last axis ----
+
+    fn scheme(value: QuantValue, store: QuantStore, block: Option<&[usize]>) -> QuantScheme {
+        let s = QuantScheme::default().with_value(value).with_store(store);
+        match block {
+            Some(b) => s.per_block(b, ScaleDtype::F32).unwrap(),
+            None => s,
+        }
+    }
+
+    /// Words of a tensor of shape `[a, n, i]` packed along its middle axis, as `(a, wi, i)`,
+    /// built one code at a time.
+    fn outer_words_oracle(
+        codes: &[u8],
+        (a, n, inner): (usize, usize, usize),
+        per: usize,
+        field_bits: u32,
+    ) -> Vec<u32> {
+        let nw = n.div_ceil(per);
+        let mask = (1u64 << field_bits) as u32 - 1;
+        let mut words = vec![0u32; a * nw * inner];
+        for o in 0..a {
+            for j in 0..n {
+                for i in 0..inner {
+                    let q = codes[(o * n + j) * inner + i] as u32 & mask;
+                    words[(o * nw + j / per) * inner + i] |= q << ((j % per) as u32 * field_bits);
+                }
+            }
+        }
+        words
+    }
+
+    fn transpose_last_two<T: Copy + Default>(
+        x: &[T],
+        (a, n, inner): (usize, usize, usize),
+    ) -> Vec<T> {
+        let mut t = vec![T::default(); x.len()];
+        for o in 0..a {
+            for j in 0..n {
+                for i in 0..inner {
+                    t[(o * inner + i) * n + j] = x[(o * n + j) * inner + i];
+                }
+            }
+        }
+        t
+    }
+
+    /// Packing along an outer axis is packing the transposed tensor along its last axis (with
+    /// the block and the scale grid transposed alike): both equal the scalar oracle word for
+    /// word, and both decode to the oracle's values.
+    #[test]
+    fn outer_axis_packing_is_the_transposed_last_axis_packing() {
+        let mut rng = Rng::new(5);
+        // (a, n, i): ragged packed axis, a 1-wide inner axis (packed "along an outer axis"
+        // that is last in memory), an inner run longer than the kernels' buffer, and one with
+        // enough words to split into several parallel tasks for every per-word count.
+        let shapes = [
+            (2, 13, 5),
+            (1, 3, 7),
+            (4, 9, 1),
+            (1, 5, BUF + 300),
+            (3, 37, 1000),
+        ];
+        let blocks: [&[usize]; 3] = [&[4, 3], &[1, 64], &[5, 1]];
+        for (si, &(a, n, inner)) in shapes.iter().enumerate() {
+            let len = a * n * inner;
+            for value in QuantValue::ALL {
+                for (ki, packed) in [QuantStore::PackedU32, QuantStore::PackedNative]
+                    .into_iter()
+                    .enumerate()
+                {
+                    if len > 20_000 && (value as usize + ki) % 3 != 0 {
+                        continue; // the big shape on a third of the cases keeps debug tests fast
+                    }
+                    let block = blocks[(si + value as usize) % blocks.len()];
+                    let tblock = [block[1], block[0]];
+                    let rounding = if ki == 0 {
+                        Rounding::HalfAway
+                    } else {
+                        Rounding::HalfEven
+                    };
+                    let lo = Layout::new(&scheme(value, packed(1), Some(block)), &[a, n, inner])
+                        .unwrap();
+                    let lt = Layout::new(&scheme(value, packed(0), Some(&tblock)), &[a, inner, n])
+                        .unwrap();
+                    assert_eq!(lo.packing.n_axis, n);
+                    let eff: Vec<f32> =
+                        (0..lo.num_scales).map(|_| sample_scale(&mut rng)).collect();
+                    // The transposed grid [a, gi, gn] holds the same scales.
+                    let (gn, gi) = (lo.grid[1], lo.grid[2]);
+                    let mut eff_t = vec![0.0; eff.len()];
+                    for o in 0..a {
+                        for p in 0..gn {
+                            for q in 0..gi {
+                                eff_t[(o * gi + q) * gn + p] = eff[(o * gn + p) * gi + q];
+                            }
+                        }
+                    }
+                    let e: Vec<f32> = (0..len).map(|f| eff[grid_index(&lo, f)]).collect();
+                    let x: Vec<f32> = e
+                        .iter()
+                        .map(|&e| sample_value(&mut rng, e, false))
+                        .collect();
+                    let codes: Vec<u8> = x
+                        .iter()
+                        .zip(&e)
+                        .map(|(&x, &e)| oracle::quantize_one(value, rounding, x, e))
+                        .collect();
+                    let xt = transpose_last_two(&x, (a, n, inner));
+
+                    let mut wo = Words::filled(&lo, 0xFFFF_FFFF);
+                    encode_values(Input::F32(&x), &lo, &eff, rounding, wo.as_mut()).unwrap();
+                    let mut wt = Words::filled(&lt, 0xFFFF_FFFF);
+                    encode_values(Input::F32(&xt), &lt, &eff_t, rounding, wt.as_mut()).unwrap();
+
+                    let p = &lo.packing;
+                    let want = outer_words_oracle(&codes, (a, n, inner), p.per, p.field_bits);
+                    let nw = p.words_axis;
+                    assert_eq!(wo.len(), want.len());
+                    for (w, &expect) in want.iter().enumerate() {
+                        let (o, wi, i) = (w / (nw * inner), w / inner % nw, w % inner);
+                        let ctx = || {
+                            format!(
+                                "{} [{a},{n},{inner}] word (o {o}, wi {wi}, i {i})",
+                                lo.scheme
+                            )
+                        };
+                        assert_eq!(wo.get(w), expect, "outer axis: {}", ctx());
+                        assert_eq!(
+                            wt.get((o * inner + i) * nw + wi),
+                            expect,
+                            "last axis: {}",
+                            ctx()
+                        );
+                    }
+
+                    let mut yo = vec![0.0f32; len];
+                    dequantize(&lo, wo.as_ref(), &eff, Output::F32(&mut yo));
+                    let mut yt = vec![0.0f32; len];
+                    dequantize(&lt, wt.as_ref(), &eff_t, Output::F32(&mut yt));
+                    let yt = transpose_last_two(&yt, (a, inner, n));
+                    let mask = (1u32 << value.bits()) - 1;
+                    for f in 0..len {
+                        let want = oracle::dequantize_one(value, codes[f] as u32 & mask, e[f]);
+                        assert_eq!(
+                            yo[f].to_bits(),
+                            want.to_bits(),
+                            "{} decode outer {f}",
+                            lo.scheme
+                        );
+                        assert_eq!(
+                            yt[f].to_bits(),
+                            want.to_bits(),
+                            "{} decode last {f}",
+                            lo.scheme
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    // ---- check_storage ----
+
+    /// Every field value in every slot of every word, one at a time on otherwise zero storage:
+    /// accepted exactly when it is a code of the value (a used slot) or zero (padding).
+    #[test]
+    fn check_storage_rejects_bad_codes_and_padding() {
+        let stores = [
+            QuantStore::Native,
+            QuantStore::PackedU32(0),
+            QuantStore::PackedNative(0),
+            QuantStore::PackedU32(1),
+            QuantStore::PackedNative(1),
+        ];
+        for value in QuantValue::ALL {
+            for store in stores {
+                // Ragged along either axis for every per-word count.
+                let layout = Layout::new(&scheme(value, store, None), &[3, 3]).unwrap();
+                let p = layout.packing.clone();
+                let mut words = Words::new(&layout);
+                assert!(check_storage(&layout, words.as_ref()).is_ok());
+                // The words of the first line along the packed axis, and the very last word.
+                let line = p.words_axis * p.inner;
+                for w in (0..line).chain([words.len() - 1]) {
+                    let wi = (w / p.inner) % p.words_axis;
+                    let used = p.per.min(p.n_axis - wi * p.per);
+                    for t in 0..p.per {
+                        for f in 0..(1u32 << p.field_bits.min(8)) {
+                            words.set(w, f << (t as u32 * p.field_bits));
+                            let ok = if t < used {
+                                oracle::stored_value(value, p.field_bits, f).is_some()
+                            } else {
+                                f == 0
+                            };
+                            let got = check_storage(&layout, words.as_ref());
+                            assert_eq!(
+                                got.is_ok(),
+                                ok,
+                                "{value} {store} word {w} slot {t} field {f:#x}: {got:?}"
+                            );
+                            if let Err(e) = got {
+                                assert!(matches!(e, QuantError::Layout(_)));
+                                let why = if t < used { "not a code" } else { "padding" };
+                                assert!(e.to_string().contains(why), "{e}");
+                                assert!(e.to_string().contains(&format!("word {w} ")), "{e}");
+                            }
+                        }
+                        words.set(w, 0);
+                    }
+                }
+            }
+        }
+    }
+
+    // ---- AVX2 builds against portable ones ----
+    //
+    // `encode_range_f32` and `decode_range` run their body compiled with AVX2 when the CPU has
+    // it; the `*_portable` twins are the same body compiled for baseline x86-64. On a CPU
+    // without AVX2 (or off x86-64) both sides run portable code and these tests still pass
+    // without comparing anything SIMD. Optimized builds (`cargo test --release`) are where the
+    // loops actually vectorize.
+
+    /// A layout of `[rows, n]` with blocks of `bc` along the rows (the kernels' segments).
+    fn row_blocks(rows: usize, n: usize, bc: usize) -> Layout {
+        let s = scheme(QuantValue::Q8S, QuantStore::Native, Some(&[bc]));
+        Layout::new(&s, &[rows, n]).unwrap()
+    }
+
+    /// The codec's AVX2 build against its portable one, and both against the scalar oracle of
+    /// `value` under `rounding` wherever x / e is a number (a NaN input has no code to pin).
+    fn compare_encode<C: Encode>(codec: C, value: QuantValue, rounding: Rounding, seed: u64) {
+        let mut rng = Rng::new(seed);
+        for (rows, n, bc) in [(3, 1000, 37), (2, 64, 1), (1, 5000, 64), (7, 33, 32)] {
+            let layout = row_blocks(rows, n, bc);
+            let eff: Vec<f32> = (0..layout.num_scales)
+                .map(|_| sample_scale(&mut rng))
+                .collect();
+            let len = layout.num_elements;
+            let x: Vec<f32> = (0..len)
+                .map(|f| sample_value(&mut rng, eff[grid_index(&layout, f)], true))
+                .collect();
+            // The whole tensor, and a window that starts and ends inside blocks.
+            let (s0, s1) = (len / 3 + 1, len - len / 5);
+            for (start, end) in [(0, len), (s0, s1)] {
+                let xs = &x[start..end];
+                let sc = ScaleSlice::all(&eff);
+                let mut simd = vec![0xAAu8; end - start];
+                let mut port = vec![0x55u8; end - start];
+                let bad_simd = encode_range_f32(codec, xs, start, &layout, sc, start, &mut simd);
+                let bad_port =
+                    encode_range_portable(codec, xs, start, &layout, sc, start, &mut port);
+                assert_eq!(
+                    simd, port,
+                    "codes, {rows}x{n} block {bc} range {start}..{end}"
+                );
+                assert_eq!(bad_simd, bad_port);
+                assert_eq!(bad_port, xs.iter().any(|v| !v.is_finite()));
+                for (k, (&xv, &c)) in xs.iter().zip(&port).enumerate() {
+                    let e = eff[grid_index(&layout, start + k)];
+                    if e == 0.0 || !(xv / e).is_nan() {
+                        let want = oracle::quantize_one(value, rounding, xv, e);
+                        assert_eq!(c, want, "{value} x {xv:e} e {e:e}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn encode_range_avx2_build_matches_portable() {
+        for (k, value) in QuantValue::ALL.into_iter().enumerate() {
+            let seed = 100 + k as u64;
+            let (qmin, qmax) = value.range();
+            // Float values round to nearest even whatever `rounding` says (SPEC §6).
+            match value {
+                QuantValue::E4M3 => {
+                    compare_encode(FloatCode(E4M3), value, Rounding::HalfEven, seed)
+                }
+                QuantValue::E5M2 => {
+                    compare_encode(FloatCode(E5M2), value, Rounding::HalfEven, seed)
+                }
+                QuantValue::E2M1 => {
+                    compare_encode(FloatCode(E2M1), value, Rounding::HalfEven, seed);
+                    compare_encode(E2M1Code, value, Rounding::HalfEven, seed);
+                }
+                _ => {
+                    compare_encode(IntHalfAway { qmin, qmax }, value, Rounding::HalfAway, seed);
+                    compare_encode(IntHalfEven { qmin, qmax }, value, Rounding::HalfEven, seed);
+                }
+            }
+        }
+    }
+
+    /// Output elements compared by bits, any NaN equal to any other (payloads are not pinned).
+    trait Key: OutElem {
+        fn key(self) -> u64;
+    }
+    impl Key for f32 {
+        fn key(self) -> u64 {
+            if self.is_nan() {
+                u64::MAX
+            } else {
+                self.to_bits() as u64
+            }
+        }
+    }
+    impl Key for f64 {
+        fn key(self) -> u64 {
+            if self.is_nan() {
+                u64::MAX
+            } else {
+                self.to_bits()
+            }
+        }
+    }
+    impl Key for F16Bits {
+        fn key(self) -> u64 {
+            if half::f16::from_bits(self.0).is_nan() {
+                u64::MAX
+            } else {
+                self.0 as u64
+            }
+        }
+    }
+    impl Key for BF16Bits {
+        fn key(self) -> u64 {
+            if half::bf16::from_bits(self.0).is_nan() {
+                u64::MAX
+            } else {
+                self.0 as u64
+            }
+        }
+    }
+
+    fn compare_decode_as<D: Decode, O: Key>(dec: D, layout: &Layout, eff: &[f32], codes: &[u8]) {
+        let len = codes.len();
+        for (start, end) in [(0, len), (len / 3 + 1, len - len / 5)] {
+            let mut simd = vec![O::default(); end - start];
+            let mut port = vec![O::default(); end - start];
+            decode_range(dec, layout, eff, start, &codes[start..end], &mut simd);
+            decode_range_portable(dec, layout, eff, start, &codes[start..end], &mut port);
+            let a: Vec<u64> = simd.into_iter().map(Key::key).collect();
+            let b: Vec<u64> = port.into_iter().map(Key::key).collect();
+            assert_eq!(a, b, "{} range {start}..{end}", std::any::type_name::<O>());
+        }
+    }
+
+    fn compare_decode<D: Decode>(dec: D, value: QuantValue, native: bool, seed: u64) {
+        let mut rng = Rng::new(seed);
+        for (rows, n, bc) in [(3, 1000, 37), (1, 5000, 64), (7, 33, 1)] {
+            let layout = row_blocks(rows, n, bc);
+            let eff: Vec<f32> = (0..layout.num_scales)
+                .map(|_| sample_scale(&mut rng))
+                .collect();
+            // Any byte: NaN/inf codes of the float formats and, for Native, high bits set.
+            let field_mask = if native {
+                0xFF
+            } else {
+                (1u32 << value.bits()) - 1
+            } as u8;
+            let codes: Vec<u8> = (0..layout.num_elements)
+                .map(|_| rng.byte() & field_mask)
+                .collect();
+            compare_decode_as::<D, f32>(dec, &layout, &eff, &codes);
+            compare_decode_as::<D, f64>(dec, &layout, &eff, &codes);
+            compare_decode_as::<D, F16Bits>(dec, &layout, &eff, &codes);
+            compare_decode_as::<D, BF16Bits>(dec, &layout, &eff, &codes);
+            // And the f32 result against SPEC §7, for the fields that are codes.
+            let mut y = vec![0.0f32; codes.len()];
+            decode_range(dec, &layout, &eff, 0, &codes, &mut y);
+            for (f, (&c, &yv)) in codes.iter().zip(&y).enumerate() {
+                let field_bits = if native { 8 } else { value.bits() };
+                if let Some(v) = oracle::stored_value(value, field_bits, c as u32) {
+                    let want = v as f32 * eff[grid_index(&layout, f)];
+                    assert_eq!(yv.key(), want.key(), "{value} code {c:#x}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn decode_range_avx2_build_matches_portable() {
+        for (k, value) in QuantValue::ALL.into_iter().enumerate() {
+            for (j, store) in [QuantStore::Native, QuantStore::PackedU32(0)]
+                .into_iter()
+                .enumerate()
+            {
+                let seed = 200 + 2 * k as u64 + j as u64;
+                let layout = Layout::new(&scheme(value, store, None), &[4, 4]).unwrap();
+                let native = store == QuantStore::Native;
+                match crate::codec::minifloat(value) {
+                    Some(fmt) => {
+                        let table = float_table(&fmt);
+                        compare_decode(TableDecode(&table), value, native, seed);
+                    }
+                    None => compare_decode(IntDecode::new(&layout.packing), value, native, seed),
+                }
+            }
+        }
+    }
+}
