@@ -1137,7 +1137,6 @@ mod tests {
     /// SPEC §4: under `nearest`, a UE8M0 tie goes up (as ml_dtypes' float8_e8m0fnu cast:
     /// 3.0 → 4.0, 0.75 → 1.0), unlike the other dtypes' ties to even.
     #[test]
-    #[ignore = "bug: UE8M0 nearest rounds ties to the even exponent code (3.0 -> 2.0); SPEC §4 and ml_dtypes give 4.0 (scale.rs, ue8m0_round)"]
     fn ue8m0_nearest_scale_ties_go_up() {
         let scheme = one_level(QuantValue::Q8S, QuantStore::Native, 4, ScaleDtype::UE8M0);
         let layout = Layout::new(&scheme, &[8]).unwrap();
