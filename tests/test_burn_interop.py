@@ -68,13 +68,9 @@ FLOAT_PACKED = Refusal(
 PACKED_NATIVE = Refusal(
     "burn 0.22.1 cannot read PackedNative at all (unimplemented!)", "not implemented"
 )
-KNOWN_DIFFERENT_PN = Refusal(
-    "known different: blockquant packs PackedNative Q4/Q2 two/four a byte, burn one a byte",
-    None,
-)
 OUTER = Refusal(
-    "burn 0.22.1 asserts packing along the innermost dim; known different: burn 0.23 stores "
-    "the packed axis swapped innermost (block scales in the same order), blockquant in place",
+    "burn 0.22.1 asserts packing along the innermost dim (0.23 reads the packed axis swapped "
+    "innermost, as blockquant now writes it: samples/quantized_bytes_0.23.jsonl)",
     "innermost",
 )
 SCALAR = Refusal("burn has no 0-d tensors: Tensor::from_data refuses rank 0", "0-dim tensor")
@@ -98,10 +94,7 @@ def burn_0_22_refusal(scheme: QuantScheme, shape: tuple) -> Optional[Refusal]:
     if 0 in shape and scheme.block is not None:
         return EMPTY_BLOCKS
     if store.kind == "packed_native":
-        refusal = PACKED_NATIVE
-        if value.bits < 8 and not value.is_float:
-            refusal = refusal.and_(KNOWN_DIFFERENT_PN)
-        return refusal.and_(OUTER) if store.dim > 0 else refusal
+        return PACKED_NATIVE.and_(OUTER) if store.dim > 0 else PACKED_NATIVE
     if store.kind == "packed_u32" and store.dim > 0:
         return OUTER
     if value.is_float:

@@ -444,9 +444,7 @@ def save_burnpack(
     if not isinstance(tensors, Mapping):
         raise TypeError(f"tensors is a mapping of names to tensors, got {type(tensors).__name__}")
     if len(tensors) > MAX_TENSOR_COUNT:
-        raise LayoutError(
-            f"burn-pack holds at most {MAX_TENSOR_COUNT} tensors, got {len(tensors)}"
-        )
+        raise LayoutError(f"burn-pack holds at most {MAX_TENSOR_COUNT} tensors, got {len(tensors)}")
     entries = [_Entry(name, t) for name, t in tensors.items()]
     offsets, end = [], 0
     for e in entries:
@@ -463,9 +461,7 @@ def save_burnpack(
         top["metadata"] = meta
     blob = encode_cbor(top)
     if len(blob) > MAX_METADATA_SIZE:
-        raise LayoutError(
-            f"metadata of {len(blob)} bytes is over burn-pack's {MAX_METADATA_SIZE}"
-        )
+        raise LayoutError(f"metadata of {len(blob)} bytes is over burn-pack's {MAX_METADATA_SIZE}")
     header = struct.pack("<IHI", MAGIC, FORMAT_VERSION, len(blob))
     data_start = _align(HEADER_SIZE + len(blob))
 
@@ -671,13 +667,8 @@ def _parse(f: BinaryIO, path: Any) -> tuple[list[_Descriptor], dict[str, str], i
 
 def _build(d: _Descriptor, raw: bytes) -> Tensor:
     if isinstance(d.dtype, dict) and "QFloat" in d.dtype:
-        try:
-            qt = QTensor.from_bytes(raw, d.scheme, d.shape)
-            # from_bytes checks the length and the scales; from_parts checks every stored code
-            # too (a Q8S -128, bits above a field, a NaN float code, nonzero padding).
-            return QTensor.from_parts(
-                qt.values, qt.scales, d.scheme, d.shape, global_scale=qt.global_scale
-            )
+        try:  # checks every scale and stored code too (SPEC §9)
+            return QTensor.from_bytes(raw, d.scheme, d.shape)
         except QuantError as e:
             raise LayoutError(f"tensor {d.name!r}: {e}") from None
     if isinstance(d.dtype, dict):  # Bool
