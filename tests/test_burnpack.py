@@ -243,15 +243,8 @@ def burn_0_23_probes():
     return [json.loads(line) for line in BURN_0_23_BYTES.read_text().splitlines()]
 
 
-def known_different(scheme):
-    """Layouts SPEC §8 had apart from burn's (PackedNative of sub-byte ints; packing along an
-    outer axis) until the core takes burn 0.23's: xfail, not strict, so either state passes."""
-    sub_byte_int_pn = scheme.store.kind == "packed_native" and scheme.value.bits < 8
-    return (sub_byte_int_pn and not scheme.value.is_float) or scheme.store.dim > 0
-
-
 @pytest.mark.parametrize("probe", burn_0_23_probes(), ids=lambda p: p["name"])
-def test_to_bytes_is_burn_0_23s_quantized_bytes(request, probe):
+def test_to_bytes_is_burn_0_23s_quantized_bytes(probe):
     """samples/quantized_bytes_0.23.jsonl: what burn 0.23.0-pre.1's ``TensorData::quantized``
     writes for given codes and scales (tests/burn_interop/bytes-0.23). Quantizing
     ``decode(code) * scale`` against those scales gives back the codes, so ``to_bytes`` must
@@ -260,10 +253,6 @@ def test_to_bytes_is_burn_0_23s_quantized_bytes(request, probe):
     dtype_cbor = bytes.fromhex(probe["dtype_cbor"])
     scheme = scheme_from_burn(decode_cbor(dtype_cbor)["QFloat"])
     assert encode_cbor({"QFloat": scheme_to_burn(scheme)}) == dtype_cbor
-    if known_different(scheme):
-        request.applymarker(
-            pytest.mark.xfail(reason="known different: SPEC §8 layout before burn's")
-        )
     shape = tuple(probe["shape"])
     codes = np.array(probe["codes"], np.int64).reshape(shape)
     if scheme.value.is_float:

@@ -101,23 +101,28 @@ def test_typed_views(value):
 
 @pytest.mark.parametrize("value", [QuantValue.Q4S, QuantValue.Q4F])
 def test_int4_packs_as_onnx(value):
-    """ONNX int4: two values per byte, the first in the low nibble (two's complement)."""
+    """ONNX int4: two values per byte, the first in the low nibble (two's complement). burn's
+    PackedNative keeps 4-bit ints one a byte (masked), so ONNX's stream is PackedU32(0)'s
+    little-endian words when rows fill whole words."""
     rng = np.random.default_rng(4)
     q = rng.integers(int(value.qmin), int(value.qmax) + 1, (3, 16)).astype(np.float32)
-    s = QuantScheme(value, QuantStore.packed_native(0)).per_tensor(ScaleDtype.F32)
-    packed = bq.quantize(q, s, scales=[1.0]).values
+    s = QuantScheme(value, QuantStore.packed_u32(0)).per_tensor(ScaleDtype.F32)
+    packed = bq.quantize(q, s, scales=[1.0]).values.astype("<u4").view(np.uint8).reshape(3, 8)
     lo = q[:, 0::2].astype(np.int8).view(np.uint8) & 0x0F
     hi = q[:, 1::2].astype(np.int8).view(np.uint8) & 0x0F
     np.testing.assert_array_equal(packed, lo | (hi << 4))
+    one_a_byte = bq.quantize(q, s.with_store(QuantStore.packed_native(0)), scales=[1.0]).values
+    np.testing.assert_array_equal(one_a_byte, q.astype(np.int8).view(np.uint8) & 0x0F)
 
 
 def test_packed_u32_layout_along_an_outer_axis():
-    """PackedU32(1) on (3, 2): the 3 values of each column share one word, first in the low bits."""
+    """PackedU32(1) on (3, 2): burn stores the (2, 3) transpose packed along its rows, so the 3
+    values of each column share one word, first in the low bits."""
     x = np.array([[1, -1], [2, -2], [3, 0]], np.float32)
     s = QuantScheme(QuantValue.Q8S, QuantStore.packed_u32(1)).per_tensor(ScaleDtype.F32)
     words = bq.quantize(x, s, scales=[1.0]).values
-    assert words.shape == (1, 2) and words.dtype == np.uint32
-    assert words.tolist() == [[0x00030201, 0x0000FEFF]]
+    assert words.shape == (2, 1) and words.dtype == np.uint32
+    assert words.tolist() == [[0x00030201], [0x0000FEFF]]
 
 
 def test_each_line_is_padded_on_its_own():

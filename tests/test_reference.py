@@ -367,10 +367,12 @@ def test_onnx_int4_packing(value):
         codes = x.astype(np.int64)
     lo, hi = codes[:, 0::2] & 0xF, codes[:, 1::2] & 0xF
     expect_bytes = (lo | (hi << 4)).astype(np.uint8)
+    # burn packs E2M1 two a byte in PackedNative; 4-bit ints are one a byte there, and their
+    # ONNX bytes come from PackedU32(0), whose little-endian words hold the same nibble stream
+    store = QuantStore.packed_native(0) if value is V.E2M1 else QuantStore.packed_u32(0)
     scheme = QuantScheme(value=value, store=QuantStore.packed_native(0))
-    qt = ref.quantize(x, scheme, scales=1.0)
-    assert qt.values.dtype == np.uint8 and qt.values.shape == (3, 8)
-    np.testing.assert_array_equal(qt.values, expect_bytes)
+    qt = ref.quantize(x, scheme.with_store(store), scales=1.0)
+    assert qt.values.view(np.uint8).reshape(3, 8).tolist() == expect_bytes.tolist()
     # PackedU32: 8 nibbles a word, first value lowest
     qt32 = ref.quantize(x, scheme.with_store(QuantStore.packed_u32(0)), scales=1.0)
     words = sum((codes[:, j::8] & 0xF) << (4 * j) for j in range(8)).astype(np.uint32)
@@ -379,18 +381,36 @@ def test_onnx_int4_packing(value):
 
 
 def test_packing_outer_axis_and_padding():
-    # Q2S along axis 0 of a (5, 3) tensor: 4 values a byte, lines padded on their own
+    # burn's layout: Q2S along axis 0 of a (5, 3) tensor is stored as the (3, 5) transpose, each
+    # line of 5 values in one uint32 word, first value lowest, padding zero
     x = np.array([[1, 0, -1], [-1, 1, 0], [0, 0, 1], [1, 1, 1], [-1, -1, -1]], np.float32)
-    qt = ref.quantize(x, QuantScheme(value=V.Q2S, store=QuantStore.packed_native(1)), scales=1.0)
     fields = x.astype(np.int64) & 0b11
-    expect = np.zeros((2, 3), np.int64)
-    for i in range(5):
-        expect[i // 4] |= fields[i] << (2 * (i % 4))
+    qt = ref.quantize(x, QuantScheme(value=V.Q2S, store=QuantStore.packed_u32(1)), scales=1.0)
+    expect = np.zeros((3, 1), np.int64)
+    for j in range(3):
+        for i in range(5):
+            expect[j, 0] |= fields[i, j] << (2 * i)
     np.testing.assert_array_equal(qt.values, expect)
     np.testing.assert_array_equal(qt.dequantize(), x)
+    # PackedNative of a sub-byte int: one value a byte, masked to its bits, transposed
+    qn = ref.quantize(x, QuantScheme(value=V.Q2S, store=QuantStore.packed_native(1)), scales=1.0)
+    assert qn.values.dtype == np.uint8
+    np.testing.assert_array_equal(qn.values, fields.T)
+    np.testing.assert_array_equal(qn.dequantize(), x)
     # [3, 3] Q4 in PackedU32(0) takes 3 words (SPEC §8)
     q4 = ref.quantize(np.ones((3, 3), np.float32), QuantScheme(value=V.Q4S))
     assert q4.values.shape == (3, 1) and q4.values.dtype == np.uint32
+
+
+def test_block_scales_follow_the_values_when_packed_along_an_outer_axis():
+    # burn's own example: [4, 8], PackedU32(1), block [2, 4], row-major grid scales [1, 2, 3, 4]
+    # are stored [1, 3, 2, 4]
+    s = QuantScheme(value=V.Q8S, store=QuantStore.packed_u32(1)).per_block([2, 4], ScaleDtype.F32)
+    x = np.zeros((4, 8), np.float32)
+    qt = ref.quantize(x, s, scales=[[1, 2], [3, 4]])
+    assert np.frombuffer(qt.to_bytes()[-16:], "<f4").tolist() == [1, 3, 2, 4]
+    back = ref.from_bytes(qt.to_bytes(), s, (4, 8))
+    assert back.scales.tolist() == [[1, 2], [3, 4]]
 
 
 # -------------------------------------------------------------------------------------------------
@@ -418,7 +438,8 @@ def _expected_len(scheme: QuantScheme, shape) -> int:
         storage = math.prod(shape1)
     else:
         word_bytes = 4 if scheme.store.kind == "packed_u32" else 1
-        per = word_bytes * 8 // bits
+        # burn: PackedNative packs only E2M1 (two a byte); other values are one a byte
+        per = word_bytes * 8 // bits if word_bytes == 4 or scheme.value is V.E2M1 else 1
         dims = list(shape1)
         dims[-1] = -(-dims[-1] // per)
         storage = math.prod(dims) * word_bytes
@@ -466,7 +487,11 @@ def test_grid_and_storage_shapes():
     assert ref.scale_grid_shape((0, 4), QuantScheme().per_block([4], ScaleDtype.F16)) == (0, 1)
     assert ref.storage_shape((5, 7, 65), s) == (5, 7, 9)
     assert ref.storage_shape((), s.with_store(QuantStore.Native)) == (1,)
-    assert ref.storage_shape((5, 7, 65), s.with_store(QuantStore.packed_native(2))) == (3, 7, 65)
+    # packed along axis 0: burn swaps it with the last axis; Q4 PackedNative is one a byte
+    assert ref.storage_shape((5, 7, 65), s.with_store(QuantStore.packed_native(2))) == (65, 7, 5)
+    assert ref.storage_shape((5, 7, 65), s.with_store(QuantStore.packed_u32(2))) == (65, 7, 1)
+    e2 = s.with_value(V.E2M1)
+    assert ref.storage_shape((5, 7, 65), e2.with_store(QuantStore.packed_native(1))) == (5, 65, 4)
     assert ref.storage_dtype(QuantScheme(value=V.Q8S, store=QuantStore.Native)) == np.int8
     assert ref.storage_dtype(QuantScheme(value=V.E4M3, store=QuantStore.Native)) == np.uint8
     assert (
@@ -623,14 +648,19 @@ def test_from_bytes_accepts_exactly_the_codes_quantize_makes():
     for bad in (0x7F, 0x80, 0xF8, 0x08):  # 127, -128, -8, 8: no Q4S code
         with pytest.raises(LayoutError, match="not a code of Q4S"):
             ref.from_bytes(bytes([bad, 0, 0, 0]) + np.float32(0.5).tobytes(), q4, (4,))
-    q2 = QuantScheme(value=V.Q2F, store=QuantStore.packed_native(0))
-    data = bytes([0b11_10_01_00]) + np.float32(1).tobytes()
+    q2 = QuantScheme(value=V.Q2F, store=QuantStore.packed_u32(0))
+    data = bytes([0b11_10_01_00, 0, 0, 0]) + np.float32(1).tobytes()
     np.testing.assert_array_equal(ref.from_bytes(data, q2, (4,)).dequantize(), [0, 1, -2, -1])
-    q2s = QuantScheme(value=V.Q2S, store=QuantStore.packed_native(0))
+    q2s = QuantScheme(value=V.Q2S, store=QuantStore.packed_u32(0))
     with pytest.raises(LayoutError, match="not a code of Q2S"):  # field 0b10 = -2
-        ref.from_bytes(bytes([0b11_10_01_00]) + np.float32(1).tobytes(), q2s, (4,))
+        ref.from_bytes(bytes([0b11_10_01_00, 0, 0, 0]) + np.float32(1).tobytes(), q2s, (4,))
     with pytest.raises(LayoutError, match="padding"):  # 3 values, the 4th field is padding
-        ref.from_bytes(bytes([0b01_00_00_00]) + np.float32(1).tobytes(), q2, (3,))
+        ref.from_bytes(bytes([0b01_00_00_00, 0, 0, 0]) + np.float32(1).tobytes(), q2, (3,))
+    # PackedNative of a sub-byte int is one a byte: bits above the field are padding
+    q4n = QuantScheme(value=V.Q4S, store=QuantStore.packed_native(0))
+    assert ref.from_bytes(bytes([0x0F]) + np.float32(1).tobytes(), q4n, (1,)).dequantize() == -1
+    with pytest.raises(LayoutError, match="padding"):
+        ref.from_bytes(bytes([0xFF]) + np.float32(1).tobytes(), q4n, (1,))
     e2 = QuantScheme(value=V.E2M1, store=QuantStore.Native)
     data = bytes([0x01, 0x0F, 0x07]) + np.float32(1).tobytes()
     np.testing.assert_array_equal(ref.from_bytes(data, e2, (3,)).dequantize(), [0.5, -6, 6])

@@ -10,7 +10,7 @@ from blockquant import QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtyp
 PRESET_TEXT = {
     "int8": "q8s/native/tensor:f32",
     "int8_block32": "q8s/native/block32:f16",
-    "int4_block32": "q4s/packed_native0/block32:f16",
+    "int4_block32": "q4s/packed_u32_0/block32:f16",
     "mxfp8": "e4m3/native/block32:ue8m0",
     "mxfp4": "e2m1/packed_native0/block32:ue8m0",
     "nvfp4": "e2m1/packed_native0/block16:ue4m3+tensor:f32",

@@ -40,8 +40,10 @@ def int8_block32() -> QuantScheme:
 
 
 def int4_block32() -> QuantScheme:
-    """Q4S, one f16 scale per 32 values, two values per byte."""
-    return QuantScheme(_V.Q4S, _S.packed_native(0)).per_block([32], _D.F16)
+    """Q4S, one f16 scale per 32 values, eight values per uint32 word (burn's PackedNative
+    keeps 4-bit ints one a byte; with rows of whole words these bytes are two codes a byte,
+    the first in the low nibble)."""
+    return QuantScheme(_V.Q4S, _S.packed_u32(0)).per_block([32], _D.F16)
 
 
 def mxfp8() -> QuantScheme:

@@ -390,7 +390,12 @@ def scale_grid_shape(shape, scheme: QuantScheme) -> tuple[int, ...]:
 
 
 def _packing(scheme: QuantScheme, rank: int):
-    """(axis, values per word, word dtype) of a packed store, or None for Native."""
+    """(axis, values per word, word dtype) of a packed store, or None for Native.
+
+    burn's layout (SPEC §8–§9): ``PackedU32`` holds 32/bits values a word; ``PackedNative``
+    packs only E2M1 (two a byte) and holds every other value one a byte, its code masked to
+    its bits. Packing along an outer axis stores the tensor with that axis swapped with the
+    last one (see :func:`_swap_packed_axis`)."""
     store = scheme.store
     if not store.is_packed:
         return None
@@ -399,8 +404,17 @@ def _packing(scheme: QuantScheme, rank: int):
             f"packing dim {store.dim} counts from the innermost axis and must be < the tensor's "
             f"rank {rank}, under {scheme!r}"
         )
-    word_bits, word_dtype = (32, np.uint32) if store.kind == "packed_u32" else (8, np.uint8)
-    return rank - 1 - store.dim, word_bits // scheme.value.bits, np.dtype(word_dtype)
+    if store.kind == "packed_u32":
+        per, word_dtype = 32 // scheme.value.bits, np.uint32
+    else:
+        per, word_dtype = (2 if scheme.value is QuantValue.E2M1 else 1), np.uint8
+    return rank - 1 - store.dim, per, np.dtype(word_dtype)
+
+
+def _swap_packed_axis(a: np.ndarray, ax: int) -> np.ndarray:
+    """burn stores a tensor packed along axis ``ax`` with ``ax`` swapped with the last axis
+    (swapped, not moved: the middle axes keep their places), and packs along the last."""
+    return np.swapaxes(a, ax, -1) if a.ndim else a
 
 
 def storage_dtype(scheme: QuantScheme) -> np.dtype:
@@ -413,14 +427,16 @@ def storage_dtype(scheme: QuantScheme) -> np.dtype:
 
 
 def storage_shape(shape, scheme: QuantScheme) -> tuple[int, ...]:
-    """Shape of the value storage: the tensor's (0-d as (1,)), the packed axis shrunk to
-    ceil(n / values per word)."""
+    """Shape of the value storage: the tensor's (0-d as (1,)); packed, with the packed axis
+    swapped to the last place and shrunk to ceil(n / values per word)."""
     shape1 = _rank1(_check_shape(shape))
     packing = _packing(scheme, len(shape1))
     if packing is None:
         return shape1
     ax, per, _ = packing
-    return shape1[:ax] + (-(-shape1[ax] // per),) + shape1[ax + 1 :]
+    swapped = list(shape1)
+    swapped[ax], swapped[-1] = swapped[-1], swapped[ax]
+    return tuple(swapped[:-1]) + (-(-shape1[ax] // per),)
 
 
 def _scales_per_element(grid: np.ndarray, shape1, scheme: QuantScheme) -> np.ndarray:
@@ -686,7 +702,7 @@ def _store(codes: np.ndarray, scheme: QuantScheme) -> np.ndarray:
     ax, per, word_dtype = packing
     bits = scheme.value.bits
     fields = codes.astype(np.int64) & ((1 << bits) - 1)  # the code truncated to its bits
-    return _pack(fields, ax, per, bits, word_dtype)
+    return _pack(_swap_packed_axis(fields, ax), -1 % fields.ndim, per, bits, word_dtype)
 
 
 def _decoded_values(values: np.ndarray, scheme: QuantScheme, shape1) -> np.ndarray:
@@ -701,7 +717,7 @@ def _decoded_values(values: np.ndarray, scheme: QuantScheme, shape1) -> np.ndarr
             return fields.astype(np.float32)
     else:
         ax, per, _ = packing
-        fields = _unpack(values, ax, per, bits, shape1[ax])
+        fields = _swap_packed_axis(_unpack(values, -1 % values.ndim, per, bits, shape1[ax]), ax)
     mask = (1 << bits) - 1
     if scheme.value.is_float:  # only the low ``bits`` bits are the code (E2M1: low nibble)
         return _decode_minifloat(fields & mask, FLOAT_VALUE_FORMATS[scheme.value])
@@ -782,9 +798,25 @@ def to_bytes(qt: RefQTensor) -> bytes:
     """Value storage (little-endian), then the scales in their dtype, then g as f32 (SPEC §9)."""
     scheme = qt.scheme
     values = qt.values.astype(storage_dtype(scheme).newbyteorder("<")).tobytes()
-    scales = encode_scales(qt.scales.ravel(), scheme.scale_dtype)
+    scales = encode_scales(_scales_in_byte_order(qt.scales, scheme).ravel(), scheme.scale_dtype)
     tail = np.float32(qt.global_scale).astype("<f4").tobytes() if scheme.is_two_level else b""
     return values + scales + tail
+
+
+def _swaps_scales(scheme: QuantScheme, rank: int) -> int | None:
+    """The axis whose block scales burn stores swapped with the last (the values' order), for
+    a block scheme packed along an outer axis; else None."""
+    if scheme.block is None:
+        return None
+    packing = _packing(scheme, rank)
+    if packing is None or packing[0] == rank - 1:
+        return None
+    return packing[0]
+
+
+def _scales_in_byte_order(grid: np.ndarray, scheme: QuantScheme) -> np.ndarray:
+    ax = _swaps_scales(scheme, grid.ndim)
+    return grid if ax is None else np.swapaxes(grid, ax, -1)
 
 
 def _expected_nbytes(scheme: QuantScheme, shape) -> int:
@@ -822,7 +854,14 @@ def from_bytes(data, scheme: QuantScheme | str, shape) -> RefQTensor:
     scale_end = n_values + n_scales * scheme.scale_dtype.nbytes
     values = np.frombuffer(data[:n_values], dtype=vdtype.newbyteorder("<"))
     values = values.astype(vdtype).reshape(vshape)
-    scales = decode_scales(data[n_values:scale_end], scheme.scale_dtype, n_scales).reshape(grid)
+    scales = decode_scales(data[n_values:scale_end], scheme.scale_dtype, n_scales)
+    ax = _swaps_scales(scheme, len(grid))
+    if ax is None:
+        scales = scales.reshape(grid)
+    else:  # stored in the values' swapped order
+        swapped = list(grid)
+        swapped[ax], swapped[-1] = swapped[-1], swapped[ax]
+        scales = np.ascontiguousarray(np.swapaxes(scales.reshape(swapped), ax, -1))
     _check_decoded_scales(scales, f"a {scheme.scale_dtype} scale")
     g = None
     if scheme.is_two_level:
@@ -863,13 +902,15 @@ def _check_codes(values: np.ndarray, scheme: QuantScheme, shape1) -> None:
         return
     ax, per, _ = packing
     n = shape1[ax]
-    fields = _unpack(values, ax, per, scheme.value.bits, values.shape[ax] * per)
-    along = np.moveaxis(fields, ax, -1)
+    last = values.ndim - 1
+    along = _unpack(values, last, per, scheme.value.bits, values.shape[last] * per)
     used, padding = along[..., :n], along[..., n:]
     bad_code = ~_code_is_valid(used, scheme.value)
     if bad_code.any():
         raise LayoutError(f"a stored field is not a code of {scheme.value}")
-    if (padding != 0).any():
+    word_bits = values.dtype.itemsize * 8
+    above = per * scheme.value.bits  # bits above the last field (sub-byte ints one a byte)
+    if (padding != 0).any() or (above < word_bits and (values.astype(np.uint64) >> above).any()):
         raise LayoutError("a stored word has non-zero padding bits")
 
 

@@ -339,6 +339,7 @@ class QuantScheme:
             storage_shape=tuple(info.storage_shape),
             storage_dtype=np.dtype(info.storage_dtype),
             scale_grid=tuple(info.scale_grid),
+            stored_scale_grid=tuple(info.stored_scale_grid),
             scale_dtype=self.scale_dtype,
             n_scales=info.n_scales,
             storage_nbytes=info.storage_nbytes,
@@ -433,6 +434,9 @@ class Layout:
     storage_dtype: np.dtype
     #: Shape of the scale grid (``QTensor.scales``); ``(1,)`` for one per-tensor scale.
     scale_grid: Tuple[int, ...]
+    #: The grid as burn's bytes store it: ``scale_grid``, except for a block scheme packed
+    #: along an outer axis, whose scales follow the values' order (that axis swapped last).
+    stored_scale_grid: Tuple[int, ...]
     #: How the scales of the grid are stored.
     scale_dtype: ScaleDtype
     #: Number of scales in the grid.

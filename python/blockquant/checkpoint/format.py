@@ -1,21 +1,27 @@
 """The blockquant file format: quantized tensors inside a ``.safetensors`` file that read back
 without guessing.
 
-Format 1. For each quantized tensor ``NAME``:
+Format 2 (format 1 is still read). For each quantized tensor ``NAME``:
 
 - ``NAME.values``: the value storage as it is (SPEC §8): I8, U8 or U32, in the storage shape;
 - ``NAME.scales``: the stored scales (block scales, or the one per-tensor scale) in the grid's
-  shape, encoded in their own dtype so the file is as small as the format: F32 and F16 as
-  themselves, BF16 as its U16 bits, UE8M0 and UE4M3 as their U8 codes (burn's bytes, SPEC §9);
+  shape as burn's bytes order it (``Layout.stored_scale_grid``), encoded in their own dtype so
+  the file is as small as the format: F32 and F16 as themselves, BF16 as its U16 bits, UE8M0 and
+  UE4M3 as their U8 codes (burn's bytes, SPEC §9);
 - ``NAME.global_scale`` (two-level schemes only): the per-tensor scale g, F32, shape ``()``.
 
 The header's ``__metadata__`` keeps the input's own metadata and adds one key, ``blockquant``: a
-JSON object ``{"format": 1, "tensors": {NAME: {"scheme", "shape", "dtype", "values", "scales",
+JSON object ``{"format": 2, "tensors": {NAME: {"scheme", "shape", "dtype", "values", "scales",
 "global_scale"?, "calibration", "rounding", "scale_rounding"}}}`` with the scheme in its text
 form (``QuantScheme.parse``), the original shape and dtype (float16, bfloat16, float32, float64).
 Every other tensor (not floating point, or left out by include/exclude) is copied unchanged
 under its own name. A name used twice in the output (say an input that already has both ``w``
 and ``w.values``) is an error, never an overwrite.
+
+Format 1 differs only where blockquant's packing predates burn's layout: PackedNative of 4- and
+2-bit ints packed several values a byte, and packing along an outer axis shrank that axis in
+place (scales row-major). Such tensors are converted on reading; every other tensor is the same
+in both formats.
 """
 
 from __future__ import annotations
@@ -24,13 +30,18 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from .. import reference as _ref
 from ..errors import QuantError
 from ..qtensor import QTensor
-from ..scheme import QuantScheme, ScaleDtype
+from ..scheme import QuantScheme, QuantValue, ScaleDtype
 from .base import NAME_TO_ST, NP_TO_ST, ST_DTYPES, Checkpoint
 from .safetensors import HeaderEntry
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Every format version this release reads.
+READ_VERSIONS = (1, 2)
 META_KEY = "blockquant"
 PART_KEYS = ("values", "scales", "global_scale")
 
@@ -54,6 +65,7 @@ class Entry:
     dtype: str  # float16 / bfloat16 / float32 / float64
     parts: dict[str, str]  # "values"/"scales"/"global_scale" -> tensor name
     extra: dict[str, Any] = field(default_factory=dict)  # the options it was quantized with
+    version: int = FORMAT_VERSION  # the file's format version
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"scheme": str(self.scheme), "shape": list(self.shape)}
@@ -70,7 +82,7 @@ def part_layout(name: str, scheme: QuantScheme, shape: tuple[int, ...]) -> list[
     parts = [
         HeaderEntry(f"{name}.values", NP_TO_ST[lay.storage_dtype], lay.storage_shape,
                     lay.storage_nbytes),
-        HeaderEntry(f"{name}.scales", _SCALE_TO_ST[lay.scale_dtype], lay.scale_grid,
+        HeaderEntry(f"{name}.scales", _SCALE_TO_ST[lay.scale_dtype], lay.stored_scale_grid,
                     lay.n_scales * lay.scale_dtype.nbytes),
     ]
     if scheme.is_two_level:
@@ -98,9 +110,11 @@ def read_entries(ckpt: Checkpoint) -> dict[str, Entry]:
             raise TypeError("'tensors' is not an object")
     except (ValueError, KeyError, TypeError) as e:
         raise ckpt.error(None, f"malformed blockquant metadata: {e}") from None
-    if version != FORMAT_VERSION:
+    if version not in READ_VERSIONS or type(version) is not int:
         raise ckpt.error(
-            None, f"blockquant format {version!r}: this version reads format {FORMAT_VERSION}"
+            None,
+            f"blockquant format {version!r}: this version reads formats "
+            f"{', '.join(map(str, READ_VERSIONS))}",
         )
     out: dict[str, Entry] = {}
     owner: dict[str, str] = {}
@@ -124,12 +138,14 @@ def read_entries(ckpt: Checkpoint) -> dict[str, Entry]:
                 raise ckpt.error(name, f"its {key} tensor {part!r} belongs to {owner[part]!r} too")
             owner[part] = name
         extra = {k: v for k, v in d.items() if k not in ("scheme", "shape", "dtype", *keys)}
-        out[name] = Entry(name, scheme, shape, dtype, parts, extra)
+        out[name] = Entry(name, scheme, shape, dtype, parts, extra, version)
     return out
 
 
 def load_qtensor(ckpt: Checkpoint, e: Entry) -> QTensor:
     """Rebuild a quantized tensor from its parts; everything is checked (QTensor.from_parts)."""
+    if e.version == 1 and _format1_differs(e.scheme):
+        return _load_format1(ckpt, e)
     try:
         expected = part_layout(e.name, e.scheme, e.shape)
     except QuantError as err:
@@ -149,5 +165,64 @@ def load_qtensor(ckpt: Checkpoint, e: Entry) -> QTensor:
         # from_parts then checks every value code and scale.
         qt = QTensor.from_bytes(bytes(blob), e.scheme, e.shape)
         return QTensor.from_parts(qt.values, qt.scales, e.scheme, e.shape, qt.global_scale)
+    except QuantError as err:
+        raise ckpt.error(e.name, str(err)) from None
+
+
+# -- format 1 ----------------------------------------------------------------------------------
+
+
+def _format1_differs(scheme: QuantScheme) -> bool:
+    """Whether format 1 stored ``scheme``'s values differently from burn's layout."""
+    st = scheme.store
+    if not st.is_packed:
+        return False
+    sub_byte_native = (
+        st.kind == "packed_native" and scheme.value.bits < 8 and scheme.value is not QuantValue.E2M1
+    )
+    return st.dim > 0 or sub_byte_native
+
+
+def _load_format1(ckpt: Checkpoint, e: Entry) -> QTensor:
+    """A format-1 tensor in the old packing: fields `word_bits / bits` a word along the packed
+    axis, that axis shrunk in place; scales row-major. Its codes are repacked into burn's layout
+    by the reference (legacy files only: speed does not matter here, exactness does)."""
+    scheme, shape = e.scheme, e.shape
+    try:
+        lay = scheme.layout(shape)
+    except QuantError as err:
+        raise ckpt.error(e.name, str(err)) from None
+    dims = shape if shape else (1,)
+    axis = len(dims) - 1 - scheme.store.dim
+    word_bits = 32 if scheme.store.kind == "packed_u32" else 8
+    per = word_bits // scheme.value.bits
+    old_shape = dims[:axis] + (-(-dims[axis] // per),) + dims[axis + 1 :]
+    old_dtype = "U32" if word_bits == 32 else "U8"
+    want = {"values": (old_dtype, old_shape),
+            "scales": (_SCALE_TO_ST[lay.scale_dtype], lay.scale_grid),
+            "global_scale": ("F32", ())}
+    arrays = {}
+    for key, part in e.parts.items():
+        t = ckpt.info(part)
+        dtype, pshape = want[key]
+        if t.dtype != dtype or t.shape != tuple(pshape):
+            raise ckpt.error(
+                e.name,
+                f"{part} is {t.dtype} {list(t.shape)}, format 1 stores {e.scheme} on "
+                f"{list(shape)} as {dtype} {list(pshape)}",
+            )
+        arrays[key] = ckpt.read(part).astype(ST_DTYPES[dtype][1], copy=False)
+    fields = _ref._unpack(arrays["values"], axis, per, scheme.value.bits, dims[axis])
+    storage = _ref._store(fields, scheme)
+    scales = arrays["scales"]
+    if lay.stored_scale_grid != lay.scale_grid:  # burn orders them as the values
+        scales = np.swapaxes(scales, axis, -1)
+    blob = storage.astype(storage.dtype.newbyteorder("<")).tobytes()
+    blob += np.ascontiguousarray(scales).tobytes()
+    if "global_scale" in arrays:
+        blob += arrays["global_scale"].tobytes()
+    try:
+        qt = QTensor.from_bytes(blob, scheme, shape)
+        return QTensor.from_parts(qt.values, qt.scales, scheme, shape, qt.global_scale)
     except QuantError as err:
         raise ckpt.error(e.name, str(err)) from None

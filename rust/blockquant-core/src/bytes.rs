@@ -16,8 +16,15 @@ pub fn to_bytes(layout: &Layout, storage: Storage<'_>, scales: &Scales) -> Vec<u
             .iter()
             .for_each(|w| out.extend_from_slice(&w.to_le_bytes())),
     }
-    for &s in &scales.stored {
-        dtype.write_le(s, &mut out);
+    // burn stores block scales in the values' swapped order when they pack along an outer axis.
+    match layout.scale_byte_order() {
+        None => scales
+            .stored
+            .iter()
+            .for_each(|&s| dtype.write_le(s, &mut out)),
+        Some(order) => order
+            .iter()
+            .for_each(|&g| dtype.write_le(scales.stored[g], &mut out)),
     }
     if let Some(g) = scales.global {
         out.extend_from_slice(&g.to_le_bytes());
@@ -51,10 +58,16 @@ pub fn from_bytes<'a>(layout: &Layout, data: &'a [u8]) -> Result<Parts<'a>> {
     let dtype = layout.scheme.scale_dtype();
     let sb = dtype.size_bytes();
     let (scale_bytes, global_bytes) = rest.split_at(layout.num_scales * sb);
-    let stored: Vec<f32> = scale_bytes
+    let mut stored: Vec<f32> = scale_bytes
         .chunks_exact(sb)
         .map(|c| dtype.read_le(c))
         .collect();
+    if let Some(order) = layout.scale_byte_order() {
+        let in_bytes = stored.clone();
+        for (&s, &g) in in_bytes.iter().zip(&order) {
+            stored[g] = s;
+        }
+    }
     let global = (global_bytes.len() == 4).then(|| {
         f32::from_le_bytes([
             global_bytes[0],

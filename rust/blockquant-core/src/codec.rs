@@ -286,6 +286,7 @@ mod tests {
             n_axis: 1,
             inner: 1,
             words_axis: 1,
+            swapped: false,
             native: true,
         };
         let packed = Packing {

@@ -2,25 +2,34 @@
 //! packing (SPEC §8). Every tensor-dependent rule of the scheme is checked here, once.
 
 use crate::error::{QuantError, Result};
-use crate::scheme::{QuantScheme, QuantStore};
+use crate::scheme::{QuantScheme, QuantStore, QuantValue};
 
-/// How values sit in storage words.
+/// How values sit in storage words: burn's layout (SPEC §8–§9).
+///
+/// Storage is a set of lines, each packed on its own into `words_axis` words and padded with
+/// zeros: the lines run along the packed axis. Packed along the last axis, the lines are the
+/// tensor's rows. Packed along an outer axis, burn stores the tensor with that axis *swapped*
+/// with the last one (the axes between keep their places) and packs the rows of that; the
+/// block scales are then stored in the same swapped order (see [`Layout::scale_byte_order`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Packing {
     /// 8 (int8/uint8 storage) or 32 (uint32 storage).
     pub word_bits: u32,
-    /// Values per word: 1 for Native.
+    /// Values per word: 1 for Native and for PackedNative of anything but E2M1.
     pub per: usize,
-    /// Bits of one field: 8 for Native (sign-extended ints), else the value's bits.
+    /// Bits of one field: 8 for Native (sign-extended ints), else the value's bits (a code is
+    /// masked to them: PackedNative Q4 −1 is the byte 0x0F).
     pub field_bits: u32,
-    /// The packed axis, counted from the outermost (only meaningful when `per > 1`).
+    /// The packed axis, counted from the outermost (the last axis for Native).
     pub axis: usize,
-    /// Elements before, along and after the packed axis.
+    /// Elements before, along and after the packed axis (natural order).
     pub outer: usize,
     pub n_axis: usize,
     pub inner: usize,
-    /// Words along the packed axis: `ceil(n_axis / per)`.
+    /// Words per line: `ceil(n_axis / per)`.
     pub words_axis: usize,
+    /// Packed along an outer axis: storage is the tensor with `axis` swapped to the last place.
+    pub swapped: bool,
     /// The Native store: ints are kept as int8, not uint8 (PackedNative of 8-bit values has the
     /// same bytes, typed uint8).
     pub native: bool,
@@ -39,6 +48,10 @@ impl Packing {
         } else {
             (1u32 << self.field_bits) - 1
         }
+    }
+    /// Codes must be masked to their field (sub-byte ints stored one a byte).
+    pub fn masks_bytes(&self) -> bool {
+        self.per == 1 && self.field_bits < 8
     }
 }
 
@@ -181,13 +194,82 @@ impl Layout {
         offset
     }
 
-    /// Storage shape (SPEC §8): the packed axis shrinks to `ceil(n / per)` words.
+    /// Storage shape (SPEC §8): packed, the packed axis swapped to the last place (burn's
+    /// order) and shrunk to `ceil(n / per)` words.
     pub fn storage_shape(&self) -> Vec<usize> {
+        let p = &self.packing;
         let mut s = self.dims.clone();
-        if self.packing.per > 1 {
-            s[self.packing.axis] = self.packing.words_axis;
+        if !p.native {
+            let last = s.len() - 1;
+            s.swap(p.axis, last);
+            s[last] = p.words_axis;
         }
         s
+    }
+
+    /// Natural offset of element `k` of storage line `line` (the inverse of burn's swapped
+    /// order; for lines along the last axis this is `line * n_axis + k`).
+    #[inline]
+    pub fn line_element(&self, line: usize, k: usize) -> usize {
+        let p = &self.packing;
+        if !p.swapped {
+            return line * p.n_axis + k;
+        }
+        // `line` runs row-major over the swapped dims but the last: the tensor's dims with the
+        // packed axis holding the last axis's index.
+        let (rank, a) = (self.rank(), p.axis);
+        let mut rem = line;
+        let mut off = k * p.inner;
+        let mut stride = 1; // the natural stride of axis j: the product of the dims after it
+        for j in (0..rank - 1).rev() {
+            stride *= self.dims[j + 1];
+            let (len, st) = if j == a {
+                (self.dims[rank - 1], 1)
+            } else {
+                (self.dims[j], stride)
+            };
+            off += (rem % len) * st;
+            rem /= len;
+        }
+        off
+    }
+
+    /// Whether burn stores the block scales in the values' swapped order (a block scheme packed
+    /// along an outer axis).
+    pub fn scales_swapped(&self) -> bool {
+        self.packing.swapped && !self.per_tensor
+    }
+
+    /// For a block scheme packed along an outer axis, burn stores the scale grid in the values'
+    /// swapped order: byte position `i` holds grid index `order[i]`. `None`: row-major.
+    /// Only call it with scales in hand: it allocates one index per scale.
+    pub fn scale_byte_order(&self) -> Option<Vec<usize>> {
+        if !self.scales_swapped() {
+            return None;
+        }
+        let (rank, a) = (self.rank(), self.packing.axis);
+        let mut swapped = self.grid.clone();
+        swapped.swap(a, rank - 1);
+        let mut order = Vec::with_capacity(self.num_scales);
+        let mut idx = vec![0usize; rank];
+        for _ in 0..self.num_scales {
+            // idx: the swapped grid's multi-index; its natural index swaps a and the last back.
+            let mut nat = idx.clone();
+            nat.swap(a, rank - 1);
+            order.push(
+                nat.iter()
+                    .zip(&self.grid)
+                    .fold(0, |acc, (&i, &g)| acc * g + i),
+            );
+            for j in (0..rank).rev() {
+                idx[j] += 1;
+                if idx[j] < swapped[j] {
+                    break;
+                }
+                idx[j] = 0;
+            }
+        }
+        Some(order)
     }
 
     /// Bytes of the value storage.
@@ -239,6 +321,7 @@ fn packing_for(scheme: &QuantScheme, dims: &[usize]) -> Result<Packing> {
                 n_axis: dims[rank - 1],
                 inner: 1,
                 words_axis: dims[rank - 1],
+                swapped: false,
                 native: true,
             })
         }
@@ -251,7 +334,13 @@ fn packing_for(scheme: &QuantScheme, dims: &[usize]) -> Result<Packing> {
         )));
     }
     let axis = rank - 1 - dim;
-    let per = (word_bits / bits) as usize;
+    // PackedU32 fills a word; burn's PackedNative packs only E2M1 (two a byte) and keeps every
+    // other value one a byte.
+    let per = if word_bits == 32 || scheme.value == QuantValue::E2M1 {
+        (word_bits / bits) as usize
+    } else {
+        1
+    };
     Ok(Packing {
         word_bits,
         per,
@@ -261,6 +350,7 @@ fn packing_for(scheme: &QuantScheme, dims: &[usize]) -> Result<Packing> {
         n_axis: dims[axis],
         inner: dims[axis + 1..].iter().product(),
         words_axis: dims[axis].div_ceil(per),
+        swapped: axis + 1 != rank,
         native: false,
     })
 }
@@ -300,8 +390,39 @@ mod tests {
         let l = Layout::new(&scheme(QuantStore::PackedU32(0), None), &[3, 3]).unwrap();
         assert_eq!(l.storage_shape(), [3, 1]);
         assert_eq!(l.storage_bytes(), 12);
+        // burn: PackedNative keeps Q4 one a byte; an outer packed axis is swapped innermost.
         let l = Layout::new(&scheme(QuantStore::PackedNative(1), None), &[3, 3]).unwrap();
-        assert_eq!(l.storage_shape(), [2, 3]);
+        assert_eq!(l.storage_shape(), [3, 3]);
+        let l = Layout::new(&scheme(QuantStore::PackedU32(1), None), &[5, 3, 2]).unwrap();
+        assert!(l.packing.swapped);
+        assert_eq!(l.storage_shape(), [5, 2, 1]);
+        let l = Layout::new(&scheme(QuantStore::PackedU32(2), None), &[4, 2, 3]).unwrap();
+        assert_eq!(l.storage_shape(), [3, 2, 1]);
+    }
+
+    /// burn's own example: `[4, 8]`, PackedU32(1), block `[2, 4]`: the row-major grid
+    /// `[[1, 2], [3, 4]]` is stored `1, 3, 2, 4`.
+    #[test]
+    fn block_scales_follow_the_values_packed_along_an_outer_axis() {
+        let s = scheme(QuantStore::PackedU32(1), Some(&[2, 4]));
+        let l = Layout::new(&s, &[4, 8]).unwrap();
+        assert_eq!(l.scale_byte_order(), Some(vec![0, 2, 1, 3]));
+        let l = Layout::new(&scheme(QuantStore::PackedU32(0), Some(&[2, 4])), &[4, 8]).unwrap();
+        assert_eq!(l.scale_byte_order(), None);
+    }
+
+    /// Storage line `l` element `k` of `[4, 2, 3]` packed along axis 0 is burn's swapped
+    /// `[3, 2, 4]` read row-major: line (c, b), element k is natural (k, b, c).
+    #[test]
+    fn swapped_lines_read_the_packed_axis() {
+        let l = Layout::new(&scheme(QuantStore::PackedU32(2), None), &[4, 2, 3]).unwrap();
+        for c in 0..3 {
+            for b in 0..2 {
+                for k in 0..4 {
+                    assert_eq!(l.line_element(c * 2 + b, k), k * 6 + b * 3 + c);
+                }
+            }
+        }
     }
 
     #[test]

@@ -345,15 +345,83 @@ pub fn encode_into<C: Encode>(
 ) -> bool {
     let p = &layout.packing;
     let sc = ScaleSlice::all(effective);
+    if p.swapped {
+        return encode_swapped(codec, x, layout, sc, out);
+    }
     match out {
         StorageMut::U8(out) if p.per == 1 => out
             .par_chunks_mut(MIN_TASK_ELEMS)
             .enumerate()
-            .map(|(ci, chunk)| encode_range(codec, x, layout, sc, ci * MIN_TASK_ELEMS, chunk))
+            .map(|(ci, chunk)| encode_bytes(codec, x, layout, sc, ci * MIN_TASK_ELEMS, chunk))
             .reduce(|| false, |a, b| a | b),
         StorageMut::U8(out) => pack_words(codec, x, layout, sc, out),
         StorageMut::U32(out) => pack_words(codec, x, layout, sc, out),
     }
+}
+
+/// Codes of `[start, start + out.len())` one a byte, masked to their field where the store
+/// keeps sub-byte ints one a byte (burn's PackedNative Q4/Q2: −1 is 0x0F, not 0xFF).
+#[inline]
+pub fn encode_bytes<C: Encode>(
+    codec: C,
+    x: Window<'_>,
+    layout: &Layout,
+    sc: ScaleSlice<'_>,
+    start: usize,
+    out: &mut [u8],
+) -> bool {
+    let bad = encode_range(codec, x, layout, sc, start, out);
+    if layout.packing.masks_bytes() {
+        let mask = layout.packing.field_mask() as u8;
+        out.iter_mut().for_each(|c| *c &= mask);
+    }
+    bad
+}
+
+/// Packing along an outer axis (burn's swapped order): quantize in natural order into a code
+/// buffer, then gather each storage line from it. Slower than the last-axis kernels by one
+/// pass over a byte per value, and rare.
+fn encode_swapped<C: Encode>(
+    codec: C,
+    x: Window<'_>,
+    layout: &Layout,
+    sc: ScaleSlice<'_>,
+    out: StorageMut<'_>,
+) -> bool {
+    let mut codes = vec![0u8; layout.num_elements];
+    let bad = codes
+        .par_chunks_mut(MIN_TASK_ELEMS)
+        .enumerate()
+        .map(|(ci, chunk)| encode_range(codec, x, layout, sc, ci * MIN_TASK_ELEMS, chunk))
+        .reduce(|| false, |a, b| a | b);
+    match out {
+        StorageMut::U8(words) => pack_swapped(layout, &codes, words),
+        StorageMut::U32(words) => pack_swapped(layout, &codes, words),
+    }
+    bad
+}
+
+fn pack_swapped<W: Word>(layout: &Layout, codes: &[u8], words: &mut [W]) {
+    let p = &layout.packing;
+    let (nw, n, per) = (p.words_axis, p.n_axis, p.per);
+    if nw == 0 || words.is_empty() {
+        return;
+    }
+    let mask = p.field_mask() as u8;
+    let lines_per_task = (MIN_TASK_ELEMS / n).max(1);
+    words
+        .par_chunks_mut(nw * lines_per_task)
+        .enumerate()
+        .for_each(|(ci, chunk)| {
+            let mut line = vec![0u8; n];
+            for (j, wl) in chunk.chunks_mut(nw).enumerate() {
+                let l = ci * lines_per_task + j;
+                for (k, c) in line.iter_mut().enumerate() {
+                    *c = codes[layout.line_element(l, k)] & mask;
+                }
+                pack_fields(&line, wl, per);
+            }
+        });
 }
 
 fn pack_words<C: Encode, W: Word>(
@@ -364,17 +432,9 @@ fn pack_words<C: Encode, W: Word>(
     out: &mut [W],
 ) -> bool {
     let words_per_task = (MIN_TASK_ELEMS / layout.packing.per).max(1);
-    let last_axis = layout.packing.inner == 1;
     out.par_chunks_mut(words_per_task)
         .enumerate()
-        .map(|(ci, words)| {
-            let w0 = ci * words_per_task;
-            if last_axis {
-                encode_words_last_axis(codec, x, layout, sc, w0, words)
-            } else {
-                encode_words_outer_axis(codec, x, layout, sc, w0, words)
-            }
-        })
+        .map(|(ci, words)| encode_words_last_axis(codec, x, layout, sc, ci * words_per_task, words))
         .reduce(|| false, |a, b| a | b)
 }
 
@@ -402,45 +462,6 @@ pub fn encode_words_last_axis<C: Encode, W: Word>(
         let buf = &mut codes[..e1 - e0];
         bad |= encode_range(codec, x, layout, sc, e0, buf);
         pack_fields(buf, &mut words[w - w0..w - w0 + take], per);
-        w += take;
-    }
-    bad
-}
-
-/// Fill words `[w0, w0 + words.len())` of a tensor packed along an outer axis: field t of word
-/// (o, wi, i) is element (o, wi·per + t, i), and runs over i are contiguous.
-fn encode_words_outer_axis<C: Encode, W: Word>(
-    codec: C,
-    x: Window<'_>,
-    layout: &Layout,
-    sc: ScaleSlice<'_>,
-    w0: usize,
-    words: &mut [W],
-) -> bool {
-    let p = &layout.packing;
-    let (per, nw, inner, n_axis) = (p.per, p.words_axis, p.inner, p.n_axis);
-    let (bits, mask) = (p.field_bits, p.field_mask());
-    let mut codes = [0u8; BUF];
-    let mut bad = false;
-    let mut w = w0;
-    let w_end = w0 + words.len();
-    while w < w_end {
-        let group = w / inner;
-        let i0 = w % inner;
-        let take = (w_end - w).min(inner - i0).min(BUF);
-        let (o, wi) = (group / nw, group % nw);
-        let dst = &mut words[w - w0..w - w0 + take];
-        dst.iter_mut().for_each(|d| *d = W::default());
-        let count = per.min(n_axis - wi * per);
-        for t in 0..count {
-            let e0 = (o * n_axis + wi * per + t) * inner + i0;
-            let buf = &mut codes[..take];
-            bad |= encode_range(codec, x, layout, sc, e0, buf);
-            let shift = t as u32 * bits;
-            for (d, &c) in dst.iter_mut().zip(buf.iter()) {
-                *d = W::from_u32(d.to_u32() | ((c as u32 & mask) << shift));
-            }
-        }
         w += take;
     }
     bad
@@ -527,6 +548,9 @@ pub fn decode_into<D: Decode, O: OutElem>(
     effective: &[f32],
     out: &mut [O],
 ) {
+    if layout.packing.swapped {
+        return decode_swapped(table, layout, storage, effective, out);
+    }
     match storage {
         Storage::U8(codes) if layout.packing.per == 1 => {
             out.par_chunks_mut(MIN_TASK_ELEMS)
@@ -556,69 +580,103 @@ fn unpack_words<W: Word, D: Decode, O: OutElem>(
     out: &mut [O],
 ) {
     let p = &layout.packing;
-    let (per, nw, inner, n_axis) = (p.per, p.words_axis, p.inner, p.n_axis);
-    let bits = p.field_bits;
-    let mask = p.field_mask();
+    let (per, nw, n_axis) = (p.per, p.words_axis, p.n_axis);
     if out.is_empty() {
         return;
     }
-    if inner == 1 {
-        // Packed along the last axis: tasks are whole lines, or pieces of one long line.
-        let line_len = n_axis;
-        let lines_per_task = (MIN_TASK_ELEMS / line_len.max(1)).max(1);
-        let elems_per_task = if line_len >= MIN_TASK_ELEMS {
-            MIN_TASK_ELEMS
-        } else {
-            lines_per_task * line_len
-        };
-        out.par_chunks_mut(elems_per_task)
-            .enumerate()
-            .for_each(|(ci, chunk)| {
-                let mut codes = [0u8; BUF];
-                let start = ci * elems_per_task;
-                let mut pos = start;
-                let end = start + chunk.len();
-                while pos < end {
-                    let (line, col) = (pos / line_len, pos % line_len);
-                    let take = (end - pos).min(line_len - col).min(BUF);
-                    let w0 = line * nw;
-                    unpack_fields(&words[w0..w0 + nw], col, &mut codes[..take], per);
-                    let o = pos - start;
-                    decode_range(
-                        table,
-                        layout,
-                        effective,
-                        pos,
-                        &codes[..take],
-                        &mut chunk[o..o + take],
-                    );
-                    pos += take;
-                }
-            });
+    // Packed along the last axis: tasks are whole lines, or pieces of one long line.
+    let line_len = n_axis;
+    let lines_per_task = (MIN_TASK_ELEMS / line_len.max(1)).max(1);
+    let elems_per_task = if line_len >= MIN_TASK_ELEMS {
+        MIN_TASK_ELEMS
     } else {
-        // Packed along an outer axis: one task per outer index, words grouped as (wi, i).
-        out.par_chunks_mut(n_axis * inner)
-            .enumerate()
-            .for_each(|(o, slab)| {
-                let mut codes = [0u8; BUF];
-                for j in 0..n_axis {
-                    let (wi, t) = (j / per, j % per);
-                    let shift = t as u32 * bits;
-                    let wbase = (o * nw + wi) * inner;
-                    let mut i0 = 0;
-                    while i0 < inner {
-                        let take = (inner - i0).min(BUF);
-                        for (k, c) in codes[..take].iter_mut().enumerate() {
-                            *c = ((words[wbase + i0 + k].to_u32() >> shift) & mask) as u8;
-                        }
-                        let pos = (o * n_axis + j) * inner + i0;
-                        let dst = &mut slab[j * inner + i0..j * inner + i0 + take];
-                        decode_range(table, layout, effective, pos, &codes[..take], dst);
-                        i0 += take;
-                    }
+        lines_per_task * line_len
+    };
+    out.par_chunks_mut(elems_per_task)
+        .enumerate()
+        .for_each(|(ci, chunk)| {
+            let mut codes = [0u8; BUF];
+            let start = ci * elems_per_task;
+            let mut pos = start;
+            let end = start + chunk.len();
+            while pos < end {
+                let (line, col) = (pos / line_len, pos % line_len);
+                let take = (end - pos).min(line_len - col).min(BUF);
+                let w0 = line * nw;
+                unpack_fields(&words[w0..w0 + nw], col, &mut codes[..take], per);
+                let o = pos - start;
+                decode_range(
+                    table,
+                    layout,
+                    effective,
+                    pos,
+                    &codes[..take],
+                    &mut chunk[o..o + take],
+                );
+                pos += take;
+            }
+        });
+}
+
+/// Dequantize storage in burn's swapped order (packed along an outer axis): each element reads
+/// its field where its line put it, a contiguous run of outputs at a time.
+fn decode_swapped<D: Decode, O: OutElem>(
+    table: D,
+    layout: &Layout,
+    storage: Storage<'_>,
+    effective: &[f32],
+    out: &mut [O],
+) {
+    let p = &layout.packing;
+    let (n, nw, inner, per) = (p.n_axis, p.words_axis, p.inner, p.per);
+    let (field_bits, mask) = (p.field_bits, p.field_mask());
+    let lines_per_slab = inner; // storage lines of one natural slab (fixed outer indices)
+    out.par_chunks_mut(MIN_TASK_ELEMS)
+        .enumerate()
+        .for_each(|(ci, chunk)| {
+            let mut codes = [0u8; BUF];
+            let start = ci * MIN_TASK_ELEMS;
+            let mut pos = start;
+            let end = start + chunk.len();
+            while pos < end {
+                let take = (end - pos).min(BUF);
+                for (t, c) in codes[..take].iter_mut().enumerate() {
+                    // Natural (o, k, i) → storage line (o, i'), element k.
+                    let e = pos + t;
+                    let (o, rest) = (e / (n * inner), e % (n * inner));
+                    let (k, i) = (rest / inner, rest % inner);
+                    let line = o * lines_per_slab + swapped_line_of(layout, i);
+                    let w = line * nw + k / per;
+                    let shift = (k % per) as u32 * field_bits;
+                    let word = match storage {
+                        Storage::U8(ws) => ws[w] as u32,
+                        Storage::U32(ws) => ws[w],
+                    };
+                    *c = ((word >> shift) & mask) as u8;
                 }
-            });
-    }
+                let o = pos - start;
+                decode_range(
+                    table,
+                    layout,
+                    effective,
+                    pos,
+                    &codes[..take],
+                    &mut chunk[o..o + take],
+                );
+                pos += take;
+            }
+        });
+}
+
+/// The storage line (within its slab) of natural inner offset `i`: the inner axes
+/// `a+1 ..= rank-1` read in swapped order (last axis first, then `a+1 ..= rank-2`).
+#[inline]
+fn swapped_line_of(layout: &Layout, i: usize) -> usize {
+    let (rank, a) = (layout.rank(), layout.packing.axis);
+    let last = layout.dims[rank - 1];
+    let (mid, j_last) = (i / last, i % last); // mid: row-major over a+1 ..= rank-2
+    let mid_count: usize = layout.dims[a + 1..rank - 1].iter().product();
+    j_last * mid_count + mid
 }
 
 /// Check storage taken from a caller: every field a valid code of the value, padding bits 0.
@@ -631,7 +689,7 @@ pub fn check_storage(layout: &Layout, storage: Storage<'_>) -> Result<()> {
     }
     let check = |index: usize, word: u32| -> Result<()> {
         // Which fields of this word hold values (the last word of a line may be partly padding).
-        let wi = (index / p.inner) % p.words_axis;
+        let wi = index % p.words_axis; // storage is lines along its last axis
         let used = p.per.min(p.n_axis - wi * p.per);
         for t in 0..p.per {
             let field = (word >> (t as u32 * p.field_bits)) & p.field_mask();
@@ -645,6 +703,14 @@ pub fn check_storage(layout: &Layout, storage: Storage<'_>) -> Result<()> {
                     "stored word {index} has non-zero padding bits in field {t}"
                 )));
             }
+        }
+        // Bits above the last field (a sub-byte int stored one a byte) are padding too.
+        let used_bits = p.per as u32 * p.field_bits;
+        if used_bits < p.word_bits && word >> used_bits != 0 {
+            return Err(QuantError::Layout(format!(
+                "stored word {index} has non-zero padding bits above its {} field(s)",
+                p.per
+            )));
         }
         Ok(())
     };
@@ -1173,9 +1239,11 @@ pub(crate) mod tests {
         t
     }
 
-    /// Packing along an outer axis is packing the transposed tensor along its last axis (with
-    /// the block and the scale grid transposed alike): both equal the scalar oracle word for
-    /// word, and both decode to the oracle's values.
+    /// Packing along an outer axis is burn's layout: the tensor with the packed axis swapped to
+    /// the last place, packed along it — so for `[a, n, i]` packed along `n` the storage is, word
+    /// for word in the same order, the `[a, i, n]` transpose packed along its last axis (with the
+    /// block and the scale grid transposed alike); both equal the scalar oracle, and both decode
+    /// to the oracle's values.
     #[test]
     fn outer_axis_packing_is_the_transposed_last_axis_packing() {
         let mut rng = Rng::new(5);
@@ -1253,7 +1321,8 @@ pub(crate) mod tests {
                                 lo.scheme
                             )
                         };
-                        assert_eq!(wo.get(w), expect, "outer axis: {}", ctx());
+                        let stored = (o * inner + i) * nw + wi; // burn's swapped order
+                        assert_eq!(wo.get(stored), expect, "outer axis: {}", ctx());
                         assert_eq!(
                             wt.get((o * inner + i) * nw + wi),
                             expect,
@@ -1308,10 +1377,11 @@ pub(crate) mod tests {
                 let p = layout.packing.clone();
                 let mut words = Words::new(&layout);
                 assert!(check_storage(&layout, words.as_ref()).is_ok());
-                // The words of the first line along the packed axis, and the very last word.
-                let line = p.words_axis * p.inner;
+                // The words of the first storage line (lines run along the last storage axis in
+                // burn's layout, the packed axis swapped there), and the very last word.
+                let line = p.words_axis;
                 for w in (0..line).chain([words.len() - 1]) {
-                    let wi = (w / p.inner) % p.words_axis;
+                    let wi = w % p.words_axis;
                     let used = p.per.min(p.n_axis - wi * p.per);
                     for t in 0..p.per {
                         for f in 0..(1u32 << p.field_bits.min(8)) {

@@ -12,7 +12,7 @@ use crate::error::{QuantError, Result};
 use crate::input::{Input, Window};
 use crate::layout::Layout;
 use crate::pack::{
-    encode_range, encode_words_last_axis, BF16Bits, F16Bits, OutElem, ScaleSlice, Segments,
+    encode_bytes, encode_words_last_axis, BF16Bits, F16Bits, OutElem, ScaleSlice, Segments,
     Storage, StorageMut, Word,
 };
 use crate::scale::{check_scales, ScaleRounding};
@@ -376,7 +376,7 @@ fn fused_with<C: Encode>(
             &pieces,
             &mut stored,
             bytes,
-            |p, xs, sc, out| encode_range(codec, xs, layout, sc, p.start, out),
+            |p, xs, sc, out| encode_bytes(codec, xs, layout, sc, p.start, out),
         ),
         StorageMut::U8(words) => fused_pieces(
             x,

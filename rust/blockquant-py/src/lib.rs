@@ -167,11 +167,17 @@ impl Scheme {
             let l = Layout::new(&self.0, &shape).map_err(to_py)?;
             let storage_nbytes = l.storage_bytes();
             let nbytes = l.total_bytes();
+            let mut stored_scale_grid = l.grid.clone();
+            if l.scales_swapped() {
+                let last = stored_scale_grid.len() - 1;
+                stored_scale_grid.swap(l.packing.axis, last);
+            }
             Ok(LayoutInfo {
                 shape: l.shape.clone(),
                 storage_shape: l.storage_shape(),
                 storage_dtype: StorageDtype::of(&l).name(),
                 scale_grid: l.grid.clone(),
+                stored_scale_grid,
                 n_scales: l.num_scales,
                 storage_nbytes,
                 scales_nbytes: nbytes - storage_nbytes,
@@ -192,6 +198,7 @@ struct LayoutInfo {
     storage_shape: Vec<usize>,
     storage_dtype: &'static str,
     scale_grid: Vec<usize>,
+    stored_scale_grid: Vec<usize>,
     n_scales: usize,
     storage_nbytes: usize,
     scales_nbytes: usize,
