@@ -12,8 +12,9 @@ compare against bit for bit.
 
 from __future__ import annotations
 
-from . import presets
+from . import metrics, presets
 from ._native import get_num_threads, set_num_threads
+from .burnpack import load_burnpack, save_burnpack
 from .errors import (
     InternalError,
     LayoutError,
@@ -43,6 +44,9 @@ __all__ = [
     "dequantize",
     "round_scale",
     "presets",
+    "metrics",
+    "save_burnpack",
+    "load_burnpack",
     "set_num_threads",
     "get_num_threads",
     "QuantError",

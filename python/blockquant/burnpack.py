@@ -45,6 +45,8 @@ from .qtensor import QTensor
 from .scheme import BlockScale, QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype
 
 __all__ = [
+    "Planned",
+    "BurnpackFile",
     "save_burnpack",
     "load_burnpack",
     "load_burnpack_metadata",
@@ -361,6 +363,29 @@ def _bfloat16() -> Any:
 
 
 # -- writing ---------------------------------------------------------------------------------------
+class Planned:
+    """A tensor whose dtype, shape and size are known before its bytes exist: what a streaming
+    writer (the ``blockquant`` command) hands :func:`save_burnpack` so that one tensor at a
+    time is in memory. Either ``scheme`` (``produce()`` returns the :class:`QTensor`) or
+    ``burn_dtype`` and ``nbytes`` (``produce()`` returns the little-endian bytes as burn stores
+    them)."""
+
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        produce: Any,
+        *,
+        scheme: QuantScheme | None = None,
+        burn_dtype: Any = None,
+        nbytes: int | None = None,
+    ) -> None:
+        self.shape = tuple(shape)
+        self.produce = produce
+        self.scheme = scheme
+        self.burn_dtype = burn_dtype
+        self.nbytes = nbytes
+
+
 class _Entry:
     """One tensor to write: its descriptor and a way to produce its bytes."""
 
@@ -373,7 +398,14 @@ class _Entry:
             raise LayoutError(f"tensor name {name!r} is not valid UTF-8") from None
         self.name = name
         self.tensor = tensor
-        if isinstance(tensor, QTensor):
+        if isinstance(tensor, Planned):
+            self.shape = tensor.shape
+            if tensor.scheme is not None:
+                self.dtype = {"QFloat": scheme_to_burn(tensor.scheme)}
+                self.nbytes = tensor.scheme.layout(self.shape).nbytes
+            else:
+                self.dtype, self.nbytes = tensor.burn_dtype, int(tensor.nbytes or 0)
+        elif isinstance(tensor, QTensor):
             self.dtype: Any = {"QFloat": scheme_to_burn(tensor.scheme)}
             self.shape = tuple(tensor.shape)
             self.nbytes = tensor.scheme.layout(self.shape).nbytes
@@ -389,10 +421,13 @@ class _Entry:
             )
 
     def data(self) -> memoryview:
-        if isinstance(self.tensor, QTensor):
-            raw = memoryview(self.tensor.to_bytes())
+        tensor = self.tensor.produce() if isinstance(self.tensor, Planned) else self.tensor
+        if isinstance(tensor, QTensor):
+            raw = memoryview(tensor.to_bytes())
+        elif isinstance(tensor, (bytes, bytearray, memoryview)):
+            raw = memoryview(tensor).cast("B")
         else:
-            a = self.tensor.reshape(-1)
+            a = np.asarray(tensor).reshape(-1)
             if self.dtype == "BF16":
                 a = a.view(np.uint16)
             raw = memoryview(np.ascontiguousarray(a, dtype=self.stored).view(np.uint8))
@@ -432,7 +467,11 @@ def _align(n: int) -> int:
 
 
 def save_burnpack(
-    path: Any, tensors: Mapping[str, Tensor], metadata: Mapping[str, str] | None = None
+    path: Any,
+    tensors: Mapping[str, Union[Tensor, Planned]],
+    metadata: Mapping[str, str] | None = None,
+    *,
+    force: bool = True,
 ) -> None:
     """Write ``tensors`` (name -> :class:`QTensor` or numpy array) to a burn-pack file at
     ``path``, replacing it atomically. ``metadata`` is burn-pack's string-to-string map.
@@ -440,6 +479,7 @@ def save_burnpack(
     Every argument is checked before anything is written: a :class:`QTensor` whose scheme burn
     cannot hold raises :class:`SchemeError`, an array of a dtype burn lacks ``TypeError``. The
     tensors' data sit in the mapping's order; the descriptors are sorted by name, as burn's.
+    ``force=False`` refuses to replace an existing file (``FileExistsError``).
     """
     if not isinstance(tensors, Mapping):
         raise TypeError(f"tensors is a mapping of names to tensors, got {type(tensors).__name__}")
@@ -466,7 +506,10 @@ def save_burnpack(
     data_start = _align(HEADER_SIZE + len(blob))
 
     target = Path(path)
-    tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+    if not force and target.exists():
+        raise FileExistsError(f"{target} exists")
+    # The temp name stays within NAME_MAX whatever the target's name.
+    tmp = target.with_name(f".{target.name[:200]}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -712,3 +755,42 @@ def load_burnpack_metadata(path: Any) -> dict[str, str]:
     validated as by :func:`load_burnpack`, its tensor data is not read)."""
     with open(path, "rb") as f:
         return dict(_parse(f, path)[1])
+
+
+class BurnpackFile:
+    """An open burn-pack file read one tensor at a time (the ``blockquant`` command's reader):
+    ``names``, ``info(name)`` -> (burn dtype, shape, nbytes, scheme or None), ``read(name)``.
+    Validated on opening as :func:`load_burnpack` validates."""
+
+    def __init__(self, path: Any) -> None:
+        self.path = path
+        self._f = open(path, "rb")
+        try:
+            descriptors, self.metadata, self._data_start = _parse(self._f, path)
+        except BaseException:
+            self._f.close()
+            raise
+        self._by_name = {d.name: d for d in descriptors}
+        # In data order: a command streams them as they sit in the file.
+        self.names = [d.name for d in sorted(descriptors, key=lambda d: (d.begin, d.name))]
+
+    def info(self, name: str) -> tuple[Any, tuple[int, ...], int, QuantScheme | None]:
+        d = self._by_name[name]
+        return d.dtype, d.shape, d.nbytes, getattr(d, "scheme", None)
+
+    def raw(self, name: str) -> bytes:
+        d = self._by_name[name]
+        self._f.seek(self._data_start + d.begin)
+        raw = self._f.read(d.nbytes)
+        if len(raw) != d.nbytes:
+            raise LayoutError(f"{self.path}: file shrank while being read")
+        return raw
+
+    def read(self, name: str) -> Tensor:
+        try:
+            return _build(self._by_name[name], self.raw(name))
+        except LayoutError as e:
+            raise LayoutError(f"{self.path}: {e}") from None
+
+    def close(self) -> None:
+        self._f.close()

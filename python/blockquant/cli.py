@@ -214,7 +214,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     options = _file_options(args)
     bar = _progress(args.input, "quantize", args.quiet)
     try:
-        res = quantize_file(args.input, args.output, scheme, options, progress=bar)
+        res = quantize_file(args.input, args.output, scheme, options, progress=bar,
+                            output_format=args.output_format)
     finally:
         bar.close()
     if not res.quantized:
@@ -330,11 +331,14 @@ def _parser() -> argparse.ArgumentParser:
                        "no clipping)")
         c.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
 
-    q = sub.add_parser("quantize", help="quantize a checkpoint into a .safetensors file",
+    q = sub.add_parser("quantize", help="quantize a checkpoint into a .safetensors or .bpk file",
                        description="Quantize each floating-point tensor of IN (.safetensors, "
-                       ".npz or .npy) and write OUT (.safetensors); other tensors are copied.")
+                       ".npz, .npy or burn .bpk) and write OUT: .safetensors, or burn's .bpk "
+                       "(by OUT's extension or --format); other tensors are copied.")
     q.add_argument("input", metavar="IN")
     q.add_argument("-o", "--output", metavar="OUT", required=True)
+    q.add_argument("--format", choices=["safetensors", "burnpack"], dest="output_format",
+                   help="OUT's format (default: burnpack for a .bpk name, else safetensors)")
     options(q)
     q.add_argument("-f", "--force", action="store_true", help="replace OUT if it exists")
     q.set_defaults(func=cmd_quantize)

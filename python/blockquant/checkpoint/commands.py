@@ -17,7 +17,16 @@ from ..errors import QuantError
 from ..metrics import ErrorStats
 from ..qtensor import quantize
 from ..scheme import QuantScheme
-from .base import FLOAT_DTYPES, NAME_TO_ST, Checkpoint, TensorInfo, numel, st_nbytes
+from .base import (
+    FLOAT_DTYPES,
+    NAME_TO_ST,
+    Checkpoint,
+    CheckpointError,
+    TensorInfo,
+    numel,
+    st_nbytes,
+)
+from .burnpack_file import BurnpackCheckpoint, is_burnpack_path, write_burnpack
 from .format import META_KEY, Entry, load_qtensor, metadata_value, part_layout, read_entries
 from .options import FileOptions
 from .readers import open_checkpoint
@@ -39,7 +48,23 @@ def _selected(t: TensorInfo, options: FileOptions) -> bool:
     return t.is_float and options.selects(t.name)
 
 
+def _entries(ckpt: Checkpoint) -> dict[str, Entry]:
+    """The quantized tensors of a checkpoint: blockquant's safetensors entries, or a burn-pack
+    file's ``QFloat`` tensors."""
+    if isinstance(ckpt, BurnpackCheckpoint):
+        return ckpt.entries()
+    return read_entries(ckpt)
+
+
+def _load(ckpt: Checkpoint, e: Entry) -> Any:
+    if isinstance(ckpt, BurnpackCheckpoint):
+        return ckpt.load_qtensor(e)
+    return load_qtensor(ckpt, e)
+
+
 def _check_not_quantized(ckpt: Checkpoint) -> None:
+    if isinstance(ckpt, BurnpackCheckpoint) and ckpt.entries():
+        raise ckpt.error(None, "already holds quantized tensors (dequantize it first)")
     if META_KEY in ckpt.metadata:
         raise ckpt.error(
             None, "already holds blockquant-quantized tensors (dequantize it first)"
@@ -88,14 +113,22 @@ def quantize_file(
     options: FileOptions | None = None,
     *,
     progress: Progress = _no_progress,
+    output_format: str | None = None,
 ) -> QuantizeSummary:
     """Quantize the floating-point tensors of ``src`` that ``options`` selects and write the
-    result to ``dst`` (the format is in :mod:`blockquant.checkpoint.format`). One tensor is in
-    memory at a time. Raises :class:`CheckpointError` (nothing written) on any problem."""
+    result to ``dst``: blockquant's safetensors layout (:mod:`blockquant.checkpoint.format`),
+    or burn's ``.bpk`` (``output_format="burnpack"``, or a ``dst`` ending in ``.bpk``), where
+    each quantized tensor is a ``QFloat`` under its own name. One tensor is in memory at a
+    time. Raises :class:`CheckpointError` (nothing written) on any problem."""
     options = options or FileOptions()
     t0 = time.perf_counter()
+    if output_format not in (None, "safetensors", "burnpack"):
+        raise CheckpointError(dst, None, f"unknown output format {output_format!r}")
+    burnpack = output_format == "burnpack" or (output_format is None and is_burnpack_path(dst))
     with open_checkpoint(src) as ckpt:
         _check_not_quantized(ckpt)
+        if burnpack:
+            return _quantize_to_burnpack(ckpt, dst, scheme, options, progress, t0)
         plan: list[tuple[TensorInfo, list[HeaderEntry] | None]] = []  # (tensor, parts or None)
         layout: list[HeaderEntry] = []
         owners: list[str] = []
@@ -147,6 +180,49 @@ def quantize_file(
     )
 
 
+def _quantize_to_burnpack(
+    ckpt: Checkpoint,
+    dst: Any,
+    scheme: QuantScheme,
+    options: FileOptions,
+    progress: Progress,
+    t0: float,
+) -> QuantizeSummary:
+    for t in ckpt.tensors:  # every scheme/tensor mismatch before any work
+        if _selected(t, options):
+            _parts(ckpt, t, scheme)
+    plan: list[tuple[TensorInfo, Any]] = []
+    for t in ckpt.tensors:
+        plan.append((t, _quantizer(ckpt, t, scheme, options, progress) if _selected(t, options)
+                     else None))
+    write_burnpack(ckpt, dst, plan, dict(ckpt.metadata), options.force)
+    return QuantizeSummary(
+        [t.name for t, make in plan if make is not None],
+        [t.name for t, make in plan if make is None],
+        sum(t.nbytes for t, _ in plan),
+        os.path.getsize(dst),
+        time.perf_counter() - t0,
+    )
+
+
+def _quantizer(
+    ckpt: Checkpoint, t: TensorInfo, scheme: QuantScheme, options: FileOptions, progress: Progress
+) -> Any:
+    """A function that reads and quantizes ``t`` when the writer reaches it."""
+
+    def make() -> Any:
+        x = ckpt.read(t.name)
+        try:
+            qt = quantize(x, scheme, **options.quantize_options(scheme))
+        except QuantError as e:
+            raise ckpt.error(t.name, str(e)) from None
+        progress(t.name, t.nbytes)
+        return qt
+
+    make.scheme = scheme  # type: ignore[attr-defined]
+    return make
+
+
 def dequantize_file(
     src: Any,
     dst: Any,
@@ -159,7 +235,7 @@ def dequantize_file(
     key). Returns (tensors dequantized, tensors copied)."""
     options = options or FileOptions()
     with open_checkpoint(src) as ckpt:
-        entries = read_entries(ckpt)
+        entries = _entries(ckpt)
         if not entries:
             raise ckpt.error(None, "holds no blockquant-quantized tensor (nothing to dequantize)")
         part_of = {p: e.name for e in entries.values() for p in e.parts.values()}
@@ -180,7 +256,7 @@ def dequantize_file(
             for kind, name in plan:
                 if kind == "deq":
                     e = entries[name]
-                    x = load_qtensor(ckpt, e).dequantize()
+                    x = _load(ckpt, e).dequantize()
                     w.write(name, float_array(x, options.dtype or e.dtype))
                     progress(name, sum(ckpt.info(p).nbytes for p in e.parts.values()))
                 else:
@@ -195,7 +271,7 @@ def inspect_file(src: Any) -> dict[str, Any]:
     """What a checkpoint holds: per tensor (a quantized one as one row) its scheme (None when
     not quantized), shape, dtype, bytes in the file and bits per value."""
     with open_checkpoint(src) as ckpt:
-        entries = read_entries(ckpt)
+        entries = _entries(ckpt)
         part_of = {p: e.name for e in entries.values() for p in e.parts.values()}
         rows = []
         for t in ckpt.tensors:

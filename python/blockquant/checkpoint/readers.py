@@ -6,12 +6,14 @@ from pathlib import Path
 from typing import Any
 
 from .base import Checkpoint, CheckpointError, os_reason
+from .burnpack_file import BurnpackCheckpoint
 from .numpy_files import NpyCheckpoint, NpzCheckpoint
 from .safetensors import SafetensorsCheckpoint
 
 
 def open_checkpoint(path: Any) -> Checkpoint:
-    """Open a ``.safetensors``, ``.npz`` or ``.npy`` file (recognized by its first bytes)."""
+    """Open a ``.safetensors``, ``.npz``, ``.npy`` or burn ``.bpk`` file (recognized by its
+    first bytes)."""
     p = Path(path)
     try:
         with open(p, "rb") as f:
@@ -20,6 +22,8 @@ def open_checkpoint(path: Any) -> Checkpoint:
             return NpzCheckpoint(p)
         if magic == b"\x93NUMPY":
             return NpyCheckpoint(p)
+        if magic.startswith(b"NRUB"):  # burn-pack's magic 0x4255524E, little-endian
+            return BurnpackCheckpoint(p)
         return SafetensorsCheckpoint(p)
     except OSError as e:
         raise CheckpointError(p, None, os_reason(e)) from None
