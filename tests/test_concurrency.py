@@ -268,3 +268,65 @@ def test_fork_while_other_threads_use_the_pool_lock():
             for t in threads:
                 t.join()
     """)
+
+
+def test_a_forked_child_completes_every_call_after_the_parent_made_them():
+    """Every parallel loop runs on the one bounded, fork-aware pool: after two-level to_bytes,
+    from_bytes and dequantize in the parent (whose scale loop once ran on rayon's global pool,
+    which has no threads in a child), the same calls in a forked child finish."""
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    _run("""
+        import os
+        import numpy as np, blockquant as bq
+
+        # Large enough that the two-level scale loop splits (over 2 x 64 Ki block scales).
+        x = np.random.default_rng(4).standard_normal((2048, 1040)).astype(np.float32)
+        calls = []
+        for s in (bq.presets.nvfp4(), bq.presets.mxfp4(), bq.presets.int8(),
+                  "q4s/packed_u32_1/block8x4:f16"):
+            qt = bq.quantize(x, s)
+            b = qt.to_bytes()
+            back = bq.QTensor.from_bytes(b, s, x.shape)
+            y = back.dequantize()
+            calls.append((s, b, y))
+        for _ in range(3):
+            pid = os.fork()
+            if pid == 0:
+                ok = True
+                for s, b, y in calls:
+                    qt = bq.quantize(x, s)
+                    back = bq.QTensor.from_bytes(qt.to_bytes(), s, x.shape)
+                    ok &= qt.to_bytes() == b
+                    ok &= np.array_equal(back.dequantize(), y)
+                    ok &= np.array_equal(bq.QTensor.from_parts(
+                        back.values, back.scales, s, x.shape, back.global_scale).dequantize(), y)
+                    ok &= bq.round_scale([0.3], bq.ScaleDtype.UE4M3).shape == (1,)
+                os._exit(0 if ok else 1)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+    """)
+
+
+def test_set_num_threads_bounds_every_call():
+    """With one thread asked for, no call starts more threads than the pool's one worker."""
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("needs /proc")
+    _run("""
+        import os
+        import numpy as np, blockquant as bq
+
+        bq.set_num_threads(1)
+        x = np.random.default_rng(5).standard_normal((256, 1024)).astype(np.float32)
+        before = len(os.listdir("/proc/self/task"))
+        for s in (bq.presets.nvfp4(), bq.presets.int8_block32(), bq.presets.bitnet(),
+                  "q8s/packed_u32_1/block4x4:f32"):
+            qt = bq.quantize(x, s)
+            back = bq.QTensor.from_bytes(qt.to_bytes(), s, x.shape)
+            back.dequantize()
+            bq.QTensor.from_parts(back.values, back.scales, s, x.shape, back.global_scale)
+        bq.round_scale(np.ones(1 << 18, np.float32), bq.ScaleDtype.F16)
+        after = len(os.listdir("/proc/self/task"))
+        assert after - before <= 1, (before, after)  # the pool's one worker, at most
+        assert bq.get_num_threads() == 1
+    """)

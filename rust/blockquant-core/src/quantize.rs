@@ -11,6 +11,7 @@ use crate::codec::{
 use crate::error::{QuantError, Result};
 use crate::input::{Input, Window};
 use crate::layout::Layout;
+use crate::pool;
 use crate::pack::{
     encode_bytes, encode_words_last_axis, BF16Bits, F16Bits, OutElem, ScaleSlice, Segments,
     Storage, StorageMut, Word,
@@ -78,12 +79,16 @@ pub struct Scales {
 impl Scales {
     /// Scales as stored; for two-level (`global` set) the effective scales are derived here.
     pub fn new(stored: Vec<f32>, global: Option<f32>) -> Self {
+        // In the bounded pool like every other parallel loop: rayon's global pool would add
+        // threads `set_num_threads` does not bound, and has none in a forked child (a hang).
         let two_level_effective = match global {
-            Some(g) => stored
-                .par_iter()
-                .with_min_len(MIN_TASK_ELEMS)
-                .map(|&b| effective_scale(b, g))
-                .collect(),
+            Some(g) => pool::install(|| {
+                stored
+                    .par_iter()
+                    .with_min_len(MIN_TASK_ELEMS)
+                    .map(|&b| effective_scale(b, g))
+                    .collect()
+            }),
             None => Vec::new(),
         };
         Self {
@@ -249,8 +254,18 @@ fn first_non_finite(x: Input<'_>) -> QuantError {
     unreachable!("a non-finite value was seen")
 }
 
-/// Calibrate, then quantize: the whole of `bq.quantize` for f32 input.
+/// Calibrate, then quantize: the whole of `bq.quantize`. Runs in the bounded pool.
 pub fn quantize(
+    x: Input<'_>,
+    layout: &Layout,
+    opts: &QuantizeOptions,
+    explicit: Option<ExplicitScales<'_>>,
+    out: StorageMut<'_>,
+) -> Result<Scales> {
+    pool::install(|| quantize_in_pool(x, layout, opts, explicit, out))
+}
+
+fn quantize_in_pool(
     x: Input<'_>,
     layout: &Layout,
     opts: &QuantizeOptions,
@@ -480,14 +495,14 @@ pub enum Output<'a> {
 }
 
 /// x̂ = f32(decode(q)) × e into `out` (C order), converted to the output's type element by
-/// element (no full-size f32 temporary).
+/// element (no full-size f32 temporary). Runs in the bounded pool.
 pub fn dequantize(layout: &Layout, storage: Storage<'_>, effective: &[f32], out: Output<'_>) {
-    match out {
+    pool::install(|| match out {
         Output::F32(o) => dequantize_into(layout, storage, effective, o),
         Output::F64(o) => dequantize_into(layout, storage, effective, o),
         Output::F16(o) => dequantize_into(layout, storage, effective, o),
         Output::BF16(o) => dequantize_into(layout, storage, effective, o),
-    }
+    })
 }
 
 fn dequantize_into<O: OutElem>(
@@ -518,10 +533,12 @@ pub fn round_scales(
     out: &mut [f32],
 ) -> Result<()> {
     check_scales(scales, "scales")?;
-    out.par_iter_mut()
-        .with_min_len(MIN_TASK_ELEMS)
-        .zip(scales.par_iter())
-        .for_each(|(o, &s)| *o = dtype.round(s, mode));
+    pool::install(|| {
+        out.par_iter_mut()
+            .with_min_len(MIN_TASK_ELEMS)
+            .zip(scales.par_iter())
+            .for_each(|(o, &s)| *o = dtype.round(s, mode))
+    });
     Ok(())
 }
 
