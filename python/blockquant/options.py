@@ -16,8 +16,9 @@ __all__ = ["Calibration", "Rounding", "ScaleRounding", "QuantOptions"]
 Calibration = Literal["minmax", "absmean"]
 #: Ties of integer rounding: half away from zero (burn, ggml) or half to even (numpy, ONNX).
 Rounding = Literal["half_away", "half_even"]
-#: How a raw scale becomes a stored one: the smallest value >= it, or the nearest.
-ScaleRounding = Literal["up", "nearest"]
+#: How a raw scale becomes a stored one: the smallest value >= it, the nearest, or the OCP MX
+#: rule 2**(floor(log2 amax) - emax) (UE8M0 scales only).
+ScaleRounding = Literal["up", "nearest", "mx"]
 
 
 @dataclass(frozen=True)

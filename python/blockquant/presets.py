@@ -47,13 +47,22 @@ def int4_block32() -> QuantScheme:
 
 
 def mxfp8() -> QuantScheme:
-    """OCP MX FP8: E4M3 values, one UE8M0 (power of two) scale per 32."""
-    return QuantScheme(_V.E4M3, _S.Native).per_block([32], _D.UE8M0)
+    """OCP MX FP8: E4M3 values, one UE8M0 (power of two) scale per 32, by the OCP MX rule."""
+    return (
+        QuantScheme(_V.E4M3, _S.Native)
+        .per_block([32], _D.UE8M0)
+        .with_options(scale_rounding="mx")
+    )
 
 
 def mxfp4() -> QuantScheme:
-    """OCP MX FP4: E2M1 values two per byte, one UE8M0 scale per 32."""
-    return QuantScheme(_V.E2M1, _S.packed_native(0)).per_block([32], _D.UE8M0)
+    """OCP MX FP4: E2M1 values two per byte, one UE8M0 scale per 32, by the OCP MX rule (the
+    scale of ggml's MXFP4 and every MX producer)."""
+    return (
+        QuantScheme(_V.E2M1, _S.packed_native(0))
+        .per_block([32], _D.UE8M0)
+        .with_options(scale_rounding="mx")
+    )
 
 
 def nvfp4() -> QuantScheme:

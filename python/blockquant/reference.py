@@ -57,7 +57,7 @@ F32_MAX = np.float32(np.finfo(np.float32).max)
 
 CALIBRATIONS = ("minmax", "absmean")
 ROUNDINGS = ("half_away", "half_even")
-SCALE_ROUNDINGS = ("up", "nearest")
+SCALE_ROUNDINGS = ("up", "nearest", "mx")
 
 
 # =================================================================================================
@@ -254,7 +254,27 @@ def round_scale(arr, dtype: ScaleDtype, mode: str = "up") -> np.ndarray:
     _check_option("mode", mode, SCALE_ROUNDINGS)
     s = _as_f32(arr, "scales")
     _check_scale_values(s)
+    _check_mx(dtype, mode)
     return _round_scale_saturating(s, dtype, mode)
+
+
+def _check_mx(dtype: ScaleDtype, mode: str) -> None:
+    if mode == "mx" and dtype is not ScaleDtype.UE8M0:
+        raise SchemeError(f"scale_rounding='mx' is the OCP MX rule for UE8M0 scales, not {dtype}")
+
+
+def _mx_emax(value: QuantValue) -> int:
+    """The exponent of the value format's largest normal; floor(log2 qmax) for ints."""
+    emax = {QuantValue.E2M1: 2, QuantValue.E4M3: 8, QuantValue.E5M2: 15}.get(value)
+    return int(math.floor(math.log2(value.qmax))) if emax is None else emax
+
+
+def _mx_codes(alpha: np.ndarray, emax: int) -> np.ndarray:
+    """UE8M0 codes of the OCP MX scale 2**(floor(log2 alpha) - emax) (SPEC §4), clamped to
+    UE8M0's range; alpha = 0 gives the smallest value. frexp is exact for every f32."""
+    _, e = np.frexp(alpha.astype(np.float32))  # alpha = m * 2**e, m in [0.5, 1)
+    code = np.where(alpha > 0, e.astype(np.int64) - 1 - emax + 127, 0)
+    return np.clip(code, 0, 254)
 
 
 def _round_scale_saturating(s: np.ndarray, dtype: ScaleDtype, mode: str) -> np.ndarray:
@@ -263,6 +283,8 @@ def _round_scale_saturating(s: np.ndarray, dtype: ScaleDtype, mode: str) -> np.n
     s = np.asarray(s + np.float32(0), dtype=np.float32)  # -0 + 0 = +0: never a negative zero
     if dtype is ScaleDtype.F32:
         return np.minimum(s, F32_MAX)
+    if dtype is ScaleDtype.UE8M0 and mode == "mx":  # a given scale: down to a power of two
+        return _ue8m0_decode(_mx_codes(s, 0)).reshape(s.shape)
     if dtype is ScaleDtype.UE8M0:
         return _ue8m0_decode(_ue8m0_round(s, mode)).reshape(s.shape)
     fmt = SCALE_FORMATS[dtype]
@@ -640,6 +662,11 @@ def _effective_scales(stored: np.ndarray, g: float | None) -> np.ndarray:
 def _compute_scales(x1, scheme, calibration, scale_rounding, given_g=None):
     """Stored scales and g from the data (SPEC §3-§5). A two-level scheme may be given g alone:
     then only the block scales come from the data."""
+    if scale_rounding == "mx":  # the OCP MX scale, from alpha itself (UE8M0: one level)
+        rows, counts = _block_rows(x1, scheme)
+        alpha = _amplitudes(rows, counts, calibration)
+        codes = _mx_codes(alpha, _mx_emax(scheme.value)).reshape(scale_grid_shape(x1.shape, scheme))
+        return _ue8m0_decode(codes).reshape(codes.shape), None
     s_raw = _raw_scales(x1, scheme, calibration)
     if not scheme.is_two_level:
         return round_scale(s_raw, scheme.scale_dtype, scale_rounding), None
@@ -748,6 +775,7 @@ def quantize(
     _check_option("scale_rounding", scale_rounding, SCALE_ROUNDINGS)
     original, x32 = _input_as_f32(x)
     _check_scheme(scheme)
+    _check_mx(scheme.scale_dtype, scale_rounding)
     shape = tuple(original.shape)
     shape1 = _rank1(shape)
     _check_fit(shape, scheme)

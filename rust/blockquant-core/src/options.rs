@@ -45,7 +45,11 @@ impl OptionName for Rounding {
 
 impl OptionName for ScaleRounding {
     const WHAT: &'static str = "scale_rounding";
-    const NAMES: &'static [(&'static str, Self)] = &[("up", Self::Up), ("nearest", Self::Nearest)];
+    const NAMES: &'static [(&'static str, Self)] = &[
+        ("up", Self::Up),
+        ("nearest", Self::Nearest),
+        ("mx", Self::Mx),
+    ];
 }
 
 #[cfg(test)]

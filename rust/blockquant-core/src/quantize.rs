@@ -11,12 +11,12 @@ use crate::codec::{
 use crate::error::{QuantError, Result};
 use crate::input::{Input, Window};
 use crate::layout::Layout;
-use crate::pool;
 use crate::pack::{
     encode_bytes, encode_words_last_axis, BF16Bits, F16Bits, OutElem, ScaleSlice, Segments,
     Storage, StorageMut, Word,
 };
-use crate::scale::{check_scales, ScaleRounding};
+use crate::pool;
+use crate::scale::{check_scales, mx_scale_code, ScaleRounding};
 use crate::scheme::{QuantValue, ScaleDtype};
 use crate::simd::avx2_dispatch;
 
@@ -167,6 +167,7 @@ pub fn compute_scales(
     let scheme = &layout.scheme;
     let dtype = scheme.scale_dtype();
     let mode = opts.scale_rounding;
+    dtype.check_rounding(mode)?;
     let ex = explicit.unwrap_or_default();
     match (ex.global, scheme.is_two_level()) {
         (Some(_), false) => {
@@ -192,6 +193,7 @@ pub fn compute_scales(
     }
 
     let half_range = scheme.value.half_range();
+    let emax = scheme.value.mx_emax();
     let alpha = amplitudes(x, layout, opts.calibration);
     // One pass from α to the stored scale: s_raw = α / half_range, then the dtype's rounding,
     // where `to_block` maps s_raw to the block dtype's units (two-level: ÷ g).
@@ -199,7 +201,7 @@ pub fn compute_scales(
         alpha
             .par_iter()
             .with_min_len(MIN_TASK_ELEMS)
-            .map(|&a| dtype.round(to_block(a / half_range, g), mode))
+            .map(|&a| stored_scale(a, half_range, dtype, mode, emax, |s| to_block(s, g)))
             .collect()
     };
     if !scheme.is_two_level() {
@@ -215,6 +217,23 @@ pub fn compute_scales(
     // A caller's g of 0 leaves nothing to normalize by: every block quantizes to 0.
     let stored = round_all(|s, g| if g == 0.0 { 0.0 } else { s / g }, g);
     Ok(Scales::new(stored, Some(g)))
+}
+
+/// The stored scale of a block of amplitude `alpha`: s_raw = α / half_range (mapped by
+/// `to_block`: two-level ÷ g) rounded to the dtype, or the OCP MX scale straight from α.
+#[inline(always)]
+fn stored_scale(
+    alpha: f32,
+    half_range: f32,
+    dtype: ScaleDtype,
+    mode: ScaleRounding,
+    emax: i32,
+    to_block: impl Fn(f32) -> f32,
+) -> f32 {
+    match mode {
+        ScaleRounding::Mx => dtype.decode_code(mx_scale_code(alpha, emax)),
+        _ => dtype.round(to_block(alpha / half_range), mode),
+    }
 }
 
 /// Quantize `x` (C order, `layout.num_elements` values) against `effective` scales into `out`.
@@ -272,6 +291,10 @@ fn quantize_in_pool(
     explicit: Option<ExplicitScales<'_>>,
     out: StorageMut<'_>,
 ) -> Result<Scales> {
+    layout
+        .scheme
+        .scale_dtype()
+        .check_rounding(opts.scale_rounding)?;
     let calibrating = explicit.is_none_or(|e| e.scales.is_none() && e.global.is_none());
     if calibrating && fusable(layout) {
         return quantize_fused(x, layout, opts, out);
@@ -441,7 +464,14 @@ fn measure_piece_portable(
     for (pos, len, s) in Segments::new(layout, p.start, p.len) {
         let i = pos - p.start; // x holds just this piece
         let alpha = run_amplitude(&x[i..i + len], opts.calibration);
-        sc[s - p.scale0] = dtype.round(alpha / half_range, opts.scale_rounding);
+        sc[s - p.scale0] = stored_scale(
+            alpha,
+            half_range,
+            dtype,
+            opts.scale_rounding,
+            layout.scheme.value.mx_emax(),
+            |s| s,
+        );
     }
 }
 
@@ -533,6 +563,7 @@ pub fn round_scales(
     out: &mut [f32],
 ) -> Result<()> {
     check_scales(scales, "scales")?;
+    dtype.check_rounding(mode)?;
     pool::install(|| {
         out.par_iter_mut()
             .with_min_len(MIN_TASK_ELEMS)

@@ -19,6 +19,32 @@ pub enum ScaleRounding {
     Up,
     /// Round to nearest, ties to even (a plain cast; NVFP4 producers, GGUF): values may clip.
     Nearest,
+    /// The OCP Microscaling v1.0 rule, UE8M0 only: 2^(floor(log2 α) − emax) from the block's
+    /// amplitude α (see [`mx_scale_code`]); the largest values may saturate. A scale given as
+    /// it is rounds down to a power of two.
+    Mx,
+}
+
+/// The UE8M0 code of the OCP MX scale of a block of amplitude `alpha`: 2^(floor(log2 α) − emax),
+/// `emax` the exponent of the value format's largest normal, clamped to UE8M0's range; α = 0
+/// gives the smallest value (SPEC §4's zero rule).
+#[inline(always)]
+pub fn mx_scale_code(alpha: f32, emax: i32) -> u32 {
+    (floor_log2(alpha) - emax + 127).clamp(0, UE8M0_MAX_CODE as i32) as u32
+}
+
+/// floor(log2 |x|) of a finite f32 from its bits (subnormals too); 0 maps far below any range.
+#[inline(always)]
+fn floor_log2(x: f32) -> i32 {
+    let bits = x.to_bits() & 0x7FFF_FFFF;
+    let exp = (bits >> 23) as i32;
+    if exp != 0 {
+        exp - 127
+    } else if bits == 0 {
+        i32::MIN / 2
+    } else {
+        -149 + (31 - bits.leading_zeros() as i32)
+    }
 }
 
 const UE8M0_MAX_CODE: u32 = 254;
@@ -61,6 +87,8 @@ impl ScaleDtype {
             Self::F16 => F16.round_magnitude(s, up),
             Self::BF16 => BF16.round_magnitude(s, up),
             Self::UE4M3 => E4M3.round_magnitude(s, up),
+            // A given scale under the MX rule: down to a power of two, within range.
+            Self::UE8M0 if mode == ScaleRounding::Mx => mx_scale_code(s, 0),
             Self::UE8M0 => ue8m0_round(s, up),
         }
     }
@@ -76,6 +104,16 @@ impl ScaleDtype {
             Self::UE4M3 => E4M3.magnitude_value(code),
             Self::UE8M0 => exp2i(code as i32 - 127),
         }
+    }
+
+    /// `mode` is allowed for this dtype: `Mx` is the MX formats' rule for UE8M0 scales only.
+    pub fn check_rounding(self, mode: ScaleRounding) -> Result<()> {
+        if mode == ScaleRounding::Mx && self != Self::UE8M0 {
+            return Err(QuantError::Scheme(format!(
+                "scale_rounding='mx' is the OCP MX rule for UE8M0 scales, not {self}"
+            )));
+        }
+        Ok(())
     }
 
     /// Round to nearest, ties to even, saturating at the largest value.

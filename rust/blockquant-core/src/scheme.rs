@@ -90,6 +90,19 @@ impl QuantValue {
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|v| v.name() == name)
     }
+
+    /// The exponent of the largest normal value (OCP MX's emax): E2M1 2, E4M3 8, E5M2 15; for
+    /// an integer value, floor(log2 qmax).
+    pub fn mx_emax(self) -> i32 {
+        match self {
+            Self::E2M1 => 2,
+            Self::E4M3 => 8,
+            Self::E5M2 => 15,
+            Self::Q8F | Self::Q8S => 6,
+            Self::Q4F | Self::Q4S => 2,
+            Self::Q2F | Self::Q2S => 0,
+        }
+    }
 }
 
 /// How a scale is stored.
