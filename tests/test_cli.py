@@ -107,7 +107,9 @@ def test_quantize_equals_the_library_bit_for_bit(tmp_path, ckpt, tensors, scheme
     two_d = s.store.dim > 0 or (s.block is not None and len(s.block.size) > 1)
     floats = [n for n in FLOATS if n != "norm"] if two_d else FLOATS  # norm is 1-D
     exclude = ["--exclude", "^norm$"] if two_d else []
-    assert run("quantize", ckpt, "-o", out, "--scheme", scheme, "-q", *exclude) == 0
+    # --min-rank 1: the 1-D norm too (kept by default)
+    assert run("quantize", ckpt, "-o", out, "--scheme", scheme, "-q", "--min-rank", "1",
+               *exclude) == 0
     cal = s.options.calibration or "minmax"  # a preset's own (bitnet: absmean)
     loaded = load_file(out)  # the safetensors library reads it (strict about offsets)
     raw, meta = read_raw(out)
@@ -153,7 +155,7 @@ def test_scales_are_stored_in_their_dtype(tmp_path, ckpt, tensors):
 
 def test_dequantize_round_trip(tmp_path, ckpt, tensors):
     q, d = tmp_path / "q.safetensors", tmp_path / "d.safetensors"
-    assert run("quantize", ckpt, "-o", q, "--scheme", "nvfp4", "-q") == 0
+    assert run("quantize", ckpt, "-o", q, "--scheme", "nvfp4", "-q", "--min-rank", "1") == 0
     assert run("dequantize", q, "-o", d, "-q") == 0
     raw, meta = read_raw(d)
     assert meta == {"format": "pt"}
@@ -170,7 +172,7 @@ def test_dequantize_round_trip(tmp_path, ckpt, tensors):
 
 def test_dequantize_dtype_override(tmp_path, ckpt, tensors):
     q, d = tmp_path / "q.safetensors", tmp_path / "d.safetensors"
-    assert run("quantize", ckpt, "-o", q, "--scheme", "int8_block32", "-q") == 0
+    assert run("quantize", ckpt, "-o", q, "--scheme", "int8_block32", "-q", "--min-rank", "1") == 0
     assert run("dequantize", q, "-o", d, "--dtype", "float16", "-q") == 0
     loaded = load_file(d)
     for name in FLOATS:
@@ -182,7 +184,8 @@ def test_npz_and_npy_inputs(tmp_path, tensors):
     plain = {k: v for k, v in tensors.items() if v.dtype.name != "bfloat16"}
     np.savez(tmp_path / "m.npz", **plain)
     np.save(tmp_path / "emb.npy", tensors["layer.0.w"])
-    assert run("quantize", tmp_path / "m.npz", "-o", tmp_path / "a.safetensors", "--scheme", "mxfp4", "-q") == 0
+    assert run("quantize", tmp_path / "m.npz", "-o", tmp_path / "a.safetensors", "--scheme", "mxfp4", "-q",
+               "--min-rank", "1") == 0
     loaded = load_file(tmp_path / "a.safetensors")
     for name, x in plain.items():
         if x.dtype.kind == "f":
@@ -235,7 +238,8 @@ def test_force(tmp_path, ckpt, capsys):
 def test_summary_and_quiet(tmp_path, ckpt, capsys):
     assert run("quantize", ckpt, "-o", tmp_path / "q.safetensors", "--scheme", "nvfp4") == 0
     out = capsys.readouterr()
-    assert "5 of 7 tensors quantized with e2m1/packed_native0/block16:ue4m3+tensor:f32" in out.out
+    assert "4 of 7 tensors quantized with e2m1/packed_native0/block16:ue4m3+tensor:f32" in out.out
+    assert "left 3 tensors unquantized: 1 of rank below 2" in out.out  # the 1-D norm
     assert out.err == ""  # not a terminal: no progress bar
     assert run("quantize", ckpt, "-o", tmp_path / "r.safetensors", "--scheme", "nvfp4", "-q") == 0
     assert capsys.readouterr() == ("", "")
@@ -294,13 +298,19 @@ def test_unknown_scheme(tmp_path, ckpt, capsys, scheme, words):
 
 def test_tensor_that_cannot_take_the_scheme(tmp_path, ckpt, capsys):
     out = tmp_path / "q.safetensors"
-    assert run("quantize", ckpt, "-o", out, "--scheme", "q8s/native/block32x32:f16") == 2
+    # --min-rank 1 lets the 1-D norm reach the scheme; --strict makes the misfit an error
+    assert run("quantize", ckpt, "-o", out, "--scheme", "q8s/native/block32x32:f16",
+               "--min-rank", "1", "--strict") == 2
     one_error_line(capsys, f"{ckpt}: norm: block [32, 32] has 2 dimensions", "--exclude")
     assert only_files(tmp_path) == ["model.safetensors"]
-    assert run("quantize", ckpt, "-o", out, "--scheme", "q4s/packed_native1/block32:f16") == 2
+    assert run("quantize", ckpt, "-o", out, "--scheme", "q4s/packed_native1/block32:f16",
+               "--min-rank", "1", "--strict") == 2
     one_error_line(capsys, f"{ckpt}: norm: packing dim 1")
-    # leaving it out works
-    assert run("quantize", ckpt, "-o", out, "--scheme", "q8s/native/block32x32:f16", "--exclude", "norm", "-q") == 0
+    # without --strict it is kept, and the summary says so
+    assert run("quantize", ckpt, "-o", out, "--scheme", "q8s/native/block32x32:f16",
+               "--min-rank", "1") == 0
+    assert "1 the scheme cannot take" in capsys.readouterr().out
+    np.testing.assert_array_equal(load_file(out)["norm"], np.asarray(load_file(ckpt)["norm"]))
 
 
 def test_non_finite_values_fail_midway_and_leave_nothing(tmp_path, capsys):
@@ -342,7 +352,7 @@ def test_requantizing_or_dequantizing_the_wrong_file(tmp_path, ckpt, capsys):
 
 def test_dequantize_checks_the_parts(tmp_path, ckpt, capsys):
     q, bad = tmp_path / "q.safetensors", tmp_path / "bad.safetensors"
-    assert run("quantize", ckpt, "-o", q, "--scheme", "mxfp4", "-q") == 0
+    assert run("quantize", ckpt, "-o", q, "--scheme", "mxfp4", "-q", "--min-rank", "1") == 0
     raw, meta = read_raw(q)
     dtype, shape, data = raw["norm.scales"]
     raw["norm.scales"] = (dtype, shape, b"\xff" + data[1:])  # UE8M0 0xFF is NaN
@@ -366,7 +376,7 @@ def test_dequantize_checks_the_parts(tmp_path, ckpt, capsys):
 # -- inspect, report ----------------------------------------------------------------------------
 def test_inspect(tmp_path, ckpt, capsys):
     q = tmp_path / "q.safetensors"
-    assert run("quantize", ckpt, "-o", q, "--scheme", "int4_block32", "-q") == 0
+    assert run("quantize", ckpt, "-o", q, "--scheme", "int4_block32", "-q", "--min-rank", "1") == 0
     assert run("inspect", q) == 0
     out = capsys.readouterr().out
     assert "7 tensors (5 quantized)" in out and "format=pt" in out
@@ -404,7 +414,7 @@ def test_report(ckpt, tensors, capsys):
     assert o["numel"] == total.numel
     assert o["bytes_after"] == sum(r["bytes_after"] for r in rows.values())
     assert rep["file_total"]["unquantized"] == 3
-    assert run("report", ckpt, "--scheme", "int8_block32") == 0
+    assert run("report", ckpt, "--scheme", "int8_block32", "--min-rank", "1") == 0
     out = capsys.readouterr().out
     assert "| overall (5 tensors)" in out and "SQNR dB" in out and "whole file:" in out
 

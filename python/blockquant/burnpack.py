@@ -33,13 +33,13 @@ are a contract; the CBOR helpers handle the subset burn-pack uses and nothing mo
 from __future__ import annotations
 
 import os
-import secrets
 import struct
 from pathlib import Path
 from typing import Any, BinaryIO, Mapping, Union
 
 import numpy as np
 
+from ._fs import temp_sibling
 from .errors import LayoutError, QuantError, SchemeError, UnsupportedSchemeError
 from .qtensor import QTensor
 from .scheme import BlockScale, QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype
@@ -508,8 +508,7 @@ def save_burnpack(
     target = Path(path)
     if not force and target.exists():
         raise FileExistsError(f"{target} exists")
-    # The temp name stays within NAME_MAX whatever the target's name.
-    tmp = target.with_name(f".{target.name[:200]}.{secrets.token_hex(4)}.tmp")
+    tmp = temp_sibling(target)  # within NAME_MAX (bytes) whatever the target's name
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:

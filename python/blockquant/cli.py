@@ -19,30 +19,35 @@ import dataclasses
 import importlib.metadata
 import json
 import math
-import shutil
+import signal
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any, TextIO, get_args
+from typing import Any, NoReturn, get_args
 
 import numpy as np
 
 from . import __version__, presets
-from .checkpoint import (
-    FileOptions,
-    dequantize_file,
-    inspect_file,
-    open_checkpoint,
-    quantize_file,
-    report_file,
+from ._text import printable
+from .checkpoint import FileOptions
+from .checkpoint.folders import (
+    Plan,
+    inspect_path,
+    plan_dequantize,
+    plan_quantize,
+    plan_report,
+    report_path,
 )
+from .checkpoint.rules import kept_summary
 from .errors import QuantError
 from .metrics import ErrorStats
 from .options import Calibration, Rounding, ScaleRounding
+from .progress import Progress, ProgressBar
+from .progress import human_bytes as _human
 from .qtensor import quantize
 from .scheme import QuantScheme
 
-__all__ = ["demo_tensors", "main", "version"]
+__all__ = ["ProgressBar", "demo_tensors", "main", "version"]
 
 
 def version() -> str:
@@ -125,52 +130,6 @@ class CliError(Exception):
     """A user error: printed as one line, exit code 2."""
 
 
-class ProgressBar:
-    """A one-line progress bar on stderr, by bytes of input; silent unless stderr is a
-    terminal (and not ``--quiet``)."""
-
-    def __init__(self, total: int, label: str, quiet: bool = False,
-                 stream: TextIO | None = None) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        isatty = getattr(self.stream, "isatty", None)
-        self.enabled = not quiet and bool(isatty and isatty())
-        self.total, self.label, self.done, self.count = max(total, 1), label, 0, 0
-        self._last = 0.0
-        self._t0 = time.perf_counter()
-
-    def __call__(self, name: str, nbytes: int) -> None:
-        self.done += nbytes
-        self.count += 1
-        now = time.perf_counter()
-        if self.enabled and (now - self._last > 0.1 or self.done >= self.total):
-            self._last = now
-            self._draw(name)
-
-    def _draw(self, name: str) -> None:
-        cols = shutil.get_terminal_size((80, 20)).columns
-        frac = min(self.done / self.total, 1.0)
-        bar_w = max(10, min(30, cols // 4))
-        fill = round(frac * bar_w)
-        text = (f"{self.label} [{'#' * fill}{'.' * (bar_w - fill)}] {frac:4.0%} "
-                f"{self.count} tensors {time.perf_counter() - self._t0:.1f}s {name}")
-        self.stream.write("\r" + text[: cols - 1].ljust(cols - 1))
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            cols = shutil.get_terminal_size((80, 20)).columns
-            self.stream.write("\r" + " " * (cols - 1) + "\r")
-            self.stream.flush()
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError
-
-
 def _fmt_db(x: float) -> str:
     return "exact" if x == math.inf else f"{x:.2f}"
 
@@ -200,64 +159,158 @@ def _file_options(args: argparse.Namespace) -> FileOptions:
                           if hasattr(args, f.name)})
 
 
-def _progress(path: str, label: str, quiet: bool) -> ProgressBar:
-    """A progress bar over the bytes of the checkpoint at ``path`` (read only when shown)."""
-    bar = ProgressBar(1, label, quiet)
-    if bar.enabled:
-        with open_checkpoint(path) as ckpt:
-            bar.total = max(1, sum(t.nbytes for t in ckpt.tensors))
-    return bar
+def _shape(shape: Sequence[int]) -> str:
+    return "x".join(map(str, shape)) or "()"
+
+
+def _progress(plan_: Plan | None, total: int, label: str, args: argparse.Namespace) -> Progress:
+    """A bar over the input bytes (on a terminal, not --quiet) and with --verbose a line per
+    tensor saying what happened to it."""
+    what: dict[tuple[Any, str], str] = {}
+    if plan_ is not None and getattr(args, "verbose", False):
+        for f in plan_.files:
+            for d in f.decisions:
+                t = d.tensor
+                if plan_.kind == "dequantize":
+                    text = f"dequantized from {d.scheme}" if d.quantized else "copied"
+                elif d.quantized:
+                    text = (f"{_shape(t.shape)} {t.dtype_name} -> {d.scheme} "
+                            f"({_human(t.nbytes)} -> {_human(d.bytes_after)})")
+                else:
+                    text = f"{_shape(t.shape)} {t.dtype_name} kept: {d.detail}"
+                what[(f.rel, t.name)] = text
+    folder = plan_ is None or plan_.folder is not None
+
+    def describe(file: Any, name: str) -> str:
+        return what.get((file, name), "done")
+
+    bar = Progress(total, label, quiet=args.quiet, verbose=getattr(args, "verbose", False),
+                   describe=describe if what else None)
+
+    def report(file: Any, name: str, nbytes: int) -> None:
+        bar(file if folder else None, name, nbytes)
+
+    report.close = bar.close  # type: ignore[attr-defined]
+    return report  # type: ignore[return-value]
+
+
+def _schemes_used(decisions: Sequence[Any]) -> str:
+    counts: dict[str, int] = {}
+    for d in decisions:
+        if d.quantized:
+            counts[str(d.scheme)] = counts.get(str(d.scheme), 0) + 1
+    if len(counts) == 1:
+        return f"with {next(iter(counts))}"
+    return f"with {len(counts)} schemes (" + ", ".join(f"{k}: {v}" for k, v in counts.items()) + ")"
+
+
+def _dry_run(plan_: Plan) -> int:
+    rows = []
+    folder = plan_.folder is not None
+    for f in plan_.files:
+        for d in f.decisions:
+            t = d.tensor
+            action = str(d.scheme) if d.quantized else f"keep: {d.detail}"
+            row = [printable(t.name), _shape(t.shape), t.dtype_name, printable(action),
+                   _human(t.nbytes), _human(d.bytes_after)]
+            rows.append([printable(f.rel), *row] if folder else row)
+    header = ["tensor", "shape", "dtype", "action", "before", "after"]
+    print(f"{printable(str(plan_.src))} -> {printable(str(plan_.dst))}: dry run, nothing written")
+    print(_table(rows, ["file", *header] if folder else header, left=5 if folder else 4))
+    decisions = [d for _, d in plan_.decisions()]
+    before = sum(d.tensor.nbytes for d in decisions)
+    after = sum(d.bytes_after for d in decisions)
+    n_q = sum(d.quantized for d in decisions)
+    print(f"\n{n_q} of {len(decisions)} tensors would be quantized; tensor data "
+          f"{_human(before)} -> {_human(after)} ({before / max(after, 1):.2f}x)")
+    kept = kept_summary(decisions, plan_.options.min_rank)
+    if kept:
+        print(kept)
+    return 0
+
+
+def _files_line(res: Any) -> str:
+    parts = []
+    if res.files > 1 or res.copied_files:
+        parts.append(f"{res.files} checkpoint files, {len(res.copied_files)} other files copied")
+    if res.skipped_files:
+        shown = ", ".join(res.skipped_files[:3]) + (", ..." if len(res.skipped_files) > 3 else "")
+        parts.append(f"left out {len(res.skipped_files)} weight files in other formats ({shown})")
+    return printable("; ".join(parts))
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
     scheme = _scheme(args.scheme)
     options = _file_options(args)
-    bar = _progress(args.input, "quantize", args.quiet)
+    plan_ = plan_quantize(args.input, args.output, scheme, options,
+                          output_format=args.output_format)
+    if args.dry_run:
+        return _dry_run(plan_)
+    bar = _progress(plan_, plan_.total_bytes, "quantize", args)
     try:
-        res = quantize_file(args.input, args.output, scheme, options, progress=bar,
-                            output_format=args.output_format)
+        res = plan_.run(jobs=args.jobs, threads=args.threads, progress=bar)
     finally:
-        bar.close()
+        bar.close()  # type: ignore[attr-defined]
     if not res.quantized:
-        print(f"blockquant: warning: {args.input}: no floating-point tensor was selected; "
+        print(f"blockquant: warning: {printable(args.input)}: no tensor was quantized; "
               "the output is a copy", file=sys.stderr)
     if not args.quiet:
         n = len(res.quantized) + len(res.copied)
-        print(f"{args.output}: {len(res.quantized)} of {n} tensors quantized with {scheme}, "
+        print(f"{printable(args.output)}: {len(res.quantized)} of {n} tensors quantized "
+              f"{_schemes_used(res.decisions) if res.quantized else ''}, "
               f"{_human(res.bytes_in)} -> {_human(res.bytes_out)} "
               f"({res.bytes_in / max(res.bytes_out, 1):.2f}x) in {res.seconds:.2f} s")
+        for line in (kept_summary(res.decisions, options.min_rank), _files_line(res)):
+            if line:
+                print(line)
+        if args.verbose:
+            print(_stats_line(res.stats))
     return 0
+
+
+def _stats_line(stats: Any) -> str:
+    peak = max(stats.peak_rss, default=0)
+    return (f"{stats.jobs} job{'s' if stats.jobs > 1 else ''} x {stats.threads_per_job} "
+            f"threads, peak memory {_human(peak)} per job, {stats.seconds:.2f} s")
 
 
 def cmd_dequantize(args: argparse.Namespace) -> int:
     options = _file_options(args)
-    bar = _progress(args.input, "dequantize", args.quiet)
-    t0 = time.perf_counter()
+    plan_ = plan_dequantize(args.input, args.output, options)
+    bar = _progress(plan_, plan_.total_bytes, "dequantize", args)
     try:
-        n_deq, n_copy = dequantize_file(args.input, args.output, options, progress=bar)
+        res = plan_.run(jobs=args.jobs, threads=args.threads, progress=bar)
     finally:
-        bar.close()
+        bar.close()  # type: ignore[attr-defined]
     if not args.quiet:
-        print(f"{args.output}: {n_deq} tensors dequantized, {n_copy} copied, "
-              f"in {time.perf_counter() - t0:.2f} s")
+        print(f"{printable(args.output)}: {res.dequantized} tensors dequantized, {res.copied} "
+              f"copied, in {res.seconds:.2f} s")
+        line = _files_line(res)
+        if line:
+            print(line)
+        if args.verbose:
+            print(_stats_line(res.stats))
     return 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    info = inspect_file(args.file)
+    info = inspect_path(args.file)
     if args.json:
-        print(json.dumps(_jsonable(info), indent=1))
+        print(json.dumps(_jsonable(info), indent=1))  # ensure_ascii: every name escaped
         return 0
     rows = info["tensors"]
     n_q = sum(1 for r in rows if r["scheme"] is not None)
     meta = ", ".join(f"{k}={v}" for k, v in info["metadata"].items())
-    print(f"{info['file']}: {info['format']}, {len(rows)} tensors ({n_q} quantized), "
-          f"{_human(info['file_bytes'])}" + (f"; metadata: {meta}" if meta else ""))
+    what = info["format"]
+    if what == "folder":
+        what = f"folder of {len(info['files'])} checkpoint files"
+    print(printable(f"{info['file']}: {what}, {len(rows)} tensors ({n_q} quantized), "
+                    f"{_human(info['file_bytes'])}" + (f"; metadata: {meta}" if meta else "")))
 
     def bits(b: float | None) -> str:
         return "-" if b is None else f"{b:.3f}"
 
-    table = [[r["name"], r["scheme"] or "-", "x".join(map(str, r["shape"])) or "()",
+    table = [[printable(r["name"]), r["scheme"] or "-", _shape(r["shape"]),
               r["dtype"], _human(r["bytes"]), bits(r["bits_per_value"])] for r in rows]
     numel = sum(r["numel"] for r in rows)
     nbytes = sum(r["bytes"] for r in rows)
@@ -270,26 +323,28 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     scheme = _scheme(args.scheme)
     options = _file_options(args)
-    bar = _progress(args.input, "report", args.quiet)
+    total = sum(f.bytes_in for f in plan_report(args.input, scheme, options))
+    bar = _progress(None, total, "report", args)
     try:
-        rep = report_file(args.input, scheme, options, progress=bar)
+        rep = report_path(args.input, scheme, options, jobs=args.jobs, threads=args.threads,
+                          progress=bar)
     finally:
-        bar.close()
+        bar.close()  # type: ignore[attr-defined]
     if args.json:
         print(json.dumps(_jsonable(rep), indent=1))
         return 0
 
     def row(name: str, shape: str, r: dict[str, Any]) -> list[str]:
         ratio = f"{r['bytes_before'] / r['bytes_after']:.2f}x" if r["bytes_after"] else "-"
-        return [name, shape, _fmt_db(r["sqnr_db"]), f"{r['max_abs_err']:.3g}",
+        return [printable(name), shape, _fmt_db(r["sqnr_db"]), f"{r['max_abs_err']:.3g}",
                 _human(r["bytes_before"]), _human(r["bytes_after"]), ratio,
                 f"{r['seconds'] * 1e3:.1f}"]
 
     o, f = rep["overall"], rep["file_total"]
-    table = [row(r["name"], "x".join(map(str, r["shape"])) or "()", r) for r in rep["tensors"]]
+    table = [row(r["name"], _shape(r["shape"]), r) for r in rep["tensors"]]
     table.append(row(f"overall ({o['tensors']} tensors)", f"{o['numel']:,} values", o))
-    print(f"{rep['file']} with {rep['scheme']} (calibration {rep['calibration']}, rounding "
-          f"{rep['rounding']}, scale rounding {rep['scale_rounding']})")
+    print(printable(f"{rep['file']} with {rep['scheme']} (calibration {rep['calibration']}, "
+                    f"rounding {rep['rounding']}, scale rounding {rep['scale_rounding']})"))
     print(_table(table, ["tensor", "shape", "SQNR dB", "max abs err", "before", "after",
                          "ratio", "ms"], left=2))
     gbs = o["bytes_before"] / o["seconds"] / 1e9 if o["seconds"] else math.inf
@@ -300,9 +355,35 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _int_at_least(lo: int, hi: int | None = None) -> Any:
+    """An argparse type: an integer in [lo, hi]; anything else a one-line usage error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < lo or (hi is not None and value > hi):
+            bound = f"from {lo} to {hi}" if hi is not None else f"at least {lo}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+
+    return parse
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors as the command's other errors: one line, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog[len("blockquant"):].strip()
+        where = f"{command}: " if command else ""
+        self.exit(2, f"blockquant: error: {where}{printable(message)} "
+                     f"(see '{self.prog} --help')\n")
+
+
 def _parser() -> argparse.ArgumentParser:
     paragraphs = (__doc__ or "").split("\n\n")
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="blockquant",
         description=(paragraphs[0] + "\n\n" + paragraphs[2]).replace("``", "'"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -329,14 +410,40 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("--scale-rounding", choices=get_args(ScaleRounding),
                        help="rounding of scales to their dtype (default: the preset's, else up: "
                        "no clipping)")
+        c.add_argument("--rule", action="append", dest="rules", metavar="REGEX=SCHEME",
+                       help="the scheme of the tensors whose name matches REGEX (re.search), "
+                       "instead of --scheme; SCHEME may be 'keep'; repeatable, the first "
+                       "matching rule wins")
+        c.add_argument("--min-rank", type=_int_at_least(0), default=2, metavar="N",
+                       help="keep tensors of rank below N that no --rule names (default 2: "
+                       "1-D norms and biases stay as they are)")
+        c.add_argument("--strict", action="store_true",
+                       help="a tensor its scheme cannot take is an error (default: kept, and "
+                       "counted in the summary)")
+        jobs(c)
         c.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
 
-    q = sub.add_parser("quantize", help="quantize a checkpoint into a .safetensors or .bpk file",
-                       description="Quantize each floating-point tensor of IN (.safetensors, "
-                       ".npz, .npy or burn .bpk) and write OUT: .safetensors, or burn's .bpk "
-                       "(by OUT's extension or --format); other tensors are copied.")
+    def jobs(c: argparse.ArgumentParser) -> None:
+        c.add_argument("-j", "--jobs", type=_int_at_least(1), default=1, metavar="N",
+                       help="files of a model folder converted at once, in N processes "
+                       "(default 1)")
+        c.add_argument("--threads", type=_int_at_least(1), metavar="N",
+                       help="kernel threads in all, shared between the jobs (default: every "
+                       "core, or BLOCKQUANT_NUM_THREADS)")
+        c.add_argument("-v", "--verbose", action="store_true",
+                       help="a line per tensor on stderr: what happened to it")
+
+    q = sub.add_parser("quantize", help="quantize a checkpoint or a model folder",
+                       description="Quantize each floating-point tensor of rank >= 2 of IN "
+                       "(.safetensors, .npz, .npy or burn .bpk) and write OUT: .safetensors, "
+                       "or burn's .bpk (by OUT's extension or --format); other tensors are "
+                       "copied. IN may be a model folder (one model.safetensors, or shards "
+                       "and model.safetensors.index.json): OUT is then a folder of the same "
+                       "shape. An OUT ending in / is a folder.")
     q.add_argument("input", metavar="IN")
     q.add_argument("-o", "--output", metavar="OUT", required=True)
+    q.add_argument("-n", "--dry-run", action="store_true",
+                   help="list what would happen to each tensor and the sizes; write nothing")
     q.add_argument("--format", choices=["safetensors", "burnpack"], dest="output_format",
                    help="OUT's format (default: burnpack for a .bpk name, else safetensors)")
     options(q)
@@ -349,6 +456,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--dtype", choices=["float32", "float16", "bfloat16", "float64"],
                    help="output dtype (default: each tensor's original dtype)")
     d.add_argument("-f", "--force", action="store_true", help="replace OUT if it exists")
+    jobs(d)
     d.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
     d.set_defaults(func=cmd_dequantize)
 
@@ -364,11 +472,22 @@ def _parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_report)
 
     dm = sub.add_parser("demo", help="quantize built-in generated tensors with every preset")
-    dm.add_argument("--seed", type=int, default=0)
-    dm.add_argument("--scale", type=int, default=1, help="tensor size multiplier")
-    dm.add_argument("--repeat", type=int, default=3, help="timing repeats (best is kept)")
+    dm.add_argument("--seed", type=_int_at_least(0), default=0)
+    # 16 already generates about 2 GiB of float32 tensors.
+    dm.add_argument("--scale", type=_int_at_least(1, 16), default=1,
+                    help="tensor size multiplier, 1 to 16")
+    dm.add_argument("--repeat", type=_int_at_least(1), default=3,
+                    help="timing repeats (best is kept)")
     dm.set_defaults(func=demo)
     return p
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is so that every writer cleans up as for Ctrl-C."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -378,21 +497,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse: usage errors (2), --help (0)
         return e.code if isinstance(e.code, int) else 2
+    try:  # a name that is not printable where stdout's encoding stops is escaped, not fatal
+        sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+    except (AttributeError, ValueError):
+        pass
+    try:
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread: leave signals alone
+        previous = None
     try:
         return int(args.func(args))
     except (CliError, QuantError) as e:
-        print(f"blockquant: error: {e}", file=sys.stderr)
-        return 2
+        return _error(str(e))
     except OSError as e:
         if isinstance(e, BrokenPipeError):  # `blockquant inspect ... | head`
             sys.stdout = None  # type: ignore[assignment]
             return 1
         where = f"{e.filename}: " if e.filename else ""
-        print(f"blockquant: error: {where}{e.strerror or e}", file=sys.stderr)
-        return 2
+        return _error(f"{where}{e.strerror or e}")
+    except MemoryError as e:
+        return _error(f"{_input(args)}out of memory" + (f" ({e})" if str(e) else ""))
+    except (OverflowError, RecursionError, UnicodeError) as e:
+        # Each known case is a CheckpointError already; this keeps the one-line promise for
+        # one not found yet.
+        return _error(f"{_input(args)}{type(e).__name__}: {e}")
+    except _Terminated:
+        print("\nblockquant: terminated (no output written)", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("\nblockquant: interrupted (no output written)", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _error(message: str) -> int:
+    """The one line of a user error (escaped: a crafted name cannot break it), exit code 2."""
+    print(f"blockquant: error: {printable(message)}", file=sys.stderr)
+    return 2
+
+
+def _input(args: argparse.Namespace) -> str:
+    path = getattr(args, "input", None) or getattr(args, "file", None)
+    return f"{path}: " if path else ""
 
 
 if __name__ == "__main__":

@@ -302,6 +302,9 @@ def _ml_dtype(value: QuantValue) -> Any:
 
 
 def _output_dtype_name(dtype: Any) -> str:
+    # numpy knows the name "bfloat16" only once ml_dtypes is imported; the name must work first.
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        return dtype
     try:
         dt = np.dtype(dtype)
     except TypeError:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
+from .._text import printable
 from ..errors import QuantError
 
 if TYPE_CHECKING:
@@ -71,9 +72,21 @@ class CheckpointError(QuantError):
     def __init__(self, path: Any, tensor: str | None, message: str) -> None:
         self.path = str(path)
         self.tensor = tensor
-        self.reason = " ".join(str(message).split())  # one line
-        where = self.path if tensor is None else f"{self.path}: {tensor}"
+        # One line, printable: a crafted name cannot break the line or send terminal escapes.
+        self.reason = printable(" ".join(str(message).split()))
+        where = printable(self.path if tensor is None else f"{self.path}: {tensor}")
         super().__init__(f"{where}: {self.reason}")
+
+    def __reduce__(self) -> Any:  # pickled across the processes of --jobs
+        return (_rebuild_error, (type(self), self.path, self.tensor, self.reason, str(self)))
+
+
+def _rebuild_error(cls: type, path: str, tensor: str | None, reason: str,
+                   text: str) -> CheckpointError:
+    e = cls.__new__(cls)
+    Exception.__init__(e, text)
+    e.path, e.tensor, e.reason = path, tensor, reason
+    return e
 
 
 def os_reason(e: OSError) -> str:

@@ -10,9 +10,10 @@ import os
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from .._fs import same_file
 from ..errors import QuantError
 from ..metrics import ErrorStats
 from ..qtensor import quantize
@@ -27,9 +28,17 @@ from .base import (
     st_nbytes,
 )
 from .burnpack_file import BurnpackCheckpoint, is_burnpack_path, write_burnpack
-from .format import META_KEY, Entry, load_qtensor, metadata_value, part_layout, read_entries
+from .format import (
+    META_KEY,
+    PART_KEYS,
+    Entry,
+    load_qtensor,
+    metadata_value,
+    read_entries,
+)
 from .options import FileOptions
 from .readers import open_checkpoint
+from .rules import Decision, plan
 from .safetensors import HeaderEntry, SafetensorsWriter, float_array
 
 Progress = Callable[[str, int], None]  # (tensor name, input bytes done with it)
@@ -42,10 +51,6 @@ def _no_progress(name: str, nbytes: int) -> None:
 def natural_key(name: str) -> list[Any]:
     """Sort key that puts layer.2 before layer.10."""
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
-
-
-def _selected(t: TensorInfo, options: FileOptions) -> bool:
-    return t.is_float and options.selects(t.name)
 
 
 def _entries(ckpt: Checkpoint) -> dict[str, Entry]:
@@ -71,11 +76,24 @@ def _check_not_quantized(ckpt: Checkpoint) -> None:
         )
 
 
-def _parts(ckpt: Checkpoint, t: TensorInfo, scheme: QuantScheme) -> list[HeaderEntry]:
+def _check_output(src: Any, dst: Any) -> None:
+    """Refuse an output that names a folder (pathlib would drop the trailing slash) or is the
+    input itself, whatever its spelling (same inode), even with force."""
+    if isinstance(dst, str) and dst.endswith(("/", os.sep)):
+        raise CheckpointError(dst, None, "names a folder; give a file name (the blockquant "
+                              "command and blockquant.quantize_file write into folders)")
+    if same_file(src, dst):
+        raise CheckpointError(dst, None, "is the input file; write to another name "
+                              "(--force never overwrites the input)")
+
+
+def _quantize_tensor(ckpt: Checkpoint, t: TensorInfo, scheme: QuantScheme,
+                     options: FileOptions) -> Any:
+    x = ckpt.read(t.name)
     try:
-        return part_layout(t.name, scheme, t.shape)
+        return quantize(x, scheme, **options.quantize_options(scheme))
     except QuantError as e:
-        raise ckpt.error(t.name, f"{e} (leave it out with --exclude)") from None
+        raise ckpt.error(t.name, str(e)) from None
 
 
 def _copy_entry(ckpt: Checkpoint, t: TensorInfo) -> HeaderEntry:
@@ -99,11 +117,28 @@ def _check_names(ckpt: Checkpoint, layout: list[HeaderEntry], owners: list[str])
 
 @dataclass
 class QuantizeSummary:
+    """What a quantize run did: the tensors quantized and copied (names), bytes of tensor
+    data read, bytes written, seconds, and each tensor's :class:`~.rules.Decision` (the
+    scheme it got, or why it was kept)."""
+
     quantized: list[str]
     copied: list[str]
     bytes_in: int
     bytes_out: int
     seconds: float
+    decisions: list[Decision] = field(default_factory=list)
+    files: int = 1
+
+
+def _summary(decisions: list[Decision], bytes_out: int, t0: float) -> QuantizeSummary:
+    return QuantizeSummary(
+        [d.tensor.name for d in decisions if d.quantized],
+        [d.tensor.name for d in decisions if not d.quantized],
+        sum(d.tensor.nbytes for d in decisions),
+        bytes_out,
+        time.perf_counter() - t0,
+        decisions,
+    )
 
 
 def quantize_file(
@@ -124,85 +159,65 @@ def quantize_file(
     t0 = time.perf_counter()
     if output_format not in (None, "safetensors", "burnpack"):
         raise CheckpointError(dst, None, f"unknown output format {output_format!r}")
+    _check_output(src, dst)
     burnpack = output_format == "burnpack" or (output_format is None and is_burnpack_path(dst))
     with open_checkpoint(src) as ckpt:
         _check_not_quantized(ckpt)
+        decisions = plan(ckpt, scheme, options)  # every decision (and --strict error) first
         if burnpack:
-            return _quantize_to_burnpack(ckpt, dst, scheme, options, progress, t0)
-        plan: list[tuple[TensorInfo, list[HeaderEntry] | None]] = []  # (tensor, parts or None)
+            return _quantize_to_burnpack(ckpt, dst, decisions, options, progress, t0)
         layout: list[HeaderEntry] = []
         owners: list[str] = []
         entries: dict[str, Entry] = {}
-        for t in ckpt.tensors:
-            if _selected(t, options):
-                parts = _parts(ckpt, t, scheme)
-                layout += parts
-                owners += [t.name] * len(parts)
+        for d in decisions:
+            t = d.tensor
+            if d.scheme is not None:
+                layout += d.parts
+                owners += [t.name] * len(d.parts)
                 entries[t.name] = Entry(
-                    t.name, scheme, t.shape, FLOAT_DTYPES[t.dtype or ""],
-                    {key: p.name for key, p in zip(("values", "scales", "global_scale"), parts)},
-                    options.quantize_options(scheme),
+                    t.name, d.scheme, t.shape, FLOAT_DTYPES[t.dtype or ""],
+                    {key: p.name for key, p in zip(PART_KEYS, d.parts)},
+                    options.quantize_options(d.scheme),
                 )
-                plan.append((t, parts))
             else:
                 layout.append(_copy_entry(ckpt, t))
                 owners.append(t.name)
-                plan.append((t, None))
         _check_names(ckpt, layout, owners)
         metadata = dict(ckpt.metadata)
         metadata[META_KEY] = metadata_value(entries)
         with SafetensorsWriter(dst, layout, metadata, force=options.force) as w:
-            for t, parts in plan:
-                if parts is not None:
-                    x = ckpt.read(t.name)
-                    try:
-                        qt = quantize(x, scheme, **options.quantize_options(scheme))
-                    except QuantError as e:
-                        raise ckpt.error(t.name, str(e)) from None
-                    del x
-                    blob = memoryview(qt.to_bytes())
+            for d in decisions:
+                t = d.tensor
+                if d.scheme is not None:
+                    blob = memoryview(_quantize_tensor(ckpt, t, d.scheme, options).to_bytes())
                     at = 0
-                    for part in parts:  # burn's bytes are the parts one after the other
+                    for part in d.parts:  # burn's bytes are the parts one after the other
                         w.write(part.name, blob[at: at + part.nbytes])
                         at += part.nbytes
-                    del qt, blob
+                    del blob
                 else:
                     w.write_from(t.name, ckpt, t.name)
                 progress(t.name, t.nbytes)
             w.commit()
         bytes_out = os.path.getsize(dst)
-    return QuantizeSummary(
-        [t.name for t, parts in plan if parts is not None],
-        [t.name for t, parts in plan if parts is None],
-        sum(t.nbytes for t, _ in plan),
-        bytes_out,
-        time.perf_counter() - t0,
-    )
+    return _summary(decisions, bytes_out, t0)
 
 
 def _quantize_to_burnpack(
     ckpt: Checkpoint,
     dst: Any,
-    scheme: QuantScheme,
+    decisions: list[Decision],
     options: FileOptions,
     progress: Progress,
     t0: float,
 ) -> QuantizeSummary:
-    for t in ckpt.tensors:  # every scheme/tensor mismatch before any work
-        if _selected(t, options):
-            _parts(ckpt, t, scheme)
-    plan: list[tuple[TensorInfo, Any]] = []
-    for t in ckpt.tensors:
-        plan.append((t, _quantizer(ckpt, t, scheme, options, progress) if _selected(t, options)
-                     else None))
-    write_burnpack(ckpt, dst, plan, dict(ckpt.metadata), options.force)
-    return QuantizeSummary(
-        [t.name for t, make in plan if make is not None],
-        [t.name for t, make in plan if make is None],
-        sum(t.nbytes for t, _ in plan),
-        os.path.getsize(dst),
-        time.perf_counter() - t0,
-    )
+    plan_: list[tuple[TensorInfo, Any]] = [
+        (d.tensor, _quantizer(ckpt, d.tensor, d.scheme, options, progress)
+         if d.scheme is not None else None)
+        for d in decisions
+    ]
+    write_burnpack(ckpt, dst, plan_, dict(ckpt.metadata), options.force)
+    return _summary(decisions, os.path.getsize(dst), t0)
 
 
 def _quantizer(
@@ -211,11 +226,7 @@ def _quantizer(
     """A function that reads and quantizes ``t`` when the writer reaches it."""
 
     def make() -> Any:
-        x = ckpt.read(t.name)
-        try:
-            qt = quantize(x, scheme, **options.quantize_options(scheme))
-        except QuantError as e:
-            raise ckpt.error(t.name, str(e)) from None
+        qt = _quantize_tensor(ckpt, t, scheme, options)
         progress(t.name, t.nbytes)
         return qt
 
@@ -229,14 +240,17 @@ def dequantize_file(
     options: FileOptions | None = None,
     *,
     progress: Progress = _no_progress,
+    require_quantized: bool = True,
 ) -> tuple[int, int]:
     """Turn a quantized file back into float tensors (each in its original dtype, or
     ``options.dtype``), copying the other tensors and the metadata (less the ``blockquant``
-    key). Returns (tensors dequantized, tensors copied)."""
+    key). Returns (tensors dequantized, tensors copied). A file with no quantized tensor is
+    an error unless ``require_quantized`` is False (one shard of a folder)."""
     options = options or FileOptions()
+    _check_output(src, dst)
     with open_checkpoint(src) as ckpt:
         entries = _entries(ckpt)
-        if not entries:
+        if not entries and require_quantized:
             raise ckpt.error(None, "holds no blockquant-quantized tensor (nothing to dequantize)")
         part_of = {p: e.name for e in entries.values() for p in e.parts.values()}
         layout: list[HeaderEntry] = []
@@ -306,51 +320,80 @@ def report_file(
 ) -> dict[str, Any]:
     """Quantize each selected tensor in memory (nothing written) and measure it: SQNR (dB), max
     abs error, bytes before (in its own dtype) and after (values + scales, burn's layout), and
-    quantize time. ``overall`` sums over the quantized tensors; ``file`` over every tensor."""
+    quantize time. ``overall`` sums over the quantized tensors; ``file_total`` over every
+    tensor; ``kept`` lists the tensors left as they are, with the reason."""
     options = options or FileOptions()
+    measured = measure_file(src, scheme, options, progress=progress)
+    return report_dict(str(src), scheme, options, [measured])
+
+
+@dataclass
+class Measured:
+    """One file's measurements, for :func:`report_dict` (a folder's files are summed)."""
+
+    rows: list[dict[str, Any]]
+    total: ErrorStats
+    decisions: list[Decision]
+
+
+def measure_file(
+    src: Any, scheme: QuantScheme, options: FileOptions, *, progress: Progress = _no_progress
+) -> Measured:
     with open_checkpoint(src) as ckpt:
         _check_not_quantized(ckpt)
-        chosen = {t.name for t in ckpt.tensors if _selected(t, options)}
-        for t in ckpt.tensors:  # every error before any work
-            if t.name in chosen:
-                _parts(ckpt, t, scheme)
+        decisions = plan(ckpt, scheme, options)  # every --strict error before any work
         rows = []
         total = ErrorStats()
-        for t in ckpt.tensors:
-            if t.name not in chosen:
+        for d in decisions:
+            t = d.tensor
+            if d.scheme is None:
                 progress(t.name, t.nbytes)
                 continue
             x = ckpt.read(t.name)
             t0 = time.perf_counter()
             try:
-                qt = quantize(x, scheme, **options.quantize_options(scheme))
+                qt = quantize(x, d.scheme, **options.quantize_options(d.scheme))
             except QuantError as e:
                 raise ckpt.error(t.name, str(e)) from None
             seconds = time.perf_counter() - t0
             stats = ErrorStats.between(x, qt.dequantize())
             del x
             total += stats
-            rows.append({"name": t.name, "shape": list(t.shape), "dtype": t.dtype_name,
-                         "sqnr_db": stats.sqnr_db, "max_abs_err": stats.max_abs_err,
-                         "bytes_before": t.nbytes, "bytes_after": qt.nbytes, "seconds": seconds})
+            rows.append({"name": t.name, "scheme": str(d.scheme), "shape": list(t.shape),
+                         "dtype": t.dtype_name, "sqnr_db": stats.sqnr_db,
+                         "max_abs_err": stats.max_abs_err, "bytes_before": t.nbytes,
+                         "bytes_after": qt.nbytes, "seconds": seconds})
             progress(t.name, t.nbytes)
-        rows.sort(key=lambda r: natural_key(r["name"]))
-        before = sum(r["bytes_before"] for r in rows)
-        after = sum(r["bytes_after"] for r in rows)
-        file_bytes = sum(t.nbytes for t in ckpt.tensors)
-        return {
-            "file": str(src),
-            "scheme": str(scheme),
-            **options.quantize_options(scheme),
-            "tensors": rows,
-            "overall": {
-                "tensors": len(rows), "numel": total.numel, "sqnr_db": total.sqnr_db,
-                "max_abs_err": total.max_abs_err, "bytes_before": before, "bytes_after": after,
-                "seconds": sum(r["seconds"] for r in rows),
-            },
-            "file_total": {
-                "tensors": len(ckpt.tensors), "unquantized": len(ckpt.tensors) - len(rows),
-                "bytes_before": file_bytes,
-                "bytes_after": after + file_bytes - before,
-            },
-        }
+    return Measured(rows, total, decisions)
+
+
+def report_dict(
+    src: str, scheme: QuantScheme, options: FileOptions, measured: list[Measured]
+) -> dict[str, Any]:
+    """The report of one file, or of a folder's files together."""
+    rows = sorted((r for m in measured for r in m.rows), key=lambda r: natural_key(r["name"]))
+    decisions = [d for m in measured for d in m.decisions]
+    total = ErrorStats()
+    for m in measured:
+        total += m.total
+    before = sum(r["bytes_before"] for r in rows)
+    after = sum(r["bytes_after"] for r in rows)
+    file_bytes = sum(d.tensor.nbytes for d in decisions)
+    return {
+        "file": src,
+        "scheme": str(scheme),
+        **options.quantize_options(scheme),
+        "tensors": rows,
+        "overall": {
+            "tensors": len(rows), "numel": total.numel, "sqnr_db": total.sqnr_db,
+            "max_abs_err": total.max_abs_err, "bytes_before": before, "bytes_after": after,
+            "seconds": sum(r["seconds"] for r in rows),
+        },
+        "file_total": {
+            "tensors": len(decisions), "unquantized": len(decisions) - len(rows),
+            "bytes_before": file_bytes,
+            "bytes_after": after + file_bytes - before,
+        },
+        "kept": [{"name": d.tensor.name, "why": d.why, "detail": d.detail}
+                 for d in decisions if d.scheme is None],
+    }

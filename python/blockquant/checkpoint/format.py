@@ -110,6 +110,8 @@ def read_entries(ckpt: Checkpoint) -> dict[str, Entry]:
             raise TypeError("'tensors' is not an object")
     except (ValueError, KeyError, TypeError) as e:
         raise ckpt.error(None, f"malformed blockquant metadata: {e}") from None
+    except RecursionError:
+        raise ckpt.error(None, "malformed blockquant metadata: nested too deeply") from None
     if version not in READ_VERSIONS or type(version) is not int:
         raise ckpt.error(
             None,
@@ -122,14 +124,16 @@ def read_entries(ckpt: Checkpoint) -> dict[str, Entry]:
         try:
             scheme = QuantScheme.parse(d["scheme"])
             shape = tuple(d["shape"])
-            if not all(type(s) is int and s >= 0 for s in shape):
+            if not all(type(s) is int and 0 <= s < 1 << 63 for s in shape):
                 raise ValueError(f"bad shape {d['shape']!r}")
             dtype = d["dtype"]
             if dtype not in NAME_TO_ST:
                 raise ValueError(f"bad dtype {dtype!r}")
             keys = PART_KEYS if scheme.is_two_level else PART_KEYS[:2]
             parts = {k: d[k] for k in keys}
-        except (QuantError, ValueError, KeyError, TypeError) as e:
+            if not all(isinstance(part, str) for part in parts.values()):
+                raise ValueError("tensor parts are named by strings")
+        except (QuantError, ValueError, KeyError, TypeError, OverflowError) as e:
             raise ckpt.error(name, f"malformed blockquant metadata: {e}") from None
         for key, part in parts.items():
             if part not in ckpt:
@@ -148,7 +152,7 @@ def load_qtensor(ckpt: Checkpoint, e: Entry) -> QTensor:
         return _load_format1(ckpt, e)
     try:
         expected = part_layout(e.name, e.scheme, e.shape)
-    except QuantError as err:
+    except (QuantError, OverflowError) as err:
         raise ckpt.error(e.name, str(err)) from None
     blob = bytearray()
     for part, want in zip(e.parts.values(), expected):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import zipfile
 from pathlib import Path
 from typing import BinaryIO
@@ -10,18 +11,41 @@ from typing import BinaryIO
 import numpy as np
 
 from .base import NP_TO_ST, Checkpoint, TensorInfo, numel, to_le_bytes
+from .pytorch import refuse_pytorch_zip
+
+MAX_DIM = (1 << 63) - 1
+#: deflate expands at most about 1032:1; a member claiming more is lying about its size.
+_DEFLATE_RATIO = 1032
 
 
-def _npy_header(fp: BinaryIO) -> tuple[np.dtype, tuple[int, ...]]:
-    """dtype and shape from a .npy header, without reading the data."""
-    version = np.lib.format.read_magic(fp)
-    if version == (1, 0):
-        shape, _, dtype = np.lib.format.read_array_header_1_0(fp)
-    elif version == (2, 0):
-        shape, _, dtype = np.lib.format.read_array_header_2_0(fp)
-    else:
-        raise ValueError(f".npy format version {version} is not supported")
-    return np.dtype(dtype), tuple(int(d) for d in shape)
+def _npy_header(fp: BinaryIO) -> tuple[np.dtype, tuple[int, ...], int]:
+    """dtype, shape and the header's length from a .npy header, without reading the data.
+    Raises ValueError for anything numpy would not read back without pickle."""
+    try:
+        version = np.lib.format.read_magic(fp)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(fp)
+        elif version == (2, 0):
+            shape, _, dtype = np.lib.format.read_array_header_2_0(fp)
+        else:
+            raise ValueError(f".npy format version {version} is not supported")
+    except (SyntaxError, RecursionError, MemoryError, TypeError, UnicodeDecodeError) as e:
+        # numpy parses the header with ast.literal_eval: a crafted one fails in many ways.
+        raise ValueError(f"malformed header ({type(e).__name__})") from None
+    dtype = np.dtype(dtype)
+    if dtype.hasobject:
+        raise ValueError("holds Python objects (pickled), which blockquant never loads")
+    if not all(0 <= int(d) <= MAX_DIM for d in shape):
+        raise ValueError(f"shape {tuple(shape)} has a dimension out of range")
+    return dtype, tuple(int(d) for d in shape), fp.tell()
+
+
+def _check_size(name: str, dtype: np.dtype, shape: tuple[int, ...], data_len: int) -> None:
+    """The header's claim against the bytes there are, before numpy allocates the array."""
+    need = numel(shape) * dtype.itemsize
+    if need != data_len:
+        raise ValueError(f"the header claims {list(shape)} {dtype} ({need} bytes), the data "
+                         f"holds {data_len} bytes")
 
 
 def _info(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> TensorInfo:
@@ -36,18 +60,29 @@ class NpzCheckpoint(Checkpoint):
         super().__init__(path)
         try:
             self._zip = zipfile.ZipFile(path)
-        except zipfile.BadZipFile as e:
+        except (zipfile.BadZipFile, ValueError, EOFError, UnicodeDecodeError) as e:
             raise self.error(None, f"not a valid .npz file: {e}") from None
         try:
+            refuse_pytorch_zip(self, self._zip.namelist())
             self._members: dict[str, str] = {}
             for member in self._zip.namelist():
                 if not member.endswith(".npy"):
                     raise self.error(member, "not a .npy array inside the .npz")
                 name = member[: -len(".npy")]
+                info = self._zip.getinfo(member)
                 try:
+                    if info.compress_type == zipfile.ZIP_STORED and \
+                            info.file_size != info.compress_size:
+                        raise ValueError("stored member whose sizes disagree")
+                    if info.compress_type == zipfile.ZIP_DEFLATED and \
+                            info.file_size > _DEFLATE_RATIO * info.compress_size + (1 << 16):
+                        raise ValueError(f"claims {info.file_size} bytes from "
+                                         f"{info.compress_size} compressed")
                     with self._zip.open(member) as fp:
-                        dtype, shape = _npy_header(fp)
-                except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+                        dtype, shape, header_len = _npy_header(fp)
+                    _check_size(name, dtype, shape, info.file_size - header_len)
+                except (ValueError, OSError, zipfile.BadZipFile, EOFError, RuntimeError,
+                        NotImplementedError) as e:
                     raise self.error(name, f"malformed array: {e}") from None
                 self._members[name] = member
                 self.tensors.append(_info(name, dtype, shape))
@@ -63,8 +98,12 @@ class NpzCheckpoint(Checkpoint):
         try:
             with self._zip.open(self._members[name]) as fp:
                 arr = np.lib.format.read_array(fp, allow_pickle=False)
-        except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+        except (ValueError, OSError, zipfile.BadZipFile, EOFError, RuntimeError,
+                NotImplementedError) as e:
             raise self.error(name, f"cannot read the array: {e}") from None
+        except MemoryError:
+            raise self.error(name, f"out of memory reading {self.info(name).nbytes} "
+                             "bytes") from None
         return arr.astype(arr.dtype.newbyteorder("="), copy=False)
 
     def copy_to(self, name: str, out: BinaryIO) -> None:
@@ -79,7 +118,8 @@ class NpyCheckpoint(Checkpoint):
         self._name = path.stem or "tensor"
         with open(path, "rb") as fp:
             try:
-                dtype, shape = _npy_header(fp)
+                dtype, shape, header_len = _npy_header(fp)
+                _check_size(self._name, dtype, shape, os.fstat(fp.fileno()).st_size - header_len)
             except (ValueError, EOFError) as e:
                 raise self.error(None, f"malformed .npy file: {e}") from None
         self.tensors = [_info(self._name, dtype, shape)]
@@ -90,6 +130,9 @@ class NpyCheckpoint(Checkpoint):
             arr = np.load(self.path, allow_pickle=False)
         except (ValueError, OSError, EOFError) as e:
             raise self.error(name, f"cannot read the array: {e}") from None
+        except MemoryError:
+            raise self.error(name, f"out of memory reading {self.info(name).nbytes} "
+                             "bytes") from None
         return arr.astype(arr.dtype.newbyteorder("="), copy=False)
 
     def copy_to(self, name: str, out: BinaryIO) -> None:

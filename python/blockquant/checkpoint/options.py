@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
+
+import numpy as np
 
 from ..options import Calibration, Rounding, ScaleRounding
 from ..scheme import QuantScheme
 from .base import NAME_TO_ST, CheckpointError
+from .rules import RuleSpec, parse_rules
 
 
 def _compile(pattern: str | None, what: str) -> re.Pattern[str] | None:
@@ -18,6 +21,22 @@ def _compile(pattern: str | None, what: str) -> re.Pattern[str] | None:
         return re.compile(pattern)
     except re.error as e:
         raise CheckpointError(what, None, f"bad regular expression {pattern!r}: {e}") from None
+
+
+def _dtype_name(dtype: Any) -> str | None:
+    """A dequantize dtype as its metadata name: float16, bfloat16, float32 or float64, from
+    that name, a numpy dtype, a type (``np.float16``, ``ml_dtypes.bfloat16``) or an alias numpy
+    knows (``"f2"``, ``"half"``, ``"double"``). bfloat16 works without ml_dtypes."""
+    if dtype is None or (isinstance(dtype, str) and dtype in NAME_TO_ST):
+        return dtype
+    try:
+        name = np.dtype(dtype).name
+    except (TypeError, ValueError):
+        name = None
+    if name not in NAME_TO_ST:
+        raise CheckpointError("--dtype", None,
+                              f"expected one of {', '.join(NAME_TO_ST)}, got {dtype!r}")
+    return name
 
 
 @dataclass(frozen=True)
@@ -30,9 +49,14 @@ class FileOptions:
       floating-point tensors that match ``include`` (if given) and not ``exclude`` are quantized.
     - ``calibration``, ``rounding``, ``scale_rounding``: passed to :func:`blockquant.quantize`;
       None is the scheme's own (a preset's), else the library default.
+    - ``rules``: per-tensor schemes, first match wins: ``"REGEX=SCHEME"`` strings,
+      (regex, scheme) pairs or a mapping; SCHEME may be ``"keep"`` (:mod:`.rules`).
+    - ``min_rank``: tensors of a lower rank that no rule names are kept (default 2: norms and
+      biases stay as they are).
+    - ``strict``: a tensor its scheme cannot take is an error instead of being kept.
     - ``force``: replace an existing output file.
     - ``dtype``: dequantize to float16, bfloat16, float32 or float64 rather than each tensor's
-      original dtype.
+      original dtype (a name, a numpy dtype or a type such as ``np.float16``).
     """
 
     include: str | None = None
@@ -42,12 +66,19 @@ class FileOptions:
     scale_rounding: Optional[ScaleRounding] = None
     force: bool = False
     dtype: str | None = None
+    rules: tuple[RuleSpec, ...] = ()
+    min_rank: int = 2
+    strict: bool = False
 
     def __post_init__(self) -> None:
         _compile(self.include, "--include")
         _compile(self.exclude, "--exclude")
-        if self.dtype is not None and self.dtype not in NAME_TO_ST:
-            raise CheckpointError("--dtype", None, f"expected one of {', '.join(NAME_TO_ST)}")
+        # Normalized in place (frozen: object.__setattr__), so equal options compare equal.
+        object.__setattr__(self, "dtype", _dtype_name(self.dtype))
+        object.__setattr__(self, "rules", parse_rules(self.rules))
+        if type(self.min_rank) is not int or self.min_rank < 0:
+            raise CheckpointError("--min-rank", None,
+                                  f"expected an integer >= 0, got {self.min_rank!r}")
 
     def selects(self, name: str) -> bool:
         """Whether a (floating-point) tensor called ``name`` is to be quantized."""

@@ -8,6 +8,7 @@ from typing import Any
 from .base import Checkpoint, CheckpointError, os_reason
 from .burnpack_file import BurnpackCheckpoint
 from .numpy_files import NpyCheckpoint, NpzCheckpoint
+from .pytorch import refuse_pickle
 from .safetensors import SafetensorsCheckpoint
 
 
@@ -18,6 +19,7 @@ def open_checkpoint(path: Any) -> Checkpoint:
     try:
         with open(p, "rb") as f:
             magic = f.read(6)
+        refuse_pickle(p, magic)  # a PyTorch checkpoint: refused, never unpickled
         if magic.startswith(b"PK"):
             return NpzCheckpoint(p)
         if magic == b"\x93NUMPY":

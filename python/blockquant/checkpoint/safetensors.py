@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
 import numpy as np
 
+from .._fs import temp_sibling
 from .base import (
     ST_DTYPES,
     Checkpoint,
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 MAX_HEADER = 100_000_000  # as the safetensors library
+MAX_DIM = (1 << 63) - 1  # a dimension must fit an i64 (the core and numpy take no larger)
 _CHUNK = 64 << 20  # bytes copied at a time from one file to another
 
 
@@ -75,6 +76,8 @@ class SafetensorsCheckpoint(Checkpoint):
             header = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as e:
             raise self.error(None, f"malformed safetensors header: {e}") from None
+        except RecursionError:  # a crafted header nested thousands deep
+            raise self.error(None, "malformed safetensors header: nested too deeply") from None
         if not isinstance(header, dict):
             raise self.error(None, "malformed safetensors header: not a JSON object")
         self._data_start = 8 + n
@@ -84,6 +87,8 @@ class SafetensorsCheckpoint(Checkpoint):
             isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
         ):
             raise self.error(None, "malformed safetensors header: __metadata__ is not str -> str")
+        for text in (*header, *meta, *meta.values()):
+            _check_text(self, text)
         self.metadata = dict(meta)
         self._offsets: dict[str, tuple[int, int]] = {}
         entries = []
@@ -92,14 +97,16 @@ class SafetensorsCheckpoint(Checkpoint):
                 dtype, shape, (a, b) = e["dtype"], tuple(e["shape"]), e["data_offsets"]
                 ok = (
                     isinstance(dtype, str)
-                    and all(type(d) is int and d >= 0 for d in shape)
+                    and all(type(d) is int and 0 <= d <= MAX_DIM for d in shape)
                     and type(a) is int
                     and type(b) is int
                 )
             except (TypeError, KeyError, ValueError):
                 ok = False
             if not ok:
-                raise self.error(name, f"malformed safetensors header entry {json.dumps(e)}")
+                entry = json.dumps(e)
+                entry = entry if len(entry) <= 200 else entry[:200] + "..."
+                raise self.error(name, f"malformed safetensors header entry {entry}")
             if not 0 <= a <= b <= data_len:
                 raise self.error(
                     name,
@@ -152,6 +159,16 @@ class SafetensorsCheckpoint(Checkpoint):
                 raise self.error(name, "file ends inside the tensor's data (truncated?)")
             out.write(chunk)
             left -= len(chunk)
+
+
+def _check_text(ckpt: Checkpoint, text: str) -> None:
+    """A name or metadata string must be valid Unicode: JSON can spell a lone surrogate
+    (``"\\ud800"``), which no UTF-8 writer, terminal or the safetensors library accepts."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ckpt.error(None, f"malformed safetensors header: {text!r} holds a lone "
+                         "surrogate (not valid Unicode)") from None
 
 
 # -- writing ----------------------------------------------------------------------------------
@@ -232,11 +249,16 @@ class SafetensorsWriter:
                 "data_offsets": [offset, offset + o.nbytes],
             }
             offset += o.nbytes
-        raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        try:
+            raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:  # a name from a file name that is not UTF-8
+            bad = e.object[max(0, e.start - 20): e.end + 20] if isinstance(e.object, str) else ""
+            raise CheckpointError(self.path, None, f"a tensor name or metadata value is not "
+                                  f"valid Unicode (near {bad!r})") from None
         raw += b" " * (-len(raw) % 8)  # data starts 8-aligned, as the safetensors library does
         self._data_start = 8 + len(raw)
         self._total = self._data_start + offset
-        self._tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(4)}.tmp")
+        self._tmp = temp_sibling(self.path)  # within NAME_MAX whatever the name's length
         try:
             fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
             self._f: BinaryIO | None = os.fdopen(fd, "wb")

@@ -1,0 +1,630 @@
+"""Model folders, and where outputs go: the layer the command and :mod:`blockquant.files` call.
+
+A model folder is laid out as Hugging Face writes one: one ``model.safetensors``, or shards
+``model-00001-of-00003.safetensors`` with ``model.safetensors.index.json`` (whose
+``weight_map`` says which shard holds each tensor), beside ``config.json``, tokenizer files and
+so on, possibly in subfolders. Quantizing (or dequantizing) a folder writes a folder of the same
+shape: every ``.safetensors`` file is converted under its own name, every index is rewritten so
+its ``weight_map`` names the tensors the new shards hold (``NAME.values``, ``NAME.scales``,
+...), and every other file is copied unchanged, except weight files in other formats
+(``pytorch_model.bin``, ``.h5``, ``.onnx``, ...), which would be the unquantized weights again:
+those are left out and listed. Hidden entries (``.git``, ``.cache``) are skipped.
+
+Everything is planned from the headers first (every decision, every ``--strict`` error, the
+index checked against the shards), then written into a hidden temporary folder beside the
+output and renamed into place at the end: an interrupted or failed run leaves no half folder.
+Shards go to ``jobs`` processes at once, each with its share of the thread budget; each reads
+one tensor at a time, so memory is bounded by the largest tensor per job.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import queue as queue_mod
+import resource
+import shutil
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._fs import is_inside, same_file, temp_sibling
+from ..scheme import QuantScheme
+from .base import NAME_TO_ST, CheckpointError, TensorInfo, os_reason
+from .burnpack_file import is_burnpack_path
+from .commands import (
+    Measured,
+    QuantizeSummary,
+    _check_not_quantized,
+    _entries,
+    dequantize_file,
+    inspect_file,
+    measure_file,
+    natural_key,
+    quantize_file,
+    report_dict,
+)
+from .options import FileOptions
+from .readers import open_checkpoint
+from .rules import Decision, plan
+
+INDEX_SUFFIX = ".safetensors.index.json"
+#: Weights in formats a quantized folder should not carry along (they would be the
+#: unquantized model again); left out of the output and listed in the summary.
+OTHER_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".ot", ".onnx",
+                 ".onnx_data", ".gguf", ".npz", ".npy", ".bpk", ".pkl")
+_MAX_INDEX = 100_000_000  # bytes; as a safetensors header
+
+#: (file in the folder, or None for a single file; tensor name; input bytes done)
+TensorProgress = Callable[[Any, str, int], None]
+
+
+def _no_progress(file: Any, name: str, nbytes: int) -> None:
+    pass
+
+
+# -- reading a folder ---------------------------------------------------------------------------
+@dataclass
+class ModelFolder:
+    """What a model folder holds, as paths relative to ``root`` (POSIX separators)."""
+
+    root: Path
+    checkpoints: list[str]  # .safetensors files, converted
+    indexes: dict[str, dict[str, Any]]  # index file -> its parsed JSON
+    others: list[str]  # copied unchanged
+    skipped: list[str]  # other weight formats and symlinked folders, left out
+    folders: list[str]  # subfolders to recreate (empty ones too)
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel
+
+
+def scan_folder(root: Path) -> ModelFolder:
+    """List a model folder and check its indexes against its files (nothing else is read)."""
+    checkpoints, index_files, others, skipped, folders = [], [], [], [], []
+    try:
+        for here, dirs, files in os.walk(root, onerror=_raise):
+            rel_here = Path(here).relative_to(root)
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            for d in list(dirs):
+                if (Path(here) / d).is_symlink():
+                    dirs.remove(d)
+                    skipped.append((rel_here / d).as_posix())
+                else:
+                    folders.append((rel_here / d).as_posix())
+            for f in sorted(files):
+                rel = (rel_here / f).as_posix()
+                if f.startswith("."):
+                    continue
+                if f.endswith(".safetensors"):
+                    checkpoints.append(rel)
+                elif f.endswith(INDEX_SUFFIX):
+                    index_files.append(rel)
+                elif f.lower().endswith(OTHER_WEIGHTS):
+                    skipped.append(rel)
+                else:
+                    others.append(rel)
+    except OSError as e:
+        raise CheckpointError(e.filename or root, None, os_reason(e)) from None
+    if not checkpoints:
+        hint = ""
+        if any(s.lower().endswith((".bin", ".pt", ".pth", ".ckpt")) for s in skipped):
+            from .pytorch import HOW_TO_CONVERT
+
+            hint = f"; it has PyTorch weights, which blockquant does not read: {HOW_TO_CONVERT}"
+        raise CheckpointError(root, None, f"holds no .safetensors file{hint}")
+    folder = ModelFolder(root, checkpoints, {}, others, skipped, folders)
+    for rel in index_files:
+        folder.indexes[rel] = _read_index(folder, rel)
+    return folder
+
+
+def _raise(e: OSError) -> None:
+    raise e
+
+
+def _read_index(folder: ModelFolder, rel: str) -> dict[str, Any]:
+    path = folder.path(rel)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(_MAX_INDEX + 1)
+    except OSError as e:
+        raise CheckpointError(path, None, os_reason(e)) from None
+    if len(raw) > _MAX_INDEX:
+        raise CheckpointError(path, None, f"index larger than {_MAX_INDEX} bytes")
+    try:
+        index = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(path, None, f"malformed index: {e}") from None
+    except RecursionError:
+        raise CheckpointError(path, None, "malformed index: nested too deeply") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not isinstance(index.get("metadata", {}), dict):
+        raise CheckpointError(path, None, "malformed index: no weight_map object of tensor "
+                              "name -> shard file")
+    here = Path(rel).parent
+    shards = set(folder.checkpoints)
+    for name, shard in weight_map.items():
+        ok = (isinstance(shard, str) and shard not in ("", ".", "..")
+              and "/" not in shard and "\\" not in shard and "\0" not in shard)
+        if not ok or (here / shard).as_posix() not in shards:
+            raise CheckpointError(path, name, f"weight_map names shard {shard!r}, which is not a "
+                                  ".safetensors file beside the index")
+    return index
+
+
+def _shards_of(rel_index: str, index: dict[str, Any]) -> list[str]:
+    here = Path(rel_index).parent
+    return sorted({(here / s).as_posix() for s in index["weight_map"].values()})
+
+
+def _check_index_against_shards(folder: ModelFolder, held: dict[str, set[str]]) -> None:
+    """Every tensor an index maps must be in the shard it names (``held``: shard -> names)."""
+    for rel, index in folder.indexes.items():
+        here = Path(rel).parent
+        for name, shard in index["weight_map"].items():
+            if name not in held[(here / shard).as_posix()]:
+                raise CheckpointError(folder.path(rel), name,
+                                      f"weight_map says {shard!r} holds it, which it does not")
+
+
+def _write_index(folder: ModelFolder, rel: str, out_root: Path) -> None:
+    """The index of the output: the same metadata, ``total_size`` recounted, and a
+    ``weight_map`` of the tensors the output shards hold."""
+    index = folder.indexes[rel]
+    weight_map: dict[str, str] = {}
+    total = 0
+    for shard in _shards_of(rel, index):
+        with open_checkpoint(out_root / shard) as ckpt:
+            for t in ckpt.tensors:
+                weight_map[t.name] = Path(shard).name
+                total += t.nbytes
+    meta = dict(index.get("metadata") or {})
+    meta["total_size"] = total
+    out = {**index, "metadata": meta,
+           "weight_map": dict(sorted(weight_map.items(), key=lambda kv: natural_key(kv[0])))}
+    text = json.dumps(out, indent=2, ensure_ascii=False) + "\n"
+    (out_root / rel).write_text(text, encoding="utf-8")
+
+
+# -- where the output goes ----------------------------------------------------------------------
+def _names_folder(dst: Any) -> bool:
+    """A trailing slash means a folder, as for cp; so does an existing folder."""
+    return str(dst).endswith(("/", os.sep)) or Path(dst).is_dir()
+
+
+class FolderTarget:
+    """A folder written as a whole: everything goes into a hidden temporary folder beside
+    ``dst``, renamed to ``dst`` by :meth:`commit`; :meth:`abort` (or leaving the ``with`` on an
+    exception, SIGTERM included in the command) removes it.
+
+    ``force`` replaces an existing ``dst`` only when it looks like a model folder (empty, or
+    holding a checkpoint or an index at its top), never the input or a folder holding it.
+    """
+
+    def __init__(self, dst: Path, src: Path, force: bool) -> None:
+        self.dst = dst
+        self.force = force
+        if is_inside(src, dst):
+            raise CheckpointError(dst, None, f"holds the input {str(src)!r}; write elsewhere "
+                                  "(--force never replaces the input)")
+        if src.is_dir() and is_inside(dst, src):
+            raise CheckpointError(dst, None, "is inside the input folder; write elsewhere")
+        if dst.exists() or dst.is_symlink():
+            if not dst.is_dir():
+                raise CheckpointError(dst, None, "exists and is not a folder")
+            if not force:
+                raise CheckpointError(dst, None, "already exists (--force replaces it)")
+            if not _looks_like_output(dst):
+                raise CheckpointError(dst, None, "is a folder holding no checkpoint; --force "
+                                      "replaces only a model folder (remove it yourself)")
+        if not dst.parent.is_dir():
+            raise CheckpointError(dst, None, f"no such folder {str(dst.parent)!r}")
+        self.tmp = temp_sibling(dst)
+        try:
+            os.mkdir(self.tmp)
+        except OSError as e:
+            raise CheckpointError(dst, None, f"cannot write: {os_reason(e)}") from None
+
+    def __enter__(self) -> FolderTarget:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: object) -> None:
+        if self.tmp.exists():
+            self.abort()
+
+    def commit(self) -> None:
+        try:
+            if self.dst.exists():
+                if not self.force:
+                    raise CheckpointError(self.dst, None, "already exists (--force replaces it)")
+                old = temp_sibling(self.dst, "old")
+                os.rename(self.dst, old)
+                os.rename(self.tmp, self.dst)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(self.tmp, self.dst)
+        except OSError as e:
+            self.abort()
+            raise CheckpointError(self.dst, None, f"cannot write: {os_reason(e)}") from None
+
+    def abort(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _looks_like_output(folder: Path) -> bool:
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    return not names or any(n.endswith((".safetensors", INDEX_SUFFIX, ".bpk")) for n in names)
+
+
+# -- running jobs -------------------------------------------------------------------------------
+@dataclass
+class Task:
+    """One file's work, run here or in a worker process: ``fn(*args, progress=...)``."""
+
+    key: Any  # the file, as progress reports it
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+_queue: Any = None  # the worker's channel back to the parent (set in each worker)
+
+
+def _init_worker(q: Any, threads: int) -> None:
+    global _queue
+    _queue = q
+    # Ctrl-C reaches the whole process group: the parent alone handles it and ends the pool.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _threads().set_num_threads(threads)
+
+
+def _work(task: Task) -> tuple[Any, int]:
+    def progress(name: str, nbytes: int) -> None:
+        _queue.put((task.key, name, nbytes))
+
+    result = task.fn(*task.args, progress=progress, **task.kwargs)
+    return result, _peak_rss()
+
+
+def _threads() -> Any:
+    """The package, for its thread-pool bound (imported when used: it imports this module)."""
+    import blockquant
+
+    return blockquant
+
+
+def _peak_rss() -> int:
+    """This process's peak resident memory in bytes (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if os.uname().sysname == "Darwin" else peak * 1024
+
+
+@dataclass
+class RunStats:
+    """How a run went: wall seconds, processes used, threads each, peak memory of each."""
+
+    seconds: float = 0.0
+    jobs: int = 1
+    threads_per_job: int = 0
+    peak_rss: list[int] = field(default_factory=list)
+
+
+def run_tasks(tasks: Sequence[Task], jobs: int, threads: int | None,
+              progress: TensorProgress, stats: RunStats | None = None) -> list[Any]:
+    """Results of ``tasks`` in order. With ``jobs`` > 1 they go to that many worker
+    processes (spawned, so no lock or thread pool is inherited mid-use), each bounded to
+    ``threads // jobs`` kernel threads (``threads`` default: the current bound, itself the
+    cores or ``BLOCKQUANT_NUM_THREADS``). The first failure ends the pool and is raised."""
+    stats = stats if stats is not None else RunStats()
+    t0 = time.perf_counter()
+    jobs = max(1, min(jobs, len(tasks)))
+    bq = _threads()
+    total = threads if threads else bq.get_num_threads()
+    stats.jobs, stats.threads_per_job = jobs, max(1, total // jobs)
+    if jobs == 1:
+        before = bq.get_num_threads()
+        if threads:
+            bq.set_num_threads(threads)
+        try:
+            results = []
+            for task in tasks:
+                def one(name: str, nbytes: int, key: Any = task.key) -> None:
+                    progress(key, name, nbytes)
+
+                results.append(task.fn(*task.args, progress=one, **task.kwargs))
+        finally:
+            if threads:
+                bq.set_num_threads(before)
+        stats.peak_rss = [_peak_rss()]
+        stats.seconds = time.perf_counter() - t0
+        return results
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    pool = ctx.Pool(jobs, initializer=_init_worker, initargs=(q, stats.threads_per_job))
+    try:
+        pending = [pool.apply_async(_work, (task,)) for task in tasks]
+        while True:
+            _drain(q, progress, timeout=0.05)
+            for p in pending:
+                if p.ready() and not p.successful():
+                    p.get()  # raises the worker's exception
+            if all(p.ready() for p in pending):
+                break
+        out = [p.get() for p in pending]
+        _drain(q, progress, timeout=0.1, until_empty=True)
+        pool.close()
+        pool.join()
+    finally:
+        pool.terminate()  # kills the workers at once on an error, Ctrl-C or SIGTERM
+        q.close()
+    stats.peak_rss = [rss for _, rss in out]
+    stats.seconds = time.perf_counter() - t0
+    return [result for result, _ in out]
+
+
+def _drain(q: Any, progress: TensorProgress, timeout: float, until_empty: bool = False) -> None:
+    try:
+        item = q.get(timeout=timeout)
+        while True:
+            progress(*item)
+            item = q.get(timeout=timeout) if until_empty else q.get_nowait()
+    except queue_mod.Empty:
+        pass
+
+
+# -- plans ---------------------------------------------------------------------------------------
+@dataclass
+class FilePlan:
+    """One checkpoint of a run: its input, its output path relative to the output root (the
+    output file itself when the output is a file), and its tensors' decisions."""
+
+    src: Path
+    rel: str
+    decisions: list[Decision]
+    names: frozenset[str] = frozenset()  # the input's tensor names
+
+    @property
+    def bytes_in(self) -> int:
+        return sum(d.tensor.nbytes for d in self.decisions)
+
+    @property
+    def bytes_after(self) -> int:
+        return sum(d.bytes_after for d in self.decisions)
+
+
+@dataclass
+class FolderSummary(QuantizeSummary):
+    """A quantize run over a folder (or a file): the files converted, copied and left out."""
+
+    copied_files: list[str] = field(default_factory=list)
+    skipped_files: list[str] = field(default_factory=list)
+    stats: RunStats = field(default_factory=RunStats)
+
+
+@dataclass
+class DequantizeSummary:
+    dequantized: int
+    copied: int
+    bytes_out: int
+    seconds: float
+    files: int = 1
+    copied_files: list[str] = field(default_factory=list)
+    skipped_files: list[str] = field(default_factory=list)
+    stats: RunStats = field(default_factory=RunStats)
+
+
+@dataclass
+class Plan:
+    """What a quantize or dequantize run will do, worked out from headers alone (nothing read
+    or written yet): :meth:`run` does it. ``folder`` is None for one file; ``dst`` is the
+    output file, or the output folder (``into_folder``)."""
+
+    kind: str  # "quantize" | "dequantize"
+    src: Path
+    dst: Path
+    folder: ModelFolder | None
+    files: list[FilePlan]
+    scheme: QuantScheme | None
+    options: FileOptions
+    output_format: str | None = None
+    into_folder: bool = False
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.bytes_in for f in self.files)
+
+    def decisions(self) -> list[tuple[str, Decision]]:
+        return [(f.rel, d) for f in self.files for d in f.decisions]
+
+    def run(self, *, jobs: int = 1, threads: int | None = None,
+            progress: TensorProgress = _no_progress) -> Any:
+        t0 = time.perf_counter()
+        stats = RunStats()
+        if not self.into_folder:  # one file to one file: the writer is atomic itself
+            res = run_tasks([self._task(self.files[0], self.dst)], 1, threads, progress, stats)[0]
+            return self._summary([res], [], [], os.path.getsize(self.dst), t0, stats)
+        with FolderTarget(self.dst, self.src, self.options.force) as target:
+            for sub in self.folder.folders if self.folder else []:
+                os.makedirs(target.tmp / sub, exist_ok=True)
+            copied = self.folder.others if self.folder else []
+            for rel in copied:
+                _copy(self.folder.path(rel), target.tmp / rel)  # type: ignore[union-attr]
+            results = run_tasks([self._task(f, target.tmp / f.rel) for f in self.files], jobs,
+                                threads, progress, stats)
+            for rel in (self.folder.indexes if self.folder else {}):
+                _write_index(self.folder, rel, target.tmp)  # type: ignore[arg-type]
+            bytes_out = sum(os.path.getsize(target.tmp / f.rel) for f in self.files)
+            target.commit()
+        skipped = self.folder.skipped if self.folder else []
+        return self._summary(results, copied, skipped, bytes_out, t0, stats)
+
+    def _task(self, f: FilePlan, out: Path) -> Task:
+        opts = self.options
+        if self.kind == "quantize":
+            return Task(f.rel, quantize_file, (f.src, out, self.scheme, opts),
+                        {"output_format": self.output_format})
+        return Task(f.rel, dequantize_file, (f.src, out, opts),
+                    {"require_quantized": self.folder is None})
+
+    def _summary(self, results: list[Any], copied: list[str], skipped: list[str],
+                 bytes_out: int, t0: float, stats: RunStats) -> Any:
+        seconds = time.perf_counter() - t0
+        if self.kind == "quantize":
+            decisions = [d for r in results for d in r.decisions]
+            return FolderSummary(
+                [d.tensor.name for d in decisions if d.quantized],
+                [d.tensor.name for d in decisions if not d.quantized],
+                sum(r.bytes_in for r in results), bytes_out, seconds, decisions,
+                len(results), copied, skipped, stats)
+        return DequantizeSummary(sum(r[0] for r in results), sum(r[1] for r in results),
+                                 bytes_out, seconds, len(results), copied, skipped, stats)
+
+
+def _copy(src: Path, dst: Path) -> None:
+    try:
+        shutil.copyfile(src, dst)
+    except OSError as e:
+        raise CheckpointError(e.filename or src, None, os_reason(e)) from None
+
+
+def _output_name(src: Path, burnpack: bool) -> str:
+    return (src.stem or src.name) + (".bpk" if burnpack else ".safetensors")
+
+
+def plan_quantize(src: Any, dst: Any, scheme: QuantScheme, options: FileOptions | None = None,
+                  *, output_format: str | None = None) -> Plan:
+    """Plan ``blockquant quantize SRC -o DST``: SRC a checkpoint file or a model folder, DST a
+    file, or a folder (SRC a folder, DST an existing folder, or DST ending in a slash)."""
+    return _plan("quantize", src, dst, scheme, options or FileOptions(), output_format)
+
+
+def plan_dequantize(src: Any, dst: Any, options: FileOptions | None = None) -> Plan:
+    return _plan("dequantize", src, dst, None, options or FileOptions(), None)
+
+
+def _plan(kind: str, src: Any, dst: Any, scheme: QuantScheme | None, options: FileOptions,
+          output_format: str | None) -> Plan:
+    src_path, dst_path = Path(src), Path(dst)
+    if not src_path.exists():
+        raise CheckpointError(src, None, "No such file or directory")
+    if output_format not in (None, "safetensors", "burnpack"):
+        raise CheckpointError(dst, None, f"unknown output format {output_format!r}")
+    if src_path.is_dir():
+        if output_format == "burnpack":
+            raise CheckpointError(dst, None, "a folder is written as .safetensors files, "
+                                  "not burn-pack")
+        if dst_path.exists() and not dst_path.is_dir():
+            raise CheckpointError(dst, None, "exists and is not a folder (a model folder is "
+                                  "written to a folder)")
+        if same_file(src_path, dst_path):
+            raise CheckpointError(dst, None, "is the input folder; write elsewhere "
+                                  "(--force never replaces the input)")
+        folder = scan_folder(src_path)
+        files = [_plan_file(kind, folder.path(rel), rel, scheme, options)
+                 for rel in folder.checkpoints]
+        _check_index_against_shards(folder, {f.rel: f.names for f in files})
+        if kind == "dequantize" and not any(d.quantized for f in files for d in f.decisions):
+            raise CheckpointError(src, None, "holds no blockquant-quantized tensor (nothing to "
+                                  "dequantize)")
+        return Plan(kind, src_path, dst_path, folder, files, scheme, options, output_format,
+                    into_folder=True)
+    burnpack = output_format == "burnpack" or (
+        output_format is None and is_burnpack_path(dst) and not _names_folder(dst))
+    fmt = "burnpack" if burnpack else output_format
+    into_folder = False
+    if _names_folder(dst):
+        name = _output_name(src_path, burnpack and kind == "quantize")
+        if dst_path.is_dir():  # an existing folder: the file goes in it, written atomically
+            dst_path = dst_path / name
+            if same_file(src_path, dst_path):
+                raise CheckpointError(dst_path, None, "is the input file; write to another name "
+                                      "(--force never overwrites the input)")
+        else:  # a new folder holding the one file, made as a whole
+            into_folder = True
+    elif same_file(src_path, dst_path):
+        raise CheckpointError(dst, None, "is the input file; write to another name "
+                              "(--force never overwrites the input)")
+    fp = _plan_file(kind, src_path, _output_name(src_path, burnpack and kind == "quantize")
+                    if into_folder else dst_path.name, scheme, options)
+    return Plan(kind, src_path, dst_path, None, [fp], scheme, options, fmt, into_folder)
+
+
+def _plan_file(kind: str, path: Path, rel: str, scheme: QuantScheme | None,
+               options: FileOptions) -> FilePlan:
+    with open_checkpoint(path) as ckpt:
+        if kind == "quantize":
+            assert scheme is not None
+            _check_not_quantized(ckpt)
+            return FilePlan(path, rel, plan(ckpt, scheme, options), _names(ckpt))
+        # dequantize: a "decision" per output tensor: quantized (its scheme) or copied
+        entries = _entries(ckpt)
+        part_of = {p: e for e in entries.values() for p in e.parts.values()}
+        decisions = []
+        for t in ckpt.tensors:
+            e = part_of.get(t.name)
+            if e is None:
+                decisions.append(Decision(t, None, why="plain", detail="not quantized"))
+            elif t.name == e.parts["values"]:
+                nbytes = sum(ckpt.info(p).nbytes for p in e.parts.values())
+                info = TensorInfo(e.name, NAME_TO_ST[e.dtype], e.shape, nbytes)
+                decisions.append(Decision(info, e.scheme))
+        return FilePlan(path, rel, decisions, _names(ckpt))
+
+
+def _names(ckpt: Any) -> frozenset[str]:
+    return frozenset(t.name for t in ckpt.tensors)
+
+
+# -- inspect and report ---------------------------------------------------------------------------
+def inspect_path(src: Any) -> dict[str, Any]:
+    """:func:`~.commands.inspect_file` of a file, or of every checkpoint in a folder together
+    (each row then names its ``file``)."""
+    path = Path(src)
+    if not path.is_dir():
+        return inspect_file(src)
+    folder = scan_folder(path)
+    infos = [inspect_file(folder.path(rel)) for rel in folder.checkpoints]
+    rows = []
+    for rel, info in zip(folder.checkpoints, infos):
+        rows += [{**r, "file": rel} for r in info["tensors"]]
+    rows.sort(key=lambda r: natural_key(r["name"]))
+    common = dict(infos[0]["metadata"])
+    for info in infos[1:]:
+        common = {k: v for k, v in common.items() if info["metadata"].get(k) == v}
+    return {
+        "file": str(src),
+        "format": "folder",
+        "file_bytes": sum(i["file_bytes"] for i in infos),
+        "metadata": common,
+        "files": [{"file": rel, "format": i["format"], "file_bytes": i["file_bytes"],
+                   "metadata": i["metadata"]} for rel, i in zip(folder.checkpoints, infos)],
+        "tensors": rows,
+    }
+
+
+def plan_report(src: Any, scheme: QuantScheme, options: FileOptions) -> list[FilePlan]:
+    path = Path(src)
+    if not path.is_dir():
+        return [_plan_file("quantize", path, path.name, scheme, options)]
+    folder = scan_folder(path)
+    return [_plan_file("quantize", folder.path(rel), rel, scheme, options)
+            for rel in folder.checkpoints]
+
+
+def report_path(src: Any, scheme: QuantScheme, options: FileOptions | None = None, *,
+                jobs: int = 1, threads: int | None = None,
+                progress: TensorProgress = _no_progress) -> dict[str, Any]:
+    """:func:`~.commands.report_file` of a file, or of a folder's checkpoints together."""
+    options = options or FileOptions()
+    files = plan_report(src, scheme, options)  # every --strict error before any work
+    tasks = [Task(f.rel, measure_file, (f.src, scheme, options)) for f in files]
+    measured: list[Measured] = run_tasks(tasks, jobs, threads, progress)
+    return report_dict(str(src), scheme, options, measured)
