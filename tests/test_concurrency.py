@@ -330,3 +330,68 @@ def test_set_num_threads_bounds_every_call():
         assert after - before <= 1, (before, after)  # the pool's one worker, at most
         assert bq.get_num_threads() == 1
     """)
+
+
+@pytest.mark.parametrize("bad", [-1, -(2**70), 2**70, 1 << 17])
+def test_set_num_threads_refuses_bad_counts_with_a_value_error(bad):
+    with pytest.raises(ValueError, match="set_num_threads"):
+        bq.set_num_threads(bad)
+    with pytest.raises(TypeError):
+        bq.set_num_threads(1.5)
+    with pytest.raises(TypeError):
+        bq.set_num_threads(True)
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-3", ""])
+def test_a_bad_thread_variable_is_a_warning_and_the_default(value):
+    proc = _run(f"""
+        import os, warnings
+        os.environ["BLOCKQUANT_NUM_THREADS"] = {value!r}
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            import blockquant as bq
+        assert any("BLOCKQUANT_NUM_THREADS" in str(x.message) for x in w), [str(x.message) for x in w]
+        assert bq.get_num_threads() == (os.cpu_count() or 1) or bq.get_num_threads() >= 1
+    """)
+    assert proc.returncode == 0
+
+
+def test_a_caught_panic_prints_nothing():
+    proc = _run("""
+        import blockquant as bq
+        try:
+            bq._core._panic_for_tests()
+        except bq.InternalError as e:
+            assert "please report" in str(e)
+    """)
+    assert proc.stderr == ""
+
+
+def test_out_of_memory_is_a_memory_error_and_the_process_lives():
+    """Under an address-space limit every allocation, numpy's or the core's, fails as
+    MemoryError and the process carries on."""
+    try:
+        import resource
+    except ImportError:
+        pytest.skip("no resource module")
+    _run("""
+        import resource
+        import numpy as np, blockquant as bq
+
+        x = np.random.default_rng(0).standard_normal(1 << 24).astype(np.float32)  # 64 MiB
+        qt = bq.quantize(x, bq.presets.int8())
+        bq.quantize(x[:1024], bq.presets.nvfp4()).to_bytes()  # the pool and its threads exist
+        with open("/proc/self/status") as f:
+            vm = next(int(l.split()[1]) for l in f if l.startswith("VmSize:")) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (4 << 20), resource.RLIM_INFINITY))
+        failed = []
+        for call in (lambda: qt.dequantize(), lambda: qt.to_bytes(),
+                     lambda: bq.quantize(x, bq.presets.int8())):
+            try:
+                call()
+            except MemoryError:
+                failed.append(True)
+        assert len(failed) == 3, failed  # 64, 16 and 16 MiB do not fit in 4 MiB of headroom
+        resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        assert bq.quantize(x[:64], bq.presets.int8()).nbytes == 68  # alive and well
+    """)

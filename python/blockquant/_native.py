@@ -8,6 +8,9 @@ parsed by the core, which owns the list of choices.
 
 from __future__ import annotations
 
+import os
+import warnings
+
 from . import _core
 from ._core import (
     Layout,
@@ -16,6 +19,9 @@ from ._core import (
     dequantize,
     from_bytes,
     get_num_threads,
+    ggml_dequantize,
+    ggml_quantize,
+    ggml_types,
     quantize,
     round_scale,
     set_num_threads,
@@ -29,6 +35,9 @@ __all__ = [
     "dequantize",
     "from_bytes",
     "get_num_threads",
+    "ggml_dequantize",
+    "ggml_quantize",
+    "ggml_types",
     "quantize",
     "round_scale",
     "set_num_threads",
@@ -40,3 +49,25 @@ __all__ = [
 def panic_for_tests() -> None:
     """Panic inside the core's thread pool (tests prove it surfaces as ``InternalError``)."""
     _core._panic_for_tests()
+
+
+def _check_thread_variable() -> None:
+    """The core reads BLOCKQUANT_NUM_THREADS and ignores a value that is not a positive count;
+    say so once, instead of silently running on the default."""
+    raw = os.environ.get("BLOCKQUANT_NUM_THREADS")
+    if raw is None:
+        return
+    try:
+        ok = int(raw.strip()) > 0
+    except ValueError:
+        ok = False
+    if not ok:
+        warnings.warn(
+            f"BLOCKQUANT_NUM_THREADS={raw!r} is not a positive number of threads: ignored, "
+            "blockquant uses the default (all cores)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+_check_thread_variable()

@@ -8,29 +8,37 @@ use crate::quantize::Scales;
 
 /// Serialize a quantized tensor. `scales` must already fit `layout` (see [`Scales::from_stored`]).
 pub fn to_bytes(layout: &Layout, storage: Storage<'_>, scales: &Scales) -> Vec<u8> {
+    let mut out = vec![0u8; layout.total_bytes()];
+    write_bytes(layout, storage, scales, &mut out);
+    out
+}
+
+/// [`to_bytes`] into a caller's buffer of exactly `layout.total_bytes()` bytes (the binding
+/// hands Python's own bytes object, so a failed allocation is Python's `MemoryError`).
+pub fn write_bytes(layout: &Layout, storage: Storage<'_>, scales: &Scales, out: &mut [u8]) {
+    assert_eq!(out.len(), layout.total_bytes(), "output length");
     let dtype = layout.scheme.scale_dtype();
-    let mut out = Vec::with_capacity(layout.total_bytes());
+    let mut at = 0;
+    let mut put = |b: &[u8]| {
+        out[at..at + b.len()].copy_from_slice(b);
+        at += b.len();
+    };
     match storage {
-        Storage::U8(b) => out.extend_from_slice(b),
-        Storage::U32(ws) => ws
-            .iter()
-            .for_each(|w| out.extend_from_slice(&w.to_le_bytes())),
+        Storage::U8(b) => put(b),
+        Storage::U32(ws) => ws.iter().for_each(|w| put(&w.to_le_bytes())),
     }
+    let mut scale = |s: f32| {
+        let (b, n) = dtype.le_bytes(s);
+        put(&b[..n]);
+    };
     // burn stores block scales in the values' swapped order when they pack along an outer axis.
     match layout.scale_byte_order() {
-        None => scales
-            .stored
-            .iter()
-            .for_each(|&s| dtype.write_le(s, &mut out)),
-        Some(order) => order
-            .iter()
-            .for_each(|&g| dtype.write_le(scales.stored[g], &mut out)),
+        None => scales.stored.iter().for_each(|&s| scale(s)),
+        Some(order) => order.iter().for_each(|&g| scale(scales.stored[g])),
     }
     if let Some(g) = scales.global {
-        out.extend_from_slice(&g.to_le_bytes());
+        put(&g.to_le_bytes());
     }
-    debug_assert_eq!(out.len(), layout.total_bytes());
-    out
 }
 
 /// The parts of a byte layout: storage bytes (words little-endian), decoded scales, global.

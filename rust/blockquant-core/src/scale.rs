@@ -145,6 +145,13 @@ impl ScaleDtype {
 
     /// Append the little-endian encoding of `v`, which must be representable.
     pub fn write_le(self, v: f32, out: &mut Vec<u8>) {
+        let (bytes, n) = self.le_bytes(v);
+        out.extend_from_slice(&bytes[..n]);
+    }
+
+    /// The little-endian encoding of `v`, which must be representable: the first
+    /// `size_bytes()` bytes of the array.
+    pub fn le_bytes(self, v: f32) -> ([u8; 4], usize) {
         // A −0 read from bytes is kept as −0, so a bytes round trip is exact (rounding a computed
         // scale never makes one).
         let code = if v == 0.0 && v.is_sign_negative() && self.has_zero() {
@@ -156,11 +163,7 @@ impl ScaleDtype {
         } else {
             self.nearest_code(v)
         };
-        match self.size_bytes() {
-            4 => out.extend_from_slice(&code.to_le_bytes()),
-            2 => out.extend_from_slice(&(code as u16).to_le_bytes()),
-            _ => out.push(code as u8),
-        }
+        (code.to_le_bytes(), self.size_bytes())
     }
 
     /// Read one little-endian scale. `bytes.len()` must be `size_bytes()`.

@@ -13,11 +13,12 @@ use blockquant_core::{
     QuantizeOptions, Rounding, ScaleDtype, ScaleRounding, Scales, Storage, StorageMut,
 };
 use numpy::{
-    IxDyn, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
+    PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+
 
 mod errors {
     pyo3::import_exception!(blockquant.errors, QuantError);
@@ -275,15 +276,29 @@ fn bytes_of_mut(s: &mut [i8]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, s.len()) }
 }
 
+/// A fresh zeroed numpy array, made by numpy itself so that an allocation it cannot make is
+/// Python's `MemoryError` (the numpy crate's constructors turn a failed allocation into a null
+/// pointer panic).
+fn zeros<'py, T: numpy::Element>(
+    py: Python<'py>,
+    shape: &[usize],
+) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
+    let np = py.import("numpy")?;
+    let shape = pyo3::types::PyTuple::new(py, shape)?;
+    let arr = np.call_method1("zeros", (shape, numpy::dtype::<T>(py)))?;
+    arr.cast_into::<PyArrayDyn<T>>()
+        .map_err(|_| PyTypeError::new_err("numpy.zeros made an array of another type"))
+}
+
 /// Fresh storage of the layout's dtype and shape.
-fn new_storage<'py>(py: Python<'py>, layout: &Layout) -> Bound<'py, PyUntypedArray> {
-    let shape = IxDyn(&layout.storage_shape());
+fn new_storage<'py>(py: Python<'py>, layout: &Layout) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let shape = layout.storage_shape();
     let arr = match StorageDtype::of(layout) {
-        StorageDtype::U32 => PyArrayDyn::<u32>::zeros(py, shape, false).into_any(),
-        StorageDtype::I8 => PyArrayDyn::<i8>::zeros(py, shape, false).into_any(),
-        StorageDtype::U8 => PyArrayDyn::<u8>::zeros(py, shape, false).into_any(),
+        StorageDtype::U32 => zeros::<u32>(py, &shape)?.into_any(),
+        StorageDtype::I8 => zeros::<i8>(py, &shape)?.into_any(),
+        StorageDtype::U8 => zeros::<u8>(py, &shape)?.into_any(),
     };
-    arr.cast_into::<PyUntypedArray>().expect("a numpy array")
+    Ok(arr.cast_into::<PyUntypedArray>().expect("a numpy array"))
 }
 
 /// Run `f`, with the GIL released, on storage made by [`new_storage`] for `layout`.
@@ -366,7 +381,7 @@ fn f32_array<'py>(
     data: &[f32],
     shape: &[usize],
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
-    let arr = PyArrayDyn::<f32>::zeros(py, IxDyn(shape), false);
+    let arr = zeros::<f32>(py, shape)?;
     {
         let mut rw = arr.readwrite();
         rw.as_slice_mut()
@@ -449,7 +464,7 @@ fn quantize<'py>(
             scales: given,
             global: global_scale,
         };
-        let storage = new_storage(py, &layout);
+        let storage = new_storage(py, &layout)?;
         let sc = with_input(x, kind, |xs| {
             with_storage_mut(&storage, &layout, |out| {
                 pool::install(|| q::quantize(xs, &layout, &opts, Some(explicit), out))
@@ -487,7 +502,6 @@ fn dequantize<'py>(
         let layout = layout(scheme, &shape)?;
         let sc = stored_scales(&layout, &scales, global_scale)?;
         let eff = sc.effective();
-        let dims = IxDyn(&shape);
         let run = |out: Output<'_>| {
             with_storage(values, &layout, |st| {
                 pool::install(|| q::dequantize(&layout, st, eff, out))
@@ -495,21 +509,21 @@ fn dequantize<'py>(
         };
         let arr = match dtype {
             "float32" => {
-                let a = PyArrayDyn::<f32>::zeros(py, dims, false);
+                let a = zeros::<f32>(py, &shape)?;
                 run(Output::F32(
                     a.readwrite().as_slice_mut().expect("contiguous"),
                 ))?;
                 a.into_any()
             }
             "float64" => {
-                let a = PyArrayDyn::<f64>::zeros(py, dims, false);
+                let a = zeros::<f64>(py, &shape)?;
                 run(Output::F64(
                     a.readwrite().as_slice_mut().expect("contiguous"),
                 ))?;
                 a.into_any()
             }
             "float16" | "bfloat16" => {
-                let a = PyArrayDyn::<u16>::zeros(py, dims, false);
+                let a = zeros::<u16>(py, &shape)?;
                 {
                     let mut rw = a.readwrite();
                     let bits = rw.as_slice_mut().expect("contiguous");
@@ -552,8 +566,12 @@ fn to_bytes<'py>(
     guarded(|| {
         let layout = layout(scheme, &shape)?;
         let sc = stored_scales(&layout, &scales, global_scale)?;
-        let data = with_storage(values, &layout, |st| bytes::to_bytes(&layout, st, &sc))?;
-        Ok(PyBytes::new(py, &data))
+        let n = layout.total_bytes();
+        // Written straight into the bytes object: no copy, and a failed allocation is Python's
+        // own MemoryError.
+        PyBytes::new_with(py, n, |buf| {
+            with_storage(values, &layout, |st| bytes::write_bytes(&layout, st, &sc, buf))
+        })
     })
 }
 
@@ -568,7 +586,7 @@ fn from_bytes<'py>(
     guarded(|| {
         let layout = layout(scheme, &shape)?;
         let parts = bytes::from_bytes(&layout, data).map_err(to_py)?;
-        let storage = new_storage(py, &layout);
+        let storage = new_storage(py, &layout)?;
         with_storage_mut(&storage, &layout, |out| match out {
             StorageMut::U8(dst) => dst.copy_from_slice(parts.storage),
             StorageMut::U32(dst) => {
@@ -621,7 +639,7 @@ fn round_scale<'py>(
         let dtype = scale_dtype_arg(dtype)?;
         let mode = mode.0;
         let src = contiguous(&scales, "scales")?;
-        let out = PyArrayDyn::<f32>::zeros(py, IxDyn(scales.shape()), false);
+        let out = zeros::<f32>(py, scales.shape())?;
         {
             let mut rw = out.readwrite();
             let dst = rw.as_slice_mut().expect("a fresh array is contiguous");
@@ -634,9 +652,22 @@ fn round_scale<'py>(
 
 /// Bound the kernels' thread pool (0: back to `BLOCKQUANT_NUM_THREADS` or all cores).
 #[pyfunction]
-fn set_num_threads(n: usize) -> PyResult<()> {
+fn set_num_threads(n: &Bound<'_, PyAny>) -> PyResult<()> {
     guarded(|| {
-        pool::set_num_threads(n);
+        if n.is_instance_of::<pyo3::types::PyBool>() || !n.is_instance_of::<pyo3::types::PyInt>()
+        {
+            return Err(PyTypeError::new_err(format!(
+                "set_num_threads takes an int, got {}",
+                n.get_type().name()?
+            )));
+        }
+        let n = n.extract::<i64>().ok().filter(|&v| (0..=1 << 16).contains(&v));
+        let n = n.ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err(
+                "set_num_threads takes 0 (the default) to 65536 threads",
+            )
+        })?;
+        pool::set_num_threads(n as usize);
         Ok(())
     })
 }
@@ -658,6 +689,10 @@ fn _panic_for_tests(py: Python<'_>) -> PyResult<()> {
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // Every entry point catches panics and raises InternalError with the message; Rust's default
+    // hook would also print it on stderr, which a caller's one-line error contract cannot have.
+    // (This hook is this extension's own: each cdylib carries its own std.)
+    std::panic::set_hook(Box::new(|_| {}));
     m.add_class::<Scheme>()?;
     m.add_class::<LayoutInfo>()?;
     m.add_function(wrap_pyfunction!(quantize, m)?)?;
