@@ -370,10 +370,7 @@ def test_a_caught_panic_prints_nothing():
 def test_out_of_memory_is_a_memory_error_and_the_process_lives():
     """Under an address-space limit every allocation, numpy's or the core's, fails as
     MemoryError and the process carries on."""
-    try:
-        import resource
-    except ImportError:
-        pytest.skip("no resource module")
+    pytest.importorskip("resource")
     _run("""
         import resource
         import numpy as np, blockquant as bq

@@ -79,6 +79,7 @@ def dequantize(
     scheme: Scheme,
     shape: Sequence[int],
     dtype: str = "float32",
+    out: Optional[npt.NDArray[np.generic]] = None,
 ) -> npt.NDArray[np.generic]: ...
 def to_bytes(
     values: npt.NDArray[np.generic],

@@ -182,19 +182,32 @@ class QTensor:
         return float("inf") if n == 0 else 8.0 * self.nbytes / n
 
     # -- conversions -----------------------------------------------------------------------
-    def dequantize(self, dtype: Any = np.float32) -> np.ndarray:
+    def dequantize(self, dtype: Any = None, *, out: Optional[np.ndarray] = None) -> np.ndarray:
         """x̂ = decode(q) × scale as float32, or converted from that f32 result (round to nearest
-        even) to float16, bfloat16 or float64 — written directly, with no float32 temporary."""
+        even) to float16, bfloat16 or float64 — written directly, with no float32 temporary.
+
+        ``out``: a caller's array to write into instead of a new one (reused buffers skip the
+        page faults of fresh memory): C-contiguous, writeable, of the tensor's shape and of
+        ``dtype`` (which defaults to ``out``'s), sharing no memory with the tensor. Returns it.
+        """
+        if dtype is None:
+            dtype = np.float32 if out is None else getattr(out, "dtype", np.float32)
         name = _output_dtype_name(dtype)
-        out = _native.dequantize(
-            self._values, self._scales, self._global, self._scheme._handle, self._shape, name
+        target = None
+        if out is not None:
+            target = _check_out(out, name, self)
+        res = _native.dequantize(
+            self._values, self._scales, self._global, self._scheme._handle, self._shape, name,
+            target,
         )
+        if out is not None:
+            return out
         if name == "float16":
-            out = out.view(np.float16)
+            res = res.view(np.float16)
         elif name == "bfloat16":
-            out = out.view(_import_ml_dtypes().bfloat16)
+            res = res.view(_import_ml_dtypes().bfloat16)
         # The numpy crate makes 0-d arrays as shape (1,): give back the caller's shape.
-        return out.reshape(self._shape)
+        return res.reshape(self._shape)
 
     def to_bytes(self) -> bytes:
         """burn's layout (SPEC §9): values, then scales, then the f32 per-tensor scale."""
@@ -368,11 +381,27 @@ def quantize(
     return QTensor._new(values, stored, g_out, scheme, xs.shape)
 
 
-def dequantize(qt: QTensor, dtype: Any = np.float32) -> np.ndarray:
-    """``qt.dequantize(dtype)``."""
+def dequantize(qt: QTensor, dtype: Any = None, *, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """``qt.dequantize(dtype, out=out)``."""
     if not isinstance(qt, QTensor):
         raise TypeError(f"dequantize takes a QTensor, got {type(qt).__name__}")
-    return qt.dequantize(dtype)
+    return qt.dequantize(dtype, out=out)
+
+
+def _check_out(out: Any, name: str, qt: QTensor) -> np.ndarray:
+    """The caller's output array as the core writes it (half types as their uint16 bits), after
+    every check: a bad one is a TypeError or ValueError, and nothing is written."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+    if out.dtype.name != name or not out.dtype.isnative:
+        raise TypeError(f"out must be a native-order {name} array, got {out.dtype}")
+    if out.shape != qt.shape:
+        raise ValueError(f"out must have the tensor's shape {qt.shape}, got {out.shape}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out must be a writeable C-contiguous array")
+    if np.shares_memory(out, qt.values) or np.shares_memory(out, qt.scales):
+        raise ValueError("out shares memory with the tensor it would be written from")
+    return out.view(np.uint16) if name in ("float16", "bfloat16") else out
 
 
 def round_scale(arr: Any, dtype: ScaleDtype, mode: ScaleRounding = "up") -> np.ndarray:

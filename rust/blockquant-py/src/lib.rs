@@ -485,10 +485,37 @@ fn stored_scales(
     Scales::from_stored(layout, s.to_vec(), global).map_err(to_py)
 }
 
+/// The array dequantize writes: the caller's `out` (checked: dtype, shape, C-contiguous,
+/// writeable, not shared with an input), or a fresh one.
+fn output_array<'py, T: numpy::Element>(
+    py: Python<'py>,
+    shape: &[usize],
+    out: Option<&Bound<'py, PyUntypedArray>>,
+) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
+    let Some(out) = out else {
+        return zeros::<T>(py, shape);
+    };
+    let a = out.cast::<PyArrayDyn<T>>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "out must be a {} array, got {}",
+            numpy::dtype::<T>(py),
+            out.dtype()
+        ))
+    })?;
+    if a.shape() != shape {
+        return Err(PyTypeError::new_err(format!(
+            "out must have shape {shape:?}, got {:?}",
+            a.shape()
+        )));
+    }
+    Ok(a.clone())
+}
+
 /// Dequantize storage + stored scales to an array of `shape`: float32, float64, or float16 /
-/// bfloat16 returned as their uint16 bit patterns (the Python side views them).
+/// bfloat16 as their uint16 bit patterns (the Python side views them); into `out` if given.
 #[pyfunction]
-#[pyo3(signature = (values, scales, global_scale, scheme, shape, dtype="float32"))]
+#[pyo3(signature = (values, scales, global_scale, scheme, shape, dtype="float32", out=None))]
+#[allow(clippy::too_many_arguments)]
 fn dequantize<'py>(
     py: Python<'py>,
     values: &Bound<'py, PyUntypedArray>,
@@ -497,6 +524,7 @@ fn dequantize<'py>(
     scheme: &Bound<'py, Scheme>,
     shape: Vec<usize>,
     dtype: &str,
+    out: Option<Bound<'py, PyUntypedArray>>,
 ) -> PyResult<Bound<'py, PyUntypedArray>> {
     guarded(|| {
         let layout = layout(scheme, &shape)?;
@@ -507,26 +535,39 @@ fn dequantize<'py>(
                 pool::install(|| q::dequantize(&layout, st, eff, out))
             })
         };
+        // A caller's array may alias an input or be read-only or strided: numpy's borrow
+        // tracking and contiguity checks say so as errors, never as a panic.
+        fn writable<'a, T: numpy::Element>(
+            rw: &'a mut numpy::PyReadwriteArrayDyn<'_, T>,
+        ) -> PyResult<&'a mut [T]> {
+            rw.as_slice_mut()
+                .map_err(|_| PyTypeError::new_err("out must be a C-contiguous array"))
+        }
+        fn borrow<'py, T: numpy::Element>(
+            a: &Bound<'py, PyArrayDyn<T>>,
+        ) -> PyResult<numpy::PyReadwriteArrayDyn<'py, T>> {
+            a.try_readwrite().map_err(|e| {
+                pyo3::exceptions::PyValueError::new_err(format!(
+                    "out must be writeable and share no memory with the tensor: {e}"
+                ))
+            })
+        }
         let arr = match dtype {
             "float32" => {
-                let a = zeros::<f32>(py, &shape)?;
-                run(Output::F32(
-                    a.readwrite().as_slice_mut().expect("contiguous"),
-                ))?;
+                let a = output_array::<f32>(py, &shape, out.as_ref())?;
+                run(Output::F32(writable(&mut borrow(&a)?)?))?;
                 a.into_any()
             }
             "float64" => {
-                let a = zeros::<f64>(py, &shape)?;
-                run(Output::F64(
-                    a.readwrite().as_slice_mut().expect("contiguous"),
-                ))?;
+                let a = output_array::<f64>(py, &shape, out.as_ref())?;
+                run(Output::F64(writable(&mut borrow(&a)?)?))?;
                 a.into_any()
             }
             "float16" | "bfloat16" => {
-                let a = zeros::<u16>(py, &shape)?;
+                let a = output_array::<u16>(py, &shape, out.as_ref())?;
                 {
-                    let mut rw = a.readwrite();
-                    let bits = rw.as_slice_mut().expect("contiguous");
+                    let mut rw = borrow(&a)?;
+                    let bits = writable(&mut rw)?;
                     let (ptr, len) = (bits.as_mut_ptr(), bits.len());
                     if dtype == "float16" {
                         // SAFETY: F16Bits is a repr(transparent) u16; the slice is ours alone.
