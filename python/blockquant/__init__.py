@@ -26,6 +26,7 @@ from .errors import (
     UnexpectedGlobalScaleError,
     UnsupportedSchemeError,
 )
+from .files import dequantize_file, load, quantize_file
 from .options import QuantOptions
 from .qtensor import QTensor, dequantize, quantize, round_scale
 from .scheme import BlockScale, Layout, QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype
@@ -47,6 +48,9 @@ __all__ = [
     "metrics",
     "save_burnpack",
     "load_burnpack",
+    "quantize_file",
+    "dequantize_file",
+    "load",
     "set_num_threads",
     "get_num_threads",
     "QuantError",

@@ -178,7 +178,7 @@ def _progress(plan_: Plan | None, total: int, label: str, args: argparse.Namespa
                             f"({_human(t.nbytes)} -> {_human(d.bytes_after)})")
                 else:
                     text = f"{_shape(t.shape)} {t.dtype_name} kept: {d.detail}"
-                what[(f.rel, t.name)] = text
+                what[(f.rel if plan_.folder is not None else None, t.name)] = text
     folder = plan_ is None or plan_.folder is not None
 
     def describe(file: Any, name: str) -> str:

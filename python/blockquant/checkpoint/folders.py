@@ -591,6 +591,11 @@ def inspect_path(src: Any) -> dict[str, Any]:
     if not path.is_dir():
         return inspect_file(src)
     folder = scan_folder(path)
+    held = {}
+    for rel in folder.checkpoints:
+        with open_checkpoint(folder.path(rel)) as ckpt:
+            held[rel] = _names(ckpt)
+    _check_index_against_shards(folder, held)
     infos = [inspect_file(folder.path(rel)) for rel in folder.checkpoints]
     rows = []
     for rel, info in zip(folder.checkpoints, infos):
@@ -615,8 +620,10 @@ def plan_report(src: Any, scheme: QuantScheme, options: FileOptions) -> list[Fil
     if not path.is_dir():
         return [_plan_file("quantize", path, path.name, scheme, options)]
     folder = scan_folder(path)
-    return [_plan_file("quantize", folder.path(rel), rel, scheme, options)
-            for rel in folder.checkpoints]
+    files = [_plan_file("quantize", folder.path(rel), rel, scheme, options)
+             for rel in folder.checkpoints]
+    _check_index_against_shards(folder, {f.rel: f.names for f in files})
+    return files
 
 
 def report_path(src: Any, scheme: QuantScheme, options: FileOptions | None = None, *,

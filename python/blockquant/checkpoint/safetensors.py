@@ -106,7 +106,11 @@ class SafetensorsCheckpoint(Checkpoint):
             if not ok:
                 entry = json.dumps(e)
                 entry = entry if len(entry) <= 200 else entry[:200] + "..."
-                raise self.error(name, f"malformed safetensors header entry {entry}")
+                why = ""
+                if isinstance(e, dict) and isinstance(e.get("shape"), list) and any(
+                        type(d) is int and not 0 <= d <= MAX_DIM for d in e["shape"]):
+                    why = " (dimensions are from 0 to 2^63 - 1)"
+                raise self.error(name, f"malformed safetensors header entry {entry}{why}")
             if not 0 <= a <= b <= data_len:
                 raise self.error(
                     name,

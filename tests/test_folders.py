@@ -1,0 +1,396 @@
+"""Model folders (issue 12): a Hugging Face-style folder in, a folder of the same shape out.
+
+Shards keep their names, the index's weight_map names the new tensors, other files are copied
+byte for byte, weights in other formats are left out and listed, the output appears whole or
+not at all (errors, Ctrl-C, SIGTERM: tests/test_hostile_inputs.py), ``--jobs`` gives the same
+bytes as one job with each job's own thread budget, and ``inspect``/``report``/``dequantize``
+take folders too."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import blockquant as bq
+from blockquant.checkpoint.folders import Task, run_tasks
+from blockquant.cli import main
+
+INDEX = "model.safetensors.index.json"
+OTHER_FILES = {
+    "config.json": '{"model_type": "llama", "hidden_size": 64}',
+    "tokenizer.json": '{"version": "1.0", "model": {"vocab": {"a": 0}}}',
+    "generation_config.json": "{}",
+    "1_Pooling/config.json": '{"pooling_mode_mean_tokens": true}',
+}
+
+
+def run(*argv):
+    return main([str(a) for a in argv])
+
+
+def one_error_line(capsys, *words):
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("blockquant: error: "), err
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    return lines[0]
+
+
+def listing(folder):
+    return sorted(str(p.relative_to(folder)) for p in Path(folder).rglob("*"))
+
+
+def make_model(root: Path, n_shards: int = 3, seed: int = 0, rows: int = 32) -> dict:
+    """A small llama-like model in ``n_shards`` shards with an index, a config, a tokenizer,
+    a subfolder, PyTorch weights and a hidden cache folder. Returns name -> array."""
+    rng = np.random.default_rng(seed)
+    root.mkdir()
+    shards: list[dict] = [{} for _ in range(n_shards)]
+    shards[0]["model.embed_tokens.weight"] = rng.normal(0, 0.05, (rows, 64)).astype(np.float32)
+    for i in range(n_shards):
+        p = f"model.layers.{i}"
+        shards[i][f"{p}.self_attn.q_proj.weight"] = rng.normal(0, 0.02, (64, 64)).astype(
+            ml_dtypes.bfloat16)
+        shards[i][f"{p}.mlp.up_proj.weight"] = rng.normal(0, 0.02, (rows, 64)).astype(np.float16)
+        shards[i][f"{p}.input_layernorm.weight"] = np.ones(64, np.float32)
+        shards[i][f"{p}.self_attn.q_proj.bias"] = rng.normal(0, 0.1, 64).astype(np.float32)
+    shards[-1]["lm_head.weight"] = rng.normal(0, 0.05, (rows, 64)).astype(np.float32)
+    shards[-1]["model.rotary.inv_freq"] = np.arange(8, dtype=np.int64)
+    weight_map, total = {}, 0
+    for k, tensors in enumerate(shards):
+        name = f"model-{k + 1:05d}-of-{n_shards:05d}.safetensors"
+        save_file(tensors, str(root / name), metadata={"format": "pt"})
+        for t, arr in tensors.items():
+            weight_map[t] = name
+            total += arr.nbytes
+    (root / INDEX).write_text(json.dumps({"metadata": {"total_size": total},
+                                          "weight_map": weight_map}, indent=2))
+    for rel, text in OTHER_FILES.items():
+        (root / rel).parent.mkdir(exist_ok=True)
+        (root / rel).write_text(text)
+    (root / "pytorch_model.bin").write_bytes(b"PK\x03\x04 not really")
+    (root / ".cache").mkdir()
+    (root / ".cache" / "lock").write_text("x")
+    return {k: v for s in shards for k, v in s.items()}
+
+
+@pytest.fixture
+def model(tmp_path):
+    tensors = make_model(tmp_path / "model")
+    return tmp_path / "model", tensors
+
+
+def read_index(folder):
+    return json.loads((folder / INDEX).read_text())
+
+
+def shard_names(folder):
+    return sorted(p.name for p in folder.glob("*.safetensors"))
+
+
+# -- quantize a folder ---------------------------------------------------------------------------
+def test_sharded_folder_keeps_its_shape(tmp_path, model, capsys):
+    src, tensors = model
+    out = tmp_path / "out"
+    assert run("quantize", src, "-o", out, "--scheme", "nvfp4") == 0
+    summary = capsys.readouterr().out
+    # same shards, same other files (byte for byte), no PyTorch weights, nothing hidden
+    assert shard_names(out) == shard_names(src)
+    assert sorted(listing(out)) == sorted(
+        [*shard_names(src), INDEX, *OTHER_FILES, "1_Pooling"])
+    for rel, text in OTHER_FILES.items():
+        assert (out / rel).read_text() == text
+    assert "left out 1 weight files in other formats (pytorch_model.bin)" in summary
+    assert "3 checkpoint files, 4 other files copied" in summary
+    # 2-D float tensors quantized; norms, biases (1-D) and ints kept, and the summary says so
+    two_d = sorted(n for n, a in tensors.items() if a.ndim == 2)
+    assert f"{len(two_d)} of {len(tensors)} tensors quantized with e2m1" in summary
+    assert "left 7 tensors unquantized: 6 of rank below 2" in summary and "1 not floating" in summary
+    # the index maps every tensor the shards hold to its shard, and the sizes add up
+    index = read_index(out)
+    held = {}
+    for shard in shard_names(out):
+        for name in load_file(out / shard):
+            held[name] = shard
+    assert index["weight_map"] == held
+    assert list(index["weight_map"]) == sorted(held, key=lambda n: [
+        int(p) if p.isdigit() else p for p in __import__("re").split(r"(\d+)", n)])
+    sizes = sum(a.nbytes for s in shard_names(out) for a in load_file(out / s).values())
+    assert index["metadata"]["total_size"] == sizes
+    for name in two_d:
+        assert f"{name}.values" in held and f"{name}.scales" in held
+        assert held[f"{name}.values"] == read_index(src)["weight_map"][name]
+        got = bq.load(out / held[f"{name}.values"])[name]
+        assert got.to_bytes() == bq.quantize(tensors[name], "nvfp4").to_bytes()
+    for name in set(tensors) - set(two_d):
+        np.testing.assert_array_equal(load_file(out / held[name])[name], tensors[name])
+
+
+def test_folder_with_one_model_safetensors(tmp_path):
+    src = tmp_path / "m"
+    src.mkdir()
+    save_file({"w": np.ones((8, 32), np.float32)}, str(src / "model.safetensors"))
+    (src / "config.json").write_text("{}")
+    assert run("quantize", src, "-o", tmp_path / "q", "--scheme", "int8", "-q") == 0
+    assert listing(tmp_path / "q") == ["config.json", "model.safetensors"]
+    assert run("dequantize", tmp_path / "q", "-o", tmp_path / "d", "-q") == 0
+    np.testing.assert_array_equal(load_file(tmp_path / "d" / "model.safetensors")["w"], 1.0)
+
+
+def test_dequantize_a_folder_back(tmp_path, model):
+    src, tensors = model
+    q, d = tmp_path / "q", tmp_path / "d"
+    assert run("quantize", src, "-o", q, "--scheme", "int8_block32", "-q") == 0
+    assert run("dequantize", q, "-o", d, "-q") == 0
+    assert read_index(d)["weight_map"] == read_index(src)["weight_map"]
+    assert read_index(d)["metadata"]["total_size"] == read_index(src)["metadata"]["total_size"]
+    for shard in shard_names(src):
+        back = load_file(d / shard)
+        assert set(back) == set(load_file(src / shard))
+        for name, x in back.items():
+            want = tensors[name]
+            if want.ndim == 2:
+                want = bq.quantize(want, "int8_block32").dequantize(want.dtype)
+            assert x.dtype == want.dtype
+            np.testing.assert_array_equal(x, want)
+    for rel, text in OTHER_FILES.items():
+        assert (d / rel).read_text() == text
+
+
+def test_dequantize_a_shard_with_nothing_quantized(tmp_path):
+    src = tmp_path / "m"
+    src.mkdir()
+    save_file({"a": np.ones((4, 32), np.float32)}, str(src / "model-00001-of-00002.safetensors"))
+    save_file({"n": np.ones(4, np.float32)}, str(src / "model-00002-of-00002.safetensors"),
+              metadata={"keep": "me"})
+    assert run("quantize", src, "-o", tmp_path / "q", "--scheme", "int8", "-q") == 0
+    assert run("dequantize", tmp_path / "q", "-o", tmp_path / "d", "-q") == 0
+    meta = bq.checkpoint.open_checkpoint(tmp_path / "d" / "model-00002-of-00002.safetensors")
+    with meta:
+        assert meta.metadata == {"keep": "me"}  # the blockquant key is gone
+
+
+def test_symlinked_files_as_in_the_hub_cache(tmp_path, model):
+    src, _ = model
+    snap = tmp_path / "snapshot"
+    snap.mkdir()
+    for p in src.iterdir():
+        if p.is_file():
+            os.symlink(p, snap / p.name)
+    assert run("quantize", snap, "-o", tmp_path / "q", "--scheme", "int8", "-q") == 0
+    assert all(not p.is_symlink() for p in (tmp_path / "q").iterdir())
+    assert shard_names(tmp_path / "q") == shard_names(src)
+
+
+# -- jobs ---------------------------------------------------------------------------------------
+def test_jobs_give_the_same_bytes(tmp_path, model):
+    src, _ = model
+    for jobs in ("1", "3"):
+        assert run("quantize", src, "-o", tmp_path / f"j{jobs}", "--scheme", "nvfp4", "-q",
+                   "--jobs", jobs) == 0
+    for rel in listing(tmp_path / "j1"):
+        a, b = tmp_path / "j1" / rel, tmp_path / "j3" / rel
+        assert a.is_dir() == b.is_dir()
+        if a.is_file():
+            assert a.read_bytes() == b.read_bytes(), rel
+    assert run("dequantize", tmp_path / "j3", "-o", tmp_path / "d3", "-q", "--jobs", "2") == 0
+    assert run("dequantize", tmp_path / "j1", "-o", tmp_path / "d1", "-q") == 0
+    for shard in shard_names(src):
+        assert (tmp_path / "d1" / shard).read_bytes() == (tmp_path / "d3" / shard).read_bytes()
+
+
+def _threads_now(progress=None):
+    return bq.get_num_threads()
+
+
+@pytest.mark.parametrize("jobs, threads, each", [(2, 5, 2), (3, 2, 1)])
+def test_each_job_gets_its_share_of_the_threads(jobs, threads, each):
+    tasks = [Task(i, _threads_now, ()) for i in range(jobs)]
+    assert run_tasks(tasks, jobs, threads, lambda *a: None) == [each] * jobs
+
+
+def test_one_job_borrows_the_thread_bound_and_gives_it_back():
+    before = bq.get_num_threads()
+    assert run_tasks([Task(0, _threads_now, ())], 1, 1, lambda *a: None) == [1]
+    assert bq.get_num_threads() == before
+
+
+def test_a_failing_shard_stops_every_job_and_leaves_nothing(tmp_path, model, capsys):
+    src, _ = model
+    bad = np.ones((4, 32), np.float32)
+    bad[1, 2] = np.nan
+    last = src / "model-00003-of-00003.safetensors"
+    tensors = load_file(last)
+    tensors["zz.weight"] = bad
+    save_file(tensors, str(last))
+    before = listing(tmp_path)
+    for jobs in ("1", "2"):
+        assert run("quantize", src, "-o", tmp_path / "out", "--scheme", "int8", "--jobs",
+                   jobs) == 2
+        one_error_line(capsys, f"{last}: zz.weight:", "non-finite")
+        assert listing(tmp_path) == before
+
+
+def test_an_interrupted_run_leaves_no_half_folder(tmp_path, model):
+    src, _ = model
+    seen = []
+
+    def interrupt(file, name, nbytes):
+        seen.append(name)
+        if len(seen) == 5:
+            raise KeyboardInterrupt
+
+    before = listing(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        bq.quantize_file(src, tmp_path / "out", "int8", progress=interrupt)
+    assert listing(tmp_path) == before
+
+
+def test_peak_memory_is_bounded_by_the_largest_tensor(tmp_path):
+    """16 tensors of 8 MiB in 2 shards (128 MiB): quantizing holds about one at a time."""
+    src = tmp_path / "big"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    for k in range(2):
+        save_file({f"l{k}.{i}": rng.standard_normal((1024, 2048), np.float32) for i in range(8)},
+                  str(src / f"model-0000{k + 1}-of-00002.safetensors"))
+    code = textwrap.dedent(f"""
+        import resource, sys, blockquant as bq
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        bq.quantize_file({str(src)!r}, {str(tmp_path / "q")!r}, "int8_block32")
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print((peak - base) * 1024)
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert res.returncode == 0, res.stderr
+    grew = int(res.stdout)
+    assert grew < 48 << 20, f"peak grew by {grew / 2**20:.1f} MiB for 8 MiB tensors"
+
+
+# -- where the output goes -----------------------------------------------------------------------
+def test_existing_output_folder_needs_force(tmp_path, model, capsys):
+    src, _ = model
+    out = tmp_path / "out"
+    assert run("quantize", src, "-o", out, "--scheme", "int8", "-q") == 0
+    (out / "stale.txt").write_text("old run")
+    assert run("quantize", src, "-o", out, "--scheme", "nvfp4") == 2
+    one_error_line(capsys, str(out), "already exists (--force replaces it)")
+    assert (out / "stale.txt").exists()
+    assert run("quantize", src, "-o", out, "--scheme", "nvfp4", "-q", "--force") == 0
+    assert not (out / "stale.txt").exists()  # replaced as a whole
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_force_never_replaces_a_folder_that_is_not_a_model(tmp_path, model, capsys):
+    src, _ = model
+    precious = tmp_path / "docs"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    assert run("quantize", src, "-o", precious, "--scheme", "int8", "--force") == 2
+    one_error_line(capsys, "holding no checkpoint", "remove it yourself")
+    assert (precious / "thesis.tex").read_text() == "years of work"
+
+
+@pytest.mark.parametrize("where", ["same", "inside", "holds_input", "file"])
+def test_outputs_that_would_touch_the_input(tmp_path, model, capsys, where):
+    src, _ = model
+    out = {"same": src, "inside": src / "q", "holds_input": tmp_path,
+           "file": tmp_path / "f.safetensors"}[where]
+    if where == "file":
+        out.write_bytes(b"x")
+    before = listing(tmp_path)
+    assert run("quantize", src, "-o", out, "--scheme", "int8", "--force") == 2
+    one_error_line(capsys, str(out))
+    assert listing(tmp_path) == before
+
+
+@pytest.mark.parametrize("problem, words", [
+    ({"weight_map": {"w": "../elsewhere.safetensors"}}, "not a .safetensors file beside"),
+    ({"weight_map": {"w": "/etc/passwd"}}, "not a .safetensors file beside"),
+    ({"weight_map": {"w": "model-00009-of-00009.safetensors"}}, "not a .safetensors file"),
+    ({"weight_map": {"nope": "model-00001-of-00003.safetensors"}}, "nope: weight_map says"),
+    ({"weight_map": ["w"]}, "no weight_map object"),
+    ({"metadata": {}}, "no weight_map object"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ("{not json", "malformed index"),
+])
+def test_index_problems(tmp_path, model, capsys, problem, words):
+    src, _ = model
+    (src / INDEX).write_text(problem if isinstance(problem, str) else json.dumps(problem))
+    before = listing(tmp_path)
+    for argv in [("quantize", src, "-o", tmp_path / "out", "--scheme", "int8"),
+                 ("quantize", src, "-o", tmp_path / "out", "--scheme", "int8", "--dry-run"),
+                 ("inspect", src), ("report", src, "--scheme", "int8")]:
+        assert run(*argv) == 2, argv
+        one_error_line(capsys, INDEX, words)
+        assert listing(tmp_path) == before
+
+
+def test_a_folder_without_checkpoints(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert run("inspect", tmp_path / "empty") == 2
+    one_error_line(capsys, "holds no .safetensors file")
+
+
+# -- inspect, report, dry run ------------------------------------------------------------------
+def test_inspect_a_folder(tmp_path, model, capsys):
+    src, tensors = model
+    assert run("quantize", src, "-o", tmp_path / "q", "--scheme", "mxfp4", "-q") == 0
+    assert run("inspect", tmp_path / "q") == 0
+    out = capsys.readouterr().out
+    n_q = sum(a.ndim == 2 for a in tensors.values())
+    assert f"folder of 3 checkpoint files, {len(tensors)} tensors ({n_q} quantized)" in out
+    assert run("inspect", tmp_path / "q", "--json") == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["format"] == "folder" and len(info["files"]) == 3
+    assert {r["name"] for r in info["tensors"]} == set(tensors)
+    rows = {r["name"]: r for r in info["tensors"]}
+    assert rows["lm_head.weight"]["file"] == "model-00003-of-00003.safetensors"
+    assert info["metadata"] == {"format": "pt"}  # what every shard shares, less blockquant's
+    assert info["file_bytes"] == sum(os.path.getsize(p) for p in (tmp_path / "q").glob("*.safetensors"))
+
+
+def test_report_a_folder_sums_its_files(model, capsys):
+    src, tensors = model
+    reps = []
+    for jobs in ("1", "2"):
+        assert run("report", src, "--scheme", "nvfp4", "--json", "--jobs", jobs) == 0
+        reps.append(json.loads(capsys.readouterr().out))
+    assert reps[0]["tensors"] == [dict(r, seconds=r0["seconds"]) for r, r0 in
+                                  zip(reps[1]["tensors"], reps[0]["tensors"])]
+    rep = reps[0]
+    stats = bq.metrics.ErrorStats()
+    for x in tensors.values():
+        if x.ndim == 2:
+            stats += bq.metrics.ErrorStats.between(x, bq.quantize(x, "nvfp4").dequantize())
+    assert rep["overall"]["numel"] == stats.numel
+    assert rep["overall"]["sqnr_db"] == pytest.approx(stats.sqnr_db, rel=1e-9)
+    assert rep["file_total"]["tensors"] == len(tensors)
+    assert {k["why"] for k in rep["kept"]} == {"rank", "dtype"}
+
+
+def test_dry_run_lists_every_tensor_and_writes_nothing(tmp_path, model, capsys):
+    src, tensors = model
+    before = listing(tmp_path)
+    assert run("quantize", src, "-o", tmp_path / "out", "--scheme", "nvfp4", "--dry-run",
+               "--rule", "embed_tokens=int8", "--rule", "lm_head=keep") == 0
+    out = capsys.readouterr().out
+    assert listing(tmp_path) == before
+    assert "dry run, nothing written" in out
+    for name in tensors:
+        assert f"| {name} " in out
+    assert "| model-00001-of-00003.safetensors | model.embed_tokens.weight" in out
+    assert "q8s/native/tensor:f32" in out and "keep: --rule lm_head=keep" in out
+    assert "keep: rank 1, below --min-rank 2" in out
+    assert "would be quantized" in out

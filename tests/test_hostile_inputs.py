@@ -1,0 +1,451 @@
+"""Crafted files and arguments (issue 12's list): each is one line on stderr,
+``blockquant: error: FILE: TENSOR: message``, exit code 2, nothing written, no temporary file
+left, and nothing from the input ever run. Also the output-path rules (a trailing slash means a
+folder, the input is never an output, long names, SIGTERM) and dtype names for dequantize."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import blockquant as bq
+from blockquant.cli import main
+
+
+def run(*argv):
+    return main([str(a) for a in argv])
+
+
+def one_error_line(capsys, *words):
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("blockquant: error: "), err
+    assert "Traceback" not in err
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    return lines[0]
+
+
+def listing(folder):
+    """Every entry below ``folder``, hidden ones included (a temp file would show)."""
+    return sorted(str(p.relative_to(folder)) for p in Path(folder).rglob("*"))
+
+
+def write_header(path, header, data=b""):
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+
+
+def all_commands(src, out):
+    """Every command that reads ``src``, writing to ``out`` where it writes."""
+    return [
+        ("quantize", src, "-o", out, "--scheme", "int8"),
+        ("quantize", src, "-o", out, "--scheme", "int8", "--dry-run"),
+        ("dequantize", src, "-o", out),
+        ("inspect", src),
+        ("inspect", src, "--json"),
+        ("report", src, "--scheme", "int8"),
+    ]
+
+
+def assert_refused(tmp_path, capsys, src, *words):
+    """Every command refuses ``src`` in one line holding ``words``; nothing is written."""
+    before = listing(tmp_path)
+    lines = []
+    for argv in all_commands(src, tmp_path / "out.safetensors"):
+        assert run(*argv) == 2, argv
+        lines.append(one_error_line(capsys, *words))
+        assert listing(tmp_path) == before, argv
+    return lines
+
+
+# -- crafted safetensors headers ----------------------------------------------------------------
+def test_deeply_nested_json_header(tmp_path, capsys):
+    src = tmp_path / "deep.safetensors"
+    write_header(src, b"[" * 200_000 + b"]" * 200_000)
+    assert_refused(tmp_path, capsys, src, str(src), "nested too deeply")
+
+
+def test_deeply_nested_blockquant_metadata(tmp_path, capsys):
+    src = tmp_path / "deep.safetensors"
+    write_header(src, {"__metadata__": {"blockquant": "[" * 100_000 + "]" * 100_000}})
+    before = listing(tmp_path)
+    for argv in [("dequantize", src, "-o", tmp_path / "o.safetensors"), ("inspect", src)]:
+        assert run(*argv) == 2
+        one_error_line(capsys, str(src), "blockquant metadata")
+    assert listing(tmp_path) == before
+
+
+@pytest.mark.parametrize("where", ["name", "metadata key", "metadata value"])
+def test_lone_surrogate_in_names_and_metadata(tmp_path, capsys, where):
+    src = tmp_path / "s.safetensors"
+    name = "w\\ud800" if where == "name" else "w"
+    meta = {"k\\udfff": "v"} if where == "metadata key" else {"k": "v\\ud800"}
+    raw = ('{"__metadata__": %s, "%s": {"dtype": "F32", "shape": [2, 2], '
+           '"data_offsets": [0, 16]}}' % (json.dumps(meta).replace("\\\\", "\\"), name))
+    write_header(src, raw.encode(), bytes(16))
+    for line in assert_refused(tmp_path, capsys, src, "lone surrogate"):
+        line.encode("utf-8")  # printable: no surrogate reaches the terminal
+
+
+@pytest.mark.parametrize("shape", [[0, 2**64], [2**64, 0], [0, 2**63], [-1, 4], [3, -2]])
+def test_dims_out_of_range(tmp_path, capsys, shape):
+    src = tmp_path / "d.safetensors"
+    write_header(src, {"w": {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]}})
+    assert_refused(tmp_path, capsys, src, f"{src}: w: malformed safetensors header entry")
+
+
+def test_huge_shape_in_blockquant_metadata(tmp_path, capsys):
+    src = tmp_path / "m.safetensors"
+    save_file({"w": np.ones((4, 32), np.float32)}, str(src))
+    q = tmp_path / "q.safetensors"
+    assert run("quantize", src, "-o", q, "--scheme", "int8", "-q") == 0
+    raw = q.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8: 8 + n])
+    meta = json.loads(header["__metadata__"]["blockquant"])
+    meta["tensors"]["w"]["shape"] = [0, 2**64]
+    header["__metadata__"]["blockquant"] = json.dumps(meta)
+    bad = tmp_path / "bad.safetensors"
+    write_header(bad, header, raw[8 + n:])
+    before = listing(tmp_path)
+    for argv in [("dequantize", bad, "-o", tmp_path / "o.safetensors"), ("inspect", bad)]:
+        assert run(*argv) == 2
+        one_error_line(capsys, f"{bad}: w: malformed blockquant metadata")
+    assert listing(tmp_path) == before
+
+
+def test_huge_block_in_a_scheme_is_a_scheme_error(tmp_path, capsys):
+    src = tmp_path / "m.safetensors"
+    save_file({"w": np.ones((4, 32), np.float32)}, str(src))
+    assert run("quantize", src, "-o", tmp_path / "q.safetensors",
+               "--scheme", "q8s/native/block99999999999999999999999:f16") == 2
+    one_error_line(capsys, "--scheme")
+    assert listing(tmp_path) == ["m.safetensors"]
+
+
+# -- names that would break the line or drive the terminal -------------------------------------
+CONTROL_NAME = "evil\nname\x1b[31m\r\x07"
+
+
+def test_control_characters_in_names_are_escaped(tmp_path, capsys):
+    src = tmp_path / "c.safetensors"
+    bad = np.ones((2, 32), np.float32)
+    bad[0, 0] = np.nan  # quantize fails on this tensor: the error names it
+    save_file({CONTROL_NAME: bad}, str(src))
+    assert run("quantize", src, "-o", tmp_path / "q.safetensors", "--scheme", "int8") == 2
+    line = one_error_line(capsys, r"evil\x0aname\x1b[31m\x0d\x07")
+    assert "\x1b" not in line and "\r" not in line
+    assert listing(tmp_path) == ["c.safetensors"]
+    for argv in [("inspect", src), ("inspect", src, "--json"), ("report", src, "--scheme", "int8",
+                                                                   "--exclude", "evil")]:
+        assert run(*argv) == 0
+        out = capsys.readouterr().out
+        assert "\x1b" not in out and "\r" not in out and "\x07" not in out
+    assert run("quantize", src, "-o", tmp_path / "q.safetensors", "--scheme", "int8", "-n") == 0
+    assert "\x1b" not in capsys.readouterr().out
+
+
+# -- PyTorch checkpoints: refused, never unpickled -----------------------------------------------
+class _Boom:
+    """Unpickling this touches a file: the proof that nothing was unpickled is its absence."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _torch_zip(path, marker):
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", pickle.dumps({"w": _Boom(str(marker))}, protocol=2))
+        z.writestr("archive/version", "3\n")
+        z.writestr("archive/data/0", bytes(16))
+
+
+@pytest.mark.parametrize("name, kind", [("model.pt", "zip"), ("pytorch_model.bin", "zip"),
+                                        ("old.pt", "pickle"), ("weights.pth", "pickle"),
+                                        ("model.safetensors", "pickle"), ("m.npz", "zip")])
+def test_pytorch_checkpoints_are_refused_with_a_way_out(tmp_path, capsys, name, kind):
+    src, marker = tmp_path / name, tmp_path / "unpickled"
+    if kind == "zip":
+        _torch_zip(src, marker)
+    else:
+        src.write_bytes(pickle.dumps({"w": _Boom(str(marker))}, protocol=2))
+    assert_refused(tmp_path, capsys, src, str(src), "PyTorch checkpoint",
+                   "safetensors.torch.save_file")
+    assert not marker.exists()
+
+
+def test_folder_with_only_pytorch_weights(tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    _torch_zip(model / "pytorch_model.bin", tmp_path / "unpickled")
+    (model / "config.json").write_text("{}")
+    assert run("quantize", model, "-o", tmp_path / "out", "--scheme", "int8") == 2
+    one_error_line(capsys, str(model), "holds no .safetensors file", "PyTorch")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "unpickled").exists()
+
+
+# -- numpy files ---------------------------------------------------------------------------------
+def _npy(header: str, data: bytes) -> bytes:
+    h = header.encode("latin1")
+    h += b" " * (-(len(h) + 11) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h + data
+
+
+@pytest.mark.parametrize("shape, words", [
+    ("(1099511627776,)", "header claims"),           # 2^40 float32 over 16 bytes
+    ("(1048576, 1048576)", "header claims"),
+    ("(-1, 4)", "out of range"),
+    ("(4, -4)", "out of range"),
+    ("(18446744073709551616,)", "out of range"),
+])
+def test_npy_header_lies(tmp_path, capsys, shape, words):
+    src = tmp_path / "w.npy"
+    src.write_bytes(_npy("{'descr': '<f4', 'fortran_order': False, 'shape': %s, }" % shape,
+                         bytes(16)))
+    assert_refused(tmp_path, capsys, src, str(src), words)
+
+
+@pytest.mark.parametrize("compression", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED])
+def test_npz_member_claiming_2_40_elements(tmp_path, capsys, compression):
+    src = tmp_path / "m.npz"
+    with zipfile.ZipFile(src, "w", compression) as z:
+        z.writestr("w.npy", _npy("{'descr': '<f4', 'fortran_order': False, "
+                                 "'shape': (1099511627776,), }", bytes(16)))
+    assert_refused(tmp_path, capsys, src, f"{src}: w:", "header claims")
+
+
+def test_npy_of_python_objects(tmp_path, capsys):
+    src = tmp_path / "o.npy"
+    src.write_bytes(_npy("{'descr': '|O', 'fortran_order': False, 'shape': (1,), }",
+                         pickle.dumps(None)))
+    assert_refused(tmp_path, capsys, src, "Python objects")
+
+
+def test_npy_header_nested_deeply(tmp_path, capsys):
+    src = tmp_path / "n.npy"
+    src.write_bytes(_npy("{'descr': '<f4', 'fortran_order': False, 'shape': "
+                         + "(" * 3000 + ")" * 3000 + ", }", b""))
+    assert_refused(tmp_path, capsys, src, str(src))
+
+
+# -- arguments -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, words", [
+    (["demo", "--scale", "0"], "--scale: must be from 1 to 16, got 0"),
+    (["demo", "--scale", "-1"], "--scale"),
+    (["demo", "--repeat", "0"], "--repeat: must be at least 1"),
+    (["demo", "--seed", "-1"], "--seed: must be at least 0"),
+    (["demo", "--seed", "x"], "expected an integer"),
+    (["quantize", "a", "--scheme", "int8"], "the following arguments are required: -o"),
+    (["quantize", "a", "-o", "b", "--scheme", "int8", "--jobs", "0"], "--jobs"),
+    (["quantize", "a", "-o", "b", "--scheme", "int8", "--threads", "-2"], "--threads"),
+    (["quantize", "a", "-o", "b", "--scheme", "int8", "--min-rank", "-1"], "--min-rank"),
+    (["inspect"], "required"),
+    (["bench"], "invalid choice: 'bench'"),
+])
+def test_argument_errors_are_one_line(capsys, argv, words):
+    assert main(argv) == 2
+    one_error_line(capsys, words)
+
+
+def test_argument_errors_in_a_subprocess_have_no_usage_block(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "blockquant", "demo", "--scale", "0"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith("blockquant: error: demo: ")
+
+
+# -- outputs ------------------------------------------------------------------------------------
+@pytest.fixture
+def small(tmp_path):
+    src = tmp_path / "m.safetensors"
+    save_file({"w": np.random.default_rng(0).normal(size=(8, 64)).astype(np.float32),
+               "b": np.ones(64, np.float32)}, str(src))
+    return src
+
+
+def test_trailing_slash_means_a_new_folder(tmp_path, small, capsys):
+    assert run("quantize", small, "-o", f"{tmp_path}/newdir/", "--scheme", "int8", "-q") == 0
+    assert (tmp_path / "newdir").is_dir()
+    assert listing(tmp_path / "newdir") == ["m.safetensors"]
+    assert "w.values" in load_file(tmp_path / "newdir" / "m.safetensors")
+    assert run("dequantize", tmp_path / "newdir" / "m.safetensors", "-o", f"{tmp_path}/dq/",
+               "-q") == 0
+    assert listing(tmp_path / "dq") == ["m.safetensors"] and "w" in load_file(
+        tmp_path / "dq" / "m.safetensors")
+    # into an existing folder: the file goes in it, and an existing file needs --force
+    assert run("quantize", small, "-o", tmp_path / "newdir", "--scheme", "int8") == 2
+    one_error_line(capsys, "newdir/m.safetensors: already exists")
+    assert run("quantize", small, "-o", f"{tmp_path}/newdir/", "--scheme", "int8", "-q",
+               "--force") == 0
+    # a .npy input and a .bpk output are named after the input
+    np.save(tmp_path / "emb.npy", np.ones((4, 32), np.float32))
+    assert run("quantize", tmp_path / "emb.npy", "-o", f"{tmp_path}/bp/", "--format",
+               "burnpack", "--scheme", "int8", "-q") == 0
+    assert listing(tmp_path / "bp") == ["emb.bpk"]
+
+
+def test_trailing_slash_with_a_missing_parent(tmp_path, small, capsys):
+    assert run("quantize", small, "-o", f"{tmp_path}/no/such/", "--scheme", "int8") == 2
+    one_error_line(capsys, "no such folder")
+    assert listing(tmp_path) == ["m.safetensors"]
+
+
+@pytest.mark.parametrize("spelling", ["same", "dotdot", "hardlink", "symlink", "into_folder"])
+def test_output_that_is_the_input_is_refused_even_with_force(tmp_path, small, capsys, spelling):
+    before = small.read_bytes()
+    out = {
+        "same": small,
+        "dotdot": tmp_path / "sub" / ".." / small.name,
+        "hardlink": tmp_path / "link.safetensors",
+        "symlink": tmp_path / "sym.safetensors",
+        "into_folder": f"{tmp_path}/",
+    }[spelling]
+    (tmp_path / "sub").mkdir()
+    if spelling == "hardlink":
+        os.link(small, out)
+    if spelling == "symlink":
+        os.symlink(small, out)
+    listed = listing(tmp_path)
+    for argv in [("quantize", small, "-o", out, "--scheme", "int8", "--force"),
+                 ("dequantize", small, "-o", out, "--force")]:
+        assert run(*argv) == 2
+        one_error_line(capsys, "is the input file")
+        assert small.read_bytes() == before and listing(tmp_path) == listed
+
+
+def test_252_byte_output_names_work(tmp_path, small):
+    for name in ["q" * 240 + ".safetensors", "é" * 120 + ".safetensors", "b" * 248 + ".bpk"]:
+        assert len(name.encode()) <= 255
+        out = tmp_path / name
+        assert run("quantize", small, "-o", out, "--scheme", "int8", "-q") == 0
+        assert out.is_file()
+        if name.endswith(".safetensors"):
+            d = tmp_path / ("d" * 240 + ".safetensors")
+            assert run("dequantize", out, "-o", d, "-q", "--force") == 0
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+_SLOW_DRIVER = textwrap.dedent("""
+    import sys, time
+    import blockquant.checkpoint.commands as c
+    real = c.quantize
+    def slow(*a, **k):
+        sys.stderr.write("started\\n"); sys.stderr.flush()
+        time.sleep(60)
+        return real(*a, **k)
+    c.quantize = slow
+    from blockquant.cli import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("what", ["file", "folder"])
+def test_a_signal_mid_write_leaves_nothing(tmp_path, small, sig, code, what):
+    src = small
+    if what == "folder":
+        src = tmp_path / "model"
+        src.mkdir()
+        small.rename(src / "model.safetensors")
+        (src / "config.json").write_text("{}")
+    out = tmp_path / ("q.safetensors" if what == "file" else "out")
+    driver = tmp_path / "driver.py"
+    driver.write_text(_SLOW_DRIVER)
+    before = listing(tmp_path)
+    proc = subprocess.Popen([sys.executable, str(driver), "quantize", str(src), "-o", str(out),
+                             "--scheme", "int8"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr.readline() == "started\n"
+        assert listing(tmp_path) != before  # the temporary file or folder exists now
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == code
+    finally:
+        proc.kill()
+    assert listing(tmp_path) == before
+    assert "no output written" in proc.stderr.read()
+
+
+# -- dequantize's dtype, by name --------------------------------------------------------------------
+@pytest.mark.parametrize("dtype, want", [
+    ("float16", "float16"), ("float32", "float32"), ("float64", "float64"),
+    ("bfloat16", "bfloat16"), ("f2", "float16"), ("half", "float16"), ("single", "float32"),
+    ("double", "float64"), ("<f4", "float32"), (np.float16, "float16"),
+    (np.dtype("float64"), "float64"),
+])
+def test_dequantize_takes_dtype_names(dtype, want):
+    qt = bq.quantize(np.linspace(-1, 1, 64, dtype=np.float32), "int8")
+    assert qt.dequantize(dtype).dtype.name == want
+    assert bq.dequantize(qt, dtype).dtype.name == want
+
+
+def test_bfloat16_by_name_without_ml_dtypes_imported_first():
+    code = textwrap.dedent("""
+        import sys, numpy as np, blockquant as bq
+        assert "ml_dtypes" not in sys.modules
+        x = bq.quantize(np.ones(32, np.float32), "int8").dequantize(dtype="bfloat16")
+        print(x.dtype.name, float(x.astype(np.float32)[0]))
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["bfloat16", "1.0"]
+
+
+def test_file_dequantize_takes_dtype_names(tmp_path, small):
+    q = tmp_path / "q.safetensors"
+    bq.quantize_file(small, q, "int8")
+    for dtype, st in [("half", np.float16), (np.float64, np.float64), ("bfloat16", None)]:
+        d = tmp_path / "d.safetensors"
+        bq.dequantize_file(q, d, dtype=dtype, force=True)
+        raw = d.read_bytes()
+        (n,) = struct.unpack("<Q", raw[:8])
+        header = json.loads(raw[8: 8 + n])
+        assert header["w"]["dtype"] == {np.float16: "F16", np.float64: "F64", None: "BF16"}[st]
+    with pytest.raises(bq.QuantError, match="--dtype: expected one of"):
+        bq.dequantize_file(q, tmp_path / "e.safetensors", dtype="int8")
+
+
+def test_error_output_survives_an_ascii_stdout(tmp_path):
+    src = tmp_path / "u.safetensors"
+    save_file({"weight_é_中": np.ones((4, 32), np.float32)}, str(src))
+    res = subprocess.run([sys.executable, "-m", "blockquant", "inspect", str(src)],
+                         capture_output=True, timeout=60, check=False,
+                         env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert res.returncode == 0, res.stderr
+    assert b"weight_" in res.stdout
+
+
+def test_no_temp_file_after_a_failed_write(tmp_path, capsys):
+    src = tmp_path / "m.safetensors"
+    bad = np.ones((4, 32), np.float32)
+    bad[1, 1] = np.inf
+    save_file({"a": np.ones((64, 64), np.float32), "z": bad}, str(src))
+    for fmt in ["q.safetensors", "q.bpk"]:
+        assert run("quantize", src, "-o", tmp_path / fmt, "--scheme", "int8") == 2
+        one_error_line(capsys, f"{src}: z:")
+        assert listing(tmp_path) == ["m.safetensors"]
+
+
+def test_nothing_extra_on_a_pipe(tmp_path, small):
+    # nothing extra on a pipe: no bar, no escape codes; the summary only
+    res = subprocess.run([sys.executable, "-m", "blockquant", "quantize", str(small), "-o",
+                          str(tmp_path / "q.safetensors"), "--scheme", "int8"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0 and res.stderr == ""
+    assert len(res.stdout.strip().splitlines()) == 2  # summary, and why 1 tensor was kept
