@@ -595,27 +595,52 @@ fn unpack_words<W: Word, D: Decode, O: OutElem>(
     out.par_chunks_mut(elems_per_task)
         .enumerate()
         .for_each(|(ci, chunk)| {
-            let mut codes = [0u8; BUF];
             let start = ci * elems_per_task;
-            let mut pos = start;
-            let end = start + chunk.len();
-            while pos < end {
-                let (line, col) = (pos / line_len, pos % line_len);
-                let take = (end - pos).min(line_len - col).min(BUF);
-                let w0 = line * nw;
-                unpack_fields(&words[w0..w0 + nw], col, &mut codes[..take], per);
-                let o = pos - start;
-                decode_range(
-                    table,
-                    layout,
-                    effective,
-                    pos,
-                    &codes[..take],
-                    &mut chunk[o..o + take],
-                );
-                pos += take;
-            }
+            let run_len = |pos: usize| line_len - pos % line_len; // runs stop at line ends
+            decode_runs(
+                table,
+                layout,
+                effective,
+                start,
+                chunk,
+                run_len,
+                |pos, codes| {
+                    let (line, col) = (pos / line_len, pos % line_len);
+                    unpack_fields(&words[line * nw..(line + 1) * nw], col, codes, per);
+                },
+            );
         });
+}
+
+/// Decode `chunk` (the outputs from flat index `start`) a run of codes at a time: `fill(pos,
+/// codes)` writes the codes of the run starting at `pos`, at most `run_len(pos)` and `BUF` long.
+#[inline(always)]
+fn decode_runs<D: Decode, O: OutElem>(
+    table: D,
+    layout: &Layout,
+    effective: &[f32],
+    start: usize,
+    chunk: &mut [O],
+    run_len: impl Fn(usize) -> usize,
+    fill: impl Fn(usize, &mut [u8]),
+) {
+    let mut codes = [0u8; BUF];
+    let mut pos = start;
+    let end = start + chunk.len();
+    while pos < end {
+        let take = (end - pos).min(run_len(pos)).min(BUF);
+        fill(pos, &mut codes[..take]);
+        let o = pos - start;
+        decode_range(
+            table,
+            layout,
+            effective,
+            pos,
+            &codes[..take],
+            &mut chunk[o..o + take],
+        );
+        pos += take;
+    }
 }
 
 /// Dequantize storage in burn's swapped order (packed along an outer axis): each element reads
@@ -634,37 +659,31 @@ fn decode_swapped<D: Decode, O: OutElem>(
     out.par_chunks_mut(MIN_TASK_ELEMS)
         .enumerate()
         .for_each(|(ci, chunk)| {
-            let mut codes = [0u8; BUF];
             let start = ci * MIN_TASK_ELEMS;
-            let mut pos = start;
-            let end = start + chunk.len();
-            while pos < end {
-                let take = (end - pos).min(BUF);
-                for (t, c) in codes[..take].iter_mut().enumerate() {
-                    // Natural (o, k, i) → storage line (o, i'), element k.
-                    let e = pos + t;
-                    let (o, rest) = (e / (n * inner), e % (n * inner));
-                    let (k, i) = (rest / inner, rest % inner);
-                    let line = o * lines_per_slab + swapped_line_of(layout, i);
-                    let w = line * nw + k / per;
-                    let shift = (k % per) as u32 * field_bits;
-                    let word = match storage {
-                        Storage::U8(ws) => ws[w] as u32,
-                        Storage::U32(ws) => ws[w],
-                    };
-                    *c = ((word >> shift) & mask) as u8;
-                }
-                let o = pos - start;
-                decode_range(
-                    table,
-                    layout,
-                    effective,
-                    pos,
-                    &codes[..take],
-                    &mut chunk[o..o + take],
-                );
-                pos += take;
-            }
+            decode_runs(
+                table,
+                layout,
+                effective,
+                start,
+                chunk,
+                |_| BUF,
+                |pos, codes| {
+                    for (t, c) in codes.iter_mut().enumerate() {
+                        // Natural (o, k, i) → storage line (o, i'), element k.
+                        let e = pos + t;
+                        let (o, rest) = (e / (n * inner), e % (n * inner));
+                        let (k, i) = (rest / inner, rest % inner);
+                        let line = o * lines_per_slab + swapped_line_of(layout, i);
+                        let w = line * nw + k / per;
+                        let shift = (k % per) as u32 * field_bits;
+                        let word = match storage {
+                            Storage::U8(ws) => ws[w] as u32,
+                            Storage::U32(ws) => ws[w],
+                        };
+                        *c = ((word >> shift) & mask) as u8;
+                    }
+                },
+            );
         });
 }
 
