@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from .._fs import same_file
 from ..errors import QuantError
 from ..metrics import ErrorStats
@@ -270,8 +272,7 @@ def dequantize_file(
             for kind, name in plan:
                 if kind == "deq":
                     e = entries[name]
-                    x = _load(ckpt, e).dequantize()
-                    w.write(name, float_array(x, options.dtype or e.dtype))
+                    w.write(name, _dequantized(_load(ckpt, e), options.dtype or e.dtype))
                     progress(name, sum(ckpt.info(p).nbytes for p in e.parts.values()))
                 else:
                     w.write_from(name, ckpt, name)
@@ -279,6 +280,17 @@ def dequantize_file(
             w.commit()
     n_deq = sum(1 for k, _ in plan if k == "deq")
     return n_deq, len(plan) - n_deq
+
+
+def _dequantized(qt: Any, dtype: str) -> Any:
+    """The tensor in ``dtype`` as the array to write: converted by the core, straight from
+    its f32 result (bfloat16 as its U16 bits, which needs ml_dtypes; numpy does it without)."""
+    if dtype != "bfloat16":
+        return qt.dequantize(dtype)
+    try:
+        return qt.dequantize(dtype).view(np.uint16)
+    except ImportError:
+        return float_array(qt.dequantize(), dtype)
 
 
 def inspect_file(src: Any) -> dict[str, Any]:

@@ -165,10 +165,9 @@ def load_qtensor(ckpt: Checkpoint, e: Entry) -> QTensor:
             )
         blob += ckpt.read(part).astype(ST_DTYPES[want.dtype][1], copy=False).tobytes()
     try:
-        # from_bytes decodes the scale codes (burn's layout is exactly the parts in a row);
-        # from_parts then checks every value code and scale.
-        qt = QTensor.from_bytes(bytes(blob), e.scheme, e.shape)
-        return QTensor.from_parts(qt.values, qt.scales, e.scheme, e.shape, qt.global_scale)
+        # from_bytes decodes the scale codes (burn's layout is exactly the parts in a row) and
+        # checks every value code and scale: it accepts exactly what from_parts accepts (SPEC §9).
+        return QTensor.from_bytes(bytes(blob), e.scheme, e.shape)
     except QuantError as err:
         raise ckpt.error(e.name, str(err)) from None
 

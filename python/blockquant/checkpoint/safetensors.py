@@ -145,7 +145,9 @@ class SafetensorsCheckpoint(Checkpoint):
         t = self.info(name)
         data = self._read_bytes(name)
         if t.dtype == "BF16":
-            bits = np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16
+            bits = np.frombuffer(data, dtype="<u2").astype(np.uint32)
+            del data
+            bits <<= 16  # in place: the tensor's f32 is the one array it takes
             return bits.view(np.float32).reshape(t.shape)
         np_dtype = ST_DTYPES.get(t.dtype or "", (0, None))[1]
         if np_dtype is None:
@@ -179,7 +181,13 @@ def _check_text(ckpt: Checkpoint, text: str) -> None:
 def bf16_bits(x: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bits, round to nearest even (NaN stays NaN)."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    r = ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    t = u >> 16  # one temporary, updated in place: a tensor's worth of memory, not four
+    t &= np.uint32(1)
+    t += u
+    t += np.uint32(0x7FFF)
+    t >>= 16
+    r = t.astype(np.uint16)
+    del t
     nan = np.isnan(x)
     if nan.any():
         r[nan] = ((u[nan] >> 16) | np.uint32(0x0040)).astype(np.uint16)
