@@ -449,3 +449,66 @@ def test_nothing_extra_on_a_pipe(tmp_path, small):
                          capture_output=True, text=True, timeout=60, check=False)
     assert res.returncode == 0 and res.stderr == ""
     assert len(res.stdout.strip().splitlines()) == 2  # summary, and why 1 tensor was kept
+
+
+@pytest.mark.parametrize("scheme", ["q8s/native/block99999999999999999999999:f16",
+                                    "q8s/packed_u32_99999999999999999999/tensor", 42, None])
+def test_crafted_scheme_in_blockquant_metadata(tmp_path, capsys, scheme):
+    src = tmp_path / "m.safetensors"
+    meta = {"format": 2, "tensors": {"w": {"scheme": scheme, "shape": [4, 32],
+                                           "dtype": "float32", "values": "w.values",
+                                           "scales": "w.scales"}}}
+    save_file({"w.values": np.zeros((4, 32), np.int8), "w.scales": np.ones(1, np.float32)},
+              str(src), metadata={"blockquant": json.dumps(meta)})
+    before = listing(tmp_path)
+    for argv in [("dequantize", src, "-o", tmp_path / "o.safetensors"), ("inspect", src)]:
+        assert run(*argv) == 2
+        one_error_line(capsys, f"{src}: w: malformed blockquant metadata")
+    assert listing(tmp_path) == before
+
+
+@pytest.mark.parametrize("entry, words", [
+    (b'{"w": {"dtype": "XYZ", "shape": [4], "data_offsets": [0, 4]}}', "unknown dtype 'XYZ'"),
+    (b'{"w": {"dtype": "F32", "shape": [' + b"9" * 5000 + b'], "data_offsets": [0, 0]}}',
+     "malformed safetensors header"),
+    (b'{"w": {"dtype": "F32", "shape": [NaN], "data_offsets": [0, 0]}}', "malformed"),
+    (b'{"w": 1}', "malformed safetensors header entry"),
+    (b'{"__metadata__": {"a": 1}}', "__metadata__ is not str -> str"),
+    (b'\xff\xfe', "malformed safetensors header"),
+])
+def test_more_crafted_headers(tmp_path, capsys, entry, words):
+    src = tmp_path / "h.safetensors"
+    write_header(src, entry, bytes(4))
+    assert_refused(tmp_path, capsys, src, str(src), words)
+
+
+def test_encrypted_npz_member(tmp_path, capsys):
+    src = tmp_path / "e.npz"
+    with zipfile.ZipFile(src, "w") as z:
+        z.writestr("w.npy", b"x" * 64)
+    raw = bytearray(src.read_bytes())
+    raw[raw.find(b"PK\x03\x04") + 6] |= 1  # the "encrypted" flag, local and central
+    raw[raw.find(b"PK\x01\x02") + 8] |= 1
+    src.write_bytes(bytes(raw))
+    assert_refused(tmp_path, capsys, src, f"{src}: w:", "encrypted")
+
+
+def test_dtypes_safetensors_cannot_hold(tmp_path, capsys):
+    src = tmp_path / "s.npy"
+    np.save(src, np.array(["ab", "cd"]))
+    assert run("quantize", src, "-o", tmp_path / "q.safetensors", "--scheme", "int8") == 2
+    one_error_line(capsys, f"{src}: s: dtype <U2 cannot be stored in a safetensors file")
+    assert listing(tmp_path) == ["s.npy"]
+
+
+@pytest.mark.parametrize("special", ["/dev/null", "fifo"])
+def test_force_never_replaces_a_special_file(tmp_path, small, capsys, special):
+    out = Path(special) if special.startswith("/") else tmp_path / special
+    if special == "fifo":
+        os.mkfifo(out)
+    for argv in [("quantize", small, "-o", out, "--scheme", "int8", "--force"),
+                 ("quantize", small, "-o", out, "--scheme", "int8", "--force", "--format",
+                  "burnpack")]:
+        assert run(*argv) == 2
+        one_error_line(capsys, "is not a regular file")
+    assert not out.is_file()

@@ -256,8 +256,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
               "the output is a copy", file=sys.stderr)
     if not args.quiet:
         n = len(res.quantized) + len(res.copied)
-        print(f"{printable(args.output)}: {len(res.quantized)} of {n} tensors quantized "
-              f"{_schemes_used(res.decisions) if res.quantized else ''}, "
+        used = f" {_schemes_used(res.decisions)}" if res.quantized else ""
+        print(f"{printable(args.output)}: {len(res.quantized)} of {n} tensors quantized{used}, "
               f"{_human(res.bytes_in)} -> {_human(res.bytes_out)} "
               f"({res.bytes_in / max(res.bytes_out, 1):.2f}x) in {res.seconds:.2f} s")
         for line in (kept_summary(res.decisions, options.min_rank), _files_line(res)):

@@ -87,6 +87,9 @@ def _check_output(src: Any, dst: Any) -> None:
     if same_file(src, dst):
         raise CheckpointError(dst, None, "is the input file; write to another name "
                               "(--force never overwrites the input)")
+    if os.path.exists(dst) and not os.path.isfile(dst) and not os.path.isdir(dst):
+        # /dev/null, a pipe, a socket: --force would put a file in its place
+        raise CheckpointError(dst, None, "is not a regular file; not replacing it")
 
 
 def _quantize_tensor(ckpt: Checkpoint, t: TensorInfo, scheme: QuantScheme,

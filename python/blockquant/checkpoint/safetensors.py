@@ -111,6 +111,9 @@ class SafetensorsCheckpoint(Checkpoint):
                         type(d) is int and not 0 <= d <= MAX_DIM for d in e["shape"]):
                     why = " (dimensions are from 0 to 2^63 - 1)"
                 raise self.error(name, f"malformed safetensors header entry {entry}{why}")
+            if dtype not in ST_DTYPES:  # as the safetensors library: a closed list
+                raise self.error(name, f"unknown dtype {dtype!r} (safetensors has "
+                                 f"{', '.join(ST_DTYPES)})")
             if not 0 <= a <= b <= data_len:
                 raise self.error(
                     name,
