@@ -611,7 +611,9 @@ fn to_bytes<'py>(
         // Written straight into the bytes object: no copy, and a failed allocation is Python's
         // own MemoryError.
         PyBytes::new_with(py, n, |buf| {
-            with_storage(values, &layout, |st| bytes::write_bytes(&layout, st, &sc, buf))
+            with_storage(values, &layout, |st| {
+                bytes::write_bytes(&layout, st, &sc, buf)
+            })
         })
     })
 }
@@ -695,14 +697,16 @@ fn round_scale<'py>(
 #[pyfunction]
 fn set_num_threads(n: &Bound<'_, PyAny>) -> PyResult<()> {
     guarded(|| {
-        if n.is_instance_of::<pyo3::types::PyBool>() || !n.is_instance_of::<pyo3::types::PyInt>()
-        {
+        if n.is_instance_of::<pyo3::types::PyBool>() || !n.is_instance_of::<pyo3::types::PyInt>() {
             return Err(PyTypeError::new_err(format!(
                 "set_num_threads takes an int, got {}",
                 n.get_type().name()?
             )));
         }
-        let n = n.extract::<i64>().ok().filter(|&v| (0..=1 << 16).contains(&v));
+        let n = n
+            .extract::<i64>()
+            .ok()
+            .filter(|&v| (0..=1 << 16).contains(&v));
         let n = n.ok_or_else(|| {
             pyo3::exceptions::PyValueError::new_err(
                 "set_num_threads takes 0 (the default) to 65536 threads",
