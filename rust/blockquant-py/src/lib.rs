@@ -19,7 +19,6 @@ use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-
 mod errors {
     pyo3::import_exception!(blockquant.errors, QuantError);
     pyo3::import_exception!(blockquant.errors, SchemeError);
