@@ -1,6 +1,6 @@
 """The ``blockquant`` command (also ``python -m blockquant``): low-bit quantization of checkpoints.
 
-    blockquant quantize IN -o OUT --scheme SCHEME   quantize a checkpoint (.safetensors/.npz/.npy)
+    blockquant quantize IN -o OUT --scheme SCHEME   quantize a checkpoint or a model folder
     blockquant dequantize IN -o OUT                 back to float tensors
     blockquant inspect FILE                         per tensor: scheme, shape, bytes, bits/value
     blockquant report IN --scheme SCHEME            per tensor: SQNR, max error, sizes, time
@@ -441,7 +441,8 @@ def _parser() -> argparse.ArgumentParser:
                        "and model.safetensors.index.json): OUT is then a folder of the same "
                        "shape. An OUT ending in / is a folder.")
     q.add_argument("input", metavar="IN")
-    q.add_argument("-o", "--output", metavar="OUT", required=True)
+    q.add_argument("-o", "--output", metavar="OUT", required=True,
+                   help="the file or folder to write")
     q.add_argument("-n", "--dry-run", action="store_true",
                    help="list what would happen to each tensor and the sizes; write nothing")
     q.add_argument("--format", choices=["safetensors", "burnpack"], dest="output_format",

@@ -162,7 +162,8 @@ def _shards_of(rel_index: str, index: dict[str, Any]) -> list[str]:
     return sorted({(here / s).as_posix() for s in index["weight_map"].values()})
 
 
-def _check_index_against_shards(folder: ModelFolder, held: dict[str, set[str]]) -> None:
+def _check_index_against_shards(folder: ModelFolder,
+                                held: dict[str, frozenset[str]]) -> None:
     """Every tensor an index maps must be in the shard it names (``held``: shard -> names)."""
     for rel, index in folder.indexes.items():
         here = Path(rel).parent
