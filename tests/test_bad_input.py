@@ -561,21 +561,21 @@ def test_a_panic_in_the_pool_is_an_internal_error():
             bq._core._panic_for_tests()
 
 
-BINDING = Path(__file__).resolve().parents[1] / "rust" / "blockquant-py" / "src" / "lib.rs"
+BINDING = Path(__file__).resolve().parents[1] / "rust" / "blockquant-py" / "src"
 
 
 @pytest.mark.skipif(not BINDING.exists(), reason="needs the source tree")
 def test_every_binding_entry_point_catches_panics():
     """Every #[pyfunction] runs its body inside `guarded(...)`, which turns a panic into
     InternalError; and every one of them is registered in the module (and nothing else is)."""
-    src = BINDING.read_text()
+    src = "\n".join(p.read_text() for p in sorted(BINDING.glob("*.rs")))  # lib.rs, its modules
     fns = re.findall(r"#\[pyfunction\](?:\s*#\[[^\]]*\])*\s*fn\s+(\w+)[^{]*\{\s*(\S+)", src)
     names = {name for name, _ in fns}
     assert names >= {"quantize", "dequantize", "to_bytes", "from_bytes", "check_parts"}
     unguarded = [name for name, first in fns if not first.startswith("guarded(")]
     assert not unguarded, f"entry points without a panic guard: {unguarded}"
     public = {n for n in dir(bq._core) if not n.startswith("__")}
-    assert public == names | {"Scheme", "Layout"}  # the two frozen pyclasses
+    assert public == names | {"Scheme", "Layout", "GgmlType"}  # the frozen pyclasses
 
 
 def test_the_core_rejects_shapes_numpy_cannot_hold():

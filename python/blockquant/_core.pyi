@@ -18,6 +18,10 @@ __all__ = [
     "set_num_threads",
     "get_num_threads",
     "_panic_for_tests",
+    "GgmlType",
+    "ggml_types",
+    "ggml_quantize",
+    "ggml_dequantize",
 ]
 
 @final
@@ -102,3 +106,25 @@ def round_scale(
 def set_num_threads(n: int) -> None: ...
 def get_num_threads() -> int: ...
 def _panic_for_tests() -> None: ...
+
+# llama.cpp's block types (rust/blockquant-py/src/ggml.rs), behind blockquant.gguf.
+@final
+class GgmlType:
+    @property
+    def name(self) -> str: ...
+    @property
+    def id(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def type_size(self) -> int: ...
+
+def ggml_types() -> list[GgmlType]: ...
+def ggml_quantize(
+    x: npt.NDArray[np.generic], kind: str, qtype: str
+) -> npt.NDArray[np.uint8]: ...
+def ggml_dequantize(
+    blocks: npt.NDArray[np.uint8],
+    qtype: str,
+    out: Optional[npt.NDArray[np.float32]] = None,
+) -> npt.NDArray[np.float32]: ...

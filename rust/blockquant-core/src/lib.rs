@@ -6,12 +6,14 @@
 //! - [`calibrate`]: the amplitude of each block; [`scale`]: rounding scales to their dtype;
 //! - [`codec`] and [`minifloat`]: one value to its code and back;
 //! - [`quantize`] and [`pack`]: the kernels; [`bytes`]: burn's byte layout;
-//! - [`pool`]: the bounded thread pool every kernel runs in.
+//! - [`pool`]: the bounded thread pool every kernel runs in;
+//! - [`ggml`]: llama.cpp's block types (GGUF tensors), apart from the scheme model.
 
 pub mod bytes;
 pub mod calibrate;
 pub mod codec;
 pub mod error;
+pub mod ggml;
 pub mod input;
 pub mod layout;
 pub mod minifloat;

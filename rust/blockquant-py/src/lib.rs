@@ -19,6 +19,8 @@ use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+mod ggml;
+
 mod errors {
     pyo3::import_exception!(blockquant.errors, QuantError);
     pyo3::import_exception!(blockquant.errors, SchemeError);
@@ -748,5 +750,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_tests, m)?)?;
+    ggml::register(m)?;
     Ok(())
 }

@@ -1,0 +1,140 @@
+"""llama.cpp's tensor types (ggml's block formats), bit for bit with gguf-py.
+
+    >>> import numpy as np
+    >>> from blockquant import gguf
+    >>> x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32)
+    >>> blocks = gguf.quantize(x, "Q8_0")
+    >>> blocks.dtype, blocks.shape
+    (dtype('uint8'), (2, 34))
+    >>> gguf.dequantize(blocks, "Q8_0").shape
+    (2, 32)
+
+:func:`quantize` returns what ``gguf.quants.quantize(x, GGMLQuantizationType.<type>)`` returns,
+byte for byte and in the same shape and dtype: uint8 with the last axis in bytes (a float32 or
+float16 array for F32 and F16, as gguf-py). :func:`dequantize` returns what
+``gguf.quants.dequantize`` returns, bit for bit, as float32, optionally into an array you give.
+The types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4, TQ1_0, TQ2_0, and F32, F16, BF16. These are
+ggml's rules, not blockquant's schemes (Q8_0 divides by the unrounded amax/127 and stores the
+scale as f16 afterwards, Q4_0 maps the largest-magnitude value to -8, MXFP4 takes its scale
+from a float32 log2); the kernels are in ``rust/blockquant-core/src/ggml.rs``.
+
+Unlike gguf-py, a NaN or infinity in the input is a :class:`~blockquant.NonFiniteError` (for the
+float types too), a row that is not a whole number of blocks a :class:`~blockquant.LayoutError`,
+and the input must be a float array (float16, bfloat16, float32, float64), converted to float32
+as gguf-py does (float64 straight to float16 for F16).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from . import _native
+from .errors import LayoutError, SchemeError
+from .qtensor import _as_input
+
+__all__ = ["GGMLType", "TYPES", "ggml_type", "quantize", "dequantize", "byte_shape", "value_shape"]
+
+
+@dataclass(frozen=True)
+class GGMLType:
+    """One ggml tensor type: its name, the number GGUF files store, and its block geometry."""
+
+    name: str
+    id: int
+    block_size: int
+    type_size: int
+
+    @property
+    def is_float(self) -> bool:
+        """F32, F16 and BF16: one value a block, no scale."""
+        return self.block_size == 1
+
+
+#: Every type, by ggml's name.
+TYPES: dict[str, GGMLType] = {
+    t.name: GGMLType(t.name, t.id, t.block_size, t.type_size) for t in _native.ggml_types()
+}
+_BY_ID = {t.id: t for t in TYPES.values()}
+
+
+def ggml_type(qtype: Any) -> GGMLType:
+    """The type named by ``qtype``: a name in any case (``"q4_0"``), a ggml type number, gguf-py's
+    ``GGMLQuantizationType`` member, or a :class:`GGMLType`. Others are a ``SchemeError``."""
+    if isinstance(qtype, GGMLType):
+        return qtype
+    if isinstance(qtype, enum.Enum):
+        qtype = qtype.name
+    if isinstance(qtype, str):
+        t = TYPES.get(qtype.upper())
+    elif isinstance(qtype, (int, np.integer)) and not isinstance(qtype, (bool, np.bool_)):
+        t = _BY_ID.get(int(qtype))
+    else:
+        raise TypeError(f"a ggml type is a name or a number, got {type(qtype).__name__}")
+    if t is None:
+        raise SchemeError(
+            f"unsupported ggml type {qtype!r}: blockquant.gguf handles {', '.join(TYPES)}"
+        )
+    return t
+
+
+def byte_shape(shape: tuple[int, ...], qtype: Any) -> tuple[int, ...]:
+    """The shape of ``qtype``'s blocks for values of ``shape`` (last axis in bytes)."""
+    t = ggml_type(qtype)
+    if len(shape) == 0:
+        raise LayoutError("a 0-d array has no rows to divide into blocks")
+    if shape[-1] % t.block_size:
+        raise LayoutError(
+            f"a row of {shape[-1]} values is not a whole number of {t.name} blocks of "
+            f"{t.block_size}"
+        )
+    return (*shape[:-1], shape[-1] // t.block_size * t.type_size)
+
+
+def value_shape(shape: tuple[int, ...], qtype: Any) -> tuple[int, ...]:
+    """The shape of the values in blocks of ``shape`` (last axis in bytes)."""
+    t = ggml_type(qtype)
+    if len(shape) == 0:
+        raise LayoutError("a 0-d array has no rows to divide into blocks")
+    if shape[-1] % t.type_size:
+        raise LayoutError(
+            f"a row of {shape[-1]} bytes is not a whole number of {t.name} blocks of "
+            f"{t.type_size} bytes"
+        )
+    return (*shape[:-1], shape[-1] // t.type_size * t.block_size)
+
+
+def quantize(x: Any, qtype: Any) -> np.ndarray:
+    """``x`` (a float array, at least 1-D, rows a whole number of blocks) as ``qtype``: uint8
+    blocks of shape ``(..., row_bytes)``; F32 and F16 give float32 and float16 arrays of ``x``'s
+    shape, as gguf-py does."""
+    t = ggml_type(qtype)
+    xs, kind = _as_input(x)
+    if xs.ndim == 0:
+        raise LayoutError("a 0-d array has no rows to divide into blocks")
+    blocks = _native.ggml_quantize(xs, kind, t.name)
+    if t.name == "F32":
+        return blocks.view(np.float32)
+    if t.name == "F16":
+        return blocks.view(np.float16)
+    return blocks
+
+
+def dequantize(data: Any, qtype: Any, *, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """float32 values of ``qtype``'s blocks. ``data`` is read as its bytes, as gguf-py reads it
+    (uint8 blocks of shape ``(..., row_bytes)``, or F16/F32 arrays as they are); the result has
+    shape ``(..., row_len)``. With ``out`` (float32, C-contiguous, writeable, that shape), the
+    values are written there and ``out`` is returned."""
+    t = ggml_type(qtype)
+    arr = np.asarray(data)
+    if arr.dtype.hasobject:
+        raise TypeError(f"data must be an array of bytes or numbers, got dtype {arr.dtype}")
+    if arr.ndim == 0:
+        raise LayoutError("a 0-d array has no rows to divide into blocks")
+    raw = np.ascontiguousarray(arr).view(np.uint8)
+    if out is not None and not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+    return _native.ggml_dequantize(raw, t.name, out)
