@@ -512,3 +512,17 @@ def test_force_never_replaces_a_special_file(tmp_path, small, capsys, special):
         assert run(*argv) == 2
         one_error_line(capsys, "is not a regular file")
     assert not out.is_file()
+
+
+def test_a_file_name_that_is_not_utf8(tmp_path, capsys):
+    src = tmp_path / os.fsdecode(b"w\xff.npy")  # the tensor is named after the file
+    np.save(src, np.ones((4, 32), np.float32))
+    before = listing(tmp_path)
+    for out in [tmp_path / "q.safetensors", f"{tmp_path}/new/"]:
+        assert run("quantize", src, "-o", out, "--scheme", "int8") == 2
+        line = one_error_line(capsys, r"'w\udcff.values' is not valid Unicode")
+        assert ".tmp" not in line  # the output's name, not its temporary folder's
+        line.encode("utf-8")
+        assert listing(tmp_path) == before
+    assert run("inspect", src) == 0
+    assert r"w\udcff" in capsys.readouterr().out

@@ -458,8 +458,11 @@ class Plan:
             copied = self.folder.others if self.folder else []
             for rel in copied:
                 _copy(self.folder.path(rel), target.tmp / rel)  # type: ignore[union-attr]
-            results = run_tasks([self._task(f, target.tmp / f.rel) for f in self.files], jobs,
-                                threads, progress, stats)
+            try:
+                results = run_tasks([self._task(f, target.tmp / f.rel) for f in self.files],
+                                    jobs, threads, progress, stats)
+            except CheckpointError as e:  # name the output, not its temporary folder
+                raise _retarget(e, target.tmp, self.dst) from None
             for rel in (self.folder.indexes if self.folder else {}):
                 _write_index(self.folder, rel, target.tmp)  # type: ignore[arg-type]
             bytes_out = sum(os.path.getsize(target.tmp / f.rel) for f in self.files)
@@ -487,6 +490,13 @@ class Plan:
                 len(results), copied, skipped, stats)
         return DequantizeSummary(sum(r[0] for r in results), sum(r[1] for r in results),
                                  bytes_out, seconds, len(results), copied, skipped, stats)
+
+
+def _retarget(e: CheckpointError, tmp: Path, dst: Path) -> CheckpointError:
+    prefix = str(tmp)
+    if not e.path.startswith(prefix):
+        return e
+    return type(e)(str(dst) + e.path[len(prefix):], e.tensor, e.reason)
 
 
 def _copy(src: Path, dst: Path) -> None:

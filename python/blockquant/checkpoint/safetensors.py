@@ -173,11 +173,17 @@ class SafetensorsCheckpoint(Checkpoint):
 def _check_text(ckpt: Checkpoint, text: str) -> None:
     """A name or metadata string must be valid Unicode: JSON can spell a lone surrogate
     (``"\\ud800"``), which no UTF-8 writer, terminal or the safetensors library accepts."""
+    if not _encodes(text):
+        raise ckpt.error(None, f"malformed safetensors header: {text!r} holds a lone "
+                         "surrogate (not valid Unicode)")
+
+
+def _encodes(text: str) -> bool:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise ckpt.error(None, f"malformed safetensors header: {text!r} holds a lone "
-                         "surrogate (not valid Unicode)") from None
+        return False
+    return True
 
 
 # -- writing ----------------------------------------------------------------------------------
@@ -266,10 +272,11 @@ class SafetensorsWriter:
             offset += o.nbytes
         try:
             raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError as e:  # a name from a file name that is not UTF-8
-            bad = e.object[max(0, e.start - 20): e.end + 20] if isinstance(e.object, str) else ""
-            raise CheckpointError(self.path, None, f"a tensor name or metadata value is not "
-                                  f"valid Unicode (near {bad!r})") from None
+        except UnicodeEncodeError:  # a name from a file name that is not UTF-8
+            texts = [o.name for o in outs] + [t for kv in (metadata or {}).items() for t in kv]
+            bad = next((t for t in texts if not _encodes(t)), "?")
+            raise CheckpointError(self.path, None, f"{bad!r} is not valid Unicode (a lone "
+                                  "surrogate, as from a file name that is not UTF-8)") from None
         raw += b" " * (-len(raw) % 8)  # data starts 8-aligned, as the safetensors library does
         self._data_start = 8 + len(raw)
         self._total = self._data_start + offset
