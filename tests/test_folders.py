@@ -21,7 +21,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import blockquant as bq
-from blockquant.checkpoint.folders import Task, run_tasks
+from blockquant.checkpoint.jobs import Task, run_tasks
 from blockquant.cli import main
 
 INDEX = "model.safetensors.index.json"

@@ -7,7 +7,11 @@ at a time, and writing quantized ``.safetensors`` files that read back without g
 - :mod:`.readers`: :func:`open_checkpoint`, which picks the reader;
 - :mod:`.format`: the blockquant file format (part names, metadata, ``FORMAT_VERSION``);
 - :mod:`.options`: :class:`FileOptions`, the options the commands share;
-- :mod:`.commands`: quantize_file, dequantize_file, inspect_file, report_file.
+- :mod:`.rules`: which tensor gets which scheme (rank, ``--rule``, ``--strict``);
+- :mod:`.pytorch`: PyTorch checkpoints recognized and refused, never unpickled;
+- :mod:`.commands`: quantize_file, dequantize_file, inspect_file, report_file (one file);
+- :mod:`.folders`: model folders (shards, index, other files), output paths, plans;
+- :mod:`.jobs`: several files at once, in worker processes.
 """
 
 from __future__ import annotations

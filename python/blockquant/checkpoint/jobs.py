@@ -1,0 +1,138 @@
+"""Work on several files at once: each in a worker process with its share of the kernel
+threads, progress sent back to the parent, and the first failure ending every worker.
+
+Workers are spawned, not forked: a fresh interpreter inherits no lock or thread pool caught
+mid-use, and behaves the same on every platform. Ctrl-C reaches the whole process group, so the
+workers ignore it and the parent ends the pool; SIGTERM reaches the parent alone, which ends the
+pool the same way (the command turns SIGTERM into KeyboardInterrupt).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue as queue_mod
+import resource
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: (file in the folder, or None for a single file; tensor name; input bytes done)
+TensorProgress = Callable[[Any, str, int], None]
+
+
+@dataclass
+class Task:
+    """One file's work, run here or in a worker process: ``fn(*args, progress=...)``."""
+
+    key: Any  # the file, as progress reports it
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+_queue: Any = None  # the worker's channel back to the parent (set in each worker)
+
+
+def _init_worker(q: Any, threads: int) -> None:
+    global _queue
+    _queue = q
+    # Ctrl-C reaches the whole process group: the parent alone handles it and ends the pool.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _threads().set_num_threads(threads)
+
+
+def _work(task: Task) -> tuple[Any, int]:
+    def progress(name: str, nbytes: int) -> None:
+        _queue.put((task.key, name, nbytes))
+
+    result = task.fn(*task.args, progress=progress, **task.kwargs)
+    return result, _peak_rss()
+
+
+def _threads() -> Any:
+    """The package, for its thread-pool bound (imported when used: it imports this module)."""
+    import blockquant
+
+    return blockquant
+
+
+def _peak_rss() -> int:
+    """This process's peak resident memory in bytes (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if os.uname().sysname == "Darwin" else peak * 1024
+
+
+@dataclass
+class RunStats:
+    """How a run went: wall seconds, processes used, threads each, peak memory of each."""
+
+    seconds: float = 0.0
+    jobs: int = 1
+    threads_per_job: int = 0
+    peak_rss: list[int] = field(default_factory=list)
+
+
+def run_tasks(tasks: Sequence[Task], jobs: int, threads: int | None,
+              progress: TensorProgress, stats: RunStats | None = None) -> list[Any]:
+    """Results of ``tasks`` in order. With ``jobs`` > 1 they go to that many worker
+    processes (spawned, so no lock or thread pool is inherited mid-use), each bounded to
+    ``threads // jobs`` kernel threads (``threads`` default: the current bound, itself the
+    cores or ``BLOCKQUANT_NUM_THREADS``). The first failure ends the pool and is raised."""
+    stats = stats if stats is not None else RunStats()
+    t0 = time.perf_counter()
+    jobs = max(1, min(jobs, len(tasks)))
+    bq = _threads()
+    total = threads if threads else bq.get_num_threads()
+    stats.jobs, stats.threads_per_job = jobs, max(1, total // jobs)
+    if jobs == 1:
+        before = bq.get_num_threads()
+        if threads:
+            bq.set_num_threads(threads)
+        try:
+            results = []
+            for task in tasks:
+                def one(name: str, nbytes: int, key: Any = task.key) -> None:
+                    progress(key, name, nbytes)
+
+                results.append(task.fn(*task.args, progress=one, **task.kwargs))
+        finally:
+            if threads:
+                bq.set_num_threads(before)
+        stats.peak_rss = [_peak_rss()]
+        stats.seconds = time.perf_counter() - t0
+        return results
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    pool = ctx.Pool(jobs, initializer=_init_worker, initargs=(q, stats.threads_per_job))
+    try:
+        pending = [pool.apply_async(_work, (task,)) for task in tasks]
+        while True:
+            _drain(q, progress, timeout=0.05)
+            for p in pending:
+                if p.ready() and not p.successful():
+                    p.get()  # raises the worker's exception
+            if all(p.ready() for p in pending):
+                break
+        out = [p.get() for p in pending]
+        _drain(q, progress, timeout=0.1, until_empty=True)
+        pool.close()
+        pool.join()
+    finally:
+        pool.terminate()  # kills the workers at once on an error, Ctrl-C or SIGTERM
+        q.close()
+    stats.peak_rss = [rss for _, rss in out]
+    stats.seconds = time.perf_counter() - t0
+    return [result for result, _ in out]
+
+
+def _drain(q: Any, progress: TensorProgress, timeout: float, until_empty: bool = False) -> None:
+    try:
+        item = q.get(timeout=timeout)
+        while True:
+            progress(*item)
+            item = q.get(timeout=timeout) if until_empty else q.get_nowait()
+    except queue_mod.Empty:
+        pass
