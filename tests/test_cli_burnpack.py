@@ -132,3 +132,13 @@ def test_a_crafted_code_in_a_bpk_is_refused(tmp_path, capsys):
     assert run("dequantize", path, "-o", tmp_path / "o.safetensors") == 2
     assert "not a code of Q4S" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "o.safetensors")
+
+
+def test_dequantize_to_a_bpk_name_is_refused(tmp_path, model, capsys):
+    src, _ = model
+    q = tmp_path / "m.bpk"
+    assert run("quantize", src, "-o", q, "--scheme", "int8", "-q") == 0
+    capsys.readouterr()
+    assert run("dequantize", q, "-o", tmp_path / "back.bpk") == 2
+    assert "writes safetensors" in capsys.readouterr().err
+    assert not (tmp_path / "back.bpk").exists()

@@ -58,12 +58,12 @@ def _check_thread_variable() -> None:
     if raw is None:
         return
     try:
-        ok = int(raw.strip()) > 0
+        ok = 0 < int(raw.strip()) <= 1024  # the core's MAX_THREADS
     except ValueError:
         ok = False
     if not ok:
         warnings.warn(
-            f"BLOCKQUANT_NUM_THREADS={raw!r} is not a positive number of threads: ignored, "
+            f"BLOCKQUANT_NUM_THREADS={raw!r} is not a number of threads from 1 to 1024: ignored, "
             "blockquant uses the default (all cores)",
             RuntimeWarning,
             stacklevel=3,

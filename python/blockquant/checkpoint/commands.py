@@ -253,6 +253,10 @@ def dequantize_file(
     an error unless ``require_quantized`` is False (one shard of a folder)."""
     options = options or FileOptions()
     _check_output(src, dst)
+    if is_burnpack_path(dst):  # a .bpk name holding safetensors would mislead every reader
+        raise CheckpointError(
+            dst, None, "dequantize writes safetensors: name the output .safetensors"
+        )
     with open_checkpoint(src) as ckpt:
         entries = _entries(ckpt)
         if not entries and require_quantized:

@@ -22,13 +22,17 @@ static POOL: Mutex<Option<PoolState>> = Mutex::new(None);
 static REQUESTED: AtomicUsize = AtomicUsize::new(0);
 static ATFORK: Once = Once::new();
 
+/// The most threads the pool is ever given: far past any core count, short of what would make
+/// building the pool itself take minutes.
+pub const MAX_THREADS: usize = 1024;
+
 /// Threads the pool will use.
 pub fn default_threads() -> usize {
     match REQUESTED.load(Ordering::Relaxed) {
         0 => std::env::var("BLOCKQUANT_NUM_THREADS")
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
-            .filter(|&n| n > 0)
+            .filter(|&n| n > 0 && n <= MAX_THREADS)
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         n => n,
     }

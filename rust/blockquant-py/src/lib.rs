@@ -707,10 +707,10 @@ fn set_num_threads(n: &Bound<'_, PyAny>) -> PyResult<()> {
         let n = n
             .extract::<i64>()
             .ok()
-            .filter(|&v| (0..=1 << 16).contains(&v));
+            .filter(|&v| (0..=pool::MAX_THREADS as i64).contains(&v));
         let n = n.ok_or_else(|| {
             pyo3::exceptions::PyValueError::new_err(
-                "set_num_threads takes 0 (the default) to 65536 threads",
+                "set_num_threads takes 0 (the default) to 1024 threads",
             )
         })?;
         pool::set_num_threads(n as usize);
