@@ -359,3 +359,24 @@ def test_dequantize_into_out():
         bg.dequantize(q, "Q5_1", out=ro)
     with pytest.raises(TypeError, match="numpy array"):
         bg.dequantize(q, "Q5_1", out=[0.0] * 1024)
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "F16", "F32", "BF16"])
+def test_quantize_into_out(name):
+    x = random_rows(4, 256)
+    want = oracle_quantize(x, name)
+    out = np.full(want.shape, 7, want.dtype)
+    assert bg.quantize(x, name, out=out) is out
+    assert_identical(out, want, name)
+    with pytest.raises(TypeError):
+        bg.quantize(x, name, out=np.zeros(want.shape, np.int16))
+    with pytest.raises(bq.LayoutError, match="shape"):
+        bg.quantize(x, name, out=np.zeros((4, want.shape[1] + 2), want.dtype))
+    with pytest.raises(TypeError, match="contiguous"):
+        bg.quantize(x, name, out=np.zeros((4, 2 * want.shape[1]), want.dtype)[:, ::2])
+
+
+def test_quantize_out_overlapping_its_input_is_refused():
+    buf = np.zeros(64, np.float32)
+    with pytest.raises(TypeError, match="overlap"):
+        bg.quantize(buf, "F32", out=buf)

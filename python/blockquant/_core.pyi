@@ -121,7 +121,10 @@ class GgmlType:
 
 def ggml_types() -> list[GgmlType]: ...
 def ggml_quantize(
-    x: npt.NDArray[np.generic], kind: str, qtype: str
+    x: npt.NDArray[np.generic],
+    kind: str,
+    qtype: str,
+    out: Optional[npt.NDArray[np.uint8]] = None,
 ) -> npt.NDArray[np.uint8]: ...
 def ggml_dequantize(
     blocks: npt.NDArray[np.uint8],

@@ -107,20 +107,39 @@ def value_shape(shape: tuple[int, ...], qtype: Any) -> tuple[int, ...]:
     return (*shape[:-1], shape[-1] // t.type_size * t.block_size)
 
 
-def quantize(x: Any, qtype: Any) -> np.ndarray:
+def quantize(x: Any, qtype: Any, *, out: Optional[np.ndarray] = None) -> np.ndarray:
     """``x`` (a float array, at least 1-D, rows a whole number of blocks) as ``qtype``: uint8
     blocks of shape ``(..., row_bytes)``; F32 and F16 give float32 and float16 arrays of ``x``'s
-    shape, as gguf-py does."""
+    shape, as gguf-py does. With ``out`` (that dtype and shape, C-contiguous, writeable), the
+    blocks are written there and ``out`` is returned."""
     t = ggml_type(qtype)
     xs, kind = _as_input(x)
     if xs.ndim == 0:
         raise LayoutError("a 0-d array has no rows to divide into blocks")
-    blocks = _native.ggml_quantize(xs, kind, t.name)
-    if t.name == "F32":
-        return blocks.view(np.float32)
-    if t.name == "F16":
-        return blocks.view(np.float16)
-    return blocks
+    view = _FLOAT_VIEWS.get(t.name)
+    raw_out = None
+    if out is not None:
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+        if view is not None:
+            # The core writes bytes: a float32/float16 out is handed over as its bytes.
+            if out.dtype != view:
+                raise TypeError(f"out must be a {view} array for {t.name}, got {out.dtype}")
+            if out.shape != xs.shape:
+                raise LayoutError(f"out must have shape {xs.shape} for {t.name}, got {out.shape}")
+            if not out.flags.c_contiguous:
+                raise TypeError("out must be a C-contiguous array")
+            raw_out = out.view(np.uint8)
+        else:
+            raw_out = out
+    blocks = _native.ggml_quantize(xs, kind, t.name, raw_out)
+    if out is not None:
+        return out
+    return blocks.view(view) if view is not None else blocks
+
+
+#: The types gguf-py returns as float arrays rather than bytes.
+_FLOAT_VIEWS = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16)}
 
 
 def dequantize(data: Any, qtype: Any, *, out: Optional[np.ndarray] = None) -> np.ndarray:

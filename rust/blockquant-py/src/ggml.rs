@@ -54,30 +54,83 @@ fn no_rows() -> PyErr {
 }
 
 /// Quantize a C-contiguous float array (`kind` as for `quantize`) to `qtype`'s blocks: uint8 of
-/// shape `(..., row_bytes)`.
+/// shape `(..., row_bytes)`, written into `out` when given (uint8, C-contiguous, writeable, that
+/// shape).
 #[pyfunction]
+#[pyo3(signature = (x, kind, qtype, out=None))]
 fn ggml_quantize<'py>(
     py: Python<'py>,
     x: &Bound<'py, PyUntypedArray>,
     kind: &str,
     qtype: &str,
+    out: Option<Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArrayDyn<u8>>> {
     guarded(|| {
         let ty = ggml_type(qtype)?;
         let shape = x.shape().to_vec();
         let row_len = *shape.last().ok_or_else(no_rows)?;
         let row_bytes = ty.row_bytes(row_len).map_err(to_py)?;
-        let out = PyArrayDyn::<u8>::zeros(py, IxDyn(&with_last(&shape, row_bytes)), false);
-        {
-            let mut rw = out.readwrite();
-            let dst = rw.as_slice_mut().expect("a fresh array is contiguous");
-            with_input(x, kind, |xs| {
-                py.detach(|| ggml::quantize(ty, xs, row_len, dst))
-                    .map_err(to_py)
-            })?;
-        }
-        Ok(out)
+        let want = with_last(&shape, row_bytes);
+        let arr = output::<u8>(py, out, &want, "uint8", || {
+            format!("{ty} blocks of values of shape {shape:?}")
+        })?;
+        // x is borrowed first, so an `out` overlapping it fails the write borrow (an error)
+        // rather than the read borrow (a panic in rust-numpy).
+        with_input(x, kind, |xs| {
+            let mut rw = writeable(&arr, "x")?;
+            let dst = contiguous_mut(&mut rw)?;
+            py.detach(|| ggml::quantize(ty, xs, row_len, dst))
+                .map_err(to_py)
+        })?;
+        Ok(arr)
     })
+}
+
+/// The caller's `out` (checked: dtype, shape) or a fresh array of shape `want`.
+fn output<'py, T: numpy::Element>(
+    py: Python<'py>,
+    out: Option<Bound<'py, PyAny>>,
+    want: &[usize],
+    dtype: &str,
+    what: impl FnOnce() -> String,
+) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
+    let Some(o) = out else {
+        return Ok(PyArrayDyn::<T>::zeros(py, IxDyn(want), false));
+    };
+    let a = o.cast_into::<PyArrayDyn<T>>().map_err(|e| {
+        let got = e.into_inner();
+        let got = match got.getattr("dtype") {
+            Ok(d) => d.to_string(),
+            Err(_) => got.get_type().to_string(),
+        };
+        PyTypeError::new_err(format!("out must be a {dtype} array, got {got}"))
+    })?;
+    if a.shape() != want {
+        return Err(errors::LayoutError::new_err(format!(
+            "out must have shape {want:?} for {}, got {:?}",
+            what(),
+            a.shape()
+        )));
+    }
+    Ok(a)
+}
+
+fn writeable<'py, T: numpy::Element>(
+    arr: &Bound<'py, PyArrayDyn<T>>,
+    input: &str,
+) -> PyResult<numpy::PyReadwriteArrayDyn<'py, T>> {
+    arr.try_readwrite().map_err(|e| {
+        PyTypeError::new_err(format!(
+            "out must be writeable and not overlap {input}: {e}"
+        ))
+    })
+}
+
+fn contiguous_mut<'a, T: numpy::Element>(
+    rw: &'a mut numpy::PyReadwriteArrayDyn<'_, T>,
+) -> PyResult<&'a mut [T]> {
+    rw.as_slice_mut()
+        .map_err(|_| PyTypeError::new_err("out must be a C-contiguous array"))
 }
 
 /// Dequantize C-contiguous uint8 blocks of shape `(..., row_bytes)` to float32 `(..., row_len)`,
@@ -99,31 +152,12 @@ fn ggml_dequantize<'py>(
         let src = blocks
             .as_slice()
             .map_err(|_| PyTypeError::new_err("blocks must be a C-contiguous array"))?;
-        let arr = match out {
-            None => PyArrayDyn::<f32>::zeros(py, IxDyn(&want), false),
-            Some(o) => {
-                let a = o.cast_into::<PyArrayDyn<f32>>().map_err(|e| {
-                    PyTypeError::new_err(format!(
-                        "out must be a float32 array, got {}",
-                        e.into_inner().get_type()
-                    ))
-                })?;
-                if a.shape() != want.as_slice() {
-                    return Err(errors::LayoutError::new_err(format!(
-                        "out must have shape {want:?} for {ty} blocks of shape {shape:?}, got {:?}",
-                        a.shape()
-                    )));
-                }
-                a
-            }
-        };
+        let arr = output::<f32>(py, out, &want, "float32", || {
+            format!("{ty} blocks of shape {shape:?}")
+        })?;
         {
-            let mut rw = arr.try_readwrite().map_err(|e| {
-                PyTypeError::new_err(format!("out must be writeable and not overlap blocks: {e}"))
-            })?;
-            let dst = rw
-                .as_slice_mut()
-                .map_err(|_| PyTypeError::new_err("out must be a C-contiguous array"))?;
+            let mut rw = writeable(&arr, "blocks")?;
+            let dst = contiguous_mut(&mut rw)?;
             py.detach(|| ggml::dequantize(ty, src, dst));
         }
         Ok(arr)
