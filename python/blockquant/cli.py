@@ -38,6 +38,7 @@ from .checkpoint.folders import (
     plan_report,
     report_path,
 )
+from .checkpoint.gguf_file import is_gguf, is_gguf_path
 from .checkpoint.rules import kept_summary
 from .errors import QuantError
 from .metrics import ErrorStats
@@ -240,6 +241,10 @@ def _files_line(res: Any) -> str:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
+    if is_gguf_path(args.output):  # GGUF out: ggml's types, as llama-quantize
+        return _quantize_gguf(args)
+    if args.allow_requantize:
+        raise CliError("--allow-requantize: only GGUF output requantizes (name OUT .gguf)")
     scheme = _scheme(args.scheme)
     options = _file_options(args)
     plan_ = plan_quantize(args.input, args.output, scheme, options,
@@ -266,6 +271,94 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         if args.verbose:
             print(_stats_line(res.stats))
     return 0
+
+
+def _ggml_type(text: str) -> Any:
+    from .gguf import TYPES
+
+    return TYPES.get(text.upper())
+
+
+def _gguf_options(args: argparse.Namespace) -> FileOptions:
+    """The file options a GGUF run takes; blockquant's scheme options are refused."""
+    for flag, given in (("--rule", args.rules), ("--calibration", args.calibration),
+                        ("--rounding", args.rounding), ("--scale-rounding", args.scale_rounding),
+                        ("--format", getattr(args, "output_format", None))):
+        if given:
+            raise CliError(f"{flag}: GGUF files take ggml's types, whose rules are fixed")
+    if _ggml_type(args.scheme) is None:
+        from .gguf import TYPES
+
+        raise CliError(f"--scheme: GGUF takes a ggml type ({', '.join(TYPES).lower()}), got "
+                       f"{args.scheme!r}")
+    return FileOptions(include=args.include, exclude=args.exclude, min_rank=args.min_rank,
+                       strict=args.strict, force=getattr(args, "force", False))
+
+
+def _quantize_gguf(args: argparse.Namespace) -> int:
+    """``blockquant quantize IN.gguf -o OUT.gguf --scheme q4_0``: llama-quantize --pure."""
+    from .checkpoint.gguf_file import (
+        KEPT_WORDS,
+        GGUFCheckpoint,
+        plan_requantize,
+        requantize_gguf,
+    )
+    from .checkpoint.gguf_file import kept_summary as gguf_kept
+
+    if not is_gguf(args.input):
+        raise CliError(f"{args.input}: GGUF output is made from a GGUF file (llama.cpp's "
+                       "convert_hf_to_gguf.py converts other checkpoints)")
+    options = _gguf_options(args)
+    target = _ggml_type(args.scheme).name
+    with GGUFCheckpoint(args.input) as ckpt:
+        decisions = plan_requantize(ckpt, target, options, args.allow_requantize)
+    if args.dry_run:
+        rows = [[printable(d.tensor.name), _shape(d.tensor.shape), d.tensor.dtype_name,
+                 d.new_type if d.quantized else f"keep: {KEPT_WORDS[d.why]}",
+                 _human(d.tensor.nbytes),
+                 _human(d.bytes_after)] for d in decisions]
+        print(printable(f"{args.input} -> {args.output}: dry run, nothing written"))
+        print(_table(rows, ["tensor", "shape", "type", "action", "before", "after"], left=4))
+        return 0
+    what = {d.tensor.name: (f"{d.tensor.dtype_name} -> {d.new_type}" if d.quantized
+                            else f"{d.tensor.dtype_name} kept: {KEPT_WORDS[d.why]}")
+            for d in decisions}
+    bar = Progress(sum(d.tensor.nbytes for d in decisions), "quantize", quiet=args.quiet,
+                   verbose=args.verbose, describe=lambda file, name: what.get(name, "done"))
+    if args.threads:
+        from . import get_num_threads, set_num_threads
+
+        before = get_num_threads()
+        set_num_threads(args.threads)
+    try:
+        res = requantize_gguf(args.input, args.output, target, options,
+                              allow_requantize=args.allow_requantize,
+                              progress=lambda name, n: bar(None, name, n))
+    finally:
+        bar.close()
+        if args.threads:
+            set_num_threads(before)
+    if not args.quiet:
+        print(printable(f"{args.output}: {len(res.quantized)} of {len(res.decisions)} tensors "
+                        f"quantized to {target}, {_human(res.bytes_in)} of tensor data -> "
+                        f"{_human(res.bytes_out)} file ({res.bytes_in / max(res.bytes_out, 1):.2f}x)"
+                        f" in {res.seconds:.2f} s"))
+        line = gguf_kept(res.decisions, target, options.min_rank)
+        if line:
+            print(printable(line))
+    return 0
+
+
+def _report_gguf(args: argparse.Namespace) -> dict[str, Any]:
+    from .checkpoint.gguf_file import report_gguf
+
+    options = _gguf_options(args)
+    bar = _progress(None, 0, "report", args)
+    try:
+        return report_gguf(args.input, _ggml_type(args.scheme).name, options,
+                           progress=lambda name, n: bar(None, name, n))
+    finally:
+        bar.close()  # type: ignore[attr-defined]
 
 
 def _stats_line(stats: Any) -> str:
@@ -321,15 +414,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    scheme = _scheme(args.scheme)
-    options = _file_options(args)
-    total = sum(f.bytes_in for f in plan_report(args.input, scheme, options))
-    bar = _progress(None, total, "report", args)
-    try:
-        rep = report_path(args.input, scheme, options, jobs=args.jobs, threads=args.threads,
-                          progress=bar)
-    finally:
-        bar.close()  # type: ignore[attr-defined]
+    if is_gguf(args.input) and _ggml_type(args.scheme) is not None:
+        rep = _report_gguf(args)
+    else:
+        scheme = _scheme(args.scheme)
+        options = _file_options(args)
+        total = sum(f.bytes_in for f in plan_report(args.input, scheme, options))
+        bar = _progress(None, total, "report", args)
+        try:
+            rep = report_path(args.input, scheme, options, jobs=args.jobs, threads=args.threads,
+                              progress=bar)
+        finally:
+            bar.close()  # type: ignore[attr-defined]
     if args.json:
         print(json.dumps(_jsonable(rep), indent=1))
         return 0
@@ -343,8 +439,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     o, f = rep["overall"], rep["file_total"]
     table = [row(r["name"], _shape(r["shape"]), r) for r in rep["tensors"]]
     table.append(row(f"overall ({o['tensors']} tensors)", f"{o['numel']:,} values", o))
-    print(printable(f"{rep['file']} with {rep['scheme']} (calibration {rep['calibration']}, "
-                    f"rounding {rep['rounding']}, scale rounding {rep['scale_rounding']})"))
+    how = ("ggml's rules, as llama-quantize --pure" if rep.get("format") == "gguf" else
+           f"calibration {rep['calibration']}, rounding {rep['rounding']}, scale rounding "
+           f"{rep['scale_rounding']}")
+    print(printable(f"{rep['file']} with {rep['scheme']} ({how})"))
     print(_table(table, ["tensor", "shape", "SQNR dB", "max abs err", "before", "after",
                          "ratio", "ms"], left=2))
     gbs = o["bytes_before"] / o["seconds"] / 1e9 if o["seconds"] else math.inf
@@ -449,6 +547,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="OUT's format (default: burnpack for a .bpk name, else safetensors)")
     options(q)
     q.add_argument("-f", "--force", action="store_true", help="replace OUT if it exists")
+    q.add_argument("--allow-requantize", action="store_true",
+                   help="GGUF: quantize tensors already of another quantized type (dequantized "
+                   "first), as llama-quantize --allow-requantize")
     q.set_defaults(func=cmd_quantize)
 
     d = sub.add_parser("dequantize", help="turn a quantized file back into float tensors")

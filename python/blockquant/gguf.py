@@ -36,7 +36,16 @@ from . import _native
 from .errors import LayoutError, SchemeError
 from .qtensor import _as_input
 
-__all__ = ["GGMLType", "TYPES", "ggml_type", "quantize", "dequantize", "byte_shape", "value_shape"]
+__all__ = [
+    "GGMLType",
+    "TYPES",
+    "ggml_type",
+    "quantize",
+    "quantize_bits",
+    "dequantize",
+    "byte_shape",
+    "value_shape",
+]
 
 
 @dataclass(frozen=True)
@@ -112,8 +121,22 @@ def quantize(x: Any, qtype: Any, *, out: Optional[np.ndarray] = None) -> np.ndar
     blocks of shape ``(..., row_bytes)``; F32 and F16 give float32 and float16 arrays of ``x``'s
     shape, as gguf-py does. With ``out`` (that dtype and shape, C-contiguous, writeable), the
     blocks are written there and ``out`` is returned."""
-    t = ggml_type(qtype)
     xs, kind = _as_input(x)
+    return _quantize(xs, kind, ggml_type(qtype), out)
+
+
+def quantize_bits(bits: np.ndarray, kind: str, qtype: Any) -> np.ndarray:
+    """:func:`quantize` of float16 (``kind="f16"``) or bfloat16 (``"bf16"``) values given as
+    their uint16 bit patterns, as GGUF files hold them (bfloat16 needs no ml_dtypes this way)."""
+    if kind not in ("f16", "bf16"):
+        raise ValueError(f"kind is 'f16' or 'bf16', got {kind!r}")
+    arr = np.asarray(bits)
+    if arr.dtype != np.uint16:
+        raise TypeError(f"bits must be a uint16 array, got dtype {arr.dtype}")
+    return _quantize(np.ascontiguousarray(arr), kind, ggml_type(qtype), None)
+
+
+def _quantize(xs: np.ndarray, kind: str, t: GGMLType, out: Optional[np.ndarray]) -> np.ndarray:
     if xs.ndim == 0:
         raise LayoutError("a 0-d array has no rows to divide into blocks")
     view = _FLOAT_VIEWS.get(t.name)

@@ -38,6 +38,7 @@ from .format import (
     metadata_value,
     read_entries,
 )
+from .gguf_file import dequantize_gguf, inspect_gguf, is_gguf
 from .options import FileOptions
 from .readers import open_checkpoint
 from .rules import Decision, plan
@@ -252,6 +253,9 @@ def dequantize_file(
     key). Returns (tensors dequantized, tensors copied). A file with no quantized tensor is
     an error unless ``require_quantized`` is False (one shard of a folder)."""
     options = options or FileOptions()
+    if is_gguf(src):  # llama.cpp's quantized types, dequantized by blockquant.gguf
+        return dequantize_gguf(src, dst, options, progress=progress,
+                               require_quantized=require_quantized)
     _check_output(src, dst)
     if is_burnpack_path(dst):  # a .bpk name holding safetensors would mislead every reader
         raise CheckpointError(
@@ -303,6 +307,8 @@ def _dequantized(qt: Any, dtype: str) -> Any:
 def inspect_file(src: Any) -> dict[str, Any]:
     """What a checkpoint holds: per tensor (a quantized one as one row) its scheme (None when
     not quantized), shape, dtype, bytes in the file and bits per value."""
+    if is_gguf(src):  # a GGUF tensor's scheme is its ggml type
+        return inspect_gguf(src)
     with open_checkpoint(src) as ckpt:
         entries = _entries(ckpt)
         part_of = {p: e.name for e in entries.values() for p in e.parts.values()}

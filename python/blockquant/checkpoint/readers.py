@@ -13,8 +13,8 @@ from .safetensors import SafetensorsCheckpoint
 
 
 def open_checkpoint(path: Any) -> Checkpoint:
-    """Open a ``.safetensors``, ``.npz``, ``.npy`` or burn ``.bpk`` file (recognized by its
-    first bytes)."""
+    """Open a ``.safetensors``, ``.npz``, ``.npy``, burn ``.bpk`` or GGUF file (recognized by
+    its first bytes)."""
     p = Path(path)
     try:
         with open(p, "rb") as f:
@@ -26,6 +26,10 @@ def open_checkpoint(path: Any) -> Checkpoint:
             return NpyCheckpoint(p)
         if magic.startswith(b"NRUB"):  # burn-pack's magic 0x4255524E, little-endian
             return BurnpackCheckpoint(p)
+        if magic.startswith(b"GGUF"):  # llama.cpp's; gguf-py (an optional extra) reads it
+            from .gguf_file import GGUFCheckpoint
+
+            return GGUFCheckpoint(p)
         return SafetensorsCheckpoint(p)
     except OSError as e:
         raise CheckpointError(p, None, os_reason(e)) from None

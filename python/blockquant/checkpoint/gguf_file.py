@@ -1,0 +1,636 @@
+"""GGUF files (llama.cpp's): read as checkpoints, and requantized into GGUF as ``llama-quantize
+--pure`` does, for the types :mod:`blockquant.gguf` writes bit for bit (Q8_0, Q4_0, Q4_1, Q5_0,
+Q5_1, MXFP4, TQ1_0, TQ2_0, F16, BF16, F32).
+
+Parsing (and checking) a file is gguf-py's ``GGUFReader`` (the optional extra
+``blockquant[gguf]``). The output is written here: every key/value pair is copied byte for byte
+from the input (``GGUFWriter`` re-encodes values, refuses empty arrays and cannot hold nested
+ones), then the tensor infos in the input's order, then each tensor, streamed one at a time,
+into a temporary file renamed into place at the end.
+
+What requantizing does, as llama-quantize (``--pure``: one type for every tensor it quantizes;
+without it llama-quantize picks Q6_K for ``output.weight``, a type blockquant does not write):
+
+- a tensor is quantized when its name ends in ``weight``, it has at least two dimensions
+  (``min_rank``) and it is not one llama-quantize leaves alone (norms, MoE routers, position
+  embeddings, small Mamba/RWKV/T5 tensors: :data:`LEFT_AS_THEY_ARE`);
+- a tensor whose rows are not a whole number of blocks of the type is kept as it is;
+- a tensor already of the target type is copied; one of another quantized type is refused
+  unless ``allow_requantize`` (it is then dequantized and quantized again);
+- ``general.file_type`` and ``general.quantization_version`` are set (kept in place when
+  present, appended when not) and ``split.*`` keys are dropped; everything else is unchanged,
+  the alignment included.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Callable
+
+import numpy as np
+
+from .. import gguf as bg
+from .._fs import temp_sibling
+from ..errors import QuantError
+from ..metrics import ErrorStats
+from .base import NAME_TO_ST, Checkpoint, CheckpointError, TensorInfo, os_reason, st_nbytes
+from .options import FileOptions
+from .safetensors import HeaderEntry, SafetensorsWriter, float_array
+
+MAGIC = b"GGUF"
+#: The GGUF version written (the current one; version 2 files read the same way).
+VERSION = 3
+
+#: Name parts of the weights llama-quantize never quantizes (substrings of the name), and the
+#: names it leaves alone whole.
+LEFT_AS_THEY_ARE = (
+    "_norm.weight", "ffn_gate_inp.weight", "altup", "laurel", "per_layer_model_proj",
+    "ssm_conv1d.weight", "shortconv.conv.weight", "attn_rel_b.weight", ".position_embd.",
+    "time_mix_first.weight", "time_mix_w0.weight", "time_mix_w1.weight", "time_mix_w2.weight",
+    "time_mix_v0.weight", "time_mix_v1.weight", "time_mix_v2.weight", "time_mix_a0.weight",
+    "time_mix_a1.weight", "time_mix_a2.weight", "time_mix_g1.weight", "time_mix_g2.weight",
+    "time_mix_decay_w1.weight", "time_mix_decay_w2.weight", "time_mix_lerp_fused.weight",
+)
+LEFT_AS_THEY_ARE_NAMES = ("position_embd.weight", "token_types.weight")
+
+#: llama.cpp's ``llama_ftype`` of a file quantized to each type (``general.file_type``).
+FILE_TYPES = {
+    "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "BF16": 32,
+    "TQ1_0": 36, "TQ2_0": 37, "MXFP4": 38,  # 38: MOSTLY_MXFP4_MOE, the one MXFP4 file type
+}
+#: ``GGML_QNT_VERSION``, which llama-quantize writes as ``general.quantization_version``.
+QUANTIZATION_VERSION = 2
+_SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
+#: The header values gguf-py's reader lists among the fields.
+_PSEUDO_FIELDS = ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count")
+#: GGUF value types (gguf_type): the two written here, and the array type.
+_UINT32, _ARRAY = 4, 9
+#: ggml types numpy holds as they are, and their safetensors names.
+_PLAIN = {"F32": "F32", "F16": "F16", "BF16": "BF16", "F64": "F64",
+          "I8": "I8", "I16": "I16", "I32": "I32", "I64": "I64"}
+_FLOATS = ("F32", "F16", "BF16")
+
+
+def is_gguf(path: Any) -> bool:
+    """Whether ``path`` is a file starting with GGUF's magic."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == MAGIC
+    except (OSError, TypeError, ValueError):
+        return False
+
+
+def is_gguf_path(path: Any) -> bool:
+    """Whether ``path`` is named as a GGUF file."""
+    return str(path).lower().endswith(".gguf")
+
+
+def _gguf_py(path: Any) -> Any:
+    try:
+        import gguf
+    except ImportError:
+        raise CheckpointError(path, None, "GGUF files need gguf-py: pip install "
+                              "'blockquant[gguf]' (or pip install gguf)") from None
+    return gguf
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def open_reader(path: Any) -> Any:
+    """gguf-py's reader of ``path``; a file it cannot parse is one ``CheckpointError``."""
+    gguf = _gguf_py(path)
+    try:
+        reader = gguf.GGUFReader(path)
+    except OSError as e:
+        raise CheckpointError(path, None, os_reason(e)) from None
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a corrupt file makes gguf-py raise anything
+        raise CheckpointError(path, None, f"not a valid GGUF file ({_one_line(e)})") from None
+    if reader.byte_order != "I":
+        raise CheckpointError(path, None, "is a big-endian GGUF file, which blockquant does "
+                              "not read")
+    return reader
+
+
+@dataclass(frozen=True)
+class GGUFTensorInfo(TensorInfo):
+    """A GGUF tensor: ``shape`` in numpy's order (GGUF stores it reversed), ``ggml_type`` its
+    type's name (``dtype`` is safetensors' name when there is one, else None)."""
+
+    ggml_type: str = "F32"
+
+    @property
+    def dtype_name(self) -> str:
+        return self.ggml_type if self.dtype is None else super().dtype_name
+
+    @property
+    def quantized(self) -> bool:
+        return self.ggml_type not in _PLAIN
+
+
+def _type_name(t: Any) -> str:
+    return getattr(t, "name", str(t))
+
+
+class GGUFCheckpoint(Checkpoint):
+    """A GGUF file as a checkpoint: its tensors in file order, its scalar key/value pairs as
+    ``metadata`` (as text; arrays, such as the tokenizer's, are left out), and reads of one
+    tensor at a time from the memory-mapped file."""
+
+    format = "gguf"
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.reader = open_reader(path)
+        self._raw: dict[str, Any] = {}
+        for rt in self.reader.tensors:
+            ggml_type = _type_name(rt.tensor_type)
+            shape = tuple(int(d) for d in reversed(rt.shape.tolist()))
+            self.tensors.append(GGUFTensorInfo(rt.name, _PLAIN.get(ggml_type), shape,
+                                               int(rt.data.nbytes), ggml_type=ggml_type))
+            self._raw[rt.name] = rt
+        self._index()
+        for key, value in scalar_metadata(self.reader).items():
+            self.metadata[key] = value
+
+    def raw(self, name: str) -> Any:
+        """gguf-py's ``ReaderTensor``: ``data`` is the memory-mapped array (quantized types as
+        uint8 blocks, BF16 as its bytes)."""
+        return self._raw[name]
+
+    def read(self, name: str) -> np.ndarray:
+        """The tensor as numbers: F32/F16/F64/integers as they are, BF16 as float32 (exactly),
+        a quantized type dequantized to float32."""
+        t = self.info(name)
+        assert isinstance(t, GGUFTensorInfo)
+        return values(self.raw(name), t, self.path)
+
+    def copy_to(self, name: str, out: BinaryIO) -> None:
+        flat = self.raw(name).data.reshape(-1).view(np.uint8)
+        step = 1 << 24
+        for at in range(0, len(flat), step):
+            out.write(memoryview(flat[at: at + step]))
+
+
+def scalar_metadata(reader: Any) -> dict[str, str]:
+    """The key/value pairs that are not arrays, as text."""
+    out = {}
+    for key, f in reader.fields.items():
+        if key in _PSEUDO_FIELDS or not f.types or f.types[0] == _ARRAY:
+            continue
+        try:
+            out[key] = str(f.contents())
+        except (UnicodeDecodeError, ValueError, IndexError):
+            out[key] = "<unreadable>"
+    return out
+
+
+def values(rt: Any, t: GGUFTensorInfo, path: Any) -> np.ndarray:
+    """A tensor's values: plain types as they are (native order), BF16 as float32, quantized
+    types dequantized to float32 (blockquant's kernels for its types, gguf-py's for others)."""
+    data = rt.data
+    if t.ggml_type == "BF16":
+        return (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(t.shape)
+    if not t.quantized:
+        return np.array(data)
+    if t.ggml_type in bg.TYPES:
+        return bg.dequantize(data, t.ggml_type).reshape(t.shape)
+    gguf = _gguf_py(path)
+    try:
+        return np.asarray(gguf.quants.dequantize(data, rt.tensor_type), np.float32).reshape(t.shape)
+    except NotImplementedError:
+        raise CheckpointError(path, t.name, f"gguf-py cannot dequantize {t.ggml_type}") from None
+
+
+# --- requantizing ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GGUFDecision:
+    """What requantizing does to one tensor: ``new_type`` (its own when it is kept) and, when it
+    is kept, ``why``."""
+
+    tensor: GGUFTensorInfo
+    new_type: str
+    why: str = ""
+
+    @property
+    def quantized(self) -> bool:
+        return self.new_type != self.tensor.ggml_type
+
+    @property
+    def bytes_after(self) -> int:
+        if not self.quantized:
+            return self.tensor.nbytes
+        return int(np.prod(self.tensor.shape[:-1], dtype=np.int64)) * bg.byte_shape(
+            self.tensor.shape[-1:], self.new_type)[0]
+
+
+#: Why a tensor is kept (``GGUFDecision.why``); :data:`KEPT_WORDS` says it in a few words.
+KEPT_RANK = "rank"
+KEPT_NAME = "name"
+KEPT_ROWS = "rows"
+KEPT_SAME = "same"
+KEPT_SELECTION = "selection"
+KEPT_DTYPE = "dtype"
+KEPT_WORDS = {KEPT_RANK: "rank below --min-rank", KEPT_NAME: "llama-quantize keeps it",
+              KEPT_ROWS: "rows not whole blocks", KEPT_SAME: "already that type",
+              KEPT_SELECTION: "--include/--exclude", KEPT_DTYPE: "not floating point"}
+
+
+def plan_requantize(ckpt: GGUFCheckpoint, qtype: Any, options: FileOptions,
+                    allow_requantize: bool = False) -> list[GGUFDecision]:
+    """Each tensor's fate, decided from the header alone; a tensor that would need requantizing
+    without ``allow_requantize`` (or, with ``options.strict``, one the type cannot take) is a
+    ``CheckpointError`` before anything is written."""
+    target = bg.ggml_type(qtype)
+    out = []
+    for t in ckpt.tensors:
+        assert isinstance(t, GGUFTensorInfo)
+        why = _kept_because(t, target, options)
+        if why == KEPT_ROWS and options.strict:
+            raise ckpt.error(t.name, f"rows of {t.shape[-1]} values are not whole {target.name} "
+                             f"blocks of {target.block_size} (--strict)")
+        if why:
+            out.append(GGUFDecision(t, t.ggml_type, why))
+            continue
+        if t.quantized and not allow_requantize:
+            raise ckpt.error(t.name, f"is already quantized ({t.ggml_type}); quantizing it again "
+                             "adds error: --allow-requantize does it anyway")
+        out.append(GGUFDecision(t, target.name))
+    return out
+
+
+def _kept_because(t: GGUFTensorInfo, target: bg.GGMLType, options: FileOptions) -> str:
+    name = t.name
+    if len(t.shape) < options.min_rank:  # first: a norm is kept for its rank, as a bias is
+        return KEPT_RANK
+    if not name.endswith("weight") or name in LEFT_AS_THEY_ARE_NAMES or any(
+            part in name for part in LEFT_AS_THEY_ARE):
+        return KEPT_NAME
+    if not options.selects(name):
+        return KEPT_SELECTION
+    if t.ggml_type == target.name:
+        return KEPT_SAME
+    if not (t.ggml_type in _FLOATS or t.quantized):
+        return KEPT_DTYPE
+    if t.shape[-1] % target.block_size:
+        return KEPT_ROWS
+    return ""
+
+
+def kept_summary(decisions: list[GGUFDecision], target: str, min_rank: int = 2) -> str:
+    """The tensors left as they are and why, as one line (empty when none was)."""
+    groups: dict[str, list[str]] = {}
+    for d in decisions:
+        if not d.quantized:
+            groups.setdefault(d.why, []).append(d.tensor.name)
+    if not groups:
+        return ""
+    words = {
+        KEPT_RANK: f"of rank below {min_rank} (norms, biases)",
+        KEPT_NAME: "that llama-quantize leaves as they are (not named *weight, or a router, "
+                   "position embedding, small Mamba/RWKV tensor)",
+        KEPT_ROWS: f"whose rows are not whole {target} blocks",
+        KEPT_SAME: f"already {target}",
+        KEPT_SELECTION: "by --include/--exclude",
+        KEPT_DTYPE: "not floating point",
+    }
+    parts = []
+    for why, text in words.items():
+        names = groups.get(why, [])
+        if names:
+            shown = "" if why == KEPT_RANK else (
+                ": " + ", ".join(names[:3]) + (", ..." if len(names) > 3 else ""))
+            parts.append(f"{len(names)} {text}{shown}")
+    n = sum(len(v) for v in groups.values())
+    return f"left {n} tensor{'s' if n != 1 else ''} as they are: " + "; ".join(parts)
+
+
+@dataclass
+class GGUFSummary:
+    """What a requantize run did: each tensor's decision, bytes of tensor data read, bytes of
+    the file written, seconds."""
+
+    decisions: list[GGUFDecision]
+    target: str
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+    quantized: list[str] = field(default_factory=list)
+
+
+def requantize_gguf(
+    src: Any,
+    dst: Any,
+    qtype: Any,
+    options: FileOptions | None = None,
+    *,
+    allow_requantize: bool = False,
+    progress: Callable[[str, int], None] | None = None,
+) -> GGUFSummary:
+    """Requantize the GGUF file ``src`` to ``qtype`` into the GGUF file ``dst``, as
+    llama-quantize does (see the module's docstring). One tensor is in memory at a time (the
+    input is memory-mapped); ``dst`` appears only when complete. Uses ``options.include``,
+    ``exclude``, ``min_rank``, ``strict`` and ``force``. Raises ``CheckpointError`` (nothing
+    written) on any problem."""
+    from .commands import _check_output
+
+    options = options or FileOptions()
+    target = bg.ggml_type(qtype)
+    t0 = time.perf_counter()
+    _check_output(src, dst)
+    with GGUFCheckpoint(Path(src)) as ckpt:
+        reader = ckpt.reader
+        split = reader.fields.get("split.count")
+        if split is not None and int(split.contents()) > 1:
+            raise ckpt.error(None, f"is one of {int(split.contents())} shards of a split model; "
+                             "merge them first (llama-gguf-split --merge)")
+        decisions = plan_requantize(ckpt, target, options, allow_requantize)
+        kv = _kv_bytes(reader, target.name)
+        infos, offsets, data_size = _tensor_infos(decisions, int(reader.alignment))
+        with _AtomicFile(dst, options.force) as out:
+            out.write(MAGIC + struct.pack("<IQQ", VERSION, len(decisions), kv.count))
+            out.write(kv.data)
+            out.write(infos)
+            out.pad(int(reader.alignment))
+            base = out.tell()
+            for d, offset in zip(decisions, offsets):
+                out.pad_to(base + offset)
+                data = _tensor_data(ckpt, d)
+                if data.nbytes != d.bytes_after:
+                    raise ckpt.error(d.tensor.name, f"wrote {data.nbytes} bytes, expected "
+                                     f"{d.bytes_after}")
+                out.write_array(data)
+                del data
+                if progress is not None:
+                    progress(d.tensor.name, d.tensor.nbytes)
+            out.pad_to(base + data_size)
+            out.commit()
+    return GGUFSummary(decisions, target.name, sum(d.tensor.nbytes for d in decisions),
+                       os.path.getsize(dst), time.perf_counter() - t0,
+                       [d.tensor.name for d in decisions if d.quantized])
+
+
+@dataclass
+class _KV:
+    data: bytes
+    count: int
+
+
+def _kv_bytes(reader: Any, target: str) -> _KV:
+    """Every key/value pair's bytes as the input has them, in its order, but the two
+    llama-quantize sets (in place, or appended) and the split keys it drops."""
+    new = {"general.file_type": FILE_TYPES[target],
+           "general.quantization_version": QUANTIZATION_VERSION}
+    parts: list[bytes] = []
+    for key, f in reader.fields.items():
+        if key in _PSEUDO_FIELDS or key in _SPLIT_KEYS:
+            continue
+        if key in new:
+            parts.append(_uint32_kv(key, new.pop(key)))
+            continue
+        size = sum(int(p.nbytes) for p in f.parts)
+        parts.append(reader.data[f.offset: f.offset + size].tobytes())
+    parts += [_uint32_kv(key, value) for key, value in new.items()]
+    return _KV(b"".join(parts), len(parts))
+
+
+def _gguf_string(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _uint32_kv(key: str, value: int) -> bytes:
+    return _gguf_string(key) + struct.pack("<II", _UINT32, value)
+
+
+def _tensor_infos(decisions: list[GGUFDecision], alignment: int) -> tuple[bytes, list[int], int]:
+    """The tensor info section, each tensor's data offset, and the size of the data section."""
+    out = bytearray()
+    offsets = []
+    at = 0
+    for d in decisions:
+        dims = list(reversed(d.tensor.shape))  # GGUF's order: the row first
+        out += _gguf_string(d.tensor.name)
+        out += struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, _type_id(d.new_type), at)
+        offsets.append(at)
+        at += -(-d.bytes_after // alignment) * alignment
+    return bytes(out), offsets, at
+
+
+def _type_id(name: str) -> int:
+    if name in bg.TYPES:
+        return bg.TYPES[name].id
+    import gguf
+
+    return int(gguf.GGMLQuantizationType[name])
+
+
+def _tensor_data(ckpt: GGUFCheckpoint, d: GGUFDecision) -> np.ndarray:
+    """The tensor as it goes into the output: the input's bytes when kept, else quantized."""
+    rt = ckpt.raw(d.tensor.name)
+    if not d.quantized:
+        return rt.data
+    t = d.tensor
+    try:
+        if t.ggml_type == "BF16":
+            return bg.quantize_bits(rt.data.view(np.uint16), "bf16", d.new_type)
+        if t.ggml_type in ("F32", "F16"):
+            return bg.quantize(rt.data, d.new_type)
+        return bg.quantize(values(rt, t, ckpt.path), d.new_type)
+    except QuantError as e:
+        raise ckpt.error(t.name, str(e)) from None
+
+
+class _AtomicFile:
+    """A file written under a temporary name beside ``path`` and renamed into place by
+    :meth:`commit` (never over an existing file without ``force``); removed on any error."""
+
+    def __init__(self, path: Any, force: bool) -> None:
+        self.path = Path(path)
+        self.force = force
+        if self.path.is_dir():
+            raise CheckpointError(self.path, None, "is a directory")
+        if not self.path.parent.is_dir():
+            raise CheckpointError(self.path, None, f"no such directory {str(self.path.parent)!r}")
+        if self.path.exists() and not force:
+            raise CheckpointError(self.path, None, "already exists (--force replaces it)")
+        self.tmp = temp_sibling(self.path)
+        try:
+            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except OSError as e:
+            raise CheckpointError(self.path, None, f"cannot write: {os_reason(e)}") from None
+        self.f: BinaryIO | None = os.fdopen(fd, "wb")
+
+    def __enter__(self) -> _AtomicFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.f is not None:
+            self.abort()
+
+    def _io(self, fn: Callable[[BinaryIO], Any]) -> Any:
+        assert self.f is not None
+        try:
+            return fn(self.f)
+        except OSError as e:
+            self.abort()
+            raise CheckpointError(self.path, None, f"cannot write: {os_reason(e)}") from None
+
+    def write(self, data: bytes | memoryview) -> None:
+        self._io(lambda f: f.write(data))
+
+    def write_array(self, a: np.ndarray) -> None:
+        flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        step = 1 << 24
+        for at in range(0, len(flat), step):
+            self.write(memoryview(flat[at: at + step]))
+
+    def tell(self) -> int:
+        return int(self._io(lambda f: f.tell()))
+
+    def pad(self, alignment: int) -> None:
+        self.write(b"\0" * (-self.tell() % alignment))
+
+    def pad_to(self, offset: int) -> None:
+        self.write(b"\0" * (offset - self.tell()))
+
+    def commit(self) -> None:
+        f, self.f = self.f, None
+        assert f is not None
+        try:
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+            if self.force:
+                os.replace(self.tmp, self.path)
+            else:
+                try:
+                    os.link(self.tmp, self.path)  # fails if path exists: never clobbers
+                    os.unlink(self.tmp)
+                except FileExistsError:
+                    raise CheckpointError(self.path, None,
+                                          "already exists (--force replaces it)") from None
+                except OSError:  # a filesystem without hard links
+                    if self.path.exists():
+                        raise CheckpointError(self.path, None,
+                                              "already exists (--force replaces it)") from None
+                    os.replace(self.tmp, self.path)
+        except OSError as e:
+            self.abort()
+            raise CheckpointError(self.path, None, f"cannot write: {os_reason(e)}") from None
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        f, self.f = self.f, None
+        if f is not None:
+            f.close()
+        try:
+            os.unlink(self.tmp)
+        except OSError:
+            pass
+
+
+# --- inspect, dequantize, report ------------------------------------------------------------------
+
+
+def inspect_gguf(src: Any) -> dict[str, Any]:
+    """What a GGUF file holds, in :func:`~.commands.inspect_file`'s form: per tensor its ggml
+    type as ``scheme`` (None for F32/F16/BF16 and integers), shape, bytes, bits per value."""
+    with GGUFCheckpoint(Path(src)) as ckpt:
+        rows = []
+        for t in ckpt.tensors:
+            assert isinstance(t, GGUFTensorInfo)
+            rows.append({"name": t.name, "scheme": t.ggml_type if t.quantized else None,
+                         "shape": list(t.shape), "dtype": t.dtype_name, "bytes": t.nbytes,
+                         "numel": t.numel,
+                         "bits_per_value": 8.0 * t.nbytes / t.numel if t.numel else None})
+        return {"file": str(src), "format": "gguf", "file_bytes": os.path.getsize(src),
+                "metadata": dict(ckpt.metadata), "tensors": rows}
+
+
+def dequantize_gguf(src: Any, dst: Any, options: FileOptions | None = None, *,
+                    progress: Callable[[str, int], None] | None = None,
+                    require_quantized: bool = True) -> tuple[int, int]:
+    """A GGUF file as a safetensors file: its quantized tensors dequantized (to float32, or
+    ``options.dtype``), the others copied as they are, its scalar key/value pairs as metadata
+    (text). Returns (tensors dequantized, tensors copied)."""
+    from .commands import _check_output
+
+    options = options or FileOptions()
+    _check_output(src, dst)
+    with GGUFCheckpoint(Path(src)) as ckpt:
+        tensors = [t for t in ckpt.tensors if isinstance(t, GGUFTensorInfo)]
+        if require_quantized and not any(t.quantized for t in tensors):
+            raise ckpt.error(None, "holds no quantized tensor (nothing to dequantize)")
+        dtype = options.dtype or "float32"
+        layout = []
+        for t in tensors:
+            if t.quantized:
+                st = NAME_TO_ST[dtype]
+                layout.append(HeaderEntry(t.name, st, t.shape, st_nbytes(st, t.shape) or 0))
+            else:
+                layout.append(HeaderEntry(t.name, _PLAIN[t.ggml_type], t.shape, t.nbytes))
+        with SafetensorsWriter(dst, layout, dict(ckpt.metadata), force=options.force) as w:
+            for t in tensors:
+                if t.quantized:
+                    w.write(t.name, float_array(ckpt.read(t.name), dtype))
+                else:
+                    w.write_from(t.name, ckpt, t.name)
+                if progress is not None:
+                    progress(t.name, t.nbytes)
+            w.commit()
+    n = sum(t.quantized for t in tensors)
+    return n, len(tensors) - n
+
+
+def report_gguf(src: Any, qtype: Any, options: FileOptions | None = None, *,
+                progress: Callable[[str, int], None] | None = None) -> dict[str, Any]:
+    """Requantize in memory (nothing written) and measure, per tensor requantizing would
+    quantize: SQNR against the input's values, max abs error, bytes before and after, time. The
+    keys are :func:`~.commands.report_file`'s."""
+    options = options or FileOptions()
+    target = bg.ggml_type(qtype)
+    with GGUFCheckpoint(Path(src)) as ckpt:
+        decisions = plan_requantize(ckpt, target, options, allow_requantize=True)
+        rows, total = [], ErrorStats()
+        for d in decisions:
+            t = d.tensor
+            if d.quantized:
+                x = values(ckpt.raw(t.name), t, ckpt.path)
+                t0 = time.perf_counter()
+                blocks = _tensor_data(ckpt, d)
+                seconds = time.perf_counter() - t0
+                y = bg.dequantize(blocks, target.name).reshape(t.shape)
+                stats = ErrorStats.between(x, y)
+                total += stats
+                rows.append({"name": t.name, "scheme": target.name, "shape": list(t.shape),
+                             "dtype": t.dtype_name, "sqnr_db": stats.sqnr_db,
+                             "max_abs_err": stats.max_abs_err, "bytes_before": t.nbytes,
+                             "bytes_after": d.bytes_after, "seconds": seconds})
+            if progress is not None:
+                progress(t.name, t.nbytes)
+    before = sum(r["bytes_before"] for r in rows)
+    after = sum(r["bytes_after"] for r in rows)
+    file_bytes = sum(d.tensor.nbytes for d in decisions)
+    return {
+        "file": str(src), "format": "gguf", "scheme": target.name,
+        "tensors": rows,
+        "overall": {"tensors": len(rows), "numel": total.numel, "sqnr_db": total.sqnr_db,
+                    "max_abs_err": total.max_abs_err, "bytes_before": before,
+                    "bytes_after": after, "seconds": sum(r["seconds"] for r in rows)},
+        "file_total": {"tensors": len(decisions), "unquantized": len(decisions) - len(rows),
+                       "bytes_before": file_bytes, "bytes_after": after + file_bytes - before},
+        "kept": [{"name": d.tensor.name, "why": d.why} for d in decisions if not d.quantized],
+    }
