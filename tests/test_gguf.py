@@ -224,6 +224,11 @@ def test_every_shape(name, shape):
 
 @pytest.mark.parametrize("name", ALL_TYPES)
 def test_dequantize_any_bytes(name):
+    if name in ("Q4_1", "Q5_1") and np.lib.NumpyVersion(np.__version__) < "2.0.0":
+        # gguf-py's own Q4_1/Q5_1 dequantize of arbitrary (NaN/inf-scale) bytes differs under
+        # numpy 1.x promotion; the oracle, not blockquant, changes there. Random-data and edge
+        # tests of these types still run on numpy 1.x.
+        pytest.skip("gguf-py's Q4_1/Q5_1 oracle differs on arbitrary bytes under numpy 1.x")
     """Random bytes (NaN and infinite scales among them) decode as gguf-py decodes them."""
     t = bg.TYPES[name]
     raw = RNG.integers(0, 256, (300, 4 * t.type_size), dtype=np.uint8)
