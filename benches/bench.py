@@ -136,6 +136,73 @@ def peers(x: np.ndarray, repeat: int, copy_s: float) -> List[Dict]:
     return rows
 
 
+GGML_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4", "TQ1_0", "TQ2_0", "F16", "BF16", "F32"]
+
+
+def ggml_rows(x: np.ndarray, repeat: int, copy_s: float) -> List[Dict]:
+    """blockquant.gguf (ggml's block types) against gguf-py and np.copyto: bit-exactness on a
+    slice, quantize and dequantize (into a preallocated array, as copyto writes into one) on 1
+    and 2 threads as a fraction of copyto's throughput, and speed over gguf-py (both on a slice
+    of at most 1 Mi values, blockquant on its default threads: gguf-py's MXFP4 alone would take
+    gigabytes on the whole array)."""
+    from blockquant import gguf as bg
+
+    try:
+        import gguf  # type: ignore[import-not-found]
+        from gguf import quants  # type: ignore[import-not-found]
+    except ImportError:
+        gguf = None
+    rows = []
+    small = x[: max(1, min(x.shape[0], 2**20 // x.shape[1]))]
+    for name in GGML_TYPES:
+        blocks = bg.quantize(x, name)
+        q_out = np.empty_like(blocks)
+        d_out = np.empty(x.shape, np.float32)
+        r: Dict = dict(type=name)
+        for threads in (1, 2):
+            bq.set_num_threads(threads)
+            r[f"quantize_{threads}t_s"] = median_time(
+                lambda: bg.quantize(x, name, out=q_out), repeat)  # noqa: B023 - called at once
+            r[f"dequantize_{threads}t_s"] = median_time(
+                lambda: bg.dequantize(blocks, name, out=d_out), repeat)  # noqa: B023 - called at once
+        bq.set_num_threads(0)
+        if gguf is not None:
+            qt = gguf.GGMLQuantizationType[name]
+            with np.errstate(all="ignore"):
+                theirs = quants.quantize(small, qt)
+                mine = bg.quantize(small, name)
+                r["bit_exact"] = bool(
+                    theirs.dtype == mine.dtype and np.array_equal(theirs.view(np.uint8), mine.view(np.uint8))
+                    and np.array_equal(np.asarray(quants.dequantize(theirs, qt), np.float32).view(np.uint32),
+                                       bg.dequantize(theirs, name).view(np.uint32)))
+                g_reps = max(1, repeat // 3)
+                g_q = median_time(lambda: quants.quantize(small, qt), g_reps)  # noqa: B023 - called at once
+                g_d = median_time(lambda: quants.dequantize(theirs, qt), g_reps)  # noqa: B023 - called at once
+            s_out = np.empty(small.shape, np.float32)
+            s_q = median_time(lambda: bg.quantize(small, name), repeat)  # noqa: B023 - called at once
+            s_d = median_time(lambda: bg.dequantize(theirs, name, out=s_out), repeat)  # noqa: B023 - called at once
+            r.update(gguf_quantize_s=g_q, gguf_dequantize_s=g_d,
+                     vs_gguf_quantize=g_q / s_q, vs_gguf_dequantize=g_d / s_d)
+        for k in ("quantize_1t", "quantize_2t", "dequantize_1t", "dequantize_2t"):
+            r[f"{k}_of_copyto"] = copy_s / r[f"{k}_s"]
+        rows.append(r)
+    return rows
+
+
+def print_ggml(rows: List[Dict]) -> None:
+    def f(r: Dict, k: str, fmt: str = "{:.2f}") -> str:
+        return fmt.format(r[k]) if k in r else "-"
+
+    print(table(
+        [[r["type"], {True: "yes", False: "NO"}.get(r.get("bit_exact"), "-"),
+          f(r, "quantize_1t_of_copyto"), f(r, "quantize_2t_of_copyto"),
+          f(r, "dequantize_1t_of_copyto"), f(r, "dequantize_2t_of_copyto"),
+          f(r, "vs_gguf_quantize", "{:.0f}x"), f(r, "vs_gguf_dequantize", "{:.0f}x")] for r in rows],
+        ["ggml type", "bit-exact vs gguf-py", "quant of copyto 1T", "2T", "dequant of copyto 1T",
+         "2T", "quant vs gguf-py", "dequant vs gguf-py"],
+    ))
+
+
 def peak_extra_memory(name: str, n: int) -> Optional[float]:
     """Peak resident memory of one quantize call beyond its input and output, in MiB, measured
     in a child process: Linux's peak-RSS mark (VmHWM) is reset just before the call by writing 5
@@ -180,6 +247,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--repeat", type=int, help="timed runs, the median is kept (default 7)")
     p.add_argument("--ref-repeat", type=int, help="repeats of the (slow) numpy reference (default 2)")
     p.add_argument("--json", metavar="PATH")
+    p.add_argument("--ggml-only", action="store_true",
+                   help="only the ggml block types (blockquant.gguf) against gguf-py and copyto")
     p.add_argument(
         "--quick", action="store_true",
         help="defaults of 1 Mi elements and few repeats, no memory probe (a smoke run)",
@@ -203,7 +272,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     results: Dict = dict(size=n, threads=threads, copyto_s=copy_s, copyto_gbs=gb / copy_s, cases=[])
     rows = []
-    for case in cases(n):
+    for case in [] if args.ggml_only else cases(n):
         xs = x.reshape(-1)[: math.prod(case["shape"])].reshape(case["shape"])
         frac = xs.size / x.size  # < 1 only for the square case when n is not a square
         case_gb, case_copy_s = gb * frac, copy_s * frac
@@ -231,10 +300,21 @@ def main(argv: Optional[List[str]] = None) -> int:
             f"{bq_d * 1e3:.1f}", f"{ref_d / bq_d:.1f}x", f"{case_copy_s / bq_d:.2f}",
             f"{one_q / bq_q:.2f}x",
         ])
-    print(table(rows, [
-        "scheme", "quant ms", "GB/s", "vs numpy ref", "of copyto",
-        "dequant ms", "vs numpy ref", "of copyto", f"{threads}T vs 1T",
-    ]))
+    if args.ggml_only:
+        rows = []
+    else:
+        print(table(rows, [
+            "scheme", "quant ms", "GB/s", "vs numpy ref", "of copyto",
+            "dequant ms", "vs numpy ref", "of copyto", f"{threads}T vs 1T",
+        ]))
+    print("\nggml's block types (blockquant.gguf), into preallocated arrays as np.copyto:")
+    results["ggml"] = ggml_rows(x, args.repeat, copy_s)
+    print_ggml(results["ggml"])
+    if args.ggml_only:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=2)
+        return 0
 
     peer_rows = peers(x, args.repeat, copy_s)
     results["peers"] = peer_rows

@@ -182,7 +182,7 @@ pub fn quantize(ty: GgmlType, x: Input<'_>, row_len: usize, out: &mut [u8]) -> R
         GgmlType::F16 => match x {
             // gguf-py casts float64 to float16 directly, not through float32.
             Input::F64(x64) => encode_f16_from_f64(x64, out),
-            _ => encode_all::<F16>(x, out),
+            _ => encode_f16(x, out),
         },
         GgmlType::BF16 => encode_all::<BF16>(x, out),
         GgmlType::Q8_0 => encode_all::<Q8_0>(x, out),
@@ -354,6 +354,29 @@ fn decode_run_portable<B: Block>(_: B, blocks: &[u8], out: &mut [f32]) {
     for (b, o) in blocks.chunks_exact(B::TS).zip(out.chunks_exact_mut(B::BS)) {
         B::decode(b, o);
     }
+}
+
+/// F16 output: `half` converts a slice at a time with F16C where the CPU has it (one
+/// instruction for eight values; the same rounding to nearest even as numpy's cast).
+fn encode_f16(x: Input<'_>, out: &mut [u8]) -> bool {
+    use half::slice::HalfFloatSliceExt;
+    out.par_chunks_mut(TASK_VALUES * 2)
+        .enumerate()
+        .map_init(Vec::new, |buf, (t, o)| {
+            let xs = x.read(t * TASK_VALUES, o.len() / 2, buf);
+            let mut bad = false;
+            let mut h = [half::f16::ZERO; 1024];
+            for (xc, oc) in xs.chunks(1024).zip(o.chunks_mut(2048)) {
+                bad |= xc.iter().fold(0, |m, v| m.max(v.to_bits() & 0x7FFF_FFFF)) >= INF_BITS;
+                let h = &mut h[..xc.len()];
+                h.convert_from_f32_slice(xc);
+                for (b, v) in oc.chunks_exact_mut(2).zip(h.iter()) {
+                    b.copy_from_slice(&v.to_bits().to_le_bytes());
+                }
+            }
+            bad
+        })
+        .reduce(|| false, |a, b| a | b)
 }
 
 /// float64 → float16 for F16 output (the other inputs go through [`F16`] via f32, which is
@@ -569,23 +592,38 @@ fn scale_and_shift(d: f32, m: f32, q: &[u8; 32], out: &mut [f32]) {
     }
 }
 
-/// Element j and j + 16 share byte j: low nibble, high nibble (bits above 4 are shifted out).
+/// Codes as the encoders compute them: i32 lanes until they are packed (narrowing early makes
+/// LLVM shuffle single bytes).
+type Codes = [i32; 32];
+
+/// Element j and j + 16 share byte j: low nibble, high nibble (bits above 4 are dropped).
 #[inline(always)]
-fn pack_nibbles(q: &[u8; 32], out: &mut [u8]) {
-    for j in 0..16 {
-        out[j] = (q[j] & 0x0F) | (q[j + 16] << 4);
+fn pack_nibbles(q: &Codes, out: &mut [u8]) {
+    let mut both = [0i32; 16];
+    for (j, b) in both.iter_mut().enumerate() {
+        *b = (q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4);
+    }
+    for (o, &b) in out.iter_mut().zip(&both) {
+        *o = b as u8;
     }
 }
 
 /// Bit i of the little-endian u32 is bit 4 of code i (Q5's fifth bits).
 #[inline(always)]
-fn pack_high_bits(q: &[u8; 32]) -> [u8; 4] {
-    // Eight codes a u64: bit 4 of each byte down to bit 0, then one multiply gathers byte k's
-    // bit into bit 56 + k (the partial products land on distinct bits, so nothing carries).
+fn pack_high_bits(q: &Codes) -> [u8; 4] {
+    // Each code's bit 4 as a byte (a vector narrowing), then eight bytes a u64: one multiply
+    // gathers byte k's bit into bit 56 + k (the partial products land on distinct bits, so
+    // nothing carries). Left to itself, LLVM extracts and shifts the 32 bits one at a time.
+    let mut hb = [0u8; 32];
+    for (h, &c) in hb.iter_mut().zip(q) {
+        *h = ((c >> 4) & 1) as u8;
+    }
+    // Through memory, so the words are loads rather than bytes reassembled one at a time.
+    let hb = std::hint::black_box(hb);
     let mut qh = [0u8; 4];
-    for (h, c) in qh.iter_mut().zip(q.chunks_exact(8)) {
-        let w = u64::from_le_bytes(c.try_into().expect("8 bytes"));
-        *h = (((w >> 4) & 0x0101_0101_0101_0101).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u8;
+    for (h, w) in qh.iter_mut().zip(hb.chunks_exact(8)) {
+        let w = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+        *h = (w.wrapping_mul(0x0102_0408_1020_4080) >> 56) as u8;
     }
     qh
 }
@@ -627,6 +665,25 @@ struct TQ1_0;
 #[derive(Clone, Copy, Default)]
 struct TQ2_0;
 
+/// The float types: a "block" is one value, and a group is converted in one straight loop.
+macro_rules! plain_group {
+    ($to_bits:expr, $ty:ty) => {
+        #[inline(always)]
+        fn encode_group(x: &[f32], out: &mut [u8]) -> bool {
+            let mut bits = [0 as $ty; GROUP];
+            let mut m = 0u32;
+            for (b, &v) in bits.iter_mut().zip(x) {
+                *b = $to_bits(v);
+                m = m.max(v.to_bits() & 0x7FFF_FFFF);
+            }
+            for (o, b) in out.chunks_exact_mut(Self::TS).zip(bits) {
+                o.copy_from_slice(&b.to_le_bytes());
+            }
+            m >= INF_BITS
+        }
+    };
+}
+
 impl Block for F32 {
     const BS: usize = 1;
     const TS: usize = 4;
@@ -635,6 +692,7 @@ impl Block for F32 {
         out.copy_from_slice(&x[0].to_le_bytes());
         !x[0].is_finite()
     }
+    plain_group!(f32::to_bits, u32);
     #[inline(always)]
     fn decode(b: &[u8], out: &mut [f32]) {
         out[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
@@ -649,6 +707,7 @@ impl Block for F16 {
         out.copy_from_slice(&f16_bits(x[0]));
         !x[0].is_finite()
     }
+    plain_group!(f32_to_f16, u16);
     #[inline(always)]
     fn decode(b: &[u8], out: &mut [f32]) {
         out[0] = f16_value(b);
@@ -661,15 +720,22 @@ impl Block for BF16 {
     const TS: usize = 2;
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
-        let n = x[0].to_bits();
-        let r = ((n as u64 + 0x7FFF + ((n >> 16) & 1) as u64) >> 16) as u16;
-        out.copy_from_slice(&r.to_le_bytes());
+        out.copy_from_slice(&f32_to_bf16(x[0]).to_le_bytes());
         !x[0].is_finite()
     }
+    plain_group!(f32_to_bf16, u16);
     #[inline(always)]
     fn decode(b: &[u8], out: &mut [f32]) {
         out[0] = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16);
     }
+}
+
+/// Round to nearest even on the bits (finite values; a NaN or infinity is refused before it is
+/// written). In u32: 0x7F7F_FFFF + 0x8000 does not overflow.
+#[inline(always)]
+fn f32_to_bf16(v: f32) -> u16 {
+    let n = v.to_bits();
+    (n.wrapping_add(0x7FFF + ((n >> 16) & 1)) >> 16) as u16
 }
 
 /// d = amax/127 (f32), q = round-half-away(x × (1/d)); stored as f16(d), then 32 int8 codes.
@@ -746,56 +812,192 @@ fn q8_0_codes(x: &[f32], id: f32, qs: &mut [u8]) {
 
 /// The value of largest magnitude (the first, if several) maps to −2^(bits−1): d = max / −8
 /// (Q4_0) or / −16 (Q5_0), q = trunc(x × (1/d) + 8.5 or 16.5), clipped to the top code.
+/// Done in three steps, so that a group of blocks can take the middle one (two divisions, a
+/// long dependency chain) in vector lanes: [`signed_max`], then d and 1/d, then
+/// [`signed_codes`].
 #[inline(always)]
-fn encode_signed_scale(x: &[f32], neg_half: f32, top: i32, q: &mut [u8; 32]) -> Option<f32> {
+fn encode_signed_scale(x: &[f32], neg_half: f32, top: i32, q: &mut Codes) -> Option<f32> {
     let m = abs_max_bits(x);
     if m >= INF_BITS {
         return None;
     }
-    // The first value of largest magnitude, as numpy's argmax finds it; a bit mask of the
-    // matches vectorizes where an early-exit search does not.
-    let mut hits = 0u32;
-    for (i, v) in x.iter().enumerate() {
-        hits |= ((v.to_bits() & 0x7FFF_FFFF == m) as u32) << i;
+    let d = signed_max(x, m) / neg_half;
+    signed_codes(x, inverse(d), -neg_half + 0.5, top, q);
+    Some(d)
+}
+
+/// The first value whose magnitude has the bits `m` (numpy's argmax keeps the first). When
+/// every such value has the same sign (nearly always) it is ±m, found with two lane-wise
+/// compares; only a block holding both +m and −m is searched in order.
+#[inline(always)]
+fn signed_max(x: &[f32], m: u32) -> f32 {
+    let (mut pos, mut neg) = ([0u32; 8], [0u32; 8]);
+    for c in x.chunks_exact(8) {
+        for l in 0..8 {
+            let b = c[l].to_bits();
+            pos[l] |= (b == m) as u32;
+            neg[l] |= (b == m | 0x8000_0000) as u32;
+        }
     }
-    let d = x[hits.trailing_zeros() as usize & 31] / neg_half;
-    let id = inverse(d);
+    let (p, n) = (
+        pos.into_iter().fold(0, |a, b| a | b),
+        neg.into_iter().fold(0, |a, b| a | b),
+    );
+    if p != 0 && n != 0 {
+        let first = x.iter().position(|v| v.to_bits() & 0x7FFF_FFFF == m);
+        return x[first.unwrap_or(0)];
+    }
+    // The sign without a branch: which of the two it is, is a coin toss on random data.
+    f32::from_bits(m | ((p == 0) as u32) << 31)
+}
+
+#[inline(always)]
+fn signed_codes(x: &[f32], id: f32, offset: f32, top: i32, q: &mut Codes) {
     if id.is_finite() {
-        let offset = -neg_half + 0.5;
         // |x| <= |max| and id ≈ −offset/max, so x × id + offset lies in [0, 2·offset] (and a
         // little): finite and small, and trunc_small truncates as numpy's trunc does.
         for (c, &v) in q.iter_mut().zip(x) {
-            *c = trunc_small(v * id + offset).min(top) as u8;
+            *c = trunc_small(v * id + offset).min(top);
         }
     } else {
         // 1/d overflowed: ±inf or NaN everywhere, which numpy casts to 0.
         q.fill(0);
     }
-    Some(d)
+}
+
+/// A group of [`encode_signed_scale`] blocks, the scales in vector lanes; `Q5` picks the layout.
+/// (A layout passed as a function or closure is called out of line, where it is not compiled
+/// for AVX2.)
+#[inline(always)]
+fn encode_group_signed<const Q5: bool>(x: &[f32], out: &mut [u8]) -> bool {
+    let (ts, neg_half, top) = if Q5 {
+        (22, -16.0, 31)
+    } else {
+        (18, -8.0f32, 15)
+    };
+    let mut m = [0u32; GROUP];
+    let mut v = [0f32; GROUP];
+    // Opaque trip counts: unrolled, LLVM vectorizes across blocks, gathering every value.
+    for g in 0..std::hint::black_box(GROUP) {
+        let xb = &x[g * 32..g * 32 + 32];
+        m[g] = abs_max_bits(xb);
+        v[g] = signed_max(xb, m[g]);
+    }
+    if m.iter().fold(0, |a, &b| a.max(b)) >= INF_BITS {
+        return true;
+    }
+    let mut d = [0f32; GROUP];
+    let mut id = [0f32; GROUP];
+    for g in 0..GROUP {
+        d[g] = v[g] / neg_half;
+        id[g] = inverse(d[g]);
+    }
+    for g in 0..std::hint::black_box(GROUP) {
+        let mut q = [0i32; 32];
+        signed_codes(&x[g * 32..g * 32 + 32], id[g], -neg_half + 0.5, top, &mut q);
+        let o = &mut out[g * ts..(g + 1) * ts];
+        if Q5 {
+            write_q5_0(d[g], &q, o);
+        } else {
+            write_q4_0(d[g], &q, o);
+        }
+    }
+    false
 }
 
 /// The block's min m and range: d = (max − m)/15 or /31, q = trunc((x − m) × (1/d) + 0.5).
 #[inline(always)]
-fn encode_with_min(x: &[f32], steps: f32, top: i32, q: &mut [u8; 32]) -> Option<(f32, f32)> {
+fn encode_with_min(x: &[f32], steps: f32, top: i32, q: &mut Codes) -> Option<(f32, f32)> {
     let m = abs_max_bits(x);
     if m >= INF_BITS {
         return None;
     }
     let mn = np_reduce32(x, min_ps);
-    let mx = np_reduce32(x, max_ps);
-    let d = (mx - mn) / steps;
-    let id = inverse(d);
+    let d = (np_reduce32(x, max_ps) - mn) / steps;
+    min_codes(x, mn, d, inverse(d), top, q);
+    Some((d, mn))
+}
+
+#[inline(always)]
+fn min_codes(x: &[f32], mn: f32, d: f32, id: f32, top: i32, q: &mut Codes) {
     if d.is_finite() && id.is_finite() {
         // 0 <= x − mn <= mx − mn (finite), so the sum lies in [0.5, steps + 0.5] and a little.
         for (c, &v) in q.iter_mut().zip(x) {
-            *c = trunc_small((v - mn) * id + 0.5).min(top) as u8;
+            *c = trunc_small((v - mn) * id + 0.5).min(top);
         }
     } else {
         // d = inf (the range overflowed; id = 0 but (x − mn) may be inf) or 1/d overflowed:
         // each value is 0.5, NaN or inf before the cast, all of which numpy truncates to 0.
         q.fill(0);
     }
-    Some((d, mn))
+}
+
+/// A group of [`encode_with_min`] blocks, the scales in vector lanes; `Q5` picks the layout.
+#[inline(always)]
+fn encode_group_min<const Q5: bool>(x: &[f32], out: &mut [u8]) -> bool {
+    let (ts, steps, top) = if Q5 {
+        (24, 31.0, 31)
+    } else {
+        (20, 15.0f32, 15)
+    };
+    let mut m = [0u32; GROUP];
+    let mut mn = [0f32; GROUP];
+    let mut mx = [0f32; GROUP];
+    for g in 0..std::hint::black_box(GROUP) {
+        let xb = &x[g * 32..g * 32 + 32];
+        m[g] = abs_max_bits(xb);
+        mn[g] = np_reduce32(xb, min_ps);
+        mx[g] = np_reduce32(xb, max_ps);
+    }
+    if m.iter().fold(0, |a, &b| a.max(b)) >= INF_BITS {
+        return true;
+    }
+    let mut d = [0f32; GROUP];
+    let mut id = [0f32; GROUP];
+    for g in 0..GROUP {
+        d[g] = (mx[g] - mn[g]) / steps;
+        id[g] = inverse(d[g]);
+    }
+    for g in 0..std::hint::black_box(GROUP) {
+        let mut q = [0i32; 32];
+        min_codes(&x[g * 32..g * 32 + 32], mn[g], d[g], id[g], top, &mut q);
+        let o = &mut out[g * ts..(g + 1) * ts];
+        if Q5 {
+            write_q5_1(d[g], mn[g], &q, o);
+        } else {
+            write_q4_1(d[g], mn[g], &q, o);
+        }
+    }
+    false
+}
+
+/// The block layouts: scales (f16), then Q5's fifth bits, then the nibbles.
+#[inline(always)]
+fn write_q4_0(d: f32, q: &Codes, out: &mut [u8]) {
+    out[..2].copy_from_slice(&f16_bits(d));
+    pack_nibbles(q, &mut out[2..18]);
+}
+
+#[inline(always)]
+fn write_q4_1(d: f32, mn: f32, q: &Codes, out: &mut [u8]) {
+    out[..2].copy_from_slice(&f16_bits(d));
+    out[2..4].copy_from_slice(&f16_bits(mn));
+    pack_nibbles(q, &mut out[4..20]);
+}
+
+#[inline(always)]
+fn write_q5_0(d: f32, q: &Codes, out: &mut [u8]) {
+    out[..2].copy_from_slice(&f16_bits(d));
+    out[2..6].copy_from_slice(&pack_high_bits(q));
+    pack_nibbles(q, &mut out[6..22]);
+}
+
+#[inline(always)]
+fn write_q5_1(d: f32, mn: f32, q: &Codes, out: &mut [u8]) {
+    out[..2].copy_from_slice(&f16_bits(d));
+    out[2..4].copy_from_slice(&f16_bits(mn));
+    out[4..8].copy_from_slice(&pack_high_bits(q));
+    pack_nibbles(q, &mut out[8..24]);
 }
 
 impl Block for Q4_0 {
@@ -803,13 +1005,16 @@ impl Block for Q4_0 {
     const TS: usize = 18;
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
-        let mut q = [0u8; 32];
+        let mut q = [0i32; 32];
         let Some(d) = encode_signed_scale(x, -8.0, 15, &mut q) else {
             return true;
         };
-        out[..2].copy_from_slice(&f16_bits(d));
-        pack_nibbles(&q, &mut out[2..18]);
+        write_q4_0(d, &q, out);
         false
+    }
+    #[inline(always)]
+    fn encode_group(x: &[f32], out: &mut [u8]) -> bool {
+        encode_group_signed::<false>(x, out)
     }
     #[inline(always)]
     fn decode(b: &[u8], out: &mut [f32]) {
@@ -827,14 +1032,16 @@ impl Block for Q4_1 {
     const TS: usize = 20;
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
-        let mut q = [0u8; 32];
+        let mut q = [0i32; 32];
         let Some((d, mn)) = encode_with_min(x, 15.0, 15, &mut q) else {
             return true;
         };
-        out[..2].copy_from_slice(&f16_bits(d));
-        out[2..4].copy_from_slice(&f16_bits(mn));
-        pack_nibbles(&q, &mut out[4..20]);
+        write_q4_1(d, mn, &q, out);
         false
+    }
+    #[inline(always)]
+    fn encode_group(x: &[f32], out: &mut [u8]) -> bool {
+        encode_group_min::<false>(x, out)
     }
     #[inline(always)]
     fn decode(b: &[u8], out: &mut [f32]) {
@@ -852,14 +1059,16 @@ impl Block for Q5_0 {
     const TS: usize = 22;
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
-        let mut q = [0u8; 32];
+        let mut q = [0i32; 32];
         let Some(d) = encode_signed_scale(x, -16.0, 31, &mut q) else {
             return true;
         };
-        out[..2].copy_from_slice(&f16_bits(d));
-        out[2..6].copy_from_slice(&pack_high_bits(&q));
-        pack_nibbles(&q, &mut out[6..22]);
+        write_q5_0(d, &q, out);
         false
+    }
+    #[inline(always)]
+    fn encode_group(x: &[f32], out: &mut [u8]) -> bool {
+        encode_group_signed::<true>(x, out)
     }
     #[inline(always)]
     fn decode(b: &[u8], out: &mut [f32]) {
@@ -879,15 +1088,16 @@ impl Block for Q5_1 {
     const TS: usize = 24;
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
-        let mut q = [0u8; 32];
+        let mut q = [0i32; 32];
         let Some((d, mn)) = encode_with_min(x, 31.0, 31, &mut q) else {
             return true;
         };
-        out[..2].copy_from_slice(&f16_bits(d));
-        out[2..4].copy_from_slice(&f16_bits(mn));
-        out[4..8].copy_from_slice(&pack_high_bits(&q));
-        pack_nibbles(&q, &mut out[8..24]);
+        write_q5_1(d, mn, &q, out);
         false
+    }
+    #[inline(always)]
+    fn encode_group(x: &[f32], out: &mut [u8]) -> bool {
+        encode_group_min::<true>(x, out)
     }
     #[inline(always)]
     fn decode(b: &[u8], out: &mut [f32]) {
@@ -983,18 +1193,19 @@ impl Block for MXFP4 {
         let d = e8m0_half(e);
         let mids = [0.5f32, 1.5, 2.5, 3.5, 5.0, 7.0, 10.0].map(|k| k * d);
         let top = if (8.0 * d).is_finite() { 7 } else { 5 };
-        let mut q = [0u8; 32];
-        for (c, &v) in q.iter_mut().zip(x) {
+        // i32 lanes throughout (u8 counters make LLVM narrow early and shuffle bytes).
+        let mut idx = [0i32; 32];
+        for (c, &v) in idx.iter_mut().zip(x) {
             let a = v.abs();
-            let mut i = 0u8;
+            let mut i = 0i32;
             for &t in &mids {
-                i += (a > t) as u8;
+                i += (a > t) as i32;
             }
             let i = i.min(top);
-            *c = if v < 0.0 && i > 0 { i | 8 } else { i };
+            *c = i | (((v < 0.0) & (i > 0)) as i32) << 3;
         }
         out[0] = e;
-        pack_nibbles(&q, &mut out[1..17]);
+        pack_nibbles(&idx, &mut out[1..17]);
         false
     }
     #[inline(always)]
@@ -1068,23 +1279,20 @@ impl Block for TQ1_0 {
     #[inline(always)]
     fn decode(b: &[u8], out: &mut [f32]) {
         let d = f16_value(&b[52..]);
-        // Multiplying by 3^k (mod 256) brings trit k to the top; ×3 >> 8 reads it.
-        let trit = |byte: u8, k: usize| -> f32 {
-            let t = byte.wrapping_mul([1u8, 3, 9, 27, 81][k]);
-            d * ((((t as u32) * 3) >> 8) as i32 - 1) as f32
+        // Multiplying by 3^k (mod 256) brings trit k to the top; ×3 >> 8 reads it. In u32
+        // lanes, one power a pass over contiguous bytes and values, so it vectorizes.
+        let trits = |bytes: &[u8], p: u32, out: &mut [f32]| {
+            for (o, &byte) in out.iter_mut().zip(bytes) {
+                let t = (byte as u32 * p) & 0xFF;
+                *o = d * (((t * 3) >> 8) as i32 - 1) as f32;
+            }
         };
-        for k in 0..5 {
-            for m in 0..32 {
-                out[k * 32 + m] = trit(b[m], k);
-            }
-            for m in 0..16 {
-                out[160 + k * 16 + m] = trit(b[32 + m], k);
-            }
+        for (k, p) in [1u32, 3, 9, 27, 81].into_iter().enumerate() {
+            trits(&b[..32], p, &mut out[k * 32..k * 32 + 32]);
+            trits(&b[32..48], p, &mut out[160 + k * 16..160 + k * 16 + 16]);
         }
-        for k in 0..4 {
-            for m in 0..4 {
-                out[240 + k * 4 + m] = trit(b[48 + m], k);
-            }
+        for (k, p) in [1u32, 3, 9, 27].into_iter().enumerate() {
+            trits(&b[48..52], p, &mut out[240 + k * 4..240 + k * 4 + 4]);
         }
     }
 }
