@@ -21,7 +21,9 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as GT  # noqa: E402
 from gguf import quants as gq  # noqa: E402
 
-BLOCK_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4", "TQ1_0", "TQ2_0"]
+# The types this gguf-py has (MXFP4 came in a later release than the others).
+BLOCK_TYPES = [t for t in ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4", "TQ1_0", "TQ2_0"]
+               if t in GT.__members__]
 FLOAT_TYPES = ["F32", "F16", "BF16"]
 ALL_TYPES = BLOCK_TYPES + FLOAT_TYPES
 F32_MAX = np.finfo(np.float32).max
@@ -201,6 +203,7 @@ def test_huge_values(name):
     check(blocks_of(huge_rows(), name), name)
 
 
+@pytest.mark.skipif("MXFP4" not in BLOCK_TYPES, reason="this gguf-py has no MXFP4")
 def test_mxfp4_scale_where_log2_rounds_up():
     amax = log2_round_up_amaxes()
     assert 5000 < len(amax) < 10000  # 7456 with numpy's float32 log2
@@ -275,8 +278,10 @@ def test_threads_do_not_change_bytes():
 
 
 def test_types_and_names():
-    assert set(bg.TYPES) == set(ALL_TYPES)
+    assert set(ALL_TYPES) <= set(bg.TYPES)
     for name, t in bg.TYPES.items():
+        if name not in ALL_TYPES:
+            continue
         assert t.id == int(GT[name])
         assert (t.block_size, t.type_size) == gguf.GGML_QUANT_SIZES[GT[name]]
         assert bg.ggml_type(name.lower()) is t

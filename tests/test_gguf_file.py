@@ -25,7 +25,7 @@ from gguf import GGMLQuantizationType as GT  # noqa: E402
 from gguf import GGUFReader, GGUFValueType, GGUFWriter  # noqa: E402
 from gguf import quants as gq  # noqa: E402
 
-ALL_TYPES = list(bg.TYPES)
+ALL_TYPES = [t for t in bg.TYPES if t in GT.__members__]  # MXFP4 needs a recent gguf-py
 ALIGNMENT = 64  # not GGUF's default 32: the output must keep it
 
 #: (name, shape in numpy order, type) of the model's tensors.

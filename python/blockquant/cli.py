@@ -537,7 +537,9 @@ def _parser() -> argparse.ArgumentParser:
                        "or burn's .bpk (by OUT's extension or --format); other tensors are "
                        "copied. IN may be a model folder (one model.safetensors, or shards "
                        "and model.safetensors.index.json): OUT is then a folder of the same "
-                       "shape. An OUT ending in / is a folder.")
+                       "shape. An OUT ending in / is a folder. A GGUF IN with a .gguf OUT is "
+                       "requantized as llama-quantize --pure does, --scheme naming a ggml type "
+                       "(q8_0, q4_0, q4_1, q5_0, q5_1, mxfp4, tq1_0, tq2_0, f16, bf16, f32).")
     q.add_argument("input", metavar="IN")
     q.add_argument("-o", "--output", metavar="OUT", required=True,
                    help="the file or folder to write")
