@@ -98,7 +98,9 @@ def _convert(model: Any, target: int, src: Any) -> Any:
         raise error(src, f"its opset {opset_of(model)} is below the {target} the chosen "
                     f"schemes need, and onnx's version converter failed: "
                     f"{type(e).__name__}: {e}") from None
-    converted.ir_version = max(converted.ir_version, model.ir_version)
+    # The converter stamps the newest IR this onnx knows; older runtimes refuse IRs they do
+    # not know, so keep the lowest the opsets allow (_set_opsets raises it as needed).
+    converted.ir_version = model.ir_version
     return converted
 
 
