@@ -74,7 +74,8 @@ class Lowered:
     nodes: list[Any] = field(default_factory=list)
     opset: int = 1
     notes: list[str] = field(default_factory=list)
-    qtensor: QTensor | None = None  # the weight with its reduction axis moved last
+    qtensor: QTensor | None = None  # the weight quantized (reduction axis last if moved)
+    moved: bool = False
     onnx: dict[str, Any] = field(default_factory=dict)  # what inspect shows
 
     @property
@@ -98,13 +99,21 @@ def check_scheme(scheme: QuantScheme) -> None:
 
 
 def quantize_along(w: np.ndarray, kaxis: int, scheme: QuantScheme,
-                   options: dict[str, str]) -> QTensor:
-    """``w`` quantized with its blocks along ``kaxis`` (blockquant blocks the last axis): the
-    returned tensor has that axis last. Values are one per element (the store is storage only:
-    it changes no value)."""
+                   options: dict[str, str]) -> tuple[QTensor, bool]:
+    """``w`` quantized with its blocks along ``kaxis``, and whether the returned tensor has
+    that axis moved last. blockquant blocks the last axis; blocks along the one before it are
+    the 2-D blocks (B, 1), which need no transposed copy of the weight (the same blocks, so the
+    same scales and codes). Values are one per element (the store is storage only: it changes
+    no value)."""
     native = scheme.with_store(QuantStore.Native)
-    x = np.moveaxis(w, kaxis, -1) if w.ndim else w
-    return quantize(np.ascontiguousarray(x), native, **options)
+    bs = scheme.block_size
+    if w.ndim == 0 or bs is None or kaxis == w.ndim - 1:
+        return quantize(w, native, **options), False
+    if kaxis == w.ndim - 2:
+        column = native.per_block([bs[0], 1], native.scale_dtype)
+        return quantize(w, column, **options), False
+    x = np.ascontiguousarray(np.moveaxis(w, kaxis, -1))
+    return quantize(x, native, **options), True
 
 
 def qdq_opset(scheme: QuantScheme, shape: tuple[int, ...], kaxis: int, fp4: str) -> int:
@@ -162,12 +171,11 @@ def _scale_decode(name: str, qt: QTensor, grid: np.ndarray, out: Lowered,
     return sname
 
 
-def _codes(qt: QTensor, kaxis: int, onnx_type: str) -> np.ndarray:
-    """The value codes with the reduction axis back in place, as the ml_dtypes array onnx's
-    numpy_helper writes for ``onnx_type``."""
+def _codes(qt: QTensor, kaxis: int, moved: bool, onnx_type: str) -> np.ndarray:
+    """The value codes in the weight's layout, as the ml_dtypes array onnx's numpy_helper
+    writes for ``onnx_type``."""
     ml = _ml()
-    v = np.moveaxis(qt.values, -1, kaxis) if qt.values.ndim else qt.values
-    v = np.ascontiguousarray(v)
+    v = np.ascontiguousarray(np.moveaxis(qt.values, -1, kaxis) if moved else qt.values)
     if onnx_type == "INT8":
         return v.astype(np.int8)
     if onnx_type in ("INT4", "INT2"):
@@ -200,8 +208,8 @@ def lower_qdq(name: str, w: np.ndarray, kaxis: int, scheme: QuantScheme,
 
     check_scheme(scheme)
     out = Lowered()
-    qt = quantize_along(w, kaxis, scheme, options)
-    out.qtensor = qt
+    qt, moved = quantize_along(w, kaxis, scheme, options)
+    out.qtensor, out.moved = qt, moved
     onnx_type, op = VALUE_TYPES[scheme.value]
     bs = scheme.block_size
     k = w.shape[kaxis] if w.ndim else 1
@@ -215,7 +223,7 @@ def lower_qdq(name: str, w: np.ndarray, kaxis: int, scheme: QuantScheme,
         attrs["axis"] = 1 - kaxis
         layout = f"per-axis (axis {1 - kaxis})"
     else:
-        grid = np.ascontiguousarray(np.moveaxis(grid, -1, kaxis))
+        grid = np.ascontiguousarray(np.moveaxis(grid, -1, kaxis) if moved else grid)
         attrs.update(axis=kaxis, block_size=bs[0])
         layout = f"blocked (axis {kaxis}, block {bs[0]})"
         op = max(op, BLOCKED_OPSET)
@@ -227,13 +235,13 @@ def lower_qdq(name: str, w: np.ndarray, kaxis: int, scheme: QuantScheme,
     f32 = name if out_type == "FLOAT" else new_name(f"{name}_f32")
     cname = new_name(f"{name}_quantized")
     if lookup:
-        out.initializers[cname] = _codes(qt, kaxis, "FP4_AS_INT4")
+        out.initializers[cname] = _codes(qt, kaxis, moved, "FP4_AS_INT4")
         _fp4_lookup(name, cname, sname, attrs, w.shape, f32, out, new_name)
         onnx_type = "FLOAT4E2M1 bits as INT4"
         out.notes.append("E2M1 codes stored as INT4 bit patterns and decoded by a Gather table "
                          "(onnxruntime 1.32 has no FLOAT4E2M1 kernel)")
     else:
-        out.initializers[cname] = _codes(qt, kaxis, onnx_type)
+        out.initializers[cname] = _codes(qt, kaxis, moved, onnx_type)
         out.nodes.append(helper.make_node("DequantizeLinear", [cname, sname], [f32], **attrs))
     if out_type != "FLOAT":  # a float16/bfloat16/double model: its own type, rounded from f32
         out.nodes.append(helper.make_node("Cast", [f32], [name],
@@ -286,28 +294,32 @@ def check_matmulnbits(scheme: QuantScheme) -> None:
                           "K (per-tensor and other block sizes have no MatMulNBits form)")
 
 
-def lower_matmulnbits(name: str, w_nk: np.ndarray, scheme: QuantScheme,
+def lower_matmulnbits(name: str, w: np.ndarray, kaxis: int, scheme: QuantScheme,
                       options: dict[str, str], new_name: Callable[[str], str],
                       scale_type: str = "FLOAT") -> Lowered:
-    """The (N, K) weight ``w_nk`` (K last: blocks along it) as MatMulNBits' B and scales
-    initializers. The node itself is the caller's (it replaces the consumer)."""
+    """The 2-D weight ``w`` with K on ``kaxis`` as MatMulNBits' B and scales initializers,
+    blocks along K, in (N, K) order. The node itself is the caller's (it replaces the
+    consumer)."""
     check_matmulnbits(scheme)
     out = Lowered()
-    qt = quantize_along(w_nk, 1, scheme, options)
-    out.qtensor = qt
+    qt, moved = quantize_along(w, kaxis, scheme, options)
+    out.qtensor, out.moved = qt, moved
     bits = NBITS[scheme.value]
-    n, k = w_nk.shape
+    # (N, K) codes and (N, K/block) scales: int8 codes transposed, not the float weight.
+    values, scales = qt.values, np.asarray(qt.scales, dtype=np.float32)
+    if kaxis == 0:
+        values, scales = values.T, scales.T
+    n, k = values.shape
     block = scheme.block_size[0]  # type: ignore[index]
     kb = -(-k // block)
     zero = 1 << (bits - 1)
     codes = np.full((n, kb * block), zero, dtype=np.uint8)  # padding dequantizes to 0
-    codes[:, :k] = (qt.values.astype(np.int16) + zero).astype(np.uint8)
+    codes[:, :k] = (values.astype(np.int16) + zero).astype(np.uint8)
     per_byte = 8 // bits
     c = codes.reshape(n, kb, block // per_byte, per_byte)
     packed = np.zeros(c.shape[:3], dtype=np.uint8)
     for i in range(per_byte):  # the first code in the low bits
         packed |= (c[..., i] << (bits * i)).astype(np.uint8)
-    scales = np.asarray(qt.scales, dtype=np.float32)
     if scheme.is_two_level:  # e = b × g, the f32 product blockquant dequantizes with
         scales = scales * np.float32(qt.global_scale)
         out.notes.append("two-level scales folded into f32 block scales (e = b × g, exact)")

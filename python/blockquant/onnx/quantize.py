@@ -77,8 +77,7 @@ def _lower(model: Any, w: Weight, options: FileOptions, fp4: str, namer: Any) ->
     qopts = options.quantize_options(w.scheme)
     arr = _array(model, w.name)
     if w.form == "matmulnbits":
-        w_nk = arr.T if w.kaxis == 0 else arr
-        return lower_matmulnbits(w.name, w_nk, w.scheme, qopts, namer, w.onnx_type)
+        return lower_matmulnbits(w.name, arr, w.kaxis, w.scheme, qopts, namer, w.onnx_type)
     return lower_qdq(w.name, arr, w.kaxis, w.scheme, qopts, namer, out_type=w.onnx_type,
                      fp4=fp4)
 
@@ -88,16 +87,41 @@ def _needed_opset(weights: list[Weight], fp4: str) -> int:
                 if w.scheme is not None and w.form == "qdq"], default=1)
 
 
-def _convert(model: Any, target: int, src: Any) -> Any:
-    _onnx()
-    from onnx import version_converter
+def _convert(model: Any, weights: list[Weight], target: int, src: Any) -> Any:
+    """``model`` at opset ``target``. The weights to be quantized go through the converter as
+    graph inputs of their type and shape, not as data (their consumers, MatMul and Gemm, read
+    them alike in every opset): it serializes the model twice, which would copy them twice."""
+    onnx = _onnx()
+    from onnx import helper, version_converter
 
+    names = {w.name for w in weights if w.scheme is not None}
+    g = model.graph
+    held = []
+    for t in g.initializer:
+        if t.name in names:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(t)
+            held.append(copy)
+    rest = [t for t in g.initializer if t.name not in names]
+    del g.initializer[:]
+    g.initializer.extend(rest)
+    n_inputs = len(g.input)
+    g.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                   for t in held)
     try:
         converted = version_converter.convert_version(model, target)
     except Exception as e:
         raise error(src, f"its opset {opset_of(model)} is below the {target} the chosen "
                     f"schemes need, and onnx's version converter failed: "
                     f"{type(e).__name__}: {e}") from None
+    finally:  # the caller's model as it was (the converter worked on a copy)
+        del g.input[n_inputs:]
+        g.initializer.extend(held)
+    cg = converted.graph
+    kept_inputs = [i for i in cg.input if i.name not in names]
+    del cg.input[:]
+    cg.input.extend(kept_inputs)
+    cg.initializer.extend(held)
     # The converter stamps the newest IR this onnx knows; older runtimes refuse IRs they do
     # not know, so keep the lowest the opsets allow (_set_opsets raises it as needed).
     converted.ir_version = model.ir_version
@@ -198,7 +222,7 @@ def quantize_model(src: Any, dst: Any, scheme: QuantScheme | str, *, form: str =
     target = _needed_opset(weights, fp4)
     notes = []
     if target > before:
-        model = _convert(model, target, src)
+        model = _convert(model, weights, target, src)
         weights = plan(model, scheme, options, form, src)  # the converter made new nodes
         notes.append(f"opset raised from {before} to {target} by onnx's version converter")
     namer = new_namer(model)
@@ -256,7 +280,7 @@ def report_model(src: Any, scheme: QuantScheme | str, *, form: str = "qdq",
             raise error(src, str(e), w.name) from None
         seconds = time.perf_counter() - t0
         arr = _array(model, w.name).astype(np.float32)
-        x = np.moveaxis(arr, w.kaxis, -1) if arr.ndim else arr  # as lw.qtensor has it
+        x = np.moveaxis(arr, w.kaxis, -1) if lw.moved else arr  # as lw.qtensor has it
         assert lw.qtensor is not None
         stats = ErrorStats.between(np.ascontiguousarray(x), lw.qtensor.dequantize())
         total += stats
