@@ -213,6 +213,13 @@ print((peak - base - out) / 2**20)
         return None
 
 
+def _load() -> Optional[List[float]]:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--size", type=int, help="elements, rounded down to rows of 4096 (default 16 Mi)")
@@ -247,9 +254,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                torch=None if torch is None else torch.__version__)
     print(f"blockquant {bq.__version__} · {platform.machine()} · {os.cpu_count()} cpus "
           f"(default {bq.get_num_threads()} threads) · numpy {np.__version__} · "
-          f"torch {env['torch'] or 'not installed'} · {n:,} float32 ({x.nbytes / 2**20:.0f} MiB) · "
-          f"medians of {args.repeat} interleaved repetitions\n")
-    results: Dict = dict(size=n, repeat=args.repeat, ref_repeat=args.ref_repeat, env=env, cases=[])
+          f"torch {env['torch'] or ('left out' if args.no_torch else 'not installed')} · {n:,} float32 ({x.nbytes / 2**20:.0f} MiB) · "
+          f"medians of {args.repeat} interleaved repetitions")
+    print(f"load average (1, 5, 15 min) at the start: {_load()}: a quiet machine stays well "
+          f"below its {os.cpu_count()} cpus\n")
+    results: Dict = dict(size=n, repeat=args.repeat, ref_repeat=args.ref_repeat, env=env, cases=[],
+                         load_start=_load())
 
     peers = None
     if args.peers:
@@ -275,7 +285,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     bench_report.print_table(bench_ggml.table_rows(results["ggml"]), bench_ggml.HEADER)
     if peers:
         print("\nggml's C kernels (--peers) on the same arrays; 2 threads = two Python threads "
-              "on half the blocks each:")
+              "on half the blocks each; the AVX2 quantize_row_q8_0 (ggml's activation path) rounds "
+              "ties to even, so its bytes may differ from _ref's, gguf-py's and blockquant's:")
         bench_report.print_table(bench_ggml.peer_table_rows(results["ggml"]), bench_ggml.PEER_HEADER)
 
     if not args.quick and not args.ggml_only:
@@ -288,6 +299,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print()
         bench_report.print_table(mem, ["scheme", "peak extra MiB (beyond input + output)"])
 
+    results["load_end"] = _load()
+    print(f"\nload average at the end: {results['load_end']}")
     results["targets"] = bench_report.targets(results)
     bench_report.print_targets(results["targets"])
     if args.json:

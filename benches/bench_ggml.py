@@ -105,7 +105,7 @@ def _vs_gguf(name: str, small: np.ndarray, repeat: int, gguf, quants) -> Dict:
         Cell("bq_quantize", lambda: bg.quantize(small, name, out=q_out), 1),
         Cell("bq_dequantize", lambda: bg.dequantize(theirs, name, out=d_out), 1),
     ], repeat)
-    return dict(bit_exact=exact,
+    return dict(bit_exact=exact, vs_gguf_cells=dict(cells={k: c.summary() for k, c in timed.items()}),
                 gguf_quantize_s=timed["gguf_quantize"].s, gguf_dequantize_s=timed["gguf_dequantize"].s,
                 vs_gguf_quantize=timed["gguf_quantize"].s / timed["bq_quantize"].s,
                 vs_gguf_dequantize=timed["gguf_dequantize"].s / timed["bq_dequantize"].s)
