@@ -62,6 +62,9 @@ def rows(x: np.ndarray, repeat: int, peers: Optional[Dict] = None) -> List[Dict]
             kern.dequantizer(blocks, c_d, 1)()
             c_bytes = dict(ggml_quantize_same_bytes=_same_bytes(c_q, blocks),
                            ggml_dequantize_same_bits=_same_bytes(c_d, bg.dequantize(blocks, name)))
+            if name == "Q8_0":
+                kern.quantizer(x, c_q, 1, ref=True)()
+                c_bytes["ggml_quantize_ref_same_bytes"] = _same_bytes(c_q, blocks)
         timed = run_interleaved(cells, repeat)
         copy_s = timed["copyto"].s
         r: Dict = dict(type=name, copyto_s=copy_s, **c_bytes,
@@ -153,7 +156,8 @@ def peer_table_rows(results: List[Dict]) -> List[List[str]]:
                         f"{g1 / b1:.2f}", f"{g2 / b2:.2f}"])
         if "ggml_quantize_ref_1t" in c:
             g1, b1 = c["ggml_quantize_ref_1t"]["median_s"], c["bq_quantize_1t"]["median_s"]
-            out.append([r["type"], f"quantize_row_{r['type'].lower()}_ref", "-",
+            out.append([r["type"], f"quantize_row_{r['type'].lower()}_ref",
+                        _yes(r.get("ggml_quantize_ref_same_bytes")),
                         _f(r, "ggml_quantize_ref_1t_of_copyto"), "-", "-", f"{g1 / b1:.2f}", "-"])
     return out
 
