@@ -107,7 +107,7 @@ def int4_block32_dq(q: Dict[str, np.ndarray], out: np.ndarray) -> None:
 
 def bitnet_q(x: np.ndarray) -> Dict[str, np.ndarray]:
     """Q2S in [-1, 1] against the mean |x|, sixteen 2-bit codes per uint32 word."""
-    s = F32(np.abs(x).mean(dtype=np.float64))
+    s = F32(np.abs(x).mean())
     y = x / (s if s else F32(1))
     codes = _round_clip(y, 1).astype(np.int8).view(np.uint8).reshape(*x.shape[:-1], -1, 4)
     codes &= 3

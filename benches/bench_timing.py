@@ -86,6 +86,12 @@ class Cell:
                     wall_s=self.wall, cpu_s=self.cpu)
 
 
+# Idle time after each call, outside the timed region: a pool's workers (rayon's, torch's
+# OpenMP) spin a little after their last job before they sleep, and on a 2-core machine that
+# spinning would slow the next call and count in its CPU time.
+SETTLE_S = 0.002
+
+
 def time_once(cell: Cell) -> None:
     set_threads(cell.threads)
     c0 = time.process_time()
@@ -95,6 +101,7 @@ def time_once(cell: Cell) -> None:
     c1 = time.process_time()
     cell.wall.append(t1 - t0)
     cell.cpu.append(c1 - c0)
+    time.sleep(SETTLE_S)
 
 
 def run_interleaved(cells: List[Cell], repeat: int) -> Dict[str, Cell]:

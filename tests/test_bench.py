@@ -58,7 +58,6 @@ def test_quick_run_writes_every_table_and_the_json(tmp_path):
     assert any(t["target"].startswith("#13 block-32 int8") for t in targets)
     assert any(t["target"].startswith("#11 Q8_0") for t in targets)
     assert all(t["ok"] in (True, False, None) for t in targets)
-    assert bq.get_num_threads() >= 1  # this process's pool is untouched by the child
 
 
 def test_numpy_versions_do_the_same_job_as_blockquant(bench):
@@ -121,3 +120,36 @@ def test_torch_cells_do_the_same_job(bench):
         codes = torch.int_repr(got).numpy() if case.torch == "qint8_given" else got.view(torch.uint8).numpy()
         # torch rounds int8 ties to even where blockquant rounds them away: a tie is rare here
         assert np.mean(codes.view(np.uint8) == mine.view(np.uint8)) > 0.999, case.name
+
+
+def test_targets_read_the_right_cells_and_flag_a_starved_process(bench):
+    import bench_report
+
+    def cell(s, cpu_per_wall=1.0, threads=1):
+        return dict(median_s=s, cpu_per_wall=cpu_per_wall, threads=threads)
+
+    b32 = dict(name="int8_block32 (Q8S, F16 scales)", bits=8,
+               copyto_s=10.0, bq_quantize_1t_s=5.0, bq_quantize_2t_s=3.0,
+               bq_quantize_1t_of_copyto=2.0, bq_dequantize_1t_of_copyto=1.4,
+               numpy_quantize_s=40.0, numpy_dequantize_s=30.0, bq_dequantize_1t_s=10.0,
+               cells=dict(copyto=cell(10.0), bq_quantize_1t=cell(5.0), bq_quantize_2t=cell(3.0, 1.9, 2)))
+    fp4 = dict(name="mxfp4", bits=4, copyto_s=10.0, bq_quantize_1t_s=20.0,
+               bq_quantize_1t_of_copyto=0.5, bq_dequantize_1t_of_copyto=1.0,
+               cells=dict(copyto=cell(10.0, 0.5), bq_quantize_1t=cell(20.0)))
+    q8 = dict(type="Q8_0", bq_quantize_1t_of_copyto=1.5, bq_dequantize_1t_of_copyto=0.9,
+              vs_gguf_quantize=25.0, cells={})
+    ts = {t["target"]: t for t in bench_report.targets(dict(cases=[b32, fp4], ggml=[q8]))}
+    assert ts["#13 block-32 int8 (F16) quantize 1T ≥ 1.4× copyto"]["ok"] is True
+    assert ts["#13 block-32 int8 (F16) quantize 2T ≥ 1.7× its 1T"]["measured"] == pytest.approx(5 / 3)
+    assert ts["#13 block-32 int8 (F16) quantize 2T ≥ 1.7× its 1T"]["ok"] is False
+    assert ts["#13 int8_block32 (Q8S, F16 scales): dequantize into out= 1T ≥ 1.5× copyto"]["ok"] is False
+    assert ts["#13 mxfp4: dequantize into out= 1T ≥ 1.0× copyto"]["ok"] is True  # 4-bit: 1.0x
+    assert ts["#13 int8_block32 (Q8S, F16 scales): quantize 1T ≥ 10× idiomatic numpy"]["measured"] == 8.0
+    assert ts["#13 int8_block32 (Q8S, F16 scales): dequantize 1T ≥ 2.5× idiomatic numpy"]["ok"] is True
+    assert ts["#13 mxfp4: quantize 1T ≥ 10× idiomatic numpy"]["ok"] is None  # numpy not timed
+    assert "noisy" in ts["#13 mxfp4: quantize 1T ≥ 0.8× copyto"]["note"]  # copyto had half a core
+    assert "note" not in ts["#13 block-32 int8 (F16) quantize 1T ≥ 1.4× copyto"]
+    assert ts["#11 Q8_0: quantize 1T ≥ 1.4× copyto"]["ok"] is True
+    assert ts["#11 Q8_0: dequantize into out 1T ≥ 1.0× copyto"]["ok"] is False
+    assert ts["#11 Q8_0: quantize ≥ 20× gguf-py"]["ok"] is True
+    assert ts["#11 Q8_0: dequantize ≥ 20× gguf-py"]["ok"] is None
