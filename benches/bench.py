@@ -213,6 +213,10 @@ print((peak - base - out) / 2**20)
         return None
 
 
+def _chosen(only: Optional[str], name: str) -> bool:
+    return not only or any(part.strip().lower() in name.lower() for part in only.split(","))
+
+
 def _load() -> Optional[List[float]]:
     try:
         return [round(v, 2) for v in os.getloadavg()]
@@ -232,6 +236,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--peers", metavar="GGML_TREE",
                    help="also time ggml's C kernels, built from this local ggml (or llama.cpp) "
                         "source tree or a folder inside it (needs gcc)")
+    p.add_argument("--only", metavar="NAMES",
+                   help="comma-separated parts of names: only the schemes and ggml types whose "
+                        "name contains one (case-insensitive), e.g. 'block32,nvfp4,Q8_0'")
     p.add_argument("--no-torch", action="store_true", help="leave torch out even if installed")
     p.add_argument("--quick", action="store_true",
                    help="defaults of 1 Mi elements and 3 repetitions, no memory probe (a smoke run)")
@@ -273,17 +280,20 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"peers: skipped: {e}\n")
             results["peers"] = f"skipped: {e}"
 
+    chosen = [c for c in cases(n) if _chosen(args.only, c.name)]
+    types = [t for t in bench_ggml.TYPES if _chosen(args.only, t)]
     if not args.ggml_only:
-        for case in cases(n):
+        for case in chosen:
             r = run_case(case, x, args.repeat, args.ref_repeat, torch is not None)
             results["cases"].append(r)
             print(f"  {case.name}: done", file=sys.stderr, flush=True)
         bench_report.print_cases(results["cases"])
 
-    print("\nggml's block types (blockquant.gguf), into preallocated arrays as np.copyto:")
-    results["ggml"] = bench_ggml.rows(x, args.repeat, peers)
-    bench_report.print_table(bench_ggml.table_rows(results["ggml"]), bench_ggml.HEADER)
-    if peers:
+    results["ggml"] = bench_ggml.rows(x, args.repeat, peers, types) if types else []
+    if types:
+        print("\nggml's block types (blockquant.gguf), into preallocated arrays as np.copyto:")
+        bench_report.print_table(bench_ggml.table_rows(results["ggml"]), bench_ggml.HEADER)
+    if peers and types:
         print("\nggml's C kernels (--peers) on the same arrays; 2 threads = two Python threads "
               "on half the blocks each; the AVX2 quantize_row_q8_0 (ggml's activation path) rounds "
               "ties to even, so its bytes may differ from _ref's, gguf-py's and blockquant's:")
@@ -292,7 +302,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.quick and not args.ggml_only:
         results["peak_extra_mib"] = {}
         mem = []
-        for case in cases(n):
+        for case in chosen:
             m = peak_extra_memory(case.name, n)
             results["peak_extra_mib"][case.name] = m
             mem.append([case.name, "?" if m is None else f"{m:.1f}"])

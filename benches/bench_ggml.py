@@ -33,14 +33,16 @@ def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
         a.view(np.uint8), b.view(np.uint8))
 
 
-def rows(x: np.ndarray, repeat: int, peers: Optional[Dict] = None) -> List[Dict]:
-    """One dict per type: medians, CPU/wall ratios, ratios to copyto, gguf-py and ggml."""
+def rows(x: np.ndarray, repeat: int, peers: Optional[Dict] = None,
+         types: Optional[List[str]] = None) -> List[Dict]:
+    """One dict per type (of ``types``, default all): medians, CPU/wall ratios, ratios to
+    copyto, gguf-py and ggml."""
     from blockquant import gguf as bg
 
     gguf, quants = _gguf()
     small = x[: max(1, min(x.shape[0], SLICE // x.shape[1]))]
     out_rows = []
-    for name in TYPES:
+    for name in TYPES if types is None else types:
         blocks = bg.quantize(x, name)
         q_out, d_out, dst = np.empty_like(blocks), np.empty(x.shape, np.float32), np.empty_like(x)
         cells = [Cell("copyto", lambda: np.copyto(dst, x))]  # noqa: B023 - timed right here

@@ -132,7 +132,8 @@ def test_targets_read_the_right_cells_and_flag_a_starved_process(bench):
                copyto_s=10.0, bq_quantize_1t_s=5.0, bq_quantize_2t_s=3.0,
                bq_quantize_1t_of_copyto=2.0, bq_dequantize_1t_of_copyto=1.4,
                numpy_quantize_s=40.0, numpy_dequantize_s=30.0, bq_dequantize_1t_s=10.0,
-               cells=dict(copyto=cell(10.0), bq_quantize_1t=cell(5.0), bq_quantize_2t=cell(3.0, 1.9, 2)))
+               cells=dict(copyto=cell(10.0), bq_quantize_1t=cell(5.0), bq_quantize_2t=cell(3.0, 1.9, 2),
+                          numpy_quantize=cell(40.0, 0.3, None)))
     fp4 = dict(name="mxfp4", bits=4, copyto_s=10.0, bq_quantize_1t_s=20.0,
                bq_quantize_1t_of_copyto=0.5, bq_dequantize_1t_of_copyto=1.0,
                cells=dict(copyto=cell(10.0, 0.5), bq_quantize_1t=cell(20.0)))
@@ -148,7 +149,11 @@ def test_targets_read_the_right_cells_and_flag_a_starved_process(bench):
     assert ts["#13 int8_block32 (Q8S, F16 scales): dequantize 1T ≥ 2.5× idiomatic numpy"]["ok"] is True
     assert ts["#13 mxfp4: quantize 1T ≥ 10× idiomatic numpy"]["ok"] is None  # numpy not timed
     assert "noisy" in ts["#13 mxfp4: quantize 1T ≥ 0.8× copyto"]["note"]  # copyto had half a core
+    # only the calls a ratio is made of count: numpy's starved call taints the numpy ratio alone
     assert "note" not in ts["#13 block-32 int8 (F16) quantize 1T ≥ 1.4× copyto"]
+    assert "numpy_quantize had 0.30" in ts[
+        "#13 int8_block32 (Q8S, F16 scales): quantize 1T ≥ 10× idiomatic numpy"]["note"]
+    assert "note" not in ts["#13 int8_block32 (Q8S, F16 scales): dequantize 1T ≥ 2.5× idiomatic numpy"]
     assert ts["#11 Q8_0: quantize 1T ≥ 1.4× copyto"]["ok"] is True
     assert ts["#11 Q8_0: dequantize into out 1T ≥ 1.0× copyto"]["ok"] is False
     assert ts["#11 Q8_0: quantize ≥ 20× gguf-py"]["ok"] is True
