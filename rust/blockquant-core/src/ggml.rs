@@ -352,7 +352,13 @@ avx2_dispatch! {
 #[inline(always)]
 fn decode_run_portable<B: Block>(_: B, blocks: &[u8], out: &mut [f32]) {
     for (b, o) in blocks.chunks_exact(B::TS).zip(out.chunks_exact_mut(B::BS)) {
-        B::decode(b, o);
+        if B::BS == 1 {
+            B::decode(b, o);
+        } else {
+            // An opaque block: a block's loops are fully unrolled, and LLVM would then
+            // vectorize the loop over blocks, one lane a block, shuffling every value.
+            B::decode(std::hint::black_box(b), o);
+        }
     }
 }
 
@@ -573,7 +579,7 @@ fn max_ps(a: f32, b: f32) -> f32 {
 /// first operand's NaN when both are NaN; LLVM may swap an add's operands, so a block whose d
 /// or m is NaN picks the NaN explicitly.
 #[inline(always)]
-fn scale_and_shift(d: f32, m: f32, q: &[u8; 32], out: &mut [f32]) {
+fn scale_and_shift(d: f32, m: f32, q: &Codes, out: &mut [f32]) {
     if d.is_nan() || m.is_nan() {
         for (o, &c) in out.iter_mut().zip(q) {
             let t = d * c as f32; // NaN (quieted) when d is; inf × 0 is the default NaN
@@ -971,6 +977,21 @@ fn encode_group_min<const Q5: bool>(x: &[f32], out: &mut [u8]) -> bool {
     false
 }
 
+/// Q5 codes from the fifth bits and the nibbles: one pass a kind, in i32 lanes (the bit of
+/// code j is a per-lane variable shift), so both vectorize.
+#[inline(always)]
+fn q5_codes(qh: u32, nibbles: &[u8]) -> Codes {
+    let mut q = [0i32; 32];
+    for (j, &byte) in nibbles.iter().enumerate() {
+        q[j] = (byte & 0x0F) as i32;
+        q[j + 16] = (byte >> 4) as i32;
+    }
+    for (j, c) in q.iter_mut().enumerate() {
+        *c |= (((qh >> j) & 1) << 4) as i32;
+    }
+    q
+}
+
 /// The block layouts: scales (f16), then Q5's fifth bits, then the nibbles.
 #[inline(always)]
 fn write_q4_0(d: f32, q: &Codes, out: &mut [u8]) {
@@ -1018,11 +1039,14 @@ impl Block for Q4_0 {
     }
     #[inline(always)]
     fn decode(b: &[u8], out: &mut [f32]) {
-        let d = f16_value(b);
-        let (lo, hi) = out.split_at_mut(16);
+        let mut q = [0i32; 32];
         for (j, &byte) in b[2..18].iter().enumerate() {
-            lo[j] = d * ((byte & 0x0F) as i32 - 8) as f32;
-            hi[j] = d * ((byte >> 4) as i32 - 8) as f32;
+            q[j] = (byte & 0x0F) as i32;
+            q[j + 16] = (byte >> 4) as i32;
+        }
+        let d = f16_value(b);
+        for (o, &c) in out.iter_mut().zip(&q) {
+            *o = d * (c - 8) as f32;
         }
     }
 }
@@ -1045,10 +1069,10 @@ impl Block for Q4_1 {
     }
     #[inline(always)]
     fn decode(b: &[u8], out: &mut [f32]) {
-        let mut q = [0u8; 32];
+        let mut q = [0i32; 32];
         for (j, &byte) in b[4..20].iter().enumerate() {
-            q[j] = byte & 0x0F;
-            q[j + 16] = byte >> 4;
+            q[j] = (byte & 0x0F) as i32;
+            q[j + 16] = (byte >> 4) as i32;
         }
         scale_and_shift(f16_value(b), f16_value(&b[2..]), &q, out);
     }
@@ -1072,13 +1096,10 @@ impl Block for Q5_0 {
     }
     #[inline(always)]
     fn decode(b: &[u8], out: &mut [f32]) {
+        let q = q5_codes(u32::from_le_bytes([b[2], b[3], b[4], b[5]]), &b[6..22]);
         let d = f16_value(b);
-        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-        for (j, &byte) in b[6..22].iter().enumerate() {
-            let lo = (byte & 0x0F) as i32 | (((qh >> j) & 1) << 4) as i32;
-            let hi = (byte >> 4) as i32 | (((qh >> (j + 16)) & 1) << 4) as i32;
-            out[j] = d * (lo - 16) as f32;
-            out[j + 16] = d * (hi - 16) as f32;
+        for (o, &c) in out.iter_mut().zip(&q) {
+            *o = d * (c - 16) as f32;
         }
     }
 }
@@ -1101,12 +1122,7 @@ impl Block for Q5_1 {
     }
     #[inline(always)]
     fn decode(b: &[u8], out: &mut [f32]) {
-        let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-        let mut q = [0u8; 32];
-        for (j, &byte) in b[8..24].iter().enumerate() {
-            q[j] = (byte & 0x0F) | (((qh >> j) & 1) << 4) as u8;
-            q[j + 16] = (byte >> 4) | (((qh >> (j + 16)) & 1) << 4) as u8;
-        }
+        let q = q5_codes(u32::from_le_bytes([b[4], b[5], b[6], b[7]]), &b[8..24]);
         scale_and_shift(f16_value(b), f16_value(&b[2..]), &q, out);
     }
 }
@@ -1165,11 +1181,6 @@ fn e8m0_half(e: u8) -> f32 {
     }
 }
 
-/// MXFP4's codes, doubled: index = code, the sign in bit 3.
-const KVALUES: [f32; 16] = [
-    0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0,
-];
-
 /// e = floor(log2f(amax)) − 2 + 127 as a byte (numpy's cast: wraps below 0, for amax < 2^-125),
 /// d = 2^(e−128); each value takes the code nearest to x/d, ties to the smaller magnitude (numpy's
 /// argmin keeps the first of equal errors) and 0 as +0. The errors |d·k − x| gguf-py compares are
@@ -1210,12 +1221,20 @@ impl Block for MXFP4 {
     }
     #[inline(always)]
     fn decode(b: &[u8], out: &mut [f32]) {
-        let d = e8m0_half(b[0]);
-        let table = KVALUES.map(|k| d * k);
-        let (lo, hi) = out.split_at_mut(16);
+        let mut q = [0i32; 32];
         for (j, &byte) in b[1..17].iter().enumerate() {
-            lo[j] = table[(byte & 0x0F) as usize];
-            hi[j] = table[(byte >> 4) as usize];
+            q[j] = (byte & 0x0F) as i32;
+            q[j + 16] = (byte >> 4) as i32;
+        }
+        let d = e8m0_half(b[0]);
+        // The doubled E2M1 values (0 1 2 3 4 6 8 12) computed rather than looked up, so it
+        // vectorizes: magnitude index i = 2e + m is m for e = 0, else (2 + m) << (e − 1); bit 3
+        // the sign (code 8, −0, is the integer 0, so d·0 = +0 as in gguf-py's table).
+        for (o, &n) in out.iter_mut().zip(&q) {
+            let (e, m) = ((n & 7) >> 1, n & 1);
+            let mag = if e == 0 { m } else { (2 + m) << (e - 1) };
+            let k = if n & 8 != 0 { -mag } else { mag };
+            *o = d * k as f32;
         }
     }
 }
@@ -1341,6 +1360,11 @@ mod tests {
 
     use super::*;
     use crate::pack::tests::Rng;
+
+    /// MXFP4's codes, doubled: index = code, the sign in bit 3.
+    const KVALUES: [f32; 16] = [
+        0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0,
+    ];
 
     /// numpy's float → (u)int8 cast on x86-64: `cvttss2si`'s i32 (i32::MIN for NaN and out of
     /// range), low byte.
@@ -1722,6 +1746,34 @@ mod tests {
         check::<MXFP4>(GgmlType::MXFP4, &mut rng);
         check::<TQ1_0>(GgmlType::TQ1_0, &mut rng);
         check::<TQ2_0>(GgmlType::TQ2_0, &mut rng);
+    }
+
+    #[test]
+    fn mxfp4_decodes_as_gguf_py_table() {
+        // Every scale byte, every code (each block holds all 16 codes twice).
+        for e in 0..=255u8 {
+            let mut b = [0u8; 17];
+            b[0] = e;
+            for (j, byte) in b[1..].iter_mut().enumerate() {
+                *byte = (j as u8) | (15 - j as u8) << 4;
+            }
+            let mut out = [0f32; 32];
+            MXFP4::decode(&b, &mut out);
+            let d = e8m0_half(e);
+            for j in 0..16 {
+                assert_eq!(
+                    out[j].to_bits(),
+                    (d * KVALUES[j]).to_bits(),
+                    "e {e} code {j}"
+                );
+                let k = 15 - j;
+                assert_eq!(
+                    out[j + 16].to_bits(),
+                    (d * KVALUES[k]).to_bits(),
+                    "e {e} code {k}"
+                );
+            }
+        }
     }
 
     #[test]
