@@ -44,8 +44,10 @@ def print_cases(cases: List[Dict]) -> None:
         _x(_ratio(r, "numpy_quantize", "bq_quantize_1t"), "{:.1f}x"),
         _x(_ratio(r, "ref_quantize", "bq_quantize_1t"), "{:.0f}x"),
         _x(r.get("numpy_bytes_equal"), "{:.3f}"), r["quantize_form"],
+        _x(r.get("bq_quantize_new_1t_of_copyto")),
     ] for r in cases], ["scheme", "copyto ms", "1T of copyto", "cpu/wall", "2T of copyto",
-                        "cpu/wall", "2T/1T", "vs numpy", "vs ref", "numpy bytes = bq", "output"])
+                        "cpu/wall", "2T/1T", "vs numpy", "vs ref", "numpy bytes = bq", "output",
+                        "new arrays 1T of copyto"])
     print("\ndequantize into a caller-given float32 array (out=), and into a new one:")
     print_table([[
         r["name"],

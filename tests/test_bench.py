@@ -85,7 +85,7 @@ def test_quantize_call_falls_back_or_writes_in_place(bench):
     case = bench.cases(16384)[2]  # int8_block32
     x = np.random.default_rng(1).standard_normal(case.shape, dtype=np.float32)
     call, form = bench.bq_quantizer(x, case)
-    assert form in ("new arrays", "out=(values, scales)", "out=values", "out=QTensor")
+    assert form in ("new arrays", "out=(values, scales)")
     assert call().to_bytes() == bq.quantize(x, case.scheme).to_bytes()
 
 
