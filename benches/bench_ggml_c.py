@@ -132,7 +132,8 @@ def build(path: str, cc: Optional[str] = None) -> Tuple[Path, str]:
     common = ["-O3", "-fPIC", "-std=gnu11", "-DNDEBUG", "-D_GNU_SOURCE",
               f"-I{src}", f"-I{src.parent / 'include'}", f"-I{src / 'ggml-cpu'}"]
     native = [*common, "-march=native"]
-    h = hashlib.sha256(" ".join([cc, *native]).encode() + SHIM.encode())
+    # v2: ggml-quants.c without -march=native (a library built otherwise is not reused)
+    h = hashlib.sha256(" ".join(["v2", cc, *native]).encode() + SHIM.encode())
     for f in base + cpu:
         h.update(f.read_bytes())
     for header in sorted(src.glob("*.h")) + sorted((src / "ggml-cpu").glob("*.h")):
@@ -222,7 +223,10 @@ class Kernels:
 def load(path: str) -> Tuple[Dict[str, Kernels], str]:
     """Build and load ggml's kernels for every type in BLOCKS that the tree has."""
     lib_path, desc = build(path)
-    lib = ctypes.CDLL(str(lib_path))
+    try:
+        lib = ctypes.CDLL(str(lib_path))
+    except OSError as e:  # e.g. a symbol of ggml that SHIM does not stand in for (another version)
+        raise PeerError(f"loading the ggml build failed: {e}") from None
     pool = ThreadPoolExecutor(max_workers=1)  # the second thread; the caller's is the first
     kernels = {t: Kernels(lib, t, pool) for t in BLOCKS}
     return {t: k for t, k in kernels.items() if k.quantize_fn or k.dequantize_fn}, desc
