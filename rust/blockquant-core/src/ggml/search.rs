@@ -1,0 +1,299 @@
+//! Scale searches for the ggml types whose quantizers are blockquant's own (the K-quants,
+//! IQ4_NL/IQ4_XS, NVFP4): gguf-py only dequantizes these, so any codes that decode are valid
+//! bytes, and the quantizer's job is the smallest squared error.
+//!
+//! A search tries candidate scales around the one that maps the block's largest value to the
+//! end of the code range, rounds each value to its nearest code, and refits the scale (and
+//! offset) to those codes by least squares; the candidate whose refit leaves the least error
+//! wins. Then the super-block's stored scales are chosen (see [`super::kquants`]) and the codes
+//! are taken once more with the scales as they will be decoded, so the error that counts is the
+//! one measured. Everything is a fixed sequence of f32/f64 operations on one block: the bytes
+//! do not depend on the thread count.
+
+use super::{f16_to_f32, f32_to_f16, round_away};
+
+/// A set of codes a value rounds to (times a scale).
+pub(super) trait Grid {
+    /// The code nearest `v` (a scaled value, any finite or infinite f32) and its value.
+    fn nearest(&self, v: f32) -> (i32, f32);
+    /// The codes at the two ends, as values: the block's largest value goes to one of them.
+    fn ends(&self) -> (f32, f32);
+}
+
+/// The integers `lo..=hi`.
+pub(super) struct Uniform {
+    pub lo: i32,
+    pub hi: i32,
+}
+
+impl Grid for Uniform {
+    #[inline(always)]
+    fn nearest(&self, v: f32) -> (i32, f32) {
+        let q = round_away(v.clamp(self.lo as f32, self.hi as f32));
+        (q, q as f32)
+    }
+    fn ends(&self) -> (f32, f32) {
+        (self.lo as f32, self.hi as f32)
+    }
+}
+
+/// A sorted table of 16 integer values whose midpoints are multiples of ½ in [-128, 128)
+/// (IQ4_NL's codebook): the nearest is read from a table of half-unit buckets.
+pub(super) struct Book {
+    pub values: &'static [i8; 16],
+    /// The index for each half-unit bucket [k/2, (k+1)/2), k = -256..256.
+    pub bucket: [u8; 512],
+}
+
+impl Book {
+    pub const fn new(values: &'static [i8; 16]) -> Self {
+        let mut bucket = [0u8; 512];
+        let mut k = 0;
+        while k < 512 {
+            // The bucket's middle, in halves: 2·(k − 256) + 1 over 4.
+            let mid4 = 2 * (k as i32 - 256) + 1;
+            let mut i = 0;
+            // Past every midpoint (a + b)/2 the middle lies above; midpoints sit on bucket edges.
+            while i < 15 && 2 * (values[i] as i32 + values[i + 1] as i32) < mid4 {
+                i += 1;
+            }
+            bucket[k] = i as u8;
+            k += 1;
+        }
+        Self { values, bucket }
+    }
+}
+
+impl Grid for Book {
+    #[inline(always)]
+    fn nearest(&self, v: f32) -> (i32, f32) {
+        // floor(2v) + 256 as a bucket, by truncating a positive number (floor would be a libm
+        // call on baseline x86-64). NaN cannot come here (callers divide finite by nonzero).
+        let k = super::trunc_small(2.0 * v.clamp(-128.0, 127.75) + 256.0);
+        let i = self.bucket[k as usize] as i32;
+        (i, self.values[i as usize] as f32)
+    }
+    fn ends(&self) -> (f32, f32) {
+        (self.values[0] as f32, self.values[15] as f32)
+    }
+}
+
+/// The value of largest magnitude (the first of equals) and that magnitude.
+#[inline(always)]
+pub(super) fn signed_max(x: &[f32]) -> (f32, f32) {
+    let mut m = 0.0f32;
+    for &v in x {
+        if v.abs() > m.abs() {
+            m = v;
+        }
+    }
+    (m, m.abs())
+}
+
+/// Candidate end-points tried on each side of the grid, as fractions of the end.
+const STEPS: usize = 12;
+
+/// The scale s minimizing Σ(x − s·g)² over codes g of `grid` (s may be negative: a signed
+/// scale lets the largest value take either end). 0 for an all-zero block. x has ≤ 32 values.
+#[inline(always)]
+pub(super) fn symmetric<G: Grid>(x: &[f32], grid: &G) -> f32 {
+    let (m, amax) = signed_max(x);
+    if amax == 0.0 {
+        return 0.0;
+    }
+    // Searched in units of amax (so squares neither overflow nor underflow), scaled back.
+    let mut y = [0.0f32; 32];
+    let y = &mut y[..x.len()];
+    for (y, &v) in y.iter_mut().zip(x) {
+        *y = v / amax;
+    }
+    let sign = if m < 0.0 { -1.0 } else { 1.0 };
+    let (lo, hi) = grid.ends();
+    let mut best = (f32::NEG_INFINITY, 0.0f32);
+    for end in [lo, hi] {
+        for k in 0..STEPS {
+            // The largest value lands from half a step past the end to ~20% inside it.
+            let t = end * (1.0 + 0.5 / end.abs() - 0.2 * k as f32 / STEPS as f32);
+            let s = sign / t;
+            let (gain, refit) = refit_scale(y, s, grid);
+            if gain > best.0 {
+                best = (gain, refit);
+            }
+        }
+    }
+    // One more round from the winner: its codes, refit.
+    let (gain, refit) = refit_scale(y, best.1, grid);
+    if gain > best.0 {
+        best = (gain, refit);
+    }
+    best.1 * amax
+}
+
+/// Codes of y at scale s, then the least-squares scale for those codes: (Σyg)²/Σg² (the error
+/// it removes, to maximize) and Σyg/Σg².
+#[inline(always)]
+fn refit_scale<G: Grid>(y: &[f32], s: f32, grid: &G) -> (f32, f32) {
+    if s == 0.0 || !s.is_finite() {
+        return (0.0, 0.0);
+    }
+    // Candidates only steer the search: a product with 1/s is as good as a division here.
+    let inv = 1.0 / s;
+    let (mut sxg, mut sgg) = (0.0f32, 0.0f32);
+    for &v in y {
+        let (_, g) = grid.nearest(v * inv);
+        sxg += v * g;
+        sgg += g * g;
+    }
+    if sgg == 0.0 {
+        return (0.0, 0.0);
+    }
+    (sxg * sxg / sgg, sxg / sgg)
+}
+
+/// (a, b) ≥ 0 minimizing Σ(x − (a·q − b))² over codes q in 0..=nmax (the K-quants with a
+/// minimum: the offset −b is at most 0, since b is stored unsigned). x has ≤ 32 values.
+#[inline(always)]
+pub(super) fn affine(x: &[f32], nmax: i32) -> (f32, f32) {
+    let (_, amax) = signed_max(x);
+    if amax == 0.0 {
+        return (0.0, 0.0);
+    }
+    let mut y = [0.0f32; 32];
+    let y = &mut y[..x.len()];
+    let (mut mn, mut mx) = (0.0f32, f32::NEG_INFINITY);
+    for (y, &v) in y.iter_mut().zip(x) {
+        *y = v / amax;
+        mn = mn.min(*y);
+        mx = mx.max(*y);
+    }
+    if mx <= mn {
+        // Every value equal to the minimum (≤ 0): the offset alone holds it.
+        return (0.0, -mn * amax);
+    }
+    let n = y.len() as f32;
+    let sy: f32 = y.iter().sum();
+    let top = nmax as f32;
+    // The plain min–max fit first, so a search never does worse.
+    let mut best = (
+        affine_error(y, (mx - mn) / top, mn, nmax),
+        (mx - mn) / top,
+        mn,
+    );
+    for k in 0..=20 {
+        let iscale = (top - 1.0 + 0.1 * k as f32) / (mx - mn);
+        let mut q = [0.0f32; 32];
+        let (mut sq, mut sqq, mut syq) = (0.0f32, 0.0f32, 0.0f32);
+        for (q, &v) in q.iter_mut().zip(y.iter()) {
+            *q = round_away(((v - mn) * iscale).clamp(0.0, top)) as f32;
+            sq += *q;
+            sqq += *q * *q;
+            syq += v * *q;
+        }
+        let det = n * sqq - sq * sq;
+        if det <= 0.0 {
+            continue;
+        }
+        let mut a = (n * syq - sy * sq) / det;
+        let mut c = (sy - a * sq) / n;
+        if c > 0.0 {
+            // The offset cannot be positive: refit the scale alone.
+            c = 0.0;
+            a = syq / sqq;
+        }
+        if a <= 0.0 {
+            continue;
+        }
+        let err = y
+            .iter()
+            .zip(&q)
+            .map(|(&v, &q)| (v - (a * q + c)) * (v - (a * q + c)))
+            .sum::<f32>();
+        if err < best.0 {
+            best = (err, a, c);
+        }
+    }
+    (best.1 * amax, -best.2 * amax)
+}
+
+#[inline(always)]
+fn affine_error(y: &[f32], a: f32, c: f32, nmax: i32) -> f32 {
+    y.iter()
+        .map(|&v| {
+            let q = round_away(((v - c) / a).clamp(0.0, nmax as f32)) as f32;
+            (v - (a * q + c)) * (v - (a * q + c))
+        })
+        .sum()
+}
+
+/// f32 → float16 bits, saturated to the largest finite f16 (a scale that would overflow is
+/// stored as ±65504: the block then clips, rather than decoding to infinities).
+#[inline(always)]
+pub(super) fn f16_sat(v: f32) -> (u16, f32) {
+    let h = f32_to_f16(v.clamp(-65504.0, 65504.0));
+    (h, f16_to_f32(h))
+}
+
+/// Σ(x − e·g)² in f64 for codes of `grid` at the decoded scale `e` (the codes as
+/// [`nearest_codes`] picks them).
+#[inline(always)]
+pub(super) fn scaled_error<G: Grid>(x: &[f32], e: f32, grid: &G) -> f64 {
+    if e == 0.0 {
+        return x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    }
+    x.iter()
+        .map(|&v| {
+            let (_, g) = grid.nearest(v / e);
+            let d = v as f64 - (e * g) as f64;
+            d * d
+        })
+        .sum()
+}
+
+/// The codes of x at the decoded scale `e` (the code of 0 when e is 0).
+#[inline(always)]
+pub(super) fn nearest_codes<G: Grid>(x: &[f32], e: f32, grid: &G, out: &mut [i32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = grid.nearest(if e == 0.0 { 0.0 } else { v / e }).0;
+    }
+}
+
+/// Given sub-block scales `s` (any sign) and the stored sub-scale range lo..=hi: the super-block
+/// scale (f16 bits), each sub-block's integer sub-scale, chosen among the nearest and its two
+/// neighbours by the sub-block's error at the scale as decoded (f16(d)·sub-scale in f32).
+#[inline(always)]
+pub(super) fn signed_subscales<G: Grid>(
+    x: &[f32],
+    sub: usize,
+    s: &[f32],
+    lo: i32,
+    hi: i32,
+    grid: &G,
+    out: &mut [i32],
+) -> u16 {
+    let (smax, amax) = signed_max(s);
+    if amax == 0.0 {
+        out.fill(0);
+        return 0;
+    }
+    // The largest sub-scale takes the negative end, exactly representable.
+    let (bits, d) = f16_sat(smax / lo as f32);
+    for ((o, &sj), xj) in out.iter_mut().zip(s).zip(x.chunks_exact(sub)) {
+        if d == 0.0 {
+            *o = 0;
+            continue;
+        }
+        let r = round_away((sj / d).clamp(lo as f32, hi as f32));
+        let mut best = (f64::INFINITY, r);
+        for c in [r, r - 1, r + 1] {
+            if c < lo || c > hi {
+                continue;
+            }
+            let err = scaled_error(xj, d * c as f32, grid);
+            if err < best.0 {
+                best = (err, c);
+            }
+        }
+        *o = best.1;
+    }
+    bits
+}
