@@ -1842,6 +1842,6 @@ mod tests {
             assert_eq!(GgmlType::from_id(ty.id()), Some(ty));
         }
         assert_eq!(GgmlType::from_name("q8_0"), None);
-        assert_eq!(GgmlType::from_id(12), None); // Q4_K
+        assert_eq!(GgmlType::from_id(16), None); // IQ2_XXS
     }
 }

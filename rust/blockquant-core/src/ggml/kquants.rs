@@ -197,8 +197,8 @@ impl Block for Q2_K {
             return true;
         }
         let k = encode_affine(x, 16, 3, 15);
-        for j in 0..16 {
-            out[j] = (k.sc[j] | (k.m[j] << 4)) as u8;
+        for ((o, &sc), &m) in out[..16].iter_mut().zip(&k.sc).zip(&k.m) {
+            *o = (sc | (m << 4)) as u8;
         }
         let qs = &mut out[16..80];
         qs.fill(0);
