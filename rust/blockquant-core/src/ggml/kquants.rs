@@ -22,7 +22,7 @@
 //!   h = j/128, r = j%128, low nibble in ql[64h + r%64] (nibble r/64), high two bits in
 //!   qh[32h + r%32] at bit 2·(r/32). Sub-blocks of 16.
 
-use super::search::{affine, f16_sat, nearest_codes, signed_subscales, symmetric, Uniform};
+use super::search::{self, affine, f16_sat, nearest_codes, signed_subscales, symmetric, Uniform};
 use super::{abs_max_bits, f16_value, round_away, Block, INF_BITS};
 
 #[allow(non_camel_case_types)]
@@ -118,13 +118,11 @@ fn affine_code(v: f32, ea: f32, eb: f32, nmax: i32) -> i32 {
 
 #[inline(always)]
 fn affine_error(x: &[f32], ea: f32, eb: f32, nmax: i32) -> f64 {
-    x.iter()
-        .map(|&v| {
-            let q = affine_code(v, ea, eb, nmax);
-            let e = v as f64 - (ea * q as f32 - eb) as f64;
-            e * e
-        })
-        .sum()
+    search::sum8(x.len(), |i| {
+        let q = affine_code(x[i], ea, eb, nmax);
+        let e = x[i] as f64 - (ea * q as f32 - eb) as f64;
+        e * e
+    })
 }
 
 /// A super-block with signed sub-scales: f16 bits of d, sub-scales, codes.

@@ -67,7 +67,7 @@ impl Book {
 impl Grid for Book {
     #[inline(always)]
     fn nearest(&self, v: f32) -> (i32, f32) {
-        // floor(2v) + 256 as a bucket, by truncating a positive number (floor would be a libm
+        // The bucket of floor(2v) + 256, by truncating a positive number (floor would be a libm
         // call on baseline x86-64). NaN cannot come here (callers divide finite by nonzero).
         let k = super::trunc_small(2.0 * v.clamp(-128.0, 127.75) + 256.0);
         let i = self.bucket[k as usize] as i32;
@@ -88,6 +88,28 @@ pub(super) fn signed_max(x: &[f32]) -> (f32, f32) {
         }
     }
     (m, m.abs())
+}
+
+/// Σ f(i) for i in 0..n (a multiple of 8) in eight lanes, folded in a fixed order. One chain
+/// of adds would wait on each add's latency (without fast-math nothing reassociates it); the
+/// fixed order keeps the result a function of the data alone.
+#[inline(always)]
+pub(super) fn sum8<T>(n: usize, f: impl Fn(usize) -> T) -> T
+where
+    T: Copy + Default + std::ops::Add<Output = T>,
+{
+    let mut acc = [T::default(); 8];
+    for c in 0..n / 8 {
+        for (l, a) in acc.iter_mut().enumerate() {
+            *a = *a + f(8 * c + l);
+        }
+    }
+    fold8(acc)
+}
+
+#[inline(always)]
+fn fold8<T: Copy + std::ops::Add<Output = T>>(a: [T; 8]) -> T {
+    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 }
 
 /// Candidate end-points tried on each side of the grid, as fractions of the end.
@@ -138,12 +160,15 @@ fn refit_scale<G: Grid>(y: &[f32], s: f32, grid: &G) -> (f32, f32) {
     }
     // Candidates only steer the search: a product with 1/s is as good as a division here.
     let inv = 1.0 / s;
-    let (mut sxg, mut sgg) = (0.0f32, 0.0f32);
-    for &v in y {
-        let (_, g) = grid.nearest(v * inv);
-        sxg += v * g;
-        sgg += g * g;
+    let (mut sxg, mut sgg) = ([0.0f32; 8], [0.0f32; 8]);
+    for c in y.chunks_exact(8) {
+        for l in 0..8 {
+            let (_, g) = grid.nearest(c[l] * inv);
+            sxg[l] += c[l] * g;
+            sgg[l] += g * g;
+        }
     }
+    let (sxg, sgg) = (fold8(sxg), fold8(sgg));
     if sgg == 0.0 {
         return (0.0, 0.0);
     }
@@ -171,7 +196,7 @@ pub(super) fn affine(x: &[f32], nmax: i32) -> (f32, f32) {
         return (0.0, -mn * amax);
     }
     let n = y.len() as f32;
-    let sy: f32 = y.iter().sum();
+    let sy: f32 = sum8(y.len(), |i| y[i]);
     let top = nmax as f32;
     // The plain min–max fit first, so a search never does worse.
     let mut best = (
@@ -182,13 +207,17 @@ pub(super) fn affine(x: &[f32], nmax: i32) -> (f32, f32) {
     for k in 0..=20 {
         let iscale = (top - 1.0 + 0.1 * k as f32) / (mx - mn);
         let mut q = [0.0f32; 32];
-        let (mut sq, mut sqq, mut syq) = (0.0f32, 0.0f32, 0.0f32);
-        for (q, &v) in q.iter_mut().zip(y.iter()) {
-            *q = round_away(((v - mn) * iscale).clamp(0.0, top)) as f32;
-            sq += *q;
-            sqq += *q * *q;
-            syq += v * *q;
+        let (mut sq, mut sqq, mut syq) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
+        for (qc, yc) in q.chunks_exact_mut(8).zip(y.chunks_exact(8)) {
+            for l in 0..8 {
+                let c = round_away(((yc[l] - mn) * iscale).clamp(0.0, top)) as f32;
+                qc[l] = c;
+                sq[l] += c;
+                sqq[l] += c * c;
+                syq[l] += yc[l] * c;
+            }
         }
+        let (sq, sqq, syq) = (fold8(sq), fold8(sqq), fold8(syq));
         let det = n * sqq - sq * sq;
         if det <= 0.0 {
             continue;
@@ -203,11 +232,9 @@ pub(super) fn affine(x: &[f32], nmax: i32) -> (f32, f32) {
         if a <= 0.0 {
             continue;
         }
-        let err = y
-            .iter()
-            .zip(&q)
-            .map(|(&v, &q)| (v - (a * q + c)) * (v - (a * q + c)))
-            .sum::<f32>();
+        let err = sum8(y.len(), |i| {
+            (y[i] - (a * q[i] + c)) * (y[i] - (a * q[i] + c))
+        });
         if err < best.0 {
             best = (err, a, c);
         }
@@ -217,12 +244,10 @@ pub(super) fn affine(x: &[f32], nmax: i32) -> (f32, f32) {
 
 #[inline(always)]
 fn affine_error(y: &[f32], a: f32, c: f32, nmax: i32) -> f32 {
-    y.iter()
-        .map(|&v| {
-            let q = round_away(((v - c) / a).clamp(0.0, nmax as f32)) as f32;
-            (v - (a * q + c)) * (v - (a * q + c))
-        })
-        .sum()
+    sum8(y.len(), |i| {
+        let q = round_away(((y[i] - c) / a).clamp(0.0, nmax as f32)) as f32;
+        (y[i] - (a * q + c)) * (y[i] - (a * q + c))
+    })
 }
 
 /// f32 → float16 bits, saturated to the largest finite f16 (a scale that would overflow is
@@ -238,15 +263,13 @@ pub(super) fn f16_sat(v: f32) -> (u16, f32) {
 #[inline(always)]
 pub(super) fn scaled_error<G: Grid>(x: &[f32], e: f32, grid: &G) -> f64 {
     if e == 0.0 {
-        return x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+        return sum8(x.len(), |i| (x[i] as f64) * (x[i] as f64));
     }
-    x.iter()
-        .map(|&v| {
-            let (_, g) = grid.nearest(v / e);
-            let d = v as f64 - (e * g) as f64;
-            d * d
-        })
-        .sum()
+    sum8(x.len(), |i| {
+        let (_, g) = grid.nearest(x[i] / e);
+        let d = x[i] as f64 - (e * g) as f64;
+        d * d
+    })
 }
 
 /// The codes of x at the decoded scale `e` (the code of 0 when e is 0).
