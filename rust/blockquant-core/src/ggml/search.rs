@@ -37,41 +37,46 @@ impl Grid for Uniform {
     }
 }
 
-/// A sorted table of 16 integer values whose midpoints are multiples of ½ in [-128, 128)
-/// (IQ4_NL's codebook): the nearest is read from a table of half-unit buckets.
+/// A sorted table of 16 values (IQ4_NL's codebook): the nearest is found by comparing with the
+/// 15 midpoints, which vectorizes (a table lookup would be a gather, one value at a time).
 pub(super) struct Book {
     pub values: &'static [i8; 16],
-    /// The index for each half-unit bucket [k/2, (k+1)/2), k = -256..256.
-    pub bucket: [u8; 512],
+    /// The midpoints between neighbours, and the step from each value to the next.
+    mids: [f32; 15],
+    steps: [f32; 15],
 }
 
 impl Book {
     pub const fn new(values: &'static [i8; 16]) -> Self {
-        let mut bucket = [0u8; 512];
-        let mut k = 0;
-        while k < 512 {
-            // The bucket's middle, in halves: 2·(k − 256) + 1 over 4.
-            let mid4 = 2 * (k as i32 - 256) + 1;
-            let mut i = 0;
-            // Past every midpoint (a + b)/2 the middle lies above; midpoints sit on bucket edges.
-            while i < 15 && 2 * (values[i] as i32 + values[i + 1] as i32) < mid4 {
-                i += 1;
-            }
-            bucket[k] = i as u8;
-            k += 1;
+        let mut mids = [0.0f32; 15];
+        let mut steps = [0.0f32; 15];
+        let mut i = 0;
+        while i < 15 {
+            // Integers: the half-sums and differences are exact.
+            mids[i] = (values[i] as i32 + values[i + 1] as i32) as f32 / 2.0;
+            steps[i] = (values[i + 1] as i32 - values[i] as i32) as f32;
+            i += 1;
         }
-        Self { values, bucket }
+        Self {
+            values,
+            mids,
+            steps,
+        }
     }
 }
 
 impl Grid for Book {
     #[inline(always)]
     fn nearest(&self, v: f32) -> (i32, f32) {
-        // The bucket of floor(2v) + 256, by truncating a positive number (floor would be a libm
-        // call on baseline x86-64). NaN cannot come here (callers divide finite by nonzero).
-        let k = super::trunc_small(2.0 * v.clamp(-128.0, 127.75) + 256.0);
-        let i = self.bucket[k as usize] as i32;
-        (i, self.values[i as usize] as f32)
+        // Past each midpoint, one value up (a tie stays below); sums of integers, exact.
+        let mut i = 0;
+        let mut g = self.values[0] as f32;
+        for (&m, &s) in self.mids.iter().zip(&self.steps) {
+            let up = v > m;
+            i += up as i32;
+            g += if up { s } else { 0.0 };
+        }
+        (i, g)
     }
     fn ends(&self) -> (f32, f32) {
         (self.values[0] as f32, self.values[15] as f32)
@@ -332,7 +337,7 @@ mod tests {
 
     #[test]
     fn book_finds_the_nearest_value() {
-        // A sweep in steps of 1/64 over and past the codebook's range: the bucket's value is at
+        // A sweep in steps of 1/64 over and past the codebook's range: the value found is at
         // least as near as every other (ties on a midpoint may go either way).
         for k in -150 * 64..150 * 64 {
             let v = k as f32 / 64.0;
