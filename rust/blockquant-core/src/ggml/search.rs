@@ -202,6 +202,7 @@ pub(super) fn affine(x: &[f32], nmax: i32) -> (f32, f32) {
     }
     let n = y.len() as f32;
     let sy: f32 = sum8(y.len(), |i| y[i]);
+    let syy: f64 = sum8(y.len(), |i| y[i] * y[i]) as f64;
     let top = nmax as f32;
     // The plain min–max fit first, so a search never does worse.
     let mut best = (
@@ -211,12 +212,10 @@ pub(super) fn affine(x: &[f32], nmax: i32) -> (f32, f32) {
     );
     for k in 0..=20 {
         let iscale = (top - 1.0 + 0.1 * k as f32) / (mx - mn);
-        let mut q = [0.0f32; 32];
         let (mut sq, mut sqq, mut syq) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
-        for (qc, yc) in q.chunks_exact_mut(8).zip(y.chunks_exact(8)) {
+        for yc in y.chunks_exact(8) {
             for l in 0..8 {
                 let c = round_away(((yc[l] - mn) * iscale).clamp(0.0, top)) as f32;
-                qc[l] = c;
                 sq[l] += c;
                 sqq[l] += c * c;
                 syq[l] += yc[l] * c;
@@ -237,9 +236,12 @@ pub(super) fn affine(x: &[f32], nmax: i32) -> (f32, f32) {
         if a <= 0.0 {
             continue;
         }
-        let err = sum8(y.len(), |i| {
-            (y[i] - (a * q[i] + c)) * (y[i] - (a * q[i] + c))
-        });
+        // Σ(y − a·q − c)² from the sums (in f64: the terms nearly cancel), not another pass.
+        let (a64, c64) = (a as f64, c as f64);
+        let err = (syy - 2.0 * a64 * syq as f64 - 2.0 * c64 * sy as f64
+            + a64 * a64 * sqq as f64
+            + 2.0 * a64 * c64 * sq as f64
+            + n as f64 * c64 * c64) as f32;
         if err < best.0 {
             best = (err, a, c);
         }
