@@ -93,8 +93,12 @@ def main() -> None:
     assert 1536 % 256 == 0
     ggml = ggml_quantizer(args.ggml) if args.ggml else None
     stacked = np.concatenate(xs)
-    t_copy = median_time(lambda: np.copyto(np.empty_like(stacked), stacked))
-    t_q40 = median_time(lambda: bg.quantize(stacked, "Q4_0"))
+    # The baselines are a few milliseconds: warmed up (page faults of the first output) and
+    # taken over more runs than the quantizers.
+    dst = np.empty_like(stacked)
+    t_copy = median_time(lambda: np.copyto(dst, stacked), repeat=25)
+    bg.quantize(stacked, "Q4_0")
+    t_q40 = median_time(lambda: bg.quantize(stacked, "Q4_0"), repeat=25)
     print(f"{len(xs)} tensors {xs[0].shape}, {args.threads} thread(s); np.copyto "
           f"{t_copy * 1e3:.2f} ms, Q4_0 {t_q40 * 1e3:.2f} ms")
     print()
@@ -107,11 +111,11 @@ def main() -> None:
         t = bg.TYPES[name]
         bpw = 8 * t.type_size / t.block_size
         ours = sqnr(xs, [bg.dequantize(bg.quantize(x, name), name) for x in xs])
-        tq = median_time(functools.partial(bg.quantize, stacked, name), repeat=3)
+        tq = median_time(functools.partial(bg.quantize, stacked, name), repeat=5)
         line = f"| {name} | {bpw:.4g} | {ours:.2f} | {tq / t_q40:.1f}x | {tq / t_copy:.0f}x |"
         if ggml is not None:
             theirs = sqnr(xs, [bg.dequantize(ggml(x, name), name) for x in xs])
-            tg = median_time(functools.partial(ggml, stacked, name), repeat=3)
+            tg = median_time(functools.partial(ggml, stacked, name), repeat=5)
             line += f" {theirs:.2f} | {tg / t_q40:.1f}x |"
         print(line)
 
