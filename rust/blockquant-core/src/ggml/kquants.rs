@@ -14,9 +14,9 @@
 //!   Q2_K, bit 2 in hmask[j%32] at bit j/32. Sub-scale + 32 in 6 bits: low nibble in
 //!   scales[i%8] (nibble i/8), high two bits in scales[8 + i%4] at bit 2·(i/4). Sub-blocks of 16.
 //! - Q4_K (144): d, dmin, scales[12], qs[128]. Sub-block s (of 32): nibble s%2 of
-//!   qs[32·(s/2) + l]. 6-bit sub-scales/minimums: s < 4 in the low six bits of bytes s / 4 + s,
-//!   s ≥ 4 as a nibble of byte 4 + s (scale low, minimum high) with the top two bits in the
-//!   high bits of bytes s − 4 / s.
+//!   qs[32·(s/2) + l]. 6-bit sub-scale sc_s and minimum m_s: for s < 4 in the low six bits of
+//!   scales[s] and scales[4 + s]; for s ≥ 4 their low nibbles in scales[4 + s] (sc low, m
+//!   high) and their top two bits in the top two bits of scales[s − 4] (sc) and scales[s] (m).
 //! - Q5_K (176): as Q4_K with qh[32] before qs: bit 4 of the code in qh[l] at bit s.
 //! - Q6_K (210): ql[128], qh[64], scales[16] (i8), d. q ∈ −32..=31 as u = q + 32: with
 //!   h = j/128, r = j%128, low nibble in ql[64h + r%64] (nibble r/64), high two bits in

@@ -5,7 +5,8 @@
 //! A search tries candidate scales around the one that maps the block's largest value to the
 //! end of the code range, rounds each value to its nearest code, and refits the scale (and
 //! offset) to those codes by least squares; the candidate whose refit leaves the least error
-//! wins. Then the super-block's stored scales are chosen (see [`super::kquants`]) and the codes
+//! wins. Then the super-block's stored scales are chosen ([`signed_subscales`], and
+//! `encode_affine` in [`super::kquants`] for the types with minimums) and the codes
 //! are taken once more with the scales as they will be decoded, so the error that counts is the
 //! one measured. Everything is a fixed sequence of f32/f64 operations on one block: the bytes
 //! do not depend on the thread count.
