@@ -9,7 +9,7 @@ six ``encoder.layer.*.output.dense.weight`` (384 x 1536), quantized as stored (r
 the last axis), and SQNR = 10 log10(sum x^2 / sum (x - x_hat)^2) over all six together.
 
 ``--ggml`` takes a shared library built from ggml's ``src/ggml-quants.c`` (its reference
-quantizers, no importance matrix) with small stubs for ``ggml_row_size``/``ggml_type_size``; its
+quantizers, no importance matrix) and ``benches/ggml_stubs.c`` (the command is in that file); its
 bytes are decoded by blockquant, so the two columns compare the quantizers alone.
 A benchmark, not a test: nothing is asserted.
 """
