@@ -14,7 +14,7 @@
 //!   bytes holding 16 nibbles each as IQ4_NL's; nibble = sign · 8 + index into 0,1,2,3,4,6,8,12.
 
 use super::search::{
-    nearest_codes, scaled_error, signed_max, signed_subscales, symmetric, Book, Grid,
+    nearest_codes, scaled_error, signed_max, signed_subscales, symmetric, Book, Grid, STEPS,
 };
 use super::{abs_max_bits, f16_value, Block, INF_BITS};
 
@@ -57,7 +57,7 @@ impl Block for IQ4_NL {
         if abs_max_bits(x) >= INF_BITS {
             return true;
         }
-        let (bits, d) = super::search::f16_sat(symmetric(x, &BOOK));
+        let (bits, d) = super::search::f16_sat(symmetric(x, &BOOK, STEPS));
         let mut q = [0i32; 32];
         nearest_codes(x, d, &BOOK, &mut q);
         out[..2].copy_from_slice(&bits.to_le_bytes());
@@ -86,7 +86,7 @@ impl Block for IQ4_XS {
         }
         let mut s = [0.0f32; 8];
         for (s, xj) in s.iter_mut().zip(x.chunks_exact(32)) {
-            *s = symmetric(xj, &BOOK);
+            *s = symmetric(xj, &BOOK, STEPS);
         }
         let mut sc = [0i32; 8];
         let bits = signed_subscales(x, 32, &s, -32, 31, &BOOK, &mut sc);

@@ -118,13 +118,13 @@ fn fold8<T: Copy + std::ops::Add<Output = T>>(a: [T; 8]) -> T {
     ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 }
 
-/// Candidate end-points tried on each side of the grid, as fractions of the end.
-const STEPS: usize = 12;
+/// Candidate end-points tried on each side of the grid by default, as fractions of the end.
+pub(super) const STEPS: usize = 12;
 
 /// The scale s minimizing Σ(x − s·g)² over codes g of `grid` (s may be negative: a signed
 /// scale lets the largest value take either end). 0 for an all-zero block. x has ≤ 32 values.
 #[inline(always)]
-pub(super) fn symmetric<G: Grid>(x: &[f32], grid: &G) -> f32 {
+pub(super) fn symmetric<G: Grid>(x: &[f32], grid: &G, steps: usize) -> f32 {
     let (m, amax) = signed_max(x);
     if amax == 0.0 {
         return 0.0;
@@ -139,9 +139,9 @@ pub(super) fn symmetric<G: Grid>(x: &[f32], grid: &G) -> f32 {
     let (lo, hi) = grid.ends();
     let mut best = (f32::NEG_INFINITY, 0.0f32);
     for end in [lo, hi] {
-        for k in 0..STEPS {
+        for k in 0..steps {
             // The largest value lands from half a step past the end to ~20% inside it.
-            let t = end * (1.0 + 0.5 / end.abs() - 0.2 * k as f32 / STEPS as f32);
+            let t = end * (1.0 + 0.5 / end.abs() - 0.2 * k as f32 / steps as f32);
             let s = sign / t;
             let (gain, refit) = refit_scale(y, s, grid);
             if gain > best.0 {
@@ -377,12 +377,12 @@ mod tests {
                 .collect();
             let (m, _) = signed_max(&x);
             let plain = scaled_error(&x, m / -8.0, &grid);
-            let searched = scaled_error(&x, symmetric(&x, &grid), &grid);
+            let searched = scaled_error(&x, symmetric(&x, &grid, STEPS), &grid);
             assert!(searched <= plain * (1.0 + 1e-6), "{searched} > {plain}");
             let (a, b) = affine(&x, 15);
             assert!(a > 0.0 && b >= 0.0);
         }
-        assert_eq!(symmetric(&[0.0; 16], &grid), 0.0);
+        assert_eq!(symmetric(&[0.0; 16], &grid, STEPS), 0.0);
         assert_eq!(affine(&[0.0; 16], 15), (0.0, 0.0));
         assert_eq!(affine(&[-2.0; 16], 15), (0.0, 2.0));
     }
