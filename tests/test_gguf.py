@@ -290,10 +290,10 @@ def test_types_and_names():
         assert bg.ggml_type(int(GT[name])) is t
     assert bg.byte_shape((3, 64), "q4_0") == (3, 36)
     assert bg.value_shape((3, 36), "Q4_0") == (3, 64)
-    with pytest.raises(bq.SchemeError, match="Q4_K"):
-        bg.ggml_type("Q4_K")
+    with pytest.raises(bq.SchemeError, match="IQ2_XXS"):
+        bg.ggml_type("IQ2_XXS")
     with pytest.raises(bq.SchemeError):
-        bg.ggml_type(GT.Q6_K)
+        bg.ggml_type(GT.IQ3_S)
     with pytest.raises(TypeError):
         bg.ggml_type(True)
 

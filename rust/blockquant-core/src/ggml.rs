@@ -25,6 +25,11 @@ use crate::input::Input;
 use crate::pool;
 use crate::simd::avx2_dispatch;
 
+// The types whose quantizers are blockquant's own searches (gguf-py only dequantizes them).
+mod codebook;
+mod kquants;
+mod search;
+
 /// A ggml tensor type this module reads and writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[allow(non_camel_case_types)]
@@ -40,11 +45,19 @@ pub enum GgmlType {
     MXFP4,
     TQ1_0,
     TQ2_0,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    IQ4_NL,
+    IQ4_XS,
+    NVFP4,
 }
 
 impl GgmlType {
     /// Every type, pass-through ones first.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 19] = [
         Self::F32,
         Self::F16,
         Self::BF16,
@@ -56,6 +69,14 @@ impl GgmlType {
         Self::MXFP4,
         Self::TQ1_0,
         Self::TQ2_0,
+        Self::Q2_K,
+        Self::Q3_K,
+        Self::Q4_K,
+        Self::Q5_K,
+        Self::Q6_K,
+        Self::IQ4_NL,
+        Self::IQ4_XS,
+        Self::NVFP4,
     ];
 
     /// ggml's name (`GGMLQuantizationType.name` in gguf-py).
@@ -72,6 +93,14 @@ impl GgmlType {
             Self::MXFP4 => "MXFP4",
             Self::TQ1_0 => "TQ1_0",
             Self::TQ2_0 => "TQ2_0",
+            Self::Q2_K => "Q2_K",
+            Self::Q3_K => "Q3_K",
+            Self::Q4_K => "Q4_K",
+            Self::Q5_K => "Q5_K",
+            Self::Q6_K => "Q6_K",
+            Self::IQ4_NL => "IQ4_NL",
+            Self::IQ4_XS => "IQ4_XS",
+            Self::NVFP4 => "NVFP4",
         }
     }
 
@@ -94,6 +123,14 @@ impl GgmlType {
             Self::TQ1_0 => 34,
             Self::TQ2_0 => 35,
             Self::MXFP4 => 39,
+            Self::Q2_K => 10,
+            Self::Q3_K => 11,
+            Self::Q4_K => 12,
+            Self::Q5_K => 13,
+            Self::Q6_K => 14,
+            Self::IQ4_NL => 20,
+            Self::IQ4_XS => 23,
+            Self::NVFP4 => 40,
         }
     }
 
@@ -106,6 +143,8 @@ impl GgmlType {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
             Self::TQ1_0 | Self::TQ2_0 => 256,
+            Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::IQ4_XS => 256,
+            Self::NVFP4 => 64,
             _ => 32,
         }
     }
@@ -123,6 +162,14 @@ impl GgmlType {
             Self::MXFP4 => 17,
             Self::TQ1_0 => 54,
             Self::TQ2_0 => 66,
+            Self::Q2_K => 84,
+            Self::Q3_K => 110,
+            Self::Q4_K => 144,
+            Self::Q5_K => 176,
+            Self::Q6_K => 210,
+            Self::IQ4_NL => 18,
+            Self::IQ4_XS => 136,
+            Self::NVFP4 => 36,
         }
     }
 
@@ -193,6 +240,14 @@ pub fn quantize(ty: GgmlType, x: Input<'_>, row_len: usize, out: &mut [u8]) -> R
         GgmlType::MXFP4 => encode_all::<MXFP4>(x, out),
         GgmlType::TQ1_0 => encode_all::<TQ1_0>(x, out),
         GgmlType::TQ2_0 => encode_all::<TQ2_0>(x, out),
+        GgmlType::Q2_K => encode_all::<kquants::Q2_K>(x, out),
+        GgmlType::Q3_K => encode_all::<kquants::Q3_K>(x, out),
+        GgmlType::Q4_K => encode_all::<kquants::Q4_K>(x, out),
+        GgmlType::Q5_K => encode_all::<kquants::Q5_K>(x, out),
+        GgmlType::Q6_K => encode_all::<kquants::Q6_K>(x, out),
+        GgmlType::IQ4_NL => encode_all::<codebook::IQ4_NL>(x, out),
+        GgmlType::IQ4_XS => encode_all::<codebook::IQ4_XS>(x, out),
+        GgmlType::NVFP4 => encode_all::<codebook::NVFP4>(x, out),
     });
     if bad {
         return Err(first_non_finite(x));
@@ -225,6 +280,14 @@ pub fn dequantize(ty: GgmlType, blocks: &[u8], out: &mut [f32]) {
         GgmlType::MXFP4 => decode_all::<MXFP4>(blocks, out),
         GgmlType::TQ1_0 => decode_all::<TQ1_0>(blocks, out),
         GgmlType::TQ2_0 => decode_all::<TQ2_0>(blocks, out),
+        GgmlType::Q2_K => decode_all::<kquants::Q2_K>(blocks, out),
+        GgmlType::Q3_K => decode_all::<kquants::Q3_K>(blocks, out),
+        GgmlType::Q4_K => decode_all::<kquants::Q4_K>(blocks, out),
+        GgmlType::Q5_K => decode_all::<kquants::Q5_K>(blocks, out),
+        GgmlType::Q6_K => decode_all::<kquants::Q6_K>(blocks, out),
+        GgmlType::IQ4_NL => decode_all::<codebook::IQ4_NL>(blocks, out),
+        GgmlType::IQ4_XS => decode_all::<codebook::IQ4_XS>(blocks, out),
+        GgmlType::NVFP4 => decode_all::<codebook::NVFP4>(blocks, out),
     })
 }
 
@@ -1831,6 +1894,6 @@ mod tests {
             assert_eq!(GgmlType::from_id(ty.id()), Some(ty));
         }
         assert_eq!(GgmlType::from_name("q8_0"), None);
-        assert_eq!(GgmlType::from_id(12), None); // Q4_K
+        assert_eq!(GgmlType::from_id(16), None); // IQ2_XXS
     }
 }
