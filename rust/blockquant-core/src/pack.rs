@@ -241,7 +241,7 @@ fn unpack_fields_n<W: Word, const PER: usize>(line: &[W], first: usize, codes: &
 
 /// Encode one run against one scale; returns whether any input was non-finite.
 #[inline(always)]
-fn encode_run<C: Encode>(codec: C, xs: &[f32], e: f32, out: &mut [u8]) -> bool {
+pub(crate) fn encode_run<C: Encode>(codec: C, xs: &[f32], e: f32, out: &mut [u8]) -> bool {
     let mut bad = 0u32;
     if e == 0.0 {
         // Zero rule: nothing to divide by, every code is 0.
@@ -299,17 +299,47 @@ pub fn encode_range<C: Encode>(
     bad
 }
 
-avx2_dispatch! {
-    /// [`encode_range`] on f32 values, `xs[0]` being element `x_start` of the tensor.
-    pub fn encode_range_f32[C: Encode](
-        codec: C,
-        xs: &[f32],
-        x_start: usize,
-        layout: &Layout,
-        effective: ScaleSlice<'_>,
-        start: usize,
-        out: &mut [u8],
-    ) -> bool => encode_range_portable;
+/// [`encode_range`] on f32 values, `xs[0]` being element `x_start` of the tensor: the AVX2
+/// kernel when the CPU has it.
+#[inline]
+pub fn encode_range_f32<C: Encode>(
+    codec: C,
+    xs: &[f32],
+    x_start: usize,
+    layout: &Layout,
+    effective: ScaleSlice<'_>,
+    start: usize,
+    out: &mut [u8],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2() {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { encode_range_avx2(codec, xs, x_start, layout, effective, start, out) };
+    }
+    encode_range_portable(codec, xs, x_start, layout, effective, start, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn encode_range_avx2<C: Encode>(
+    codec: C,
+    xs: &[f32],
+    x_start: usize,
+    layout: &Layout,
+    effective: ScaleSlice<'_>,
+    start: usize,
+    out: &mut [u8],
+) -> bool {
+    let mut bad = false;
+    for (pos, len, s) in Segments::new(layout, start, out.len()) {
+        let (o, i) = (pos - start, pos - x_start);
+        let (xs, out) = (&xs[i..i + len], &mut out[o..o + len]);
+        bad |= match effective.get(s) {
+            0.0 => encode_run(codec, xs, 0.0, out), // the zero rule
+            e => crate::simd::x86::encode_run(codec, xs, e, out),
+        };
+    }
+    bad
 }
 
 #[inline(always)]
@@ -465,6 +495,32 @@ pub fn encode_words_last_axis<C: Encode, W: Word>(
         w += take;
     }
     bad
+}
+
+/// Pack the codes of the flat elements `[start, start + codes.len())` of a tensor packed along
+/// its last axis into its words from global word `w0` on (`words` holds just those). `start`
+/// is on a word boundary of its line; a line's last word gets zero padding.
+pub fn pack_last_axis<W: Word>(
+    layout: &Layout,
+    codes: &[u8],
+    start: usize,
+    w0: usize,
+    words: &mut [W],
+) {
+    let p = &layout.packing;
+    let (per, nw, n) = (p.per, p.words_axis, p.n_axis);
+    let end = start + codes.len();
+    let mut pos = start;
+    while pos < end {
+        let (line, col) = (pos / n, pos % n);
+        debug_assert_eq!(col % per, 0, "a piece starts on a word boundary");
+        // At most BUF codes a call: `pack_fields` squeezes them through a stack buffer.
+        let take = (end.min((line + 1) * n) - pos).min(BUF);
+        let w = line * nw + col / per - w0;
+        let c = &codes[pos - start..pos - start + take];
+        pack_fields(c, &mut words[w..w + take.div_ceil(per)], per);
+        pos += take;
+    }
 }
 
 /// An output element type of dequantize: the f32 result x̂, converted as a numpy cast would.
