@@ -221,6 +221,13 @@ pub fn minifloat(value: QuantValue) -> Option<MiniFloat> {
 /// Turns a stored field into its f32 value.
 pub trait Decode: Copy + Send + Sync {
     fn decode(&self, field: u8) -> f32;
+
+    /// [`Decode::decode`] of eight fields, one a u32 lane (zero-extended bytes), bit for bit.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn decode8(&self, fields: __m256i) -> __m256;
 }
 
 /// Int fields: sign-extend from the field's width (8 for Native, whose fields are whole int8
@@ -243,6 +250,15 @@ impl Decode for IntDecode {
     fn decode(&self, field: u8) -> f32 {
         (((field << self.shift) as i8) >> self.shift) as f32
     }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn decode8(&self, fields: __m256i) -> __m256 {
+        // The field's top bit to the lane's sign bit and back: the sign extension of an int8
+        // or narrower field, as the scalar shifts do.
+        let k = _mm_cvtsi32_si128(24 + self.shift as i32);
+        _mm256_cvtepi32_ps(_mm256_sra_epi32(_mm256_sll_epi32(fields, k), k))
+    }
 }
 
 /// Float fields: one load from a 256-entry table (see [`float_table`]).
@@ -253,6 +269,13 @@ impl Decode for TableDecode<'_> {
     #[inline(always)]
     fn decode(&self, field: u8) -> f32 {
         self.0[field as usize]
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn decode8(&self, fields: __m256i) -> __m256 {
+        // Fields are bytes, so every index is within the 256 entries.
+        _mm256_i32gather_ps::<4>(self.0.as_ptr(), fields)
     }
 }
 

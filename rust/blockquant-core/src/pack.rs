@@ -149,6 +149,22 @@ fn pack_fields<W: Word>(codes: &[u8], words: &mut [W], per: usize) {
             .for_each(|(w, &c)| *w = W::from_u32(c as u32));
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    let (codes, words) = if bits < 8 && crate::simd::has_avx2() {
+        // SAFETY: the words' memory seen as bytes (u8 and u32 have no invalid bit patterns;
+        // the words are little-endian, as the packed bytes are laid out), and the CPU has
+        // AVX2, checked just above.
+        let done = unsafe {
+            let bytes = std::slice::from_raw_parts_mut(
+                words.as_mut_ptr() as *mut u8,
+                std::mem::size_of_val(words),
+            );
+            crate::simd::x86::pack_fields(codes, bytes, bits)
+        };
+        (&codes[done..], &mut words[done / per..])
+    } else {
+        (codes, words)
+    };
     let mask = ((1u16 << bits) - 1) as u8;
     let mut bytes = [0u8; BUF + 8];
     let full = codes.len() / 8;
@@ -526,12 +542,23 @@ pub fn pack_last_axis<W: Word>(
 /// An output element type of dequantize: the f32 result x̂, converted as a numpy cast would.
 pub trait OutElem: Copy + Send + Sync + Default {
     fn from_f32(v: f32) -> Self;
+
+    /// The slice as f32 when the element type is f32 (the AVX2 kernels write only that).
+    #[inline(always)]
+    fn as_f32(_out: &mut [Self]) -> Option<&mut [f32]> {
+        None
+    }
 }
 
 impl OutElem for f32 {
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
         v
+    }
+
+    #[inline(always)]
+    fn as_f32(out: &mut [Self]) -> Option<&mut [f32]> {
+        Some(out)
     }
 }
 
@@ -568,7 +595,7 @@ impl OutElem for BF16Bits {
 
 avx2_dispatch! {
     /// Decode a flat range's codes (given in `codes`) against their scales into `out`.
-    fn decode_range[D: Decode, O: OutElem](
+    fn decode_range_autovec[D: Decode, O: OutElem](
         dec: D,
         layout: &Layout,
         effective: &[f32],
@@ -576,6 +603,61 @@ avx2_dispatch! {
         codes: &[u8],
         out: &mut [O],
     ) => decode_range_portable;
+}
+
+/// Decode a flat range's codes (given in `codes`) against their scales into `out`: f32 output
+/// by the hand-written AVX2 kernel when the CPU has it, other types by the compiler's.
+#[inline]
+fn decode_range<D: Decode, O: OutElem>(
+    dec: D,
+    layout: &Layout,
+    effective: &[f32],
+    start: usize,
+    codes: &[u8],
+    out: &mut [O],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2() {
+        if let Some(out) = O::as_f32(out) {
+            // SAFETY: the CPU has AVX2, checked just above.
+            return unsafe { decode_range_f32_avx2(dec, layout, effective, start, codes, out) };
+        }
+    }
+    decode_range_autovec(dec, layout, effective, start, codes, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn decode_range_f32_avx2<D: Decode>(
+    dec: D,
+    layout: &Layout,
+    effective: &[f32],
+    start: usize,
+    codes: &[u8],
+    out: &mut [f32],
+) {
+    for (pos, len, s) in Segments::new(layout, start, out.len()) {
+        let o = pos - start;
+        crate::simd::x86::decode_run(dec, &codes[o..o + len], effective[s], &mut out[o..o + len]);
+    }
+}
+
+/// Outputs at least this large (bytes) are written with non-temporal stores: they cannot stay
+/// in cache anyway, and reading each line in before overwriting it would cost a third pass.
+const STREAM_BYTES: usize = 8 << 20;
+
+/// Whether dequantize streams `out` past the caches (f32 output, large, AVX2).
+fn streams<O: OutElem>(out: &mut [O]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let big = std::mem::size_of_val(out) >= STREAM_BYTES;
+        big && O::as_f32(out).is_some() && crate::simd::has_avx2()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = out;
+        false
+    }
 }
 
 #[inline(always)]
@@ -609,18 +691,26 @@ pub fn decode_into<D: Decode, O: OutElem>(
     }
     match storage {
         Storage::U8(codes) if layout.packing.per == 1 => {
+            let stream = streams(out);
             out.par_chunks_mut(MIN_TASK_ELEMS)
                 .enumerate()
                 .for_each(|(ci, chunk)| {
                     let start = ci * MIN_TASK_ELEMS;
-                    decode_range(
-                        table,
-                        layout,
-                        effective,
-                        start,
-                        &codes[start..start + chunk.len()],
-                        chunk,
-                    )
+                    if stream {
+                        decode_runs(
+                            table,
+                            layout,
+                            effective,
+                            start,
+                            chunk,
+                            true,
+                            |_| BUF,
+                            |pos, c| c.copy_from_slice(&codes[pos..pos + c.len()]),
+                        );
+                    } else {
+                        let codes = &codes[start..start + chunk.len()];
+                        decode_range(table, layout, effective, start, codes, chunk);
+                    }
                 });
         }
         Storage::U8(words) => unpack_words(table, layout, words, effective, out),
@@ -648,6 +738,7 @@ fn unpack_words<W: Word, D: Decode, O: OutElem>(
     } else {
         lines_per_task * line_len
     };
+    let stream = streams(out);
     out.par_chunks_mut(elems_per_task)
         .enumerate()
         .for_each(|(ci, chunk)| {
@@ -659,6 +750,7 @@ fn unpack_words<W: Word, D: Decode, O: OutElem>(
                 effective,
                 start,
                 chunk,
+                stream,
                 run_len,
                 |pos, codes| {
                     let (line, col) = (pos / line_len, pos % line_len);
@@ -670,6 +762,8 @@ fn unpack_words<W: Word, D: Decode, O: OutElem>(
 
 /// Decode `chunk` (the outputs from flat index `start`) a run of codes at a time: `fill(pos,
 /// codes)` writes the codes of the run starting at `pos`, at most `run_len(pos)` and `BUF` long.
+/// `stream` (see [`streams`]): each run is decoded into a buffer in L1, then streamed out.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn decode_runs<D: Decode, O: OutElem>(
     table: D,
@@ -677,25 +771,35 @@ fn decode_runs<D: Decode, O: OutElem>(
     effective: &[f32],
     start: usize,
     chunk: &mut [O],
+    stream: bool,
     run_len: impl Fn(usize) -> usize,
     fill: impl Fn(usize, &mut [u8]),
 ) {
     let mut codes = [0u8; BUF];
+    let mut staged = [0.0f32; BUF];
     let mut pos = start;
     let end = start + chunk.len();
     while pos < end {
         let take = (end - pos).min(run_len(pos)).min(BUF);
         fill(pos, &mut codes[..take]);
         let o = pos - start;
-        decode_range(
-            table,
-            layout,
-            effective,
-            pos,
-            &codes[..take],
-            &mut chunk[o..o + take],
-        );
+        let dst = &mut chunk[o..o + take];
+        match O::as_f32(dst) {
+            #[cfg(target_arch = "x86_64")]
+            Some(dst) if stream => {
+                let buf = &mut staged[..take];
+                decode_range(table, layout, effective, pos, &codes[..take], buf);
+                // SAFETY: `stream` is only set when the CPU has AVX2 (`streams`).
+                unsafe { crate::simd::x86::stream_copy(buf, dst) };
+            }
+            _ => decode_range(table, layout, effective, pos, &codes[..take], dst),
+        }
         pos += take;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if stream {
+        // SAFETY: as above; the fence orders this task's streamed stores before its end.
+        unsafe { crate::simd::x86::store_fence() };
     }
 }
 
@@ -722,6 +826,7 @@ fn decode_swapped<D: Decode, O: OutElem>(
                 effective,
                 start,
                 chunk,
+                false,
                 |_| BUF,
                 |pos, codes| {
                     for (t, c) in codes.iter_mut().enumerate() {
@@ -1649,6 +1754,68 @@ pub(crate) mod tests {
                     assert_eq!(yv.key(), want.key(), "{value} code {c:#x}");
                 }
             }
+        }
+    }
+
+    /// Outputs past [`STREAM_BYTES`] go through the staging buffer and non-temporal stores:
+    /// the whole dequantize against the portable decoder, for Native, packed and float codes,
+    /// the output starting off a 32-byte boundary (a head before the aligned stores).
+    #[test]
+    fn streamed_dequantize_matches_portable() {
+        let mut rng = Rng::new(300);
+        let rows = STREAM_BYTES / 4 / 1000 + 1;
+        let n = rows * 1000;
+        for (value, store) in [
+            (QuantValue::Q8S, QuantStore::Native),
+            (QuantValue::Q4S, QuantStore::PackedU32(0)),
+            (QuantValue::E2M1, QuantStore::PackedNative(0)),
+            (QuantValue::E4M3, QuantStore::Native),
+        ] {
+            let s = scheme(value, store, Some(&[32]));
+            let layout = Layout::new(&s, &[rows, 1000]).unwrap();
+            let eff: Vec<f32> = (0..layout.num_scales)
+                .map(|_| sample_scale(&mut rng))
+                .collect();
+            let x: Vec<f32> = (0..n)
+                .map(|f| sample_value(&mut rng, eff[grid_index(&layout, f)], false))
+                .collect();
+            let mut w = Words::new(&layout);
+            encode_values(
+                Input::F32(&x),
+                &layout,
+                &eff,
+                Rounding::HalfAway,
+                w.as_mut(),
+            )
+            .unwrap();
+            let mut big = vec![0.0f32; n + 3];
+            let out = &mut big[1..n + 1]; // 4 bytes off the allocation's alignment
+            dequantize(&layout, w.as_ref(), &eff, Output::F32(out));
+            // The same codes through the portable decoder, a line at a time.
+            let mut codes = vec![0u8; n];
+            for (f, c) in codes.iter_mut().enumerate() {
+                let (line, col) = (f / 1000, f % 1000);
+                let p = &layout.packing;
+                let word = w.get(line * p.words_axis + col / p.per);
+                *c = ((word >> ((col % p.per) as u32 * p.field_bits)) & p.field_mask()) as u8;
+            }
+            let mut want = vec![0.0f32; n];
+            match crate::codec::minifloat(value) {
+                Some(fmt) => {
+                    let t = float_table(&fmt);
+                    decode_range_portable(TableDecode(&t), &layout, &eff, 0, &codes, &mut want)
+                }
+                None => {
+                    let d = IntDecode::new(&layout.packing);
+                    decode_range_portable(d, &layout, &eff, 0, &codes, &mut want)
+                }
+            }
+            let key = |v: &f32| if v.is_nan() { u32::MAX } else { v.to_bits() };
+            let (a, b): (Vec<u32>, Vec<u32>) = (
+                out.iter().map(key).collect(),
+                want.iter().map(key).collect(),
+            );
+            assert!(a == b, "{s}: streamed dequantize differs");
         }
     }
 

@@ -72,7 +72,7 @@ pub(crate) mod x86 {
     use std::arch::x86_64::*;
 
     use super::exact_reciprocal;
-    use crate::codec::Encode;
+    use crate::codec::{Decode, Encode};
 
     /// Ask for the cache lines of `len` f32 values from `p`, which may lie past the end of the
     /// input: a prefetch never faults, and the pointer is never dereferenced.
@@ -167,6 +167,30 @@ pub(crate) mod x86 {
         _mm256_cvtph_ps(_mm256_castsi256_si128(pack_u16(h)))
     }
 
+    /// How many leading scales, in whole groups of eight, are all float16 values (finite,
+    /// ≥ 0, −0 included, exactly representable): the caller checks from there one at a time.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    pub(crate) unsafe fn f16_prefix_len(scales: &[f32]) -> usize {
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+        let mut i = 0;
+        // i + 8 <= len: the load is in bounds.
+        while i + 8 <= scales.len() {
+            let v = _mm256_loadu_ps(scales.as_ptr().add(i));
+            let a = _mm256_and_ps(v, abs);
+            // NaN fails both compares; an infinity rounds to 65504; −0 passes as 0.
+            let ok = _mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_GE_OQ>(v, _mm256_setzero_ps()),
+                _mm256_cmp_ps::<_CMP_EQ_OQ>(round_f16_8(a, false), a),
+            );
+            if _mm256_movemask_ps(ok) != 0xFF {
+                break;
+            }
+            i += 8;
+        }
+        i
+    }
+
     /// Eight u16 values held in i32 lanes, packed into the low 128 bits in order.
     #[inline(always)]
     unsafe fn pack_u16(v: __m256i) -> __m256i {
@@ -194,6 +218,104 @@ pub(crate) mod x86 {
             _mm256_set1_epi32(0x0040_0000),
             zero,
         ))
+    }
+
+    /// `out[i] = dec.decode(codes[i]) * e` (same length), eight at a time.
+    #[inline(always)]
+    pub(crate) unsafe fn decode_run<D: Decode>(dec: D, codes: &[u8], e: f32, out: &mut [f32]) {
+        let n = codes.len();
+        assert_eq!(out.len(), n, "outputs of a run");
+        let ev = _mm256_set1_ps(e);
+        let (src, dst) = (codes.as_ptr(), out.as_mut_ptr());
+        let mut i = 0;
+        // i + 8 <= n = codes.len() = out.len(): loads and stores in bounds.
+        while i + 8 <= n {
+            let fields = _mm256_cvtepu8_epi32(_mm_loadl_epi64(src.add(i) as *const __m128i));
+            _mm256_storeu_ps(dst.add(i), _mm256_mul_ps(dec.decode8(fields), ev));
+            i += 8;
+        }
+        for (y, &c) in out[i..].iter_mut().zip(&codes[i..]) {
+            *y = dec.decode(c) * e;
+        }
+    }
+
+    /// Copy `src` to `dst` (same length) with non-temporal stores where `dst` is 32-byte
+    /// aligned: a large output then goes to memory without first being read into cache (what
+    /// memcpy does past its own size threshold). The caller ends with [`store_fence`] before
+    /// another thread may read `dst`. A `target_feature` function of its own: its callers are
+    /// not.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn stream_copy(src: &[f32], dst: &mut [f32]) {
+        let n = src.len();
+        assert_eq!(dst.len(), n, "copy lengths");
+        let head = (dst.as_ptr().align_offset(32)).min(n);
+        dst[..head].copy_from_slice(&src[..head]);
+        let mut i = head;
+        // i + 8 <= n: in bounds; dst + i is 32-byte aligned from `head` on.
+        while i + 8 <= n {
+            _mm256_stream_ps(
+                dst.as_mut_ptr().add(i),
+                _mm256_loadu_ps(src.as_ptr().add(i)),
+            );
+            i += 8;
+        }
+        dst[i..].copy_from_slice(&src[i..]);
+    }
+
+    /// Order the non-temporal stores before whatever follows (they are weakly ordered).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn store_fence() {
+        _mm_sfence();
+    }
+
+    /// Pack 4- or 2-bit fields (the low bits of each code byte) 32 codes at a time into
+    /// `out`, the first code in the low bits of each byte (SPEC §8); returns how many codes
+    /// were packed (a multiple of 32: the caller packs the rest). `out` must hold
+    /// `codes.len() * bits / 8` bytes rounded down.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn pack_fields(codes: &[u8], out: &mut [u8], bits: usize) -> usize {
+        let chunks = codes.len() / 32;
+        assert!(
+            out.len() >= chunks * 32 * bits / 8,
+            "room for the packed fields"
+        );
+        let (src, dst) = (codes.as_ptr(), out.as_mut_ptr());
+        for k in 0..chunks {
+            let c = _mm256_loadu_si256(src.add(32 * k) as *const __m256i);
+            let mask = _mm256_set1_epi8(((1u16 << bits) - 1) as i8);
+            let c = _mm256_and_si256(c, mask);
+            // Each 16-bit lane holds two fields a byte apart: fold the second onto the first.
+            let pairs = if bits == 4 {
+                _mm256_or_si256(c, _mm256_srli_epi16::<4>(c))
+            } else {
+                _mm256_or_si256(c, _mm256_srli_epi16::<6>(c))
+            };
+            let pairs = _mm256_and_si256(pairs, _mm256_set1_epi16(0xFF));
+            // 16 bytes of pairs, in order (the pack works within 128-bit halves).
+            let bytes =
+                _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(pairs, pairs));
+            if bits == 4 {
+                _mm_storeu_si128(
+                    dst.add(16 * k) as *mut __m128i,
+                    _mm256_castsi256_si128(bytes),
+                );
+            } else {
+                // Two 4-bit pairs a 16-bit lane again: fold once more, to 8 bytes.
+                let b = _mm256_castsi256_si128(bytes);
+                let quads = _mm_and_si128(
+                    _mm_or_si128(b, _mm_srli_epi16::<4>(b)),
+                    _mm_set1_epi16(0xFF),
+                );
+                _mm_storel_epi64(
+                    dst.add(8 * k) as *mut __m128i,
+                    _mm_packus_epi16(quads, quads),
+                );
+            }
+        }
+        chunks * 32
     }
 
     /// Lanes whose f32 is an infinity or a NaN, as all-ones i32 lanes.
