@@ -5,8 +5,8 @@ use rayon::prelude::*;
 
 use crate::calibrate::{amplitudes, run_amplitude, Calibration, MIN_TASK_ELEMS};
 use crate::codec::{
-    float_table, minifloat, E2M1Code, Encode, FloatCode, IntDecode, IntHalfAway, IntHalfEven,
-    Rounding, TableDecode,
+    float_table, minifloat, E2M1Code, E2M1Decode, Encode, FloatCode, IntDecode, IntHalfAway,
+    IntHalfEven, Rounding, TableDecode,
 };
 use crate::error::{QuantError, Result};
 use crate::input::{Input, Window};
@@ -704,6 +704,9 @@ fn dequantize_into<O: OutElem>(
     assert_eq!(out.len(), layout.num_elements, "output length");
     assert_eq!(effective.len(), layout.num_scales, "scale count");
     match minifloat(layout.scheme.value) {
+        Some(_) if layout.scheme.value == QuantValue::E2M1 => {
+            crate::pack::decode_into(E2M1Decode, layout, storage, effective, out);
+        }
         Some(fmt) => {
             let table = float_table(&fmt);
             crate::pack::decode_into(TableDecode(&table), layout, storage, effective, out);

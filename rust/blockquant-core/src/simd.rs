@@ -318,6 +318,26 @@ pub(crate) mod x86 {
         chunks * 32
     }
 
+    /// Unpack 4-bit fields (two a byte, the first in the low nibble) 32 at a time from `bytes`
+    /// into `codes`; returns how many were unpacked (a multiple of 32, within both slices: the
+    /// caller unpacks the rest).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn unpack_nibbles(bytes: &[u8], codes: &mut [u8]) -> usize {
+        let chunks = (codes.len() / 32).min(bytes.len() / 16);
+        let low = _mm_set1_epi8(0x0F);
+        for k in 0..chunks {
+            // 16 bytes in, 32 codes out: both in bounds for k < chunks.
+            let b = _mm_loadu_si128(bytes.as_ptr().add(16 * k) as *const __m128i);
+            let lo = _mm_and_si128(b, low);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), low);
+            let dst = codes.as_mut_ptr().add(32 * k);
+            _mm_storeu_si128(dst as *mut __m128i, _mm_unpacklo_epi8(lo, hi));
+            _mm_storeu_si128(dst.add(16) as *mut __m128i, _mm_unpackhi_epi8(lo, hi));
+        }
+        chunks * 32
+    }
+
     /// Lanes whose f32 is an infinity or a NaN, as all-ones i32 lanes.
     #[inline(always)]
     unsafe fn non_finite8(v: __m256) -> __m256i {
