@@ -279,6 +279,52 @@ impl Decode for TableDecode<'_> {
     }
 }
 
+/// FP8 fields (E4M3, E5M2): the table for one value at a time, the format's bits for eight
+/// (no gather); NaN codes give the table's NaNs, bit for bit.
+#[derive(Clone, Copy)]
+pub struct Fp8Decode<'a> {
+    pub table: &'a [f32; 256],
+    pub fmt: MiniFloat,
+}
+
+impl Decode for Fp8Decode<'_> {
+    #[inline(always)]
+    fn decode(&self, field: u8) -> f32 {
+        self.table[field as usize]
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn decode8(&self, fields: __m256i) -> __m256 {
+        let f = &self.fmt;
+        let mag = _mm256_and_si256(fields, _mm256_set1_epi32(0x7F));
+        let sign = _mm256_slli_epi32::<24>(_mm256_and_si256(fields, _mm256_set1_epi32(0x80)));
+        // Normal: the exponent rebiased, the mantissa moved to the top of f32's.
+        let shift = _mm_cvtsi32_si128(23 - f.man_bits as i32);
+        let normal = _mm256_add_epi32(
+            _mm256_sll_epi32(mag, shift),
+            _mm256_set1_epi32((127 - f.bias) << 23),
+        );
+        // Subnormal: the code times the smallest step (exact).
+        let step = crate::minifloat::exp2i(1 - f.bias - f.man_bits as i32);
+        let sub = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(step)));
+        let is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(1 << f.man_bits), mag);
+        let v = _mm256_blendv_epi8(normal, sub, is_sub);
+        // Specials: E5M2's all-ones exponent (infinity, or NaN), E4M3's all-ones code (NaN).
+        let (inf_mag, nan_from) = if f.ieee_specials {
+            let e = ((1 << f.exp_bits) - 1) << f.man_bits;
+            (e, e + 1)
+        } else {
+            (0x80, 0x7F) // no infinity; 0x7F alone is NaN
+        };
+        let inf = _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(inf_mag));
+        let nan = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(nan_from - 1));
+        let v = _mm256_blendv_epi8(v, _mm256_set1_epi32(0x7F80_0000), inf);
+        let v = _mm256_blendv_epi8(v, _mm256_set1_epi32(f32::NAN.to_bits() as i32), nan);
+        _mm256_castsi256_ps(_mm256_or_si256(v, sign))
+    }
+}
+
 /// E2M1 fields (only the low nibble counts, as in [`float_table`]): eight magnitudes and a sign
 /// bit, so eight fields decode with one in-register permute instead of a gather.
 #[derive(Clone, Copy)]

@@ -1849,6 +1849,9 @@ pub(crate) mod tests {
                         compare_decode(TableDecode(&table), value, native, seed);
                         if value == QuantValue::E2M1 {
                             compare_decode(crate::codec::E2M1Decode, value, native, seed);
+                        } else {
+                            let dec = crate::codec::Fp8Decode { table: &table, fmt };
+                            compare_decode(dec, value, native, seed);
                         }
                     }
                     None => compare_decode(IntDecode::new(&layout.packing), value, native, seed),

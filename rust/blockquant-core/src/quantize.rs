@@ -5,8 +5,8 @@ use rayon::prelude::*;
 
 use crate::calibrate::{amplitudes, run_amplitude, Calibration, MIN_TASK_ELEMS};
 use crate::codec::{
-    float_table, minifloat, E2M1Code, E2M1Decode, Encode, FloatCode, IntDecode, IntHalfAway,
-    IntHalfEven, Rounding, TableDecode,
+    float_table, minifloat, E2M1Code, E2M1Decode, Encode, FloatCode, Fp8Decode, IntDecode,
+    IntHalfAway, IntHalfEven, Rounding,
 };
 use crate::error::{QuantError, Result};
 use crate::input::{Input, Window};
@@ -709,7 +709,8 @@ fn dequantize_into<O: OutElem>(
         }
         Some(fmt) => {
             let table = float_table(&fmt);
-            crate::pack::decode_into(TableDecode(&table), layout, storage, effective, out);
+            let dec = Fp8Decode { table: &table, fmt };
+            crate::pack::decode_into(dec, layout, storage, effective, out);
         }
         None => {
             let dec = IntDecode::new(&layout.packing);

@@ -519,6 +519,64 @@ mod tests {
         check_all(0x3780_0000, 257, 0x0600_0000 / 257 / 8 * 8);
     }
 
+    /// `decode8` against `decode` on every byte, bit for bit (NaN payloads included), for
+    /// every decoder the kernels use.
+    #[test]
+    fn decode8_equals_decode_on_every_byte() {
+        use crate::codec::{float_table, Decode, E2M1Decode, Fp8Decode, IntDecode};
+        use crate::layout::Packing;
+        #[target_feature(enable = "avx2")]
+        unsafe fn check<D: Decode>(name: &str, dec: D) {
+            let mut got = [0f32; 8];
+            for b0 in (0..256u32).step_by(8) {
+                let lanes: [u32; 8] = std::array::from_fn(|j| b0 + j as u32);
+                let v = _mm256_loadu_si256(lanes.as_ptr() as *const __m256i);
+                _mm256_storeu_ps(got.as_mut_ptr(), dec.decode8(v));
+                for (&b, g) in lanes.iter().zip(got) {
+                    let want = dec.decode(b as u8);
+                    assert_eq!(g.to_bits(), want.to_bits(), "{name} byte {b:#x}");
+                }
+            }
+        }
+        if !super::has_avx2() {
+            return;
+        }
+        let (t4, t5) = (float_table(&E4M3), float_table(&E5M2));
+        // SAFETY: the CPU has AVX2, checked just above.
+        unsafe {
+            check(
+                "E4M3",
+                Fp8Decode {
+                    table: &t4,
+                    fmt: E4M3,
+                },
+            );
+            check(
+                "E5M2",
+                Fp8Decode {
+                    table: &t5,
+                    fmt: E5M2,
+                },
+            );
+            check("E2M1", E2M1Decode);
+            for field_bits in [8, 4, 2] {
+                let p = Packing {
+                    word_bits: 8,
+                    per: 8 / field_bits as usize,
+                    field_bits,
+                    axis: 0,
+                    outer: 1,
+                    n_axis: 1,
+                    inner: 1,
+                    words_axis: 1,
+                    swapped: false,
+                    native: field_bits == 8,
+                };
+                check("int", IntDecode::new(&p));
+            }
+        }
+    }
+
     /// The vector scale roundings against `ScaleDtype::round` / `mx_scale_code` on the
     /// non-negative bit patterns `first, first + step, ...` (NaNs left out: a block's max never
     /// is one).
