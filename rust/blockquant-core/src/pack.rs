@@ -656,24 +656,6 @@ unsafe fn decode_range_f32_avx2<D: Decode>(
     }
 }
 
-/// Outputs at least this large (bytes) are written with non-temporal stores: they cannot stay
-/// in cache anyway, and reading each line in before overwriting it would cost a third pass.
-const STREAM_BYTES: usize = 8 << 20;
-
-/// Whether dequantize streams `out` past the caches (f32 output, large, AVX2).
-fn streams<O: OutElem>(out: &mut [O]) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let big = std::mem::size_of_val(out) >= STREAM_BYTES;
-        big && O::as_f32(out).is_some() && crate::simd::has_avx2()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = out;
-        false
-    }
-}
-
 #[inline(always)]
 fn decode_range_portable<D: Decode, O: OutElem>(
     dec: D,
@@ -705,26 +687,12 @@ pub fn decode_into<D: Decode, O: OutElem>(
     }
     match storage {
         Storage::U8(codes) if layout.packing.per == 1 => {
-            let stream = streams(out);
             out.par_chunks_mut(MIN_TASK_ELEMS)
                 .enumerate()
                 .for_each(|(ci, chunk)| {
                     let start = ci * MIN_TASK_ELEMS;
-                    if stream {
-                        decode_runs(
-                            table,
-                            layout,
-                            effective,
-                            start,
-                            chunk,
-                            true,
-                            |_| BUF,
-                            |pos, c| c.copy_from_slice(&codes[pos..pos + c.len()]),
-                        );
-                    } else {
-                        let codes = &codes[start..start + chunk.len()];
-                        decode_range(table, layout, effective, start, codes, chunk);
-                    }
+                    let codes = &codes[start..start + chunk.len()];
+                    decode_range(table, layout, effective, start, codes, chunk);
                 });
         }
         Storage::U8(words) => unpack_words(table, layout, words, effective, out),
@@ -752,7 +720,6 @@ fn unpack_words<W: Word, D: Decode, O: OutElem>(
     } else {
         lines_per_task * line_len
     };
-    let stream = streams(out);
     out.par_chunks_mut(elems_per_task)
         .enumerate()
         .for_each(|(ci, chunk)| {
@@ -764,7 +731,6 @@ fn unpack_words<W: Word, D: Decode, O: OutElem>(
                 effective,
                 start,
                 chunk,
-                stream,
                 run_len,
                 |pos, codes| {
                     let (line, col) = (pos / line_len, pos % line_len);
@@ -776,8 +742,6 @@ fn unpack_words<W: Word, D: Decode, O: OutElem>(
 
 /// Decode `chunk` (the outputs from flat index `start`) a run of codes at a time: `fill(pos,
 /// codes)` writes the codes of the run starting at `pos`, at most `run_len(pos)` and `BUF` long.
-/// `stream` (see [`streams`]): each run is decoded into a buffer in L1, then streamed out.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn decode_runs<D: Decode, O: OutElem>(
     table: D,
@@ -785,12 +749,10 @@ fn decode_runs<D: Decode, O: OutElem>(
     effective: &[f32],
     start: usize,
     chunk: &mut [O],
-    stream: bool,
     run_len: impl Fn(usize) -> usize,
     fill: impl Fn(usize, &mut [u8]),
 ) {
     let mut codes = [0u8; BUF];
-    let mut staged = [0.0f32; BUF];
     let mut pos = start;
     let end = start + chunk.len();
     while pos < end {
@@ -798,22 +760,8 @@ fn decode_runs<D: Decode, O: OutElem>(
         fill(pos, &mut codes[..take]);
         let o = pos - start;
         let dst = &mut chunk[o..o + take];
-        match O::as_f32(dst) {
-            #[cfg(target_arch = "x86_64")]
-            Some(dst) if stream => {
-                let buf = &mut staged[..take];
-                decode_range(table, layout, effective, pos, &codes[..take], buf);
-                // SAFETY: `stream` is only set when the CPU has AVX2 (`streams`).
-                unsafe { crate::simd::x86::stream_copy(buf, dst) };
-            }
-            _ => decode_range(table, layout, effective, pos, &codes[..take], dst),
-        }
+        decode_range(table, layout, effective, pos, &codes[..take], dst);
         pos += take;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if stream {
-        // SAFETY: as above; the fence orders this task's streamed stores before its end.
-        unsafe { crate::simd::x86::store_fence() };
     }
 }
 
@@ -840,7 +788,6 @@ fn decode_swapped<D: Decode, O: OutElem>(
                 effective,
                 start,
                 chunk,
-                false,
                 |_| BUF,
                 |pos, codes| {
                     for (t, c) in codes.iter_mut().enumerate() {
@@ -1768,68 +1715,6 @@ pub(crate) mod tests {
                     assert_eq!(yv.key(), want.key(), "{value} code {c:#x}");
                 }
             }
-        }
-    }
-
-    /// Outputs past [`STREAM_BYTES`] go through the staging buffer and non-temporal stores:
-    /// the whole dequantize against the portable decoder, for Native, packed and float codes,
-    /// the output starting off a 32-byte boundary (a head before the aligned stores).
-    #[test]
-    fn streamed_dequantize_matches_portable() {
-        let mut rng = Rng::new(300);
-        let rows = STREAM_BYTES / 4 / 1000 + 1;
-        let n = rows * 1000;
-        for (value, store) in [
-            (QuantValue::Q8S, QuantStore::Native),
-            (QuantValue::Q4S, QuantStore::PackedU32(0)),
-            (QuantValue::E2M1, QuantStore::PackedNative(0)),
-            (QuantValue::E4M3, QuantStore::Native),
-        ] {
-            let s = scheme(value, store, Some(&[32]));
-            let layout = Layout::new(&s, &[rows, 1000]).unwrap();
-            let eff: Vec<f32> = (0..layout.num_scales)
-                .map(|_| sample_scale(&mut rng))
-                .collect();
-            let x: Vec<f32> = (0..n)
-                .map(|f| sample_value(&mut rng, eff[grid_index(&layout, f)], false))
-                .collect();
-            let mut w = Words::new(&layout);
-            encode_values(
-                Input::F32(&x),
-                &layout,
-                &eff,
-                Rounding::HalfAway,
-                w.as_mut(),
-            )
-            .unwrap();
-            let mut big = vec![0.0f32; n + 3];
-            let out = &mut big[1..n + 1]; // 4 bytes off the allocation's alignment
-            dequantize(&layout, w.as_ref(), &eff, Output::F32(out));
-            // The same codes through the portable decoder, a line at a time.
-            let mut codes = vec![0u8; n];
-            for (f, c) in codes.iter_mut().enumerate() {
-                let (line, col) = (f / 1000, f % 1000);
-                let p = &layout.packing;
-                let word = w.get(line * p.words_axis + col / p.per);
-                *c = ((word >> ((col % p.per) as u32 * p.field_bits)) & p.field_mask()) as u8;
-            }
-            let mut want = vec![0.0f32; n];
-            match crate::codec::minifloat(value) {
-                Some(fmt) => {
-                    let t = float_table(&fmt);
-                    decode_range_portable(TableDecode(&t), &layout, &eff, 0, &codes, &mut want)
-                }
-                None => {
-                    let d = IntDecode::new(&layout.packing);
-                    decode_range_portable(d, &layout, &eff, 0, &codes, &mut want)
-                }
-            }
-            let key = |v: &f32| if v.is_nan() { u32::MAX } else { v.to_bits() };
-            let (a, b): (Vec<u32>, Vec<u32>) = (
-                out.iter().map(key).collect(),
-                want.iter().map(key).collect(),
-            );
-            assert!(a == b, "{s}: streamed dequantize differs");
         }
     }
 

@@ -239,37 +239,6 @@ pub(crate) mod x86 {
         }
     }
 
-    /// Copy `src` to `dst` (same length) with non-temporal stores where `dst` is 32-byte
-    /// aligned: a large output then goes to memory without first being read into cache (what
-    /// memcpy does past its own size threshold). The caller ends with [`store_fence`] before
-    /// another thread may read `dst`. A `target_feature` function of its own: its callers are
-    /// not.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    pub(crate) unsafe fn stream_copy(src: &[f32], dst: &mut [f32]) {
-        let n = src.len();
-        assert_eq!(dst.len(), n, "copy lengths");
-        let head = (dst.as_ptr().align_offset(32)).min(n);
-        dst[..head].copy_from_slice(&src[..head]);
-        let mut i = head;
-        // i + 8 <= n: in bounds; dst + i is 32-byte aligned from `head` on.
-        while i + 8 <= n {
-            _mm256_stream_ps(
-                dst.as_mut_ptr().add(i),
-                _mm256_loadu_ps(src.as_ptr().add(i)),
-            );
-            i += 8;
-        }
-        dst[i..].copy_from_slice(&src[i..]);
-    }
-
-    /// Order the non-temporal stores before whatever follows (they are weakly ordered).
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    pub(crate) unsafe fn store_fence() {
-        _mm_sfence();
-    }
-
     /// Pack 4- or 2-bit fields (the low bits of each code byte) 32 codes at a time into
     /// `out`, the first code in the low bits of each byte (SPEC §8); returns how many codes
     /// were packed (a multiple of 32: the caller packs the rest). `out` must hold
