@@ -113,6 +113,40 @@ pub(crate) mod x86 {
         m
     }
 
+    /// [`max_abs`] of a long slice: four accumulators (a chain of one waits on each max), and
+    /// the input asked for [`PREFETCH_AHEAD`] values ahead (one thread alone otherwise waits
+    /// on memory).
+    #[inline(always)]
+    pub(crate) unsafe fn max_abs_prefetching(xs: &[f32]) -> f32 {
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+        let mut m = [_mm256_setzero_ps(); 4];
+        let (n, p) = (xs.len(), xs.as_ptr());
+        let mut i = 0;
+        // i + 32 <= n: loads in bounds.
+        while i + 32 <= n {
+            _mm_prefetch::<{ _MM_HINT_T0 }>(p.wrapping_add(i + PREFETCH_AHEAD) as *const i8);
+            _mm_prefetch::<{ _MM_HINT_T0 }>(p.wrapping_add(i + PREFETCH_AHEAD + 16) as *const i8);
+            for (k, acc) in m.iter_mut().enumerate() {
+                let v = _mm256_and_ps(_mm256_loadu_ps(p.add(i + 8 * k)), abs);
+                *acc = _mm256_max_ps(v, *acc);
+            }
+            i += 32;
+        }
+        let a = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
+        let a = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+        let a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+        let a = _mm_cvtss_f32(_mm_max_ss(a, _mm_shuffle_ps::<1>(a, a)));
+        let rest = max_abs(&xs[i..]);
+        if rest > a {
+            rest
+        } else {
+            a
+        }
+    }
+
+    /// How far ahead of the values being read the long-run kernels ask for input, in values.
+    pub(crate) const PREFETCH_AHEAD: usize = 2048;
+
     /// max |x| of each of eight runs of `len` values (a multiple of 8) from `p`, `p + len`, ...:
     /// lane j is run j's. NaNs passed over, as [`max_abs`].
     #[inline(always)]
@@ -324,9 +358,12 @@ pub(crate) mod x86 {
         e: f32,
         out: &mut [u8],
     ) -> bool {
-        match exact_reciprocal(e) {
-            Some(r) => encode_run_with::<C, true>(codec, xs, r, out),
-            None => encode_run_with::<C, false>(codec, xs, e, out),
+        // A run longer than a block group is read straight from memory: ask ahead for it.
+        match (exact_reciprocal(e), xs.len() > 256) {
+            (Some(r), false) => encode_run_with::<C, true, false>(codec, xs, r, out),
+            (Some(r), true) => encode_run_with::<C, true, true>(codec, xs, r, out),
+            (None, false) => encode_run_with::<C, false, false>(codec, xs, e, out),
+            (None, true) => encode_run_with::<C, false, true>(codec, xs, e, out),
         }
     }
 
@@ -348,7 +385,7 @@ pub(crate) mod x86 {
     }
 
     #[inline(always)]
-    unsafe fn encode_run_with<C: Encode, const MUL: bool>(
+    unsafe fn encode_run_with<C: Encode, const MUL: bool, const LONG: bool>(
         codec: C,
         xs: &[f32],
         d: f32,
@@ -364,6 +401,10 @@ pub(crate) mod x86 {
         // i + 32 <= n (then i + 8 <= n) = xs.len() = out.len(): loads and stores in bounds.
         while i + 32 <= n {
             let p = src.add(i);
+            if LONG {
+                _mm_prefetch::<{ _MM_HINT_T0 }>(p.wrapping_add(PREFETCH_AHEAD) as *const i8);
+                _mm_prefetch::<{ _MM_HINT_T0 }>(p.wrapping_add(PREFETCH_AHEAD + 16) as *const i8);
+            }
             let c0 = codes8::<C, MUL>(codec, _mm256_loadu_ps(p), dv, &mut bad);
             let c1 = codes8::<C, MUL>(codec, _mm256_loadu_ps(p.add(8)), dv, &mut bad);
             let c2 = codes8::<C, MUL>(codec, _mm256_loadu_ps(p.add(16)), dv, &mut bad);
