@@ -650,6 +650,21 @@ unsafe fn decode_range_f32_avx2<D: Decode>(
     codes: &[u8],
     out: &mut [f32],
 ) {
+    let bc = layout.block_cols();
+    let whole_blocks = !layout.per_tensor
+        && layout.rows_map_directly()
+        && layout.row_len() % bc == 0
+        && start % bc == 0
+        && out.len() % bc == 0;
+    if whole_blocks {
+        // Every block a whole run and the grid row-major over them: block k of the range has
+        // scale start / bc + k, no segment walk needed.
+        let blocks = codes.chunks_exact(bc).zip(out.chunks_exact_mut(bc));
+        for ((c, o), &e) in blocks.zip(&effective[start / bc..]) {
+            crate::simd::x86::decode_run(dec, c, e, o);
+        }
+        return;
+    }
     for (pos, len, s) in Segments::new(layout, start, out.len()) {
         let o = pos - start;
         crate::simd::x86::decode_run(dec, &codes[o..o + len], effective[s], &mut out[o..o + len]);
@@ -1687,7 +1702,14 @@ pub(crate) mod tests {
 
     fn compare_decode<D: Decode>(dec: D, value: QuantValue, native: bool, seed: u64) {
         let mut rng = Rng::new(seed);
-        for (rows, n, bc) in [(3, 1000, 37), (1, 5000, 64), (7, 33, 1)] {
+        // Whole blocks of a row (the no-walk path) and ragged ones.
+        for (rows, n, bc) in [
+            (3, 1000, 37),
+            (1, 5000, 64),
+            (7, 33, 1),
+            (5, 256, 32),
+            (3, 96, 8),
+        ] {
             let layout = row_blocks(rows, n, bc);
             let eff: Vec<f32> = (0..layout.num_scales)
                 .map(|_| sample_scale(&mut rng))
