@@ -185,9 +185,18 @@ fn mean(sum: f64, count: usize) -> f32 {
     }
 }
 
-avx2_dispatch! {
-    /// max |x| of a slice.
-    pub(crate) fn max_abs[](xs: &[f32]) -> f32 => max_abs_portable;
+/// max |x| of a slice (NaNs passed over): the AVX2 kernel when the CPU has it.
+pub(crate) fn max_abs(xs: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2() {
+        #[target_feature(enable = "avx2")]
+        unsafe fn avx2(xs: &[f32]) -> f32 {
+            crate::simd::x86::max_abs_prefetching(xs)
+        }
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { avx2(xs) };
+    }
+    max_abs_portable(xs)
 }
 
 /// Written so it compiles to packed max instructions: 8 independent lanes.
@@ -228,27 +237,19 @@ fn tensor_amplitude(x: Input<'_>, calibration: Calibration) -> f32 {
             })
             .reduce(|| 0.0, f32::max),
         Calibration::AbsMean => {
-            let a = (0..chunks)
+            // One pass: the exact sum of each chunk, mostly in f64 lanes (see
+            // `ExactSum::add_chunk`), merged exactly.
+            let sum = (0..chunks)
                 .into_par_iter()
                 .map_init(Vec::new, |buf, c| {
                     let (start, len) = span(c);
-                    let mut a = AbsSum::default();
-                    a.add_all(x.read(start, len, buf));
-                    a
+                    let mut e = ExactSum::default();
+                    e.add_chunk(x.read(start, len, buf));
+                    e
                 })
-                .reduce(AbsSum::default, AbsSum::merge);
-            a.mean(n, || {
-                (0..chunks)
-                    .into_par_iter()
-                    .map_init(Vec::new, |buf, c| {
-                        let (start, len) = span(c);
-                        let mut e = ExactSum::default();
-                        e.add_all(x.read(start, len, buf));
-                        e
-                    })
-                    .reduce(ExactSum::default, ExactSum::merge)
-                    .to_f64()
-            })
+                .reduce(ExactSum::default, ExactSum::merge)
+                .to_f64();
+            mean(sum, n)
         }
     }
 }
@@ -281,14 +282,6 @@ impl AbsSum {
             if a != 0.0 && a < self.min_nonzero {
                 self.min_nonzero = a;
             }
-        }
-    }
-
-    fn merge(self, o: Self) -> Self {
-        Self {
-            sum: self.sum + o.sum,
-            max: self.max.max(o.max),
-            min_nonzero: self.min_nonzero.min(o.min_nonzero),
         }
     }
 
@@ -347,6 +340,54 @@ impl ExactSum {
             let m = (b & 0x7F_FFFF) as u64 | if e == 0 { 0 } else { 0x80_0000 };
             self.by_exp[e] += m;
         }
+    }
+
+    /// [`ExactSum::add_all`] of at most 2^16 values, fast: with E the exponent of their
+    /// largest |x|, those of exponent T = E − 13 or more are multiples of 2^(T−23) and sum to
+    /// less than 2^16 · 2^(E+1) = 2^(T+30), so every partial sum of them is exact in f64, in
+    /// any order: they are summed in eight f64 lanes, and the total (exact) added as one
+    /// entry. The few smaller ones (and nothing else) go through the per-exponent entries.
+    fn add_chunk(&mut self, xs: &[f32]) {
+        assert!(xs.len() <= 1 << 16, "a chunk of at most 2^16 values");
+        let max = max_abs(xs);
+        if max == 0.0 || !max.is_finite() {
+            return self.add_all(xs); // all zero, or a non-finite value (rejected later)
+        }
+        // Biased exponents: T = max(E − 13, −126), so that 2^(T−23) is an entry's unit.
+        let t = ((max.to_bits() >> 23) as i32 - 13).max(1) as u32;
+        let mut lanes = [0.0f64; 8];
+        let mut chunks = xs.chunks_exact(8);
+        for c in &mut chunks {
+            let mut small = false;
+            for (l, &x) in lanes.iter_mut().zip(c) {
+                let b = x.to_bits() & 0x7FFF_FFFF;
+                let e = b >> 23;
+                let big = e >= t && e != 255; // a NaN (max passes over it) is skipped below
+                *l += if big { f32::from_bits(b) as f64 } else { 0.0 };
+                small |= !big;
+            }
+            if small {
+                for &x in c {
+                    let e = (x.to_bits() & 0x7FFF_FFFF) >> 23;
+                    if e < t || e == 255 {
+                        self.add_all(std::slice::from_ref(&x));
+                    }
+                }
+            }
+        }
+        for &x in chunks.remainder() {
+            let e = (x.to_bits() & 0x7FFF_FFFF) >> 23;
+            if e >= t && e != 255 {
+                lanes[0] += x.abs() as f64;
+            } else {
+                self.add_all(std::slice::from_ref(&x));
+            }
+        }
+        let total: f64 = lanes.iter().sum(); // exact, as every partial sum
+                                             // total = M · 2^(T−23) with M < 2^53: entry T (biased) holds units of 2^(T−150).
+        let units = total * 2f64.powi(150 - t as i32);
+        debug_assert!(units.fract() == 0.0 && units < 2f64.powi(53));
+        self.by_exp[t as usize] += units as u64;
     }
 
     fn merge(mut self, o: Self) -> Self {
@@ -424,6 +465,70 @@ fn big_to_f64(big: &[u64; LIMBS], exp: i32) -> f64 {
 mod tests {
     use super::*;
     use crate::scheme::{QuantScheme, QuantStore, ScaleDtype};
+
+    /// The chunk fast path against the per-exponent sum of every value: full chunks of normal
+    /// data (the f64 lanes take nearly all), magnitudes 2^60 apart (many small ones), all
+    /// subnormal, a ragged tail, zeros; with a NaN or an infinity the f64 lanes are skipped.
+    #[test]
+    fn add_chunk_equals_add_all() {
+        let mut rng = crate::pack::tests::Rng::new(21);
+        let mut cases: Vec<Vec<f32>> = Vec::new();
+        cases.push((0..1 << 16).map(|_| rng.unit() * 3.0).collect());
+        cases.push(
+            (0..1 << 16)
+                .map(|i| rng.unit() * if i % 7 == 0 { 1e18 } else { 1.0 })
+                .collect(),
+        );
+        cases.push((0..1001).map(|_| rng.unit() * 1e-39).collect());
+        cases.push(
+            (0..77)
+                .map(|i| (i % 3) as f32 * rng.unit() * 3e38)
+                .collect(),
+        );
+        cases.push(vec![0.0; 20]);
+        cases.push(vec![f32::MAX; 1 << 16]);
+        let mut with_nan: Vec<f32> = (0..100).map(|_| rng.unit()).collect();
+        with_nan[50] = f32::NAN;
+        cases.push(with_nan);
+        let mut with_inf: Vec<f32> = (0..100).map(|_| rng.unit()).collect();
+        with_inf[3] = f32::NEG_INFINITY;
+        cases.push(with_inf);
+        for xs in cases {
+            let (mut a, mut b) = (ExactSum::default(), ExactSum::default());
+            a.add_all(&xs);
+            b.add_chunk(&xs);
+            assert_eq!(
+                a.to_f64().to_bits(),
+                b.to_f64().to_bits(),
+                "{} values",
+                xs.len()
+            );
+        }
+    }
+
+    /// The AVX2 max against the portable one: lengths around the 32-value step, NaNs (passed
+    /// over), infinities, −0, subnormals.
+    #[test]
+    fn max_abs_matches_portable() {
+        let mut rng = crate::pack::tests::Rng::new(22);
+        for len in [0, 1, 7, 8, 31, 32, 33, 100, 4096, 70001] {
+            for special in [
+                None,
+                Some(f32::NAN),
+                Some(f32::INFINITY),
+                Some(-0.0),
+                Some(-1e-42),
+            ] {
+                let mut xs: Vec<f32> = (0..len).map(|_| rng.unit() * 1e-3).collect();
+                if let (Some(v), true) = (special, len > 0) {
+                    let i = rng.below(len);
+                    xs[i] = v;
+                }
+                let (a, b) = (max_abs(&xs), max_abs_portable(&xs));
+                assert_eq!(a.to_bits(), b.to_bits(), "len {len} {special:?}");
+            }
+        }
+    }
 
     #[test]
     fn exact_sum_beats_naive_f64() {

@@ -21,7 +21,19 @@ pub enum Rounding {
 /// pattern (E2M1 in the low nibble).
 pub trait Encode: Copy + Send + Sync {
     fn encode(&self, xs: f32) -> u8;
+
+    /// [`Encode::encode`] of eight quotients at once, each code in the low byte of its i32
+    /// lane (the other bits 0). Must equal `encode` on every f32, NaN included (tested on all
+    /// 2^32 of them: `simd::tests`).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn encode8(&self, q: __m256) -> __m256i;
 }
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
 
 /// Integer values with half-away-from-zero ties.
 #[derive(Clone, Copy)]
@@ -60,6 +72,32 @@ impl Encode for IntHalfAway {
         let q = t + (frac >= 0.5) as i32 - (frac <= -0.5) as i32;
         q as i8 as u8
     }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn encode8(&self, q: __m256) -> __m256i {
+        let v = clamp8(q, self.qmin, self.qmax);
+        // Half away from zero as trunc(v + copysign(0.49999997, v)): the add carries a true
+        // half (and only a half or more) past the next integer. Checked against `encode` on
+        // every f32 (`simd::tests::encode8_equals_encode_on_every_f32`).
+        let sign = _mm256_and_ps(v, _mm256_set1_ps(-0.0));
+        let half = _mm256_or_ps(sign, _mm256_set1_ps(f32::from_bits(0x3EFF_FFFF)));
+        byte_lanes(_mm256_cvttps_epi32(_mm256_add_ps(v, half)))
+    }
+}
+
+/// `clamp` of eight lanes: `max(q, lo)` takes `lo` when `q` is NaN, as `clamp` does.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn clamp8(q: __m256, lo: f32, hi: f32) -> __m256 {
+    _mm256_min_ps(_mm256_max_ps(q, _mm256_set1_ps(lo)), _mm256_set1_ps(hi))
+}
+
+/// The low byte of each i32 lane (an int8 code's two's complement byte).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn byte_lanes(v: __m256i) -> __m256i {
+    _mm256_and_si256(v, _mm256_set1_epi32(0xFF))
 }
 
 impl Encode for IntHalfEven {
@@ -75,6 +113,15 @@ impl Encode for IntHalfEven {
         let q = t + up as i32 - down as i32;
         q as i8 as u8
     }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn encode8(&self, q: __m256) -> __m256i {
+        let v = clamp8(q, self.qmin, self.qmax);
+        // roundps with the mode in the instruction, not MXCSR's (which a caller may change).
+        let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+        byte_lanes(_mm256_cvttps_epi32(r))
+    }
 }
 
 /// Float values: round to nearest even on the bit pattern, saturating.
@@ -86,6 +133,47 @@ impl Encode for FloatCode {
     fn encode(&self, xs: f32) -> u8 {
         self.0.encode(xs)
     }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn encode8(&self, q: __m256) -> __m256i {
+        minifloat8(&self.0, q)
+    }
+}
+
+/// [`MiniFloat::encode`] of eight lanes. The magnitude is first clamped to the largest value
+/// (a NaN too: `min` takes its second operand), then rounded to nearest even two ways: normal
+/// results on the bit pattern (add just under half an output step, plus the kept lowest bit,
+/// shift), results below the smallest normal by adding a constant whose f32 step is the
+/// format's subnormal step (the add itself rounds to nearest even; the difference of the
+/// bit patterns counts the steps).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn minifloat8(fmt: &MiniFloat, q: __m256) -> __m256i {
+    let bits = _mm256_castps_si256(q);
+    let sign = _mm256_srli_epi32::<31>(bits);
+    let sign = _mm256_sllv_epi32(sign, _mm256_set1_epi32(fmt.sign_shift() as i32));
+    let abs = _mm256_and_ps(q, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF)));
+    let a = _mm256_min_ps(abs, _mm256_set1_ps(fmt.max_value()));
+    let ab = _mm256_castps_si256(a);
+    let shift = 23 - fmt.man_bits as i32;
+    let shift_v = _mm256_set1_epi32(shift);
+    let odd = _mm256_and_si256(_mm256_srlv_epi32(ab, shift_v), _mm256_set1_epi32(1));
+    let bias = _mm256_set1_epi32((1 << (shift - 1)) - 1);
+    let rounded = _mm256_srlv_epi32(_mm256_add_epi32(_mm256_add_epi32(ab, bias), odd), shift_v);
+    let rebias = (127 - fmt.bias) << fmt.man_bits;
+    let normal = _mm256_sub_epi32(rounded, _mm256_set1_epi32(rebias));
+    let emin = 1 - fmt.bias;
+    let magic = f32::from_bits(((emin - fmt.man_bits as i32 + 23 + 127) as u32) << 23);
+    let sub = _mm256_sub_epi32(
+        _mm256_castps_si256(_mm256_add_ps(a, _mm256_set1_ps(magic))),
+        _mm256_set1_epi32(magic.to_bits() as i32),
+    );
+    // a < 2^emin: compare the (non-negative) bit patterns as ints.
+    let min_normal = _mm256_set1_epi32((((emin + 127) as u32) << 23) as i32);
+    let is_sub = _mm256_cmpgt_epi32(min_normal, ab);
+    let mag = _mm256_blendv_epi8(normal, sub, is_sub);
+    _mm256_or_si256(mag, sign)
 }
 
 /// E2M1 by comparisons: with only eight magnitudes, counting the midpoints passed is cheaper
@@ -108,6 +196,16 @@ impl Encode for E2M1Code {
             + (a > 5.0) as u8;
         code | (((xs.to_bits() >> 31) as u8) << 3)
     }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn encode8(&self, q: __m256) -> __m256i {
+        // The generic minifloat rounding gives the same codes (tested on every f32), but for
+        // NaN, which no comparison passes: its magnitude is 0 here, the largest there.
+        let codes = minifloat8(&crate::minifloat::E2M1, q);
+        let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(q, q));
+        _mm256_andnot_si256(_mm256_and_si256(nan, _mm256_set1_epi32(0x7)), codes)
+    }
 }
 
 /// The minifloat format of a float value.
@@ -123,6 +221,13 @@ pub fn minifloat(value: QuantValue) -> Option<MiniFloat> {
 /// Turns a stored field into its f32 value.
 pub trait Decode: Copy + Send + Sync {
     fn decode(&self, field: u8) -> f32;
+
+    /// [`Decode::decode`] of eight fields, one a u32 lane (zero-extended bytes), bit for bit.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn decode8(&self, fields: __m256i) -> __m256;
 }
 
 /// Int fields: sign-extend from the field's width (8 for Native, whose fields are whole int8
@@ -145,6 +250,15 @@ impl Decode for IntDecode {
     fn decode(&self, field: u8) -> f32 {
         (((field << self.shift) as i8) >> self.shift) as f32
     }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn decode8(&self, fields: __m256i) -> __m256 {
+        // The field's top bit to the lane's sign bit and back: the sign extension of an int8
+        // or narrower field, as the scalar shifts do.
+        let k = _mm_cvtsi32_si128(24 + self.shift as i32);
+        _mm256_cvtepi32_ps(_mm256_sra_epi32(_mm256_sll_epi32(fields, k), k))
+    }
 }
 
 /// Float fields: one load from a 256-entry table (see [`float_table`]).
@@ -155,6 +269,88 @@ impl Decode for TableDecode<'_> {
     #[inline(always)]
     fn decode(&self, field: u8) -> f32 {
         self.0[field as usize]
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn decode8(&self, fields: __m256i) -> __m256 {
+        // Fields are bytes, so every index is within the 256 entries.
+        _mm256_i32gather_ps::<4>(self.0.as_ptr(), fields)
+    }
+}
+
+/// FP8 fields (E4M3, E5M2): the table for one value at a time, the format's bits for eight
+/// (no gather); NaN codes give the table's NaNs, bit for bit.
+#[derive(Clone, Copy)]
+pub struct Fp8Decode<'a> {
+    pub table: &'a [f32; 256],
+    pub fmt: MiniFloat,
+}
+
+impl Decode for Fp8Decode<'_> {
+    #[inline(always)]
+    fn decode(&self, field: u8) -> f32 {
+        self.table[field as usize]
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn decode8(&self, fields: __m256i) -> __m256 {
+        let f = &self.fmt;
+        let mag = _mm256_and_si256(fields, _mm256_set1_epi32(0x7F));
+        let sign = _mm256_slli_epi32::<24>(_mm256_and_si256(fields, _mm256_set1_epi32(0x80)));
+        // Normal: the exponent rebiased, the mantissa moved to the top of f32's.
+        let shift = _mm_cvtsi32_si128(23 - f.man_bits as i32);
+        let normal = _mm256_add_epi32(
+            _mm256_sll_epi32(mag, shift),
+            _mm256_set1_epi32((127 - f.bias) << 23),
+        );
+        // Subnormal: the code times the smallest step (exact).
+        let step = crate::minifloat::exp2i(1 - f.bias - f.man_bits as i32);
+        let sub = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(mag), _mm256_set1_ps(step)));
+        let is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(1 << f.man_bits), mag);
+        let v = _mm256_blendv_epi8(normal, sub, is_sub);
+        // Specials: E5M2's all-ones exponent (infinity, or NaN), E4M3's all-ones code (NaN).
+        let (inf_mag, nan_from) = if f.ieee_specials {
+            let e = ((1 << f.exp_bits) - 1) << f.man_bits;
+            (e, e + 1)
+        } else {
+            (0x80, 0x7F) // no infinity; 0x7F alone is NaN
+        };
+        let inf = _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(inf_mag));
+        let nan = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(nan_from - 1));
+        let v = _mm256_blendv_epi8(v, _mm256_set1_epi32(0x7F80_0000), inf);
+        let v = _mm256_blendv_epi8(v, _mm256_set1_epi32(f32::NAN.to_bits() as i32), nan);
+        _mm256_castsi256_ps(_mm256_or_si256(v, sign))
+    }
+}
+
+/// E2M1 fields (only the low nibble counts, as in [`float_table`]): eight magnitudes and a sign
+/// bit, so eight fields decode with one in-register permute instead of a gather.
+#[derive(Clone, Copy)]
+pub struct E2M1Decode;
+
+const E2M1_MAGNITUDES: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+
+impl Decode for E2M1Decode {
+    #[inline(always)]
+    fn decode(&self, field: u8) -> f32 {
+        let m = E2M1_MAGNITUDES[(field & 7) as usize];
+        if field & 8 != 0 {
+            -m
+        } else {
+            m
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn decode8(&self, fields: __m256i) -> __m256 {
+        // The permute reads the low three bits of each lane; bit 3 moves to the sign.
+        let mags = _mm256_loadu_ps(E2M1_MAGNITUDES.as_ptr());
+        let m = _mm256_permutevar8x32_ps(mags, fields);
+        let sign = _mm256_and_si256(_mm256_slli_epi32::<28>(fields), _mm256_set1_epi32(i32::MIN));
+        _mm256_xor_ps(m, _mm256_castsi256_ps(sign))
     }
 }
 
@@ -273,6 +469,19 @@ mod tests {
         }
         assert_eq!(E2M1Code.encode(1e30), 0x7);
         assert_eq!(E2M1Code.encode(-0.0), 0x8);
+    }
+
+    /// The permute decoder is the E2M1 table, on every byte (high nibble ignored, −0 kept).
+    #[test]
+    fn e2m1_decoder_is_the_table() {
+        let t = float_table(&E2M1);
+        for b in 0..=255u8 {
+            assert_eq!(
+                E2M1Decode.decode(b).to_bits(),
+                t[b as usize].to_bits(),
+                "{b:#x}"
+            );
+        }
     }
 
     #[test]

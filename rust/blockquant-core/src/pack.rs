@@ -149,6 +149,22 @@ fn pack_fields<W: Word>(codes: &[u8], words: &mut [W], per: usize) {
             .for_each(|(w, &c)| *w = W::from_u32(c as u32));
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    let (codes, words) = if bits < 8 && crate::simd::has_avx2() {
+        // SAFETY: the words' memory seen as bytes (u8 and u32 have no invalid bit patterns;
+        // the words are little-endian, as the packed bytes are laid out), and the CPU has
+        // AVX2, checked just above.
+        let done = unsafe {
+            let bytes = std::slice::from_raw_parts_mut(
+                words.as_mut_ptr() as *mut u8,
+                std::mem::size_of_val(words),
+            );
+            crate::simd::x86::pack_fields(codes, bytes, bits)
+        };
+        (&codes[done..], &mut words[done / per..])
+    } else {
+        (codes, words)
+    };
     let mask = ((1u16 << bits) - 1) as u8;
     let mut bytes = [0u8; BUF + 8];
     let full = codes.len() / 8;
@@ -196,6 +212,20 @@ fn squeeze8(x: u64, bits: usize) -> u64 {
 /// The inverse of [`pack_fields`] for `codes.len()` fields of a line, starting at field `first`.
 #[inline]
 fn unpack_fields<W: Word>(line: &[W], first: usize, codes: &mut [u8], per: usize) {
+    #[cfg(target_arch = "x86_64")]
+    let (first, codes) = if W::BITS as usize / per == 4 && first % 2 == 0 && crate::simd::has_avx2()
+    {
+        // SAFETY: the words' memory seen as bytes (little-endian: field f of the line is the
+        // nibble f % 2 of byte f / 2), from the byte of field `first` on; the CPU has AVX2.
+        let done = unsafe {
+            let bytes =
+                std::slice::from_raw_parts(line.as_ptr() as *const u8, std::mem::size_of_val(line));
+            crate::simd::x86::unpack_nibbles(&bytes[first / 2..], codes)
+        };
+        (first + done, &mut codes[done..])
+    } else {
+        (first, codes)
+    };
     match per {
         1 => unpack_fields_n::<W, 1>(line, first, codes),
         2 => unpack_fields_n::<W, 2>(line, first, codes),
@@ -241,7 +271,7 @@ fn unpack_fields_n<W: Word, const PER: usize>(line: &[W], first: usize, codes: &
 
 /// Encode one run against one scale; returns whether any input was non-finite.
 #[inline(always)]
-fn encode_run<C: Encode>(codec: C, xs: &[f32], e: f32, out: &mut [u8]) -> bool {
+pub(crate) fn encode_run<C: Encode>(codec: C, xs: &[f32], e: f32, out: &mut [u8]) -> bool {
     let mut bad = 0u32;
     if e == 0.0 {
         // Zero rule: nothing to divide by, every code is 0.
@@ -299,17 +329,47 @@ pub fn encode_range<C: Encode>(
     bad
 }
 
-avx2_dispatch! {
-    /// [`encode_range`] on f32 values, `xs[0]` being element `x_start` of the tensor.
-    pub fn encode_range_f32[C: Encode](
-        codec: C,
-        xs: &[f32],
-        x_start: usize,
-        layout: &Layout,
-        effective: ScaleSlice<'_>,
-        start: usize,
-        out: &mut [u8],
-    ) -> bool => encode_range_portable;
+/// [`encode_range`] on f32 values, `xs[0]` being element `x_start` of the tensor: the AVX2
+/// kernel when the CPU has it.
+#[inline]
+pub fn encode_range_f32<C: Encode>(
+    codec: C,
+    xs: &[f32],
+    x_start: usize,
+    layout: &Layout,
+    effective: ScaleSlice<'_>,
+    start: usize,
+    out: &mut [u8],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2() {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { encode_range_avx2(codec, xs, x_start, layout, effective, start, out) };
+    }
+    encode_range_portable(codec, xs, x_start, layout, effective, start, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn encode_range_avx2<C: Encode>(
+    codec: C,
+    xs: &[f32],
+    x_start: usize,
+    layout: &Layout,
+    effective: ScaleSlice<'_>,
+    start: usize,
+    out: &mut [u8],
+) -> bool {
+    let mut bad = false;
+    for (pos, len, s) in Segments::new(layout, start, out.len()) {
+        let (o, i) = (pos - start, pos - x_start);
+        let (xs, out) = (&xs[i..i + len], &mut out[o..o + len]);
+        bad |= match effective.get(s) {
+            0.0 => encode_run(codec, xs, 0.0, out), // the zero rule
+            e => crate::simd::x86::encode_run(codec, xs, e, out),
+        };
+    }
+    bad
 }
 
 #[inline(always)]
@@ -467,15 +527,52 @@ pub fn encode_words_last_axis<C: Encode, W: Word>(
     bad
 }
 
+/// Pack the codes of the flat elements `[start, start + codes.len())` of a tensor packed along
+/// its last axis into its words from global word `w0` on (`words` holds just those). `start`
+/// is on a word boundary of its line; a line's last word gets zero padding.
+pub fn pack_last_axis<W: Word>(
+    layout: &Layout,
+    codes: &[u8],
+    start: usize,
+    w0: usize,
+    words: &mut [W],
+) {
+    let p = &layout.packing;
+    let (per, nw, n) = (p.per, p.words_axis, p.n_axis);
+    let end = start + codes.len();
+    let mut pos = start;
+    while pos < end {
+        let (line, col) = (pos / n, pos % n);
+        debug_assert_eq!(col % per, 0, "a piece starts on a word boundary");
+        // At most BUF codes a call: `pack_fields` squeezes them through a stack buffer.
+        let take = (end.min((line + 1) * n) - pos).min(BUF);
+        let w = line * nw + col / per - w0;
+        let c = &codes[pos - start..pos - start + take];
+        pack_fields(c, &mut words[w..w + take.div_ceil(per)], per);
+        pos += take;
+    }
+}
+
 /// An output element type of dequantize: the f32 result x̂, converted as a numpy cast would.
 pub trait OutElem: Copy + Send + Sync + Default {
     fn from_f32(v: f32) -> Self;
+
+    /// The slice as f32 when the element type is f32 (the AVX2 kernels write only that).
+    #[inline(always)]
+    fn as_f32(_out: &mut [Self]) -> Option<&mut [f32]> {
+        None
+    }
 }
 
 impl OutElem for f32 {
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
         v
+    }
+
+    #[inline(always)]
+    fn as_f32(out: &mut [Self]) -> Option<&mut [f32]> {
+        Some(out)
     }
 }
 
@@ -512,7 +609,7 @@ impl OutElem for BF16Bits {
 
 avx2_dispatch! {
     /// Decode a flat range's codes (given in `codes`) against their scales into `out`.
-    fn decode_range[D: Decode, O: OutElem](
+    fn decode_range_autovec[D: Decode, O: OutElem](
         dec: D,
         layout: &Layout,
         effective: &[f32],
@@ -520,6 +617,58 @@ avx2_dispatch! {
         codes: &[u8],
         out: &mut [O],
     ) => decode_range_portable;
+}
+
+/// Decode a flat range's codes (given in `codes`) against their scales into `out`: f32 output
+/// by the hand-written AVX2 kernel when the CPU has it, other types by the compiler's.
+#[inline]
+fn decode_range<D: Decode, O: OutElem>(
+    dec: D,
+    layout: &Layout,
+    effective: &[f32],
+    start: usize,
+    codes: &[u8],
+    out: &mut [O],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2() {
+        if let Some(out) = O::as_f32(out) {
+            // SAFETY: the CPU has AVX2, checked just above.
+            return unsafe { decode_range_f32_avx2(dec, layout, effective, start, codes, out) };
+        }
+    }
+    decode_range_autovec(dec, layout, effective, start, codes, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn decode_range_f32_avx2<D: Decode>(
+    dec: D,
+    layout: &Layout,
+    effective: &[f32],
+    start: usize,
+    codes: &[u8],
+    out: &mut [f32],
+) {
+    let bc = layout.block_cols();
+    let whole_blocks = !layout.per_tensor
+        && layout.rows_map_directly()
+        && layout.row_len() % bc == 0
+        && start % bc == 0
+        && out.len() % bc == 0;
+    if whole_blocks {
+        // Every block a whole run and the grid row-major over them: block k of the range has
+        // scale start / bc + k, no segment walk needed.
+        let blocks = codes.chunks_exact(bc).zip(out.chunks_exact_mut(bc));
+        for ((c, o), &e) in blocks.zip(&effective[start / bc..]) {
+            crate::simd::x86::decode_run(dec, c, e, o);
+        }
+        return;
+    }
+    for (pos, len, s) in Segments::new(layout, start, out.len()) {
+        let o = pos - start;
+        crate::simd::x86::decode_run(dec, &codes[o..o + len], effective[s], &mut out[o..o + len]);
+    }
 }
 
 #[inline(always)]
@@ -557,14 +706,8 @@ pub fn decode_into<D: Decode, O: OutElem>(
                 .enumerate()
                 .for_each(|(ci, chunk)| {
                     let start = ci * MIN_TASK_ELEMS;
-                    decode_range(
-                        table,
-                        layout,
-                        effective,
-                        start,
-                        &codes[start..start + chunk.len()],
-                        chunk,
-                    )
+                    let codes = &codes[start..start + chunk.len()];
+                    decode_range(table, layout, effective, start, codes, chunk);
                 });
         }
         Storage::U8(words) => unpack_words(table, layout, words, effective, out),
@@ -631,14 +774,8 @@ fn decode_runs<D: Decode, O: OutElem>(
         let take = (end - pos).min(run_len(pos)).min(BUF);
         fill(pos, &mut codes[..take]);
         let o = pos - start;
-        decode_range(
-            table,
-            layout,
-            effective,
-            pos,
-            &codes[..take],
-            &mut chunk[o..o + take],
-        );
+        let dst = &mut chunk[o..o + take];
+        decode_range(table, layout, effective, pos, &codes[..take], dst);
         pos += take;
     }
 }
@@ -1565,7 +1702,14 @@ pub(crate) mod tests {
 
     fn compare_decode<D: Decode>(dec: D, value: QuantValue, native: bool, seed: u64) {
         let mut rng = Rng::new(seed);
-        for (rows, n, bc) in [(3, 1000, 37), (1, 5000, 64), (7, 33, 1)] {
+        // Whole blocks of a row (the no-walk path) and ragged ones.
+        for (rows, n, bc) in [
+            (3, 1000, 37),
+            (1, 5000, 64),
+            (7, 33, 1),
+            (5, 256, 32),
+            (3, 96, 8),
+        ] {
             let layout = row_blocks(rows, n, bc);
             let eff: Vec<f32> = (0..layout.num_scales)
                 .map(|_| sample_scale(&mut rng))
@@ -1610,6 +1754,12 @@ pub(crate) mod tests {
                     Some(fmt) => {
                         let table = float_table(&fmt);
                         compare_decode(TableDecode(&table), value, native, seed);
+                        if value == QuantValue::E2M1 {
+                            compare_decode(crate::codec::E2M1Decode, value, native, seed);
+                        } else {
+                            let dec = crate::codec::Fp8Decode { table: &table, fmt };
+                            compare_decode(dec, value, native, seed);
+                        }
                     }
                     None => compare_decode(IntDecode::new(&layout.packing), value, native, seed),
                 }

@@ -5,20 +5,18 @@ use rayon::prelude::*;
 
 use crate::calibrate::{amplitudes, run_amplitude, Calibration, MIN_TASK_ELEMS};
 use crate::codec::{
-    float_table, minifloat, E2M1Code, Encode, FloatCode, IntDecode, IntHalfAway, IntHalfEven,
-    Rounding, TableDecode,
+    float_table, minifloat, E2M1Code, E2M1Decode, Encode, FloatCode, Fp8Decode, IntDecode,
+    IntHalfAway, IntHalfEven, Rounding,
 };
 use crate::error::{QuantError, Result};
 use crate::input::{Input, Window};
 use crate::layout::Layout;
 use crate::pack::{
-    encode_bytes, encode_words_last_axis, BF16Bits, F16Bits, OutElem, ScaleSlice, Segments,
-    Storage, StorageMut, Word,
+    encode_run, pack_last_axis, BF16Bits, F16Bits, OutElem, Segments, Storage, StorageMut, Word,
 };
 use crate::pool;
 use crate::scale::{check_scales, mx_scale_code, ScaleRounding};
 use crate::scheme::{QuantValue, ScaleDtype};
-use crate::simd::avx2_dispatch;
 
 /// Evaluates `$body` with `$codec` bound to the encoder of `$value` under `$rounding`: each
 /// (value, rounding) pair gets its own monomorphized kernel.
@@ -136,11 +134,17 @@ pub fn check_stored(layout: &Layout, stored: &[f32], global: Option<f32>) -> Res
     }
     let scheme = &layout.scheme;
     let dtype = scheme.scale_dtype();
-    if let Some((i, s)) = stored
-        .iter()
-        .enumerate()
-        .find(|(_, s)| !dtype.is_representable(**s))
-    {
+    // In the pool, a chunk a task: dequantize checks every scale on every call, and one
+    // thread alone takes a tenth of a block-32 dequantize's time over it.
+    let first_bad = pool::install(|| {
+        stored
+            .par_chunks(MIN_TASK_ELEMS)
+            .enumerate()
+            .find_map_first(|(c, chunk)| {
+                Some(c * MIN_TASK_ELEMS + first_unrepresentable(dtype, chunk)?)
+            })
+    });
+    if let Some((i, s)) = first_bad.map(|i| (i, stored[i])) {
         return Err(QuantError::Scale(format!(
             "scale {s} at index {i} is not a value of {dtype} (scales must be finite, >= 0 and exactly representable)"
         )));
@@ -155,6 +159,21 @@ pub fn check_stored(layout: &Layout, stored: &[f32], global: Option<f32>) -> Res
         (true, Some(g)) => check_scales(&[g], "the per-tensor scale"),
         (false, None) => Ok(()),
     }
+}
+
+/// The index of the first scale that is not a value of `dtype`: float16 scales eight at a time
+/// where the CPU converts them in hardware.
+fn first_unrepresentable(dtype: ScaleDtype, scales: &[f32]) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if dtype == ScaleDtype::F16 && crate::simd::has_avx2() && crate::simd::has_f16c() {
+        // SAFETY: the CPU has AVX2 and F16C, checked just above.
+        let whole = unsafe { crate::simd::x86::f16_prefix_len(scales) };
+        return (scales[whole..]
+            .iter()
+            .position(|&s| !dtype.is_representable(s)))
+        .map(|i| whole + i);
+    }
+    scales.iter().position(|&s| !dtype.is_representable(s))
 }
 
 /// Work out the scales of `x` (calibrated, or explicit and rounded to their dtype).
@@ -406,83 +425,232 @@ fn fused_with<C: Encode>(
 ) -> (Vec<f32>, bool) {
     let mut stored = vec![0.0f32; layout.num_scales];
     let pieces = pieces(layout);
+    let k = FusedKernel {
+        layout,
+        opts,
+        dtype: layout.scheme.scale_dtype(),
+        half_range: layout.scheme.value.half_range(),
+        emax: layout.scheme.value.mx_emax(),
+    };
+    let mask = layout
+        .packing
+        .masks_bytes()
+        .then(|| layout.packing.field_mask() as u8);
     let bad = match out {
-        StorageMut::U8(bytes) if layout.packing.per == 1 => fused_pieces(
-            x,
-            layout,
-            opts,
-            &pieces,
-            &mut stored,
-            bytes,
-            |p, xs, sc, out| encode_bytes(codec, xs, layout, sc, p.start, out),
-        ),
-        StorageMut::U8(words) => fused_pieces(
-            x,
-            layout,
-            opts,
-            &pieces,
-            &mut stored,
-            words,
-            |p, xs, sc, out| encode_words_last_axis(codec, xs, layout, sc, p.word0, out),
-        ),
-        StorageMut::U32(words) => fused_pieces(
-            x,
-            layout,
-            opts,
-            &pieces,
-            &mut stored,
-            words,
-            |p, xs, sc, out| encode_words_last_axis(codec, xs, layout, sc, p.word0, out),
-        ),
+        StorageMut::U8(bytes) if layout.packing.per == 1 => {
+            fused_pieces(x, &pieces, &mut stored, bytes, |p, xs, sc, out, _| {
+                let bad = measure_encode(codec, &k, p, xs, sc, out);
+                if let Some(m) = mask {
+                    out.iter_mut().for_each(|c| *c &= m);
+                }
+                bad
+            })
+        }
+        StorageMut::U8(words) => {
+            fused_pieces(x, &pieces, &mut stored, words, |p, xs, sc, w, codes| {
+                codes.resize(p.len, 0);
+                let bad = measure_encode(codec, &k, p, xs, sc, codes);
+                pack_last_axis(layout, codes, p.start, p.word0, w);
+                bad
+            })
+        }
+        StorageMut::U32(words) => {
+            fused_pieces(x, &pieces, &mut stored, words, |p, xs, sc, w, codes| {
+                codes.resize(p.len, 0);
+                let bad = measure_encode(codec, &k, p, xs, sc, codes);
+                pack_last_axis(layout, codes, p.start, p.word0, w);
+                bad
+            })
+        }
     };
     (stored, bad)
 }
 
-avx2_dispatch! {
-    /// The stored scale of every block of a piece (`x` holds just the piece).
-    fn measure_piece[](
-        x: &[f32],
-        layout: &Layout,
-        p: &Piece,
-        sc: &mut [f32],
-        opts: &QuantizeOptions,
-        dtype: ScaleDtype,
-        half_range: f32,
-    ) => measure_piece_portable;
-}
-
-#[inline(always)]
-fn measure_piece_portable(
-    x: &[f32],
-    layout: &Layout,
-    p: &Piece,
-    sc: &mut [f32],
-    opts: &QuantizeOptions,
+/// What the one-pass kernel needs to turn a block's α into its stored scale.
+struct FusedKernel<'a> {
+    layout: &'a Layout,
+    opts: &'a QuantizeOptions,
     dtype: ScaleDtype,
     half_range: f32,
-) {
-    for (pos, len, s) in Segments::new(layout, p.start, p.len) {
-        let i = pos - p.start; // x holds just this piece
-        let alpha = run_amplitude(&x[i..i + len], opts.calibration);
-        sc[s - p.scale0] = stored_scale(
+    emax: i32,
+}
+
+impl FusedKernel<'_> {
+    #[inline(always)]
+    fn scale(&self, alpha: f32) -> f32 {
+        let o = self.opts;
+        stored_scale(
             alpha,
-            half_range,
-            dtype,
-            opts.scale_rounding,
-            layout.scheme.value.mx_emax(),
+            self.half_range,
+            self.dtype,
+            o.scale_rounding,
+            self.emax,
             |s| s,
-        );
+        )
     }
 }
 
+/// One block at a time while it is in L1: its α, its stored scale (into `sc`), its codes (into
+/// `out`, one a byte; `xs` and `out` hold just the piece). Returns whether any input was
+/// non-finite.
+#[inline]
+fn measure_encode<C: Encode>(
+    codec: C,
+    k: &FusedKernel<'_>,
+    p: &Piece,
+    xs: &[f32],
+    sc: &mut [f32],
+    out: &mut [u8],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2() {
+        if k.whole_blocks_of_8s() && crate::simd::has_f16c() {
+            // SAFETY: the CPU has AVX2 and F16C, checked just above.
+            return unsafe { measure_encode_groups_avx2(codec, k, xs, sc, out) };
+        }
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { measure_encode_avx2(codec, k, p, xs, sc, out) };
+    }
+    measure_encode_portable(codec, k, p, xs, sc, out)
+}
+
+impl FusedKernel<'_> {
+    /// Every block a whole run of a multiple of 8 values, max |x| calibration: the case of
+    /// [`measure_encode_groups_avx2`].
+    fn whole_blocks_of_8s(&self) -> bool {
+        let bc = self.layout.block_cols();
+        self.opts.calibration == Calibration::MinMax
+            && bc % 8 == 0
+            && self.layout.row_len() % bc == 0
+    }
+}
+
+/// [`measure_encode`] eight blocks at a time when every block is a whole run of a multiple of 8
+/// values (a piece is then whole blocks, their scales consecutive): the eight maxima come out
+/// in one vector, F16 and MX scales are rounded in vector lanes (others one at a time), then
+/// each block is quantized from L1.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn measure_encode_groups_avx2<C: Encode>(
+    codec: C,
+    k: &FusedKernel<'_>,
+    xs: &[f32],
+    sc: &mut [f32],
+    out: &mut [u8],
+) -> bool {
+    use crate::simd::x86;
+    use std::arch::x86_64::*;
+    let bc = k.layout.block_cols();
+    let blocks = xs.len() / bc;
+    assert!(blocks * bc == xs.len() && sc.len() == blocks && out.len() == xs.len());
+    let mode = k.opts.scale_rounding;
+    let mut bad = false;
+    let mut b = 0;
+    while b + 8 <= blocks {
+        let x0 = xs.as_ptr().add(b * bc);
+        x86::prefetch(x0.wrapping_add(PREFETCH_AHEAD), 8 * bc);
+        // In bounds: blocks b..b + 8 lie within xs.
+        let alpha = x86::max_abs_8runs(x0, bc);
+        let e = match (k.dtype, mode) {
+            (ScaleDtype::F32, _) => _mm256_div_ps(alpha, _mm256_set1_ps(k.half_range)),
+            (ScaleDtype::F16, ScaleRounding::Up | ScaleRounding::Nearest) => x86::round_f16_8(
+                _mm256_div_ps(alpha, _mm256_set1_ps(k.half_range)),
+                mode == ScaleRounding::Up,
+            ),
+            (ScaleDtype::UE8M0, ScaleRounding::Mx) if k.emax >= 0 => x86::mx_scale_8(alpha, k.emax),
+            _ => {
+                let mut a = [0.0f32; 8];
+                _mm256_storeu_ps(a.as_mut_ptr(), alpha);
+                let e = a.map(|a| k.scale(a));
+                _mm256_loadu_ps(e.as_ptr())
+            }
+        };
+        let scales = &mut sc[b..b + 8];
+        _mm256_storeu_ps(scales.as_mut_ptr(), e);
+        for (j, &e) in scales.iter().enumerate() {
+            let r = (b + j) * bc..(b + j + 1) * bc;
+            let (run, o) = (&xs[r.clone()], &mut out[r]);
+            bad |= match e {
+                0.0 => encode_run(codec, run, 0.0, o), // the zero rule
+                e => x86::encode_run(codec, run, e, o),
+            };
+        }
+        b += 8;
+    }
+    for (b, s) in sc.iter_mut().enumerate().skip(b) {
+        let r = b * bc..(b + 1) * bc;
+        let (run, o) = (&xs[r.clone()], &mut out[r]);
+        let e = k.scale(x86::max_abs(run));
+        *s = e;
+        bad |= match e {
+            0.0 => encode_run(codec, run, 0.0, o),
+            e => x86::encode_run(codec, run, e, o),
+        };
+    }
+    bad
+}
+
+#[inline(always)]
+fn measure_encode_portable<C: Encode>(
+    codec: C,
+    k: &FusedKernel<'_>,
+    p: &Piece,
+    xs: &[f32],
+    sc: &mut [f32],
+    out: &mut [u8],
+) -> bool {
+    let mut bad = false;
+    for (pos, len, s) in Segments::new(k.layout, p.start, p.len) {
+        let i = pos - p.start;
+        let run = &xs[i..i + len];
+        let e = k.scale(run_amplitude(run, k.opts.calibration));
+        sc[s - p.scale0] = e;
+        bad |= encode_run(codec, run, e, &mut out[i..i + len]);
+    }
+    bad
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn measure_encode_avx2<C: Encode>(
+    codec: C,
+    k: &FusedKernel<'_>,
+    p: &Piece,
+    xs: &[f32],
+    sc: &mut [f32],
+    out: &mut [u8],
+) -> bool {
+    use crate::simd::x86;
+    let mut bad = false;
+    for (pos, len, s) in Segments::new(k.layout, p.start, p.len) {
+        let i = pos - p.start;
+        let run = &xs[i..i + len];
+        x86::prefetch(run.as_ptr().wrapping_add(PREFETCH_AHEAD), len);
+        let alpha = match k.opts.calibration {
+            Calibration::MinMax => x86::max_abs(run),
+            cal => run_amplitude(run, cal),
+        };
+        let e = k.scale(alpha);
+        sc[s - p.scale0] = e;
+        let o = &mut out[i..i + len];
+        bad |= match e {
+            0.0 => encode_run(codec, run, 0.0, o), // the zero rule
+            e => x86::encode_run(codec, run, e, o),
+        };
+    }
+    bad
+}
+
+/// How far ahead of the block being quantized its input is asked for, in values: on one
+/// thread the hardware prefetcher alone leaves the kernel waiting on memory.
+const PREFETCH_AHEAD: usize = 2048;
+
 fn fused_pieces<W: Word>(
     x: Input<'_>,
-    layout: &Layout,
-    opts: &QuantizeOptions,
     pieces: &[Piece],
     stored: &mut [f32],
     words: &mut [W],
-    encode_piece: impl Fn(&Piece, Window<'_>, ScaleSlice<'_>, &mut [W]) -> bool + Sync,
+    encode_piece: impl Fn(&Piece, &[f32], &mut [f32], &mut [W], &mut Vec<u8>) -> bool + Sync,
 ) -> bool {
     // Hand each piece its own scales and words (disjoint, in order).
     let mut work = Vec::with_capacity(pieces.len());
@@ -494,24 +662,16 @@ fn fused_pieces<W: Word>(
         w_rest = wr;
         work.push((p, sc, w));
     }
-    let dtype = layout.scheme.scale_dtype();
-    let half_range = layout.scheme.value.half_range();
     work.into_par_iter()
-        .map_init(Vec::new, |buf, (p, sc, w)| {
-            // Read (or convert) the piece once; measure its blocks, then quantize them while
-            // they are in cache.
-            let xs = x.read(p.start, p.len, buf);
-            measure_piece(xs, layout, &p, sc, opts, dtype, half_range);
-            let slice = ScaleSlice {
-                scales: sc,
-                base: p.scale0,
-            };
-            let window = Window {
-                input: Input::F32(xs),
-                start: p.start,
-            };
-            encode_piece(&p, window, slice, w)
-        })
+        .map_init(
+            || (Vec::new(), Vec::new()),
+            |(buf, codes), (p, sc, w)| {
+                // Read (or convert) the piece once, then measure and quantize it a block at a
+                // time.
+                let xs = x.read(p.start, p.len, buf);
+                encode_piece(&p, xs, sc, w, codes)
+            },
+        )
         .reduce(|| false, |a, b| a | b)
 }
 
@@ -544,9 +704,13 @@ fn dequantize_into<O: OutElem>(
     assert_eq!(out.len(), layout.num_elements, "output length");
     assert_eq!(effective.len(), layout.num_scales, "scale count");
     match minifloat(layout.scheme.value) {
+        Some(_) if layout.scheme.value == QuantValue::E2M1 => {
+            crate::pack::decode_into(E2M1Decode, layout, storage, effective, out);
+        }
         Some(fmt) => {
             let table = float_table(&fmt);
-            crate::pack::decode_into(TableDecode(&table), layout, storage, effective, out);
+            let dec = Fp8Decode { table: &table, fmt };
+            crate::pack::decode_into(dec, layout, storage, effective, out);
         }
         None => {
             let dec = IntDecode::new(&layout.packing);
@@ -916,52 +1080,65 @@ mod tests {
         }
     }
 
-    /// On a CPU with AVX2 this compares the AVX2 build with the portable one; without it both
-    /// sides are portable and the test passes trivially. Non-finite input included: both builds
-    /// must still agree.
+    /// On a CPU with AVX2 this compares the AVX2 build of the one-pass block kernel with the
+    /// portable one (scales, codes, non-finite flag); without it both sides are portable and
+    /// the test passes trivially. Non-finite input included: both builds must still agree.
     #[test]
-    fn measure_piece_avx2_build_matches_portable() {
+    fn measure_encode_avx2_build_matches_portable() {
+        fn check<C: Encode>(codec: C, x: &[f32], layout: &Layout, opts: &QuantizeOptions) {
+            let k = FusedKernel {
+                layout,
+                opts,
+                dtype: layout.scheme.scale_dtype(),
+                half_range: layout.scheme.value.half_range(),
+                emax: layout.scheme.value.mx_emax(),
+            };
+            for p in pieces(layout) {
+                let xs = &x[p.start..p.start + p.len];
+                let (mut s1, mut s2) = (vec![-1.0f32; p.scales], vec![-2.0f32; p.scales]);
+                let (mut c1, mut c2) = (vec![1u8; p.len], vec![2u8; p.len]);
+                let b1 = measure_encode(codec, &k, &p, xs, &mut s1, &mut c1);
+                let b2 = measure_encode_portable(codec, &k, &p, xs, &mut s2, &mut c2);
+                let ctx = || format!("{} {opts:?} {:?} {p:?}", layout.scheme, layout.shape);
+                let (a, b): (Vec<u32>, Vec<u32>) = (
+                    s1.iter().map(|&v| key(v)).collect(),
+                    s2.iter().map(|&v| key(v)).collect(),
+                );
+                assert_eq!(a, b, "scales: {}", ctx());
+                assert_eq!(c1, c2, "codes: {}", ctx());
+                assert_eq!(b1, b2, "non-finite: {}", ctx());
+            }
+        }
         let mut rng = Rng::new(12);
         for (shape, bc) in [
             (&[3, 1000][..], 37),
             (&[PIECE + 100], 64),
             (&[5, 33], 1),
             (&[2, 300], 300),
+            (&[4, 96], 32),
+            (&[3, 50], 16),
+            (&[3, 512], 32),
+            (&[2, 1024], 64),
+            (&[2 * PIECE + 8], 8),
         ] {
             let n: usize = shape.iter().product();
             let mut x = tensor(&mut rng, n);
             for _ in 0..n / 500 {
                 x[rng.below(n)] = rng.pick(&[f32::NAN, f32::INFINITY, f32::NEG_INFINITY]);
             }
-            for dtype in ScaleDtype::ALL {
-                let layout = Layout::new(
-                    &one_level(QuantValue::Q8S, QuantStore::Native, bc, dtype),
-                    shape,
-                )
-                .unwrap();
-                for opts in all_opts() {
-                    for value in [
-                        QuantValue::Q8F,
-                        QuantValue::Q2S,
-                        QuantValue::E5M2,
-                        QuantValue::E2M1,
-                    ] {
-                        let half_range = value.half_range();
-                        for p in pieces(&layout) {
-                            let xs = &x[p.start..p.start + p.len];
-                            let mut simd = vec![-1.0f32; p.scales];
-                            let mut port = vec![-2.0f32; p.scales];
-                            measure_piece(xs, &layout, &p, &mut simd, &opts, dtype, half_range);
-                            measure_piece_portable(
-                                xs, &layout, &p, &mut port, &opts, dtype, half_range,
-                            );
-                            let (a, b): (Vec<u32>, Vec<u32>) = (
-                                simd.iter().map(|&v| key(v)).collect(),
-                                port.iter().map(|&v| key(v)).collect(),
-                            );
-                            assert_eq!(a, b, "{dtype} {opts:?} {value} {shape:?} {p:?}");
-                        }
+            for (j, dtype) in ScaleDtype::ALL.into_iter().enumerate() {
+                for (i, opts) in all_opts().into_iter().enumerate() {
+                    let value = QuantValue::ALL[(i + j) % QuantValue::ALL.len()];
+                    let layout =
+                        Layout::new(&one_level(value, QuantStore::Native, bc, dtype), shape)
+                            .unwrap();
+                    let mut opts = opts;
+                    if dtype == ScaleDtype::UE8M0 && i % 2 == 0 {
+                        opts.scale_rounding = ScaleRounding::Mx;
                     }
+                    with_codec!(value, opts.rounding, |codec| check(
+                        codec, &x, &layout, &opts
+                    ));
                 }
             }
         }
@@ -1178,6 +1355,43 @@ mod tests {
                     x[f],
                     y[f]
                 );
+            }
+        }
+    }
+
+    /// The float16 check eight at a time against `is_representable` one at a time: a bad
+    /// scale (NaN, ±inf, negative, between two float16 values) at every position of a group,
+    /// among good ones (0, −0, subnormals, 65504).
+    #[test]
+    fn first_unrepresentable_f16_matches_one_at_a_time() {
+        let good = [
+            0.0f32,
+            -0.0,
+            5.9604645e-8,
+            6.1035156e-5,
+            1.0,
+            0.5,
+            65504.0,
+            3.0,
+        ];
+        let bad = [
+            f32::NAN,
+            f32::INFINITY,
+            -1.0,
+            1.0 + 1e-6,
+            65505.0,
+            1e-9,
+            f32::NEG_INFINITY,
+        ];
+        let mut rng = Rng::new(14);
+        for len in [0, 7, 8, 9, 40] {
+            for pos in 0..=len {
+                let mut v: Vec<f32> = (0..len).map(|_| rng.pick(&good)).collect();
+                if pos < len {
+                    v[pos] = rng.pick(&bad);
+                }
+                let want = v.iter().position(|&s| !ScaleDtype::F16.is_representable(s));
+                assert_eq!(first_unrepresentable(ScaleDtype::F16, &v), want, "{v:?}");
             }
         }
     }

@@ -140,7 +140,9 @@ impl ScaleDtype {
 
     /// Whether `v` is exactly one of this dtype's values.
     pub fn is_representable(self, v: f32) -> bool {
-        v.is_finite() && v >= 0.0 && self.decode_code(self.nearest_code(v)) == v
+        // `round` builds the value from the code's bits (no conversion call), and equals
+        // `decode_code(nearest_code(v))` on every code it returns.
+        v.is_finite() && v >= 0.0 && self.round(v, ScaleRounding::Nearest) == v
     }
 
     /// Append the little-endian encoding of `v`, which must be representable.

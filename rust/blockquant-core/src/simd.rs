@@ -12,6 +12,13 @@ pub fn has_avx2() -> bool {
     std::is_x86_feature_detected!("avx2")
 }
 
+/// Whether this CPU converts float16 in hardware (F16C; every AVX2 CPU so far has it).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub fn has_f16c() -> bool {
+    std::is_x86_feature_detected!("f16c")
+}
+
 /// `fn NAME[GENERICS](ARGS) -> RET => PORTABLE;` defines `NAME`, which calls `PORTABLE` compiled
 /// with AVX2 when the CPU has it, and as it is otherwise.
 macro_rules! avx2_dispatch {
@@ -39,3 +46,623 @@ macro_rules! avx2_dispatch {
 }
 
 pub(crate) use avx2_dispatch;
+
+/// The reciprocal of a scale when multiplying by it gives the bits of dividing by it: `e` a
+/// power of two 2^k with k in -126..=127. Then 2^-k is an f32 (2^-127 a subnormal one), and x / e
+/// and x · 2^-k are both the correctly rounded value of the same real number, so they are equal
+/// for every x. UE8M0 scales are all such powers but 2^-127; other scales often are.
+#[inline(always)]
+pub(crate) fn exact_reciprocal(e: f32) -> Option<f32> {
+    let b = e.to_bits();
+    let exp = (b >> 23) & 0xFF;
+    (b & 0x807F_FFFF == 0 && (1..=254).contains(&exp)).then(|| 1.0 / e)
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86 {
+    //! Hand-written AVX2 kernels: left to itself the compiler turns a block's division,
+    //! rounding and clamping into code well short of the memory's pace.
+    //!
+    //! Every function here is `unsafe` for one reason: the CPU must have AVX2 (and F16C where
+    //! said; callers check [`super::has_avx2`]); slices are indexed only within their bounds.
+    //! They are `#[inline(always)]` without `#[target_feature]` (which stable Rust does not
+    //! allow together), and called only from `#[target_feature(enable = "avx2")]` functions:
+    //! inlined there, their intrinsics compile to AVX2 code.
+
+    use std::arch::x86_64::*;
+
+    use super::exact_reciprocal;
+    use crate::codec::{Decode, Encode};
+
+    /// Ask for the cache lines of `len` f32 values from `p`, which may lie past the end of the
+    /// input: a prefetch never faults, and the pointer is never dereferenced.
+    #[inline(always)]
+    pub(crate) unsafe fn prefetch(p: *const f32, len: usize) {
+        for i in (0..len).step_by(16) {
+            _mm_prefetch::<{ _MM_HINT_T0 }>(p.wrapping_add(i) as *const i8);
+        }
+    }
+
+    /// max |x| of a run, NaNs passed over (as `calibrate::max_abs`: `max` keeps its second
+    /// operand when the first is NaN); 0 for an empty run.
+    #[inline(always)]
+    pub(crate) unsafe fn max_abs(xs: &[f32]) -> f32 {
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+        let (mut a, mut b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let (n, p) = (xs.len(), xs.as_ptr());
+        let mut i = 0;
+        // i + 16 (then i + 8) <= n: loads in bounds.
+        while i + 16 <= n {
+            a = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(p.add(i)), abs), a);
+            b = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(p.add(i + 8)), abs), b);
+            i += 16;
+        }
+        if i + 8 <= n {
+            a = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(p.add(i)), abs), a);
+            i += 8;
+        }
+        let m = _mm256_max_ps(a, b);
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
+        let mut m = _mm_cvtss_f32(m);
+        for v in &xs[i..] {
+            let a = v.abs();
+            m = if a > m { a } else { m };
+        }
+        m
+    }
+
+    /// [`max_abs`] of a long slice: four accumulators (a chain of one waits on each max), and
+    /// the input asked for [`PREFETCH_AHEAD`] values ahead (one thread alone otherwise waits
+    /// on memory).
+    #[inline(always)]
+    pub(crate) unsafe fn max_abs_prefetching(xs: &[f32]) -> f32 {
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+        let mut m = [_mm256_setzero_ps(); 4];
+        let (n, p) = (xs.len(), xs.as_ptr());
+        let mut i = 0;
+        // i + 32 <= n: loads in bounds.
+        while i + 32 <= n {
+            _mm_prefetch::<{ _MM_HINT_T0 }>(p.wrapping_add(i + PREFETCH_AHEAD) as *const i8);
+            _mm_prefetch::<{ _MM_HINT_T0 }>(p.wrapping_add(i + PREFETCH_AHEAD + 16) as *const i8);
+            for (k, acc) in m.iter_mut().enumerate() {
+                let v = _mm256_and_ps(_mm256_loadu_ps(p.add(i + 8 * k)), abs);
+                *acc = _mm256_max_ps(v, *acc);
+            }
+            i += 32;
+        }
+        let a = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
+        let a = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+        let a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+        let a = _mm_cvtss_f32(_mm_max_ss(a, _mm_shuffle_ps::<1>(a, a)));
+        let rest = max_abs(&xs[i..]);
+        if rest > a {
+            rest
+        } else {
+            a
+        }
+    }
+
+    /// How far ahead of the values being read the long-run kernels ask for input, in values.
+    pub(crate) const PREFETCH_AHEAD: usize = 2048;
+
+    /// max |x| of each of eight runs of `len` values (a multiple of 8) from `p`, `p + len`, ...:
+    /// lane j is run j's. NaNs passed over, as [`max_abs`].
+    #[inline(always)]
+    pub(crate) unsafe fn max_abs_8runs(p: *const f32, len: usize) -> __m256 {
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+        let mut m = [_mm256_setzero_ps(); 8];
+        for (j, acc) in m.iter_mut().enumerate() {
+            let run = p.add(j * len);
+            for t in (0..len).step_by(8) {
+                *acc = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(run.add(t)), abs), *acc);
+            }
+        }
+        // Fold the eight vectors into one of their eight maxima (no NaN is left to order).
+        let lo = quad(pair(m[0], m[1]), pair(m[2], m[3]));
+        let hi = quad(pair(m[4], m[5]), pair(m[6], m[7]));
+        _mm256_max_ps(
+            _mm256_permute2f128_ps::<0x20>(lo, hi),
+            _mm256_permute2f128_ps::<0x31>(lo, hi),
+        )
+    }
+
+    /// Per 128-bit half: lanes (max of a's 0,2; of b's 0,2; of a's 1,3; of b's 1,3).
+    #[inline(always)]
+    unsafe fn pair(a: __m256, b: __m256) -> __m256 {
+        _mm256_max_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b))
+    }
+
+    /// Per 128-bit half, from two [`pair`]s: the maxima of the half of a, b, c, d.
+    #[inline(always)]
+    unsafe fn quad(ab: __m256, cd: __m256) -> __m256 {
+        _mm256_max_ps(
+            _mm256_shuffle_ps::<0b01_00_01_00>(ab, cd),
+            _mm256_shuffle_ps::<0b11_10_11_10>(ab, cd),
+        )
+    }
+
+    /// Eight f32 ≥ 0 rounded to float16 values (SPEC §4), as f32: `up` the smallest value ≥ s,
+    /// else the nearest (ties to even); both saturate at 65504. F16C's conversion rounds to
+    /// nearest even; when that lands below s, the next code up is the smallest value above.
+    /// The CPU must have F16C too. Equal to `ScaleDtype::F16.round` (tested on every f32).
+    #[inline(always)]
+    pub(crate) unsafe fn round_f16_8(s: __m256, up: bool) -> __m256 {
+        let h = _mm256_cvtepu16_epi32(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(s));
+        let h = if up {
+            let back = _mm256_cvtph_ps(_mm256_castsi256_si128(pack_u16(h)));
+            let below = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LT_OQ>(back, s));
+            _mm256_sub_epi32(h, below) // all-ones lanes: +1
+        } else {
+            h
+        };
+        let h = _mm256_min_epi32(h, _mm256_set1_epi32(0x7BFF));
+        _mm256_cvtph_ps(_mm256_castsi256_si128(pack_u16(h)))
+    }
+
+    /// How many leading scales, in whole groups of eight, are all float16 values (finite,
+    /// ≥ 0, −0 included, exactly representable): the caller checks from there one at a time.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    pub(crate) unsafe fn f16_prefix_len(scales: &[f32]) -> usize {
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+        let mut i = 0;
+        // i + 8 <= len: the load is in bounds.
+        while i + 8 <= scales.len() {
+            let v = _mm256_loadu_ps(scales.as_ptr().add(i));
+            let a = _mm256_and_ps(v, abs);
+            // NaN fails both compares; an infinity rounds to 65504; −0 passes as 0.
+            let ok = _mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_GE_OQ>(v, _mm256_setzero_ps()),
+                _mm256_cmp_ps::<_CMP_EQ_OQ>(round_f16_8(a, false), a),
+            );
+            if _mm256_movemask_ps(ok) != 0xFF {
+                break;
+            }
+            i += 8;
+        }
+        i
+    }
+
+    /// Eight u16 values held in i32 lanes, packed into the low 128 bits in order.
+    #[inline(always)]
+    unsafe fn pack_u16(v: __m256i) -> __m256i {
+        let p = _mm256_packus_epi32(v, v); // per half: v0..v3 v0..v3 | v4..v7 v4..v7
+        _mm256_permute4x64_epi64::<0b00_00_10_00>(p)
+    }
+
+    /// The OCP MX scale (SPEC §4 `mx`) of eight amplitudes as f32: 2^(floor(log2 α) − emax)
+    /// within [2^-127, 2^127], for `emax` ≥ 0 (so a subnormal or zero α gives 2^-127, as
+    /// `scale::mx_scale_code`). An infinite α gives 2^127; a NaN is never passed in (the max
+    /// passes NaNs over).
+    #[inline(always)]
+    pub(crate) unsafe fn mx_scale_8(alpha: __m256, emax: i32) -> __m256 {
+        let exp = _mm256_srli_epi32::<23>(_mm256_castps_si256(alpha));
+        let code = _mm256_sub_epi32(exp, _mm256_set1_epi32(emax));
+        let code = _mm256_min_epi32(
+            _mm256_max_epi32(code, _mm256_setzero_si256()),
+            _mm256_set1_epi32(254),
+        );
+        let normal = _mm256_slli_epi32::<23>(code);
+        let zero = _mm256_cmpeq_epi32(code, _mm256_setzero_si256());
+        // Code 0 is 2^-127, a subnormal: bit 22.
+        _mm256_castsi256_ps(_mm256_blendv_epi8(
+            normal,
+            _mm256_set1_epi32(0x0040_0000),
+            zero,
+        ))
+    }
+
+    /// `out[i] = dec.decode(codes[i]) * e` (same length), eight at a time.
+    #[inline(always)]
+    pub(crate) unsafe fn decode_run<D: Decode>(dec: D, codes: &[u8], e: f32, out: &mut [f32]) {
+        let n = codes.len();
+        assert_eq!(out.len(), n, "outputs of a run");
+        let ev = _mm256_set1_ps(e);
+        let (src, dst) = (codes.as_ptr(), out.as_mut_ptr());
+        let mut i = 0;
+        // i + 8 <= n = codes.len() = out.len(): loads and stores in bounds.
+        while i + 8 <= n {
+            let fields = _mm256_cvtepu8_epi32(_mm_loadl_epi64(src.add(i) as *const __m128i));
+            _mm256_storeu_ps(dst.add(i), _mm256_mul_ps(dec.decode8(fields), ev));
+            i += 8;
+        }
+        for (y, &c) in out[i..].iter_mut().zip(&codes[i..]) {
+            *y = dec.decode(c) * e;
+        }
+    }
+
+    /// Pack 4- or 2-bit fields (the low bits of each code byte) 32 codes at a time into
+    /// `out`, the first code in the low bits of each byte (SPEC §8); returns how many codes
+    /// were packed (a multiple of 32: the caller packs the rest). `out` must hold
+    /// `codes.len() * bits / 8` bytes rounded down.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn pack_fields(codes: &[u8], out: &mut [u8], bits: usize) -> usize {
+        let chunks = codes.len() / 32;
+        assert!(
+            out.len() >= chunks * 32 * bits / 8,
+            "room for the packed fields"
+        );
+        let (src, dst) = (codes.as_ptr(), out.as_mut_ptr());
+        for k in 0..chunks {
+            let c = _mm256_loadu_si256(src.add(32 * k) as *const __m256i);
+            let mask = _mm256_set1_epi8(((1u16 << bits) - 1) as i8);
+            let c = _mm256_and_si256(c, mask);
+            // Each 16-bit lane holds two fields a byte apart: fold the second onto the first.
+            let pairs = if bits == 4 {
+                _mm256_or_si256(c, _mm256_srli_epi16::<4>(c))
+            } else {
+                _mm256_or_si256(c, _mm256_srli_epi16::<6>(c))
+            };
+            let pairs = _mm256_and_si256(pairs, _mm256_set1_epi16(0xFF));
+            // 16 bytes of pairs, in order (the pack works within 128-bit halves).
+            let bytes =
+                _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(pairs, pairs));
+            if bits == 4 {
+                _mm_storeu_si128(
+                    dst.add(16 * k) as *mut __m128i,
+                    _mm256_castsi256_si128(bytes),
+                );
+            } else {
+                // Two 4-bit pairs a 16-bit lane again: fold once more, to 8 bytes.
+                let b = _mm256_castsi256_si128(bytes);
+                let quads = _mm_and_si128(
+                    _mm_or_si128(b, _mm_srli_epi16::<4>(b)),
+                    _mm_set1_epi16(0xFF),
+                );
+                _mm_storel_epi64(
+                    dst.add(8 * k) as *mut __m128i,
+                    _mm_packus_epi16(quads, quads),
+                );
+            }
+        }
+        chunks * 32
+    }
+
+    /// Unpack 4-bit fields (two a byte, the first in the low nibble) 32 at a time from `bytes`
+    /// into `codes`; returns how many were unpacked (a multiple of 32, within both slices: the
+    /// caller unpacks the rest).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn unpack_nibbles(bytes: &[u8], codes: &mut [u8]) -> usize {
+        let chunks = (codes.len() / 32).min(bytes.len() / 16);
+        let low = _mm_set1_epi8(0x0F);
+        for k in 0..chunks {
+            // 16 bytes in, 32 codes out: both in bounds for k < chunks.
+            let b = _mm_loadu_si128(bytes.as_ptr().add(16 * k) as *const __m128i);
+            let lo = _mm_and_si128(b, low);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), low);
+            let dst = codes.as_mut_ptr().add(32 * k);
+            _mm_storeu_si128(dst as *mut __m128i, _mm_unpacklo_epi8(lo, hi));
+            _mm_storeu_si128(dst.add(16) as *mut __m128i, _mm_unpackhi_epi8(lo, hi));
+        }
+        chunks * 32
+    }
+
+    /// Lanes whose f32 is an infinity or a NaN, as all-ones i32 lanes.
+    #[inline(always)]
+    unsafe fn non_finite8(v: __m256) -> __m256i {
+        let exp = _mm256_set1_epi32(0x7F80_0000);
+        _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), exp), exp)
+    }
+
+    /// Codes of `xs[i] / e` into `out` (same length), `e` ≠ 0; returns whether any input was
+    /// non-finite. The quotient is an IEEE division, or the multiply by an exact reciprocal that
+    /// equals it ([`exact_reciprocal`]).
+    #[inline(always)]
+    pub(crate) unsafe fn encode_run<C: Encode>(
+        codec: C,
+        xs: &[f32],
+        e: f32,
+        out: &mut [u8],
+    ) -> bool {
+        // A run longer than a block group is read straight from memory: ask ahead for it.
+        match (exact_reciprocal(e), xs.len() > 256) {
+            (Some(r), false) => encode_run_with::<C, true, false>(codec, xs, r, out),
+            (Some(r), true) => encode_run_with::<C, true, true>(codec, xs, r, out),
+            (None, false) => encode_run_with::<C, false, false>(codec, xs, e, out),
+            (None, true) => encode_run_with::<C, false, true>(codec, xs, e, out),
+        }
+    }
+
+    /// Codes of eight values: divided by `d`, or multiplied by it when `MUL`.
+    #[inline(always)]
+    unsafe fn codes8<C: Encode, const MUL: bool>(
+        codec: C,
+        v: __m256,
+        d: __m256,
+        bad: &mut __m256i,
+    ) -> __m256i {
+        *bad = _mm256_or_si256(*bad, non_finite8(v));
+        let q = if MUL {
+            _mm256_mul_ps(v, d)
+        } else {
+            _mm256_div_ps(v, d)
+        };
+        codec.encode8(q)
+    }
+
+    #[inline(always)]
+    unsafe fn encode_run_with<C: Encode, const MUL: bool, const LONG: bool>(
+        codec: C,
+        xs: &[f32],
+        d: f32,
+        out: &mut [u8],
+    ) -> bool {
+        let n = xs.len();
+        assert_eq!(out.len(), n, "codes of a run");
+        let dv = _mm256_set1_ps(d);
+        let mut bad = _mm256_setzero_si256();
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let (src, dst) = (xs.as_ptr(), out.as_mut_ptr());
+        let mut i = 0;
+        // i + 32 <= n (then i + 8 <= n) = xs.len() = out.len(): loads and stores in bounds.
+        while i + 32 <= n {
+            let p = src.add(i);
+            if LONG {
+                _mm_prefetch::<{ _MM_HINT_T0 }>(p.wrapping_add(PREFETCH_AHEAD) as *const i8);
+                _mm_prefetch::<{ _MM_HINT_T0 }>(p.wrapping_add(PREFETCH_AHEAD + 16) as *const i8);
+            }
+            let c0 = codes8::<C, MUL>(codec, _mm256_loadu_ps(p), dv, &mut bad);
+            let c1 = codes8::<C, MUL>(codec, _mm256_loadu_ps(p.add(8)), dv, &mut bad);
+            let c2 = codes8::<C, MUL>(codec, _mm256_loadu_ps(p.add(16)), dv, &mut bad);
+            let c3 = codes8::<C, MUL>(codec, _mm256_loadu_ps(p.add(24)), dv, &mut bad);
+            // i32 codes (0..=255) to bytes: the packs work within 128-bit halves, the permute
+            // puts the dwords back in order.
+            let ab = _mm256_packus_epi32(c0, c1);
+            let cd = _mm256_packus_epi32(c2, c3);
+            let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order);
+            _mm256_storeu_si256(dst.add(i) as *mut __m256i, bytes);
+            i += 32;
+        }
+        while i + 8 <= n {
+            let c = codes8::<C, MUL>(codec, _mm256_loadu_ps(src.add(i)), dv, &mut bad);
+            let w = _mm_packus_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256::<1>(c));
+            _mm_storel_epi64(dst.add(i) as *mut __m128i, _mm_packus_epi16(w, w));
+            i += 8;
+        }
+        let mut tail_bad = false;
+        for (o, &x) in out[i..].iter_mut().zip(&xs[i..]) {
+            *o = codec.encode(if MUL { x * d } else { x / d });
+            tail_bad |= !x.is_finite();
+        }
+        tail_bad || _mm256_testz_si256(bad, bad) == 0
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use std::arch::x86_64::*;
+
+    use crate::codec::{E2M1Code, Encode, FloatCode, IntHalfAway, IntHalfEven};
+    use crate::minifloat::{E2M1, E4M3, E5M2};
+
+    /// `encode8` against `encode` on the f32 bit patterns `first, first + step, ...` (a
+    /// multiple of 8 of them), eight at a time; returns the first disagreement.
+    fn mismatch<C: Encode>(codec: C, first: u64, step: u64, count: u64) -> Option<(u32, u8, u8)> {
+        #[target_feature(enable = "avx2")]
+        unsafe fn run<C: Encode>(
+            codec: C,
+            first: u64,
+            step: u64,
+            count: u64,
+        ) -> Option<(u32, u8, u8)> {
+            let mut lanes = [0u32; 8];
+            let mut got = [0u32; 8];
+            for k in (0..count).step_by(8) {
+                for (j, l) in lanes.iter_mut().enumerate() {
+                    *l = (first + (k + j as u64) * step) as u32;
+                }
+                let v = _mm256_loadu_ps(lanes.as_ptr() as *const f32);
+                _mm256_storeu_si256(got.as_mut_ptr() as *mut __m256i, codec.encode8(v));
+                for (j, &b) in lanes.iter().enumerate() {
+                    let want = codec.encode(f32::from_bits(b));
+                    if got[j] != want as u32 {
+                        return Some((b, got[j] as u8, want));
+                    }
+                }
+            }
+            None
+        }
+        if !super::has_avx2() {
+            return None;
+        }
+        // SAFETY: the CPU has AVX2, checked just above.
+        unsafe { run(codec, first, step, count) }
+    }
+
+    /// Every codec's vector encoder, on `count` patterns `step` apart from `first`.
+    fn check_all(first: u64, step: u64, count: u64) {
+        fn check<C: Encode>(name: &str, codec: C, first: u64, step: u64, count: u64) {
+            if let Some((b, got, want)) = mismatch(codec, first, step, count) {
+                panic!(
+                    "{name}: {:e} ({b:#010x}) gives {got:#x}, encode {want:#x}",
+                    f32::from_bits(b)
+                );
+            }
+        }
+        for (lo, hi) in [
+            (-128.0, 127.0),
+            (-127.0, 127.0),
+            (-8.0, 7.0),
+            (-7.0, 7.0),
+            (-2.0, 1.0),
+            (-1.0, 1.0),
+        ] {
+            check(
+                "half away",
+                IntHalfAway { qmin: lo, qmax: hi },
+                first,
+                step,
+                count,
+            );
+            check(
+                "half even",
+                IntHalfEven { qmin: lo, qmax: hi },
+                first,
+                step,
+                count,
+            );
+        }
+        check("E4M3", FloatCode(E4M3), first, step, count);
+        check("E5M2", FloatCode(E5M2), first, step, count);
+        check("E2M1", FloatCode(E2M1), first, step, count);
+        check("E2M1 comparisons", E2M1Code, first, step, count);
+    }
+
+    /// A sweep over all bit patterns (every 8191st), and every pattern of the ranges where the
+    /// rounding decisions lie: near 0.5 (the half-away identity), the int and float ties.
+    #[test]
+    fn encode8_equals_encode_on_a_sweep() {
+        check_all(0, 8191, (1u64 << 32) / 8191 / 8 * 8);
+        for center in [
+            0.5f32, 1.5, 2.5, 126.5, 0.25, 0.75, 5.0, 448.0, 464.0, 57344.0, 0.015625,
+        ] {
+            for sign in [0u32, 0x8000_0000] {
+                let b = (center.to_bits() | sign) as u64;
+                check_all(b - 4096, 1, 8192);
+            }
+        }
+        // Through the formats' subnormal ranges (E5M2's from 2^-16, E4M3's and E2M1's).
+        check_all(0x3780_0000, 257, 0x0600_0000 / 257 / 8 * 8);
+    }
+
+    /// `decode8` against `decode` on every byte, bit for bit (NaN payloads included), for
+    /// every decoder the kernels use.
+    #[test]
+    fn decode8_equals_decode_on_every_byte() {
+        use crate::codec::{float_table, Decode, E2M1Decode, Fp8Decode, IntDecode};
+        use crate::layout::Packing;
+        #[target_feature(enable = "avx2")]
+        unsafe fn check<D: Decode>(name: &str, dec: D) {
+            let mut got = [0f32; 8];
+            for b0 in (0..256u32).step_by(8) {
+                let lanes: [u32; 8] = std::array::from_fn(|j| b0 + j as u32);
+                let v = _mm256_loadu_si256(lanes.as_ptr() as *const __m256i);
+                _mm256_storeu_ps(got.as_mut_ptr(), dec.decode8(v));
+                for (&b, g) in lanes.iter().zip(got) {
+                    let want = dec.decode(b as u8);
+                    assert_eq!(g.to_bits(), want.to_bits(), "{name} byte {b:#x}");
+                }
+            }
+        }
+        if !super::has_avx2() {
+            return;
+        }
+        let (t4, t5) = (float_table(&E4M3), float_table(&E5M2));
+        // SAFETY: the CPU has AVX2, checked just above.
+        unsafe {
+            check(
+                "E4M3",
+                Fp8Decode {
+                    table: &t4,
+                    fmt: E4M3,
+                },
+            );
+            check(
+                "E5M2",
+                Fp8Decode {
+                    table: &t5,
+                    fmt: E5M2,
+                },
+            );
+            check("E2M1", E2M1Decode);
+            for field_bits in [8, 4, 2] {
+                let p = Packing {
+                    word_bits: 8,
+                    per: 8 / field_bits as usize,
+                    field_bits,
+                    axis: 0,
+                    outer: 1,
+                    n_axis: 1,
+                    inner: 1,
+                    words_axis: 1,
+                    swapped: false,
+                    native: field_bits == 8,
+                };
+                check("int", IntDecode::new(&p));
+            }
+        }
+    }
+
+    /// The vector scale roundings against `ScaleDtype::round` / `mx_scale_code` on the
+    /// non-negative bit patterns `first, first + step, ...` (NaNs left out: a block's max never
+    /// is one).
+    fn check_scales(first: u32, step: u32, count: u32) {
+        use crate::scale::{mx_scale_code, ScaleRounding};
+        use crate::scheme::ScaleDtype;
+        #[target_feature(enable = "avx2,f16c")]
+        unsafe fn run(first: u32, step: u32, count: u32) {
+            let mut lanes = [0f32; 8];
+            let mut got = [0f32; 8];
+            for k in (0..count).step_by(8) {
+                for (j, l) in lanes.iter_mut().enumerate() {
+                    let b = first.wrapping_add((k + j as u32).wrapping_mul(step)) & 0x7FFF_FFFF;
+                    *l = if b > 0x7F80_0000 {
+                        0.0
+                    } else {
+                        f32::from_bits(b)
+                    };
+                }
+                let v = _mm256_loadu_ps(lanes.as_ptr());
+                for up in [false, true] {
+                    let mode = if up {
+                        ScaleRounding::Up
+                    } else {
+                        ScaleRounding::Nearest
+                    };
+                    _mm256_storeu_ps(got.as_mut_ptr(), super::x86::round_f16_8(v, up));
+                    for (&s, &g) in lanes.iter().zip(&got) {
+                        let want = ScaleDtype::F16.round(s, mode);
+                        assert_eq!(g.to_bits(), want.to_bits(), "f16 {mode:?} {s:e}");
+                    }
+                }
+                for emax in [0, 2, 6, 8, 15] {
+                    _mm256_storeu_ps(got.as_mut_ptr(), super::x86::mx_scale_8(v, emax));
+                    for (&s, &g) in lanes.iter().zip(&got) {
+                        let want = ScaleDtype::UE8M0.decode_code(mx_scale_code(s, emax));
+                        assert_eq!(g.to_bits(), want.to_bits(), "mx emax {emax} {s:e}");
+                    }
+                }
+            }
+        }
+        if super::has_avx2() && super::has_f16c() {
+            // SAFETY: the CPU has AVX2 and F16C, checked just above.
+            unsafe { run(first, step, count) }
+        }
+    }
+
+    #[test]
+    fn vector_scales_equal_scalar_on_a_sweep() {
+        check_scales(0, 4093, (1u32 << 31) / 4093 / 8 * 8);
+        // Around f16's subnormals, its largest value and the saturation point.
+        for b in [
+            0x3380_0000u32,
+            0x3880_0000,
+            0x477F_E000,
+            0x477F_F000,
+            0x4780_0000,
+        ] {
+            check_scales(b - 8192, 1, 16384);
+        }
+    }
+
+    /// Every non-negative f32 through the vector scale roundings. Run with
+    /// `cargo test --release -p blockquant-core -- --ignored every_f32`.
+    #[test]
+    #[ignore]
+    fn vector_scales_equal_scalar_on_every_f32() {
+        check_scales(0, 1, 1 << 31);
+    }
+
+    /// Every f32 bit pattern, every codec: the proof the identities in the vector encoders
+    /// hold. Slow (minutes in release); run with
+    /// `cargo test --release -p blockquant-core -- --ignored every_f32`.
+    #[test]
+    #[ignore]
+    fn encode8_equals_encode_on_every_f32() {
+        check_all(0, 1, 1u64 << 32);
+    }
+}

@@ -277,27 +277,29 @@ fn bytes_of_mut(s: &mut [i8]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, s.len()) }
 }
 
-/// A fresh zeroed numpy array, made by numpy itself so that an allocation it cannot make is
-/// Python's `MemoryError` (the numpy crate's constructors turn a failed allocation into a null
-/// pointer panic).
-fn zeros<'py, T: numpy::Element>(
+/// A fresh numpy array, made by numpy itself so that an allocation it cannot make is Python's
+/// `MemoryError` (the numpy crate's constructors turn a failed allocation into a null pointer
+/// panic). Not zeroed: every caller writes every element (storage, scales, dequantize's
+/// output), and zeroing costs a serial pass over the memory in the calling thread (glibc's
+/// calloc clears reused heap memory with memset) before the kernel's parallel one.
+fn new_array<'py, T: numpy::Element>(
     py: Python<'py>,
     shape: &[usize],
 ) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
     let np = py.import("numpy")?;
     let shape = pyo3::types::PyTuple::new(py, shape)?;
-    let arr = np.call_method1("zeros", (shape, numpy::dtype::<T>(py)))?;
+    let arr = np.call_method1("empty", (shape, numpy::dtype::<T>(py)))?;
     arr.cast_into::<PyArrayDyn<T>>()
-        .map_err(|_| PyTypeError::new_err("numpy.zeros made an array of another type"))
+        .map_err(|_| PyTypeError::new_err("numpy.empty made an array of another type"))
 }
 
 /// Fresh storage of the layout's dtype and shape.
 fn new_storage<'py>(py: Python<'py>, layout: &Layout) -> PyResult<Bound<'py, PyUntypedArray>> {
     let shape = layout.storage_shape();
     let arr = match StorageDtype::of(layout) {
-        StorageDtype::U32 => zeros::<u32>(py, &shape)?.into_any(),
-        StorageDtype::I8 => zeros::<i8>(py, &shape)?.into_any(),
-        StorageDtype::U8 => zeros::<u8>(py, &shape)?.into_any(),
+        StorageDtype::U32 => new_array::<u32>(py, &shape)?.into_any(),
+        StorageDtype::I8 => new_array::<i8>(py, &shape)?.into_any(),
+        StorageDtype::U8 => new_array::<u8>(py, &shape)?.into_any(),
     };
     Ok(arr.cast_into::<PyUntypedArray>().expect("a numpy array"))
 }
@@ -397,7 +399,7 @@ fn f32_array<'py>(
     data: &[f32],
     shape: &[usize],
 ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
-    let arr = zeros::<f32>(py, shape)?;
+    let arr = new_array::<f32>(py, shape)?;
     {
         let mut rw = arr.readwrite();
         rw.as_slice_mut()
@@ -558,7 +560,7 @@ fn output_array<'py, T: numpy::Element>(
     out: Option<&Bound<'py, PyUntypedArray>>,
 ) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
     let Some(out) = out else {
-        return zeros::<T>(py, shape);
+        return new_array::<T>(py, shape);
     };
     let a = out.cast::<PyArrayDyn<T>>().map_err(|_| {
         PyTypeError::new_err(format!(
@@ -747,7 +749,7 @@ fn round_scale<'py>(
         let dtype = scale_dtype_arg(dtype)?;
         let mode = mode.0;
         let src = contiguous(&scales, "scales")?;
-        let out = zeros::<f32>(py, scales.shape())?;
+        let out = new_array::<f32>(py, scales.shape())?;
         {
             let mut rw = out.readwrite();
             let dst = rw.as_slice_mut().expect("a fresh array is contiguous");
