@@ -75,6 +75,7 @@ def quantize(
     scale_rounding: str,
     scales: Optional[npt.NDArray[np.float32]] = None,
     global_scale: Optional[float] = None,
+    weights: Optional[npt.NDArray[np.float32]] = None,
 ) -> _Quantized: ...
 def dequantize(
     values: npt.NDArray[np.generic],

@@ -437,7 +437,7 @@ fn with_input<R>(
 /// Quantize a C-contiguous float array (see `with_input` for `kind`). Returns
 /// `(values, scales, global_scale)`.
 #[pyfunction]
-#[pyo3(signature = (x, kind, scheme, calibration, rounding, scale_rounding, scales=None, global_scale=None))]
+#[pyo3(signature = (x, kind, scheme, calibration, rounding, scale_rounding, scales=None, global_scale=None, weights=None))]
 #[allow(clippy::too_many_arguments)]
 fn quantize<'py>(
     py: Python<'py>,
@@ -449,6 +449,7 @@ fn quantize<'py>(
     scale_rounding: Opt<ScaleRounding>,
     scales: Option<PyReadonlyArrayDyn<'py, f32>>,
     global_scale: Option<f32>,
+    weights: Option<PyReadonlyArrayDyn<'py, f32>>,
 ) -> PyResult<Quantized<'py>> {
     guarded(|| {
         let layout = layout(scheme, x.shape())?;
@@ -465,10 +466,24 @@ fn quantize<'py>(
             scales: given,
             global: global_scale,
         };
+        let w = match &weights {
+            Some(w) => Some(contiguous(w, "weights")?),
+            None => None,
+        };
         let storage = new_storage(py, &layout)?;
         let sc = with_input(x, kind, |xs| {
             with_storage_mut(&storage, &layout, |out| {
-                pool::install(|| q::quantize(xs, &layout, &opts, Some(explicit), out))
+                pool::install(|| match w {
+                    Some(w) => blockquant_core::search::quantize_weighted(
+                        xs,
+                        w,
+                        &layout,
+                        &opts,
+                        Some(explicit),
+                        out,
+                    ),
+                    None => q::quantize(xs, &layout, &opts, Some(explicit), out),
+                })
             })
         })?
         .map_err(to_py)?;
