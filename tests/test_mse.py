@@ -176,3 +176,10 @@ def test_empty_and_zero_d_inputs():
     for x in [np.zeros((0, 5), np.float32), np.float32(3.0), np.zeros((4,), np.float32)]:
         for s in ["int4_block32", "nvfp4", "int8", "mxfp4"]:
             _same(bq.quantize(x, s, calibration="mse"), ref.quantize(x, s, calibration="mse"))
+
+
+def test_report_shows_bits_per_weight():
+    from blockquant.metrics import bits_per_weight
+
+    assert bits_per_weight(18, 32) == 4.5
+    assert bits_per_weight(0, 0) == float("inf")
