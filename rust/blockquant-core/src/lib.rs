@@ -25,6 +25,7 @@ pub mod quantize;
 pub mod scale;
 pub mod scheme;
 pub mod search;
+mod search_avx2;
 mod simd;
 
 pub use calibrate::Calibration;

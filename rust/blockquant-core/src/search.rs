@@ -60,10 +60,73 @@ pub fn divisors(value: QuantValue) -> &'static [f32] {
     }
 }
 
+/// Rounding to F16, BF16 or UE4M3 without the generic code-space path (the search rounds
+/// eleven candidates a block): the f32 bits rounded to the mantissa width (ties to even) in the
+/// normal range, a power of two added and taken away in the subnormal range, saturating at the
+/// largest value; `up` steps to the next value when that fell below. Equal to
+/// [`ScaleDtype::round`] (tested), for finite s ≥ 0.
+#[derive(Debug, Clone, Copy)]
+struct FastRound {
+    shift: u32,
+    min_normal: f32,
+    magic: f32,
+    max: f32,
+    /// The spacing of the subnormal values.
+    sub_quantum: f32,
+}
+
+impl FastRound {
+    fn new(dtype: ScaleDtype) -> Option<Self> {
+        let (mbits, emin) = match dtype {
+            ScaleDtype::F16 => (10, -14),
+            ScaleDtype::BF16 => (7, -126),
+            ScaleDtype::UE4M3 => (3, -6),
+            _ => return None,
+        };
+        Some(Self {
+            shift: 23 - mbits,
+            min_normal: crate::minifloat::exp2i(emin),
+            magic: crate::minifloat::exp2i(emin - mbits as i32 + 23),
+            max: dtype.max_value(),
+            sub_quantum: crate::minifloat::exp2i(emin - mbits as i32),
+        })
+    }
+
+    #[inline]
+    fn round(&self, s: f32, up: bool) -> f32 {
+        let b = s.to_bits();
+        let n = if s < self.min_normal {
+            (s + self.magic) - self.magic
+        } else {
+            let half = (1u32 << (self.shift - 1)) - 1;
+            f32::from_bits(
+                b.wrapping_add(half + ((b >> self.shift) & 1)) & !((1u32 << self.shift) - 1),
+            )
+        };
+        let n = if n < self.max { n } else { self.max };
+        if !up || n >= s {
+            return n;
+        }
+        let next = if n < self.min_normal {
+            n + self.sub_quantum
+        } else {
+            f32::from_bits(n.to_bits() + (1u32 << self.shift))
+        };
+        if next < self.max {
+            next
+        } else {
+            self.max
+        }
+    }
+}
+
 /// What the candidates of a block depend on, besides its amplitude.
 #[derive(Debug, Clone, Copy)]
 struct Ctx {
-    value: QuantValue,
+    /// half_range · c_k for each divisor (exact), padded with the last.
+    denoms: [f32; MAX_CANDIDATES],
+    n_divisors: usize,
+    fast: Option<FastRound>,
     dtype: ScaleDtype,
     mode: ScaleRounding,
     half_range: f32,
@@ -75,8 +138,12 @@ struct Ctx {
 impl Ctx {
     fn new(layout: &Layout, mode: ScaleRounding, global: Option<f32>) -> Self {
         let value = layout.scheme.value;
+        let divs = divisors(value);
+        let denoms = std::array::from_fn(|k| value.half_range() * divs[k.min(divs.len() - 1)]);
         Self {
-            value,
+            denoms,
+            n_divisors: divs.len(),
+            fast: FastRound::new(layout.scheme.scale_dtype()),
             dtype: layout.scheme.scale_dtype(),
             mode,
             half_range: value.half_range(),
@@ -91,8 +158,11 @@ impl Ctx {
     /// (×½ first, then ×2); every other dtype the divisors' raw scales, each rounded.
     fn candidates(&self, alpha: f32, out: &mut [f32; MAX_CANDIDATES]) -> usize {
         let mut n = 0;
+        // Candidates 1.. are monotone in k, so a repeat is the one before or the first.
         let mut push = |s: f32, out: &mut [f32; MAX_CANDIDATES]| {
-            if !out[..n].iter().any(|&c| c.to_bits() == s.to_bits()) {
+            let seen =
+                n > 0 && (out[0].to_bits() == s.to_bits() || out[n - 1].to_bits() == s.to_bits());
+            if !seen {
                 out[n] = s;
                 n += 1;
             }
@@ -110,15 +180,40 @@ impl Ctx {
             }
             return n;
         }
-        for &c in divisors(self.value) {
-            let raw = alpha / (self.half_range * c);
-            let block = match self.global {
-                None => raw,
-                // As compute_scales: g = 0 leaves nothing to normalize by.
-                Some(0.0) => 0.0,
-                Some(g) => raw / g,
-            };
-            push(self.dtype.round(block, self.mode), out);
+        // Every candidate's arithmetic first (independent, so the divisions overlap), then the
+        // repeats dropped.
+        // Every candidate's arithmetic first, over a fixed-size array (independent, so the
+        // divisions overlap and the loops vectorize), then the repeats dropped.
+        let mut block = [0.0f32; MAX_CANDIDATES];
+        for (b, &d) in block.iter_mut().zip(&self.denoms) {
+            *b = alpha / d;
+        }
+        match self.global {
+            None => {}
+            // As compute_scales: g = 0 leaves nothing to normalize by.
+            Some(0.0) => block = [0.0; MAX_CANDIDATES],
+            Some(g) => block.iter_mut().for_each(|b| *b /= g),
+        }
+        let mut stored = [0.0f32; MAX_CANDIDATES];
+        match self.fast {
+            Some(f) if self.mode == ScaleRounding::Up => {
+                for (st, &b) in stored.iter_mut().zip(&block) {
+                    *st = f.round(b, true);
+                }
+            }
+            Some(f) => {
+                for (st, &b) in stored.iter_mut().zip(&block) {
+                    *st = f.round(b, false);
+                }
+            }
+            None => {
+                for (st, &b) in stored.iter_mut().zip(&block) {
+                    *st = self.dtype.round(b, self.mode);
+                }
+            }
+        }
+        for &st in &stored[..self.n_divisors] {
+            push(st, out);
         }
         n
     }
@@ -137,6 +232,31 @@ impl Ctx {
 /// branches so the error loop vectorizes; tests hold each equal to decode(encode(u)).
 trait Dequant: Copy + Send + Sync {
     fn qv(&self, u: f32) -> f32;
+
+    /// For each effective scale `eff[k]` (none 0), Σ w·(u − q(u))² of one chunk into the eight
+    /// lanes `out[k]`; value types with an AVX2 loop override it.
+    #[inline(always)]
+    fn lanes(&self, xs: &[f32], ws: Option<&[f32]>, eff: &[f32], out: &mut [[f32; 8]]) {
+        for (o, &e) in out.iter_mut().zip(eff) {
+            *o = portable_lanes(*self, xs, ws, e);
+        }
+    }
+}
+
+/// Runs the AVX2 loop `$avx2` when the CPU has it, else the portable one.
+macro_rules! lanes_avx2_or_portable {
+    ($self:expr, $xs:expr, $ws:expr, $eff:expr, $out:expr, $avx2:expr) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::simd::has_avx2() {
+                // SAFETY: the CPU supports AVX2, checked just above.
+                return unsafe { $avx2 };
+            }
+        }
+        for (o, &e) in $out.iter_mut().zip($eff) {
+            *o = portable_lanes(*$self, $xs, $ws, e);
+        }
+    }};
 }
 
 /// Integer values, half away from zero: `round` of the clamped value (the codec's integer).
@@ -148,8 +268,28 @@ struct IntAwayQ {
 
 impl Dequant for IntAwayQ {
     #[inline(always)]
+    fn lanes(&self, xs: &[f32], ws: Option<&[f32]>, eff: &[f32], out: &mut [[f32; 8]]) {
+        let term = |x: f32, e: f32| term(*self, x, e);
+        lanes_avx2_or_portable!(
+            self,
+            xs,
+            ws,
+            eff,
+            out,
+            crate::search_avx2::lanes_int_away(xs, ws, eff, out, (self.qmin, self.qmax), term)
+        )
+    }
+
+    #[inline(always)]
     fn qv(&self, u: f32) -> f32 {
-        clamp(u, self.qmin, self.qmax).round()
+        // As the codec: truncate, then step away from zero on a fraction of at least one half
+        // (`f32::round` vectorizes poorly).
+        let v = clamp(u, self.qmin, self.qmax);
+        let t = v.trunc();
+        let f = v - t;
+        let up = if f >= 0.5 { 1.0 } else { 0.0 };
+        let down = if f <= -0.5 { 1.0 } else { 0.0 };
+        t + up - down
     }
 }
 
@@ -161,6 +301,19 @@ struct IntEvenQ {
 }
 
 impl Dequant for IntEvenQ {
+    #[inline(always)]
+    fn lanes(&self, xs: &[f32], ws: Option<&[f32]>, eff: &[f32], out: &mut [[f32; 8]]) {
+        let term = |x: f32, e: f32| term(*self, x, e);
+        lanes_avx2_or_portable!(
+            self,
+            xs,
+            ws,
+            eff,
+            out,
+            crate::search_avx2::lanes_int_even(xs, ws, eff, out, (self.qmin, self.qmax), term)
+        )
+    }
+
     #[inline(always)]
     fn qv(&self, u: f32) -> f32 {
         clamp(u, self.qmin, self.qmax).round_ties_even()
@@ -183,6 +336,19 @@ fn clamp(v: f32, lo: f32, hi: f32) -> f32 {
 struct E2M1Q;
 
 impl Dequant for E2M1Q {
+    #[inline(always)]
+    fn lanes(&self, xs: &[f32], ws: Option<&[f32]>, eff: &[f32], out: &mut [[f32; 8]]) {
+        let term = |x: f32, e: f32| term(*self, x, e);
+        lanes_avx2_or_portable!(
+            self,
+            xs,
+            ws,
+            eff,
+            out,
+            crate::search_avx2::lanes_e2m1(xs, ws, eff, out, term)
+        )
+    }
+
     #[inline(always)]
     fn qv(&self, u: f32) -> f32 {
         let a = u.abs();
@@ -268,26 +434,28 @@ macro_rules! with_dequant {
     }};
 }
 
-/// Σ w·(u - q(u))² over one chunk (≤ CHUNK elements), u = x / e, in f32: element i adds into
-/// lane i % 8, lanes combine pairwise. `e` is not 0.
+/// (u − q(u))² of one element, u = x / e.
 #[inline(always)]
-fn chunk_sum<Q: Dequant>(q: Q, xs: &[f32], ws: Option<&[f32]>, e: f32) -> f32 {
+fn term<Q: Dequant>(q: Q, x: f32, e: f32) -> f32 {
+    let u = x / e;
+    let t = u - q.qv(u);
+    t * t
+}
+
+/// Σ w·(u − q(u))² over one chunk (≤ CHUNK elements) in f32, element i into lane i % 8.
+#[inline(always)]
+fn portable_lanes<Q: Dequant>(q: Q, xs: &[f32], ws: Option<&[f32]>, e: f32) -> [f32; 8] {
     let mut lanes = [0.0f32; 8];
-    let term = |x: f32| {
-        let u = x / e;
-        let t = u - q.qv(u);
-        t * t
-    };
     match ws {
         None => {
             let mut cx = xs.chunks_exact(8);
             for c in &mut cx {
                 for i in 0..8 {
-                    lanes[i] += term(c[i]);
+                    lanes[i] += term(q, c[i], e);
                 }
             }
             for (i, &x) in cx.remainder().iter().enumerate() {
-                lanes[i] += term(x);
+                lanes[i] += term(q, x, e);
             }
         }
         Some(ws) => {
@@ -295,16 +463,21 @@ fn chunk_sum<Q: Dequant>(q: Q, xs: &[f32], ws: Option<&[f32]>, e: f32) -> f32 {
             let mut cw = ws.chunks_exact(8);
             for (c, w) in (&mut cx).zip(&mut cw) {
                 for i in 0..8 {
-                    lanes[i] += w[i] * term(c[i]);
+                    lanes[i] += w[i] * term(q, c[i], e);
                 }
             }
             for (i, (&x, &w)) in cx.remainder().iter().zip(cw.remainder()).enumerate() {
-                lanes[i] += w * term(x);
+                lanes[i] += w * term(q, x, e);
             }
         }
     }
-    ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
-        + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+    lanes
+}
+
+/// Lanes combined pairwise.
+#[inline(always)]
+fn combine(l: &[f32; 8]) -> f32 {
+    ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
 }
 
 avx2_dispatch! {
@@ -327,10 +500,20 @@ fn chunk_errors_portable<Q: Dequant>(
     eff: &[f32],
     out: &mut [f64],
 ) {
-    for (o, &e) in out.iter_mut().zip(eff) {
+    // The candidates of scale 0 are left out (their error is +inf whatever the sum).
+    let mut nz = [0.0f32; MAX_CANDIDATES];
+    let mut at = [0usize; MAX_CANDIDATES];
+    let mut k = 0;
+    for (j, &e) in eff.iter().enumerate() {
         if e != 0.0 {
-            *o += chunk_sum(q, xs, ws, e) as f64;
+            (nz[k], at[k]) = (e, j);
+            k += 1;
         }
+    }
+    let mut lanes = [[0.0f32; 8]; MAX_CANDIDATES];
+    q.lanes(xs, ws, &nz[..k], &mut lanes[..k]);
+    for j in 0..k {
+        out[at[j]] += combine(&lanes[j]) as f64;
     }
 }
 
@@ -600,174 +783,5 @@ pub fn quantize_weighted(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::scheme::{QuantScheme, QuantStore};
-
-    fn layout(value: QuantValue, block: &[usize], dtype: ScaleDtype, shape: &[usize]) -> Layout {
-        let s = QuantScheme::default()
-            .with_value(value)
-            .with_store(QuantStore::Native)
-            .per_block(block, dtype)
-            .unwrap();
-        Layout::new(&s, shape).unwrap()
-    }
-
-    fn mse_opts() -> QuantizeOptions {
-        QuantizeOptions {
-            calibration: Calibration::Mse,
-            ..Default::default()
-        }
-    }
-
-    /// The searched scale of each block is the candidate of least error, computed here the
-    /// plain way (one block at a time, straight loops), and never worse than minmax's.
-    #[test]
-    fn each_block_takes_its_least_error_candidate() {
-        let l = layout(QuantValue::Q4S, &[8], ScaleDtype::F16, &[4, 20]);
-        let x: Vec<f32> = (0..80)
-            .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.13)
-            .collect();
-        let sc = mse_scales(Input::F32(&x), None, &l, &mse_opts(), None);
-        let ctx = Ctx::new(&l, ScaleRounding::Up, None);
-        for b in 0..l.num_scales {
-            let (r, k) = (b / 3, b % 3);
-            let xs = &x[r * 20 + k * 8..r * 20 + (k * 8 + 8).min(20)];
-            let alpha = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let mut cand = [0.0; MAX_CANDIDATES];
-            let n = ctx.candidates(alpha, &mut cand);
-            // Blocks of at most 8: one element a lane, the lanes summed pairwise.
-            let err = |e: f32| -> f64 {
-                let mut l = [0.0f32; 8];
-                for (i, &v) in xs.iter().enumerate() {
-                    let u = v / e;
-                    let t = u - u.clamp(-7.0, 7.0).round();
-                    l[i] = t * t;
-                }
-                let s = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-                (e as f64 * e as f64) * s as f64
-            };
-            let best = cand[..n]
-                .iter()
-                .fold(cand[0], |b, &c| if err(c) < err(b) { c } else { b });
-            assert_eq!(sc.stored[b], best, "block {b}");
-            assert!(err(sc.stored[b]) <= err(cand[0]));
-        }
-    }
-
-    /// Each branch-free value function equals decoding the codec's code, over a sweep of f32s
-    /// (every 4099th bit pattern up to past the largest value, and each sign), NaN aside.
-    #[test]
-    fn value_functions_equal_decode_of_encode() {
-        use crate::codec::{float_table, E2M1Code, FloatCode};
-        let check = |q: &dyn Fn(f32) -> f32, code: &dyn Fn(f32) -> f32, top: f32| {
-            for sign in [0u32, 0x8000_0000] {
-                let mut bits = 0u32;
-                while f32::from_bits(bits) <= top {
-                    let u = f32::from_bits(bits | sign);
-                    assert_eq!(q(u), code(u), "{u}"); // ±0 alike: only (u - q)² counts
-                    bits += 4099;
-                }
-                let inf = f32::from_bits(0x7F80_0000 | sign);
-                assert_eq!(q(inf), code(inf));
-            }
-        };
-        for value in [QuantValue::E4M3, QuantValue::E5M2, QuantValue::E2M1] {
-            let fmt = minifloat(value).unwrap();
-            let table = float_table(&fmt);
-            let mq = MiniQ::new(value);
-            if value == QuantValue::E2M1 {
-                check(
-                    &|u| E2M1Q.qv(u),
-                    &|u| table[E2M1Code.encode(u) as usize],
-                    10.0,
-                );
-            } else {
-                check(
-                    &|u| mq.qv(u),
-                    &|u| table[FloatCode(fmt).encode(u) as usize],
-                    1e6,
-                );
-            }
-        }
-        use crate::codec::{Encode, IntHalfAway, IntHalfEven};
-        let (away, even) = (
-            IntHalfAway {
-                qmin: -8.0,
-                qmax: 7.0,
-            },
-            IntHalfEven {
-                qmin: -7.0,
-                qmax: 7.0,
-            },
-        );
-        let (aq, eq) = (
-            IntAwayQ {
-                qmin: -8.0,
-                qmax: 7.0,
-            },
-            IntEvenQ {
-                qmin: -7.0,
-                qmax: 7.0,
-            },
-        );
-        check(&|u| aq.qv(u), &|u| (away.encode(u) as i8) as f32, 20.0);
-        check(&|u| eq.qv(u), &|u| (even.encode(u) as i8) as f32, 20.0);
-    }
-
-    #[test]
-    fn ue8m0_candidates_are_the_neighbouring_powers_of_two() {
-        let l = layout(QuantValue::E2M1, &[32], ScaleDtype::UE8M0, &[32]);
-        let ctx = Ctx::new(&l, ScaleRounding::Mx, None);
-        let mut c = [0.0; MAX_CANDIDATES];
-        // α = 5: MX scale 2^(2 - 2) = 1.
-        assert_eq!(ctx.candidates(5.0, &mut c), 3);
-        assert_eq!(&c[..3], &[1.0, 0.5, 2.0]);
-        // The smallest code has no lower neighbour.
-        assert_eq!(ctx.candidates(0.0, &mut c), 2);
-    }
-
-    /// Per-tensor and large blocks are summed chunk by chunk; the result does not depend on the
-    /// thread count.
-    #[test]
-    fn the_result_does_not_depend_on_threads() {
-        let n = 3 * CHUNK + 17;
-        let x: Vec<f32> = (0..n)
-            .map(|i| ((i as u64 * 2654435761 % 1000) as f32 - 500.0) * 1e-3)
-            .collect();
-        let w: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 0.25).collect();
-        let per_tensor = Layout::new(
-            &QuantScheme::default()
-                .with_value(QuantValue::Q2S)
-                .with_store(QuantStore::Native),
-            &[n],
-        )
-        .unwrap();
-        let big = layout(QuantValue::E2M1, &[CHUNK + 5], ScaleDtype::F16, &[n]);
-        for l in [&per_tensor, &big] {
-            let one = rayon::ThreadPoolBuilder::new()
-                .num_threads(1)
-                .build()
-                .unwrap()
-                .install(|| mse_scales(Input::F32(&x), Some(&w), l, &mse_opts(), None));
-            let three = rayon::ThreadPoolBuilder::new()
-                .num_threads(3)
-                .build()
-                .unwrap()
-                .install(|| mse_scales(Input::F32(&x), Some(&w), l, &mse_opts(), None));
-            assert_eq!(one, three);
-        }
-    }
-
-    #[test]
-    fn bad_weights_are_refused() {
-        assert!(check_weights(&[1.0, 0.0], 2).is_ok());
-        let e = check_weights(&[1.0, -1.0], 2).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "weights must be finite and >= 0, got -1 at flat index 1"
-        );
-        assert!(check_weights(&[f32::NAN], 1).is_err());
-        assert!(check_weights(&[1.0], 2).is_err());
-    }
-}
+#[path = "search_tests.rs"]
+mod tests;
