@@ -92,30 +92,32 @@ impl FastRound {
         })
     }
 
-    #[inline]
+    /// Branch-free (both roundings computed, then chosen), so a loop of them vectorizes.
+    #[inline(always)]
     fn round(&self, s: f32, up: bool) -> f32 {
         let b = s.to_bits();
-        let n = if s < self.min_normal {
-            (s + self.magic) - self.magic
-        } else {
-            let half = (1u32 << (self.shift - 1)) - 1;
-            f32::from_bits(
-                b.wrapping_add(half + ((b >> self.shift) & 1)) & !((1u32 << self.shift) - 1),
-            )
-        };
+        let sub = (s + self.magic) - self.magic;
+        let half = (1u32 << (self.shift - 1)) - 1;
+        let normal = f32::from_bits(
+            b.wrapping_add(half + ((b >> self.shift) & 1)) & !((1u32 << self.shift) - 1),
+        );
+        let n = if s < self.min_normal { sub } else { normal };
         let n = if n < self.max { n } else { self.max };
-        if !up || n >= s {
+        if !up {
             return n;
         }
+        let next_sub = n + self.sub_quantum;
+        let next_normal = f32::from_bits(n.to_bits().wrapping_add(1u32 << self.shift));
         let next = if n < self.min_normal {
-            n + self.sub_quantum
+            next_sub
         } else {
-            f32::from_bits(n.to_bits() + (1u32 << self.shift))
+            next_normal
         };
-        if next < self.max {
-            next
+        let next = if next < self.max { next } else { self.max };
+        if n >= s {
+            n
         } else {
-            self.max
+            next
         }
     }
 }
@@ -156,6 +158,7 @@ impl Ctx {
     /// repeats dropped (a repeat has the same error, and the first of equals wins anyway).
     /// UE8M0 (powers of two) takes the scale minmax would store and its two neighbours
     /// (×½ first, then ×2); every other dtype the divisors' raw scales, each rounded.
+    #[inline(always)]
     fn candidates(&self, alpha: f32, out: &mut [f32; MAX_CANDIDATES]) -> usize {
         let mut n = 0;
         // Candidates 1.. are monotone in k, so a repeat is the one before or the first.
@@ -591,9 +594,24 @@ struct Bufs {
     ws: Vec<f32>,
 }
 
-/// The searched stored scale of block `b`.
+avx2_dispatch! {
+    /// The searched stored scale of block `b` (candidates computed in the AVX2 build too).
+    #[allow(clippy::too_many_arguments)]
+    fn search_block[Q: Dequant](
+        q: Q,
+        ctx: &Ctx,
+        x: Input<'_>,
+        weights: Option<&[f32]>,
+        layout: &Layout,
+        b: usize,
+        alpha: f32,
+        bufs: &mut Bufs,
+    ) -> f32 => search_block_portable;
+}
+
 #[allow(clippy::too_many_arguments)]
-fn search_block<Q: Dequant>(
+#[inline(always)]
+fn search_block_portable<Q: Dequant>(
     q: Q,
     ctx: &Ctx,
     x: Input<'_>,
