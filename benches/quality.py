@@ -59,9 +59,16 @@ def median_time(fn: Callable[[], object], repeat: int) -> float:
 
 
 def schemes() -> List[Tuple[str, bq.QuantScheme]]:
-    """Every preset, plus int4 block 32 with Q4F values (issue 14's ggml Q4_0 comparison)."""
+    """Every preset, plus int4 block 32 with Q4F values (issue 14's ggml Q4_0 comparison) and
+    the best 4.5-bit scheme without a codebook found so far (Q4F, UE4M3 scales per 16 under an
+    f32 tensor scale, scale rounding nearest)."""
     rows = [(name, make()) for name, make in bq.presets.PRESETS.items()]
     rows.append(("q4f block32 f16", bq.QuantScheme.parse("q4f/packed_u32_0/block32:f16")))
+    rows.append((
+        "q4f b16 ue4m3+f32",
+        bq.QuantScheme.parse("q4f/packed_u32_0/block16:ue4m3+tensor:f32")
+        .with_options(scale_rounding="nearest"),
+    ))
     return rows
 
 
