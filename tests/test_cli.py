@@ -1,5 +1,5 @@
 """The `blockquant` command on small checkpoints it builds itself: quantize, dequantize, inspect,
-report, demo, --version; the benchmark script; the file format; and every user error (exit 2, one line, nothing written)."""
+report, demo, --version; the file format; and every user error (exit 2, one line, nothing written)."""
 
 import importlib.metadata
 import io
@@ -8,7 +8,6 @@ import os
 import struct
 import subprocess
 import sys
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -19,8 +18,6 @@ import blockquant as bq
 from blockquant.checkpoint import SafetensorsWriter, quantize_file
 from blockquant.cli import ProgressBar, main
 from blockquant.metrics import ErrorStats, sqnr_db
-
-BENCH = Path(__file__).resolve().parents[1] / "benches" / "bench.py"
 
 
 # -- an independent, minimal safetensors codec (not the one under test) -------------------------
@@ -455,21 +452,6 @@ def test_demo_still_runs(capsys):
 def test_bench_is_not_a_command(capsys):
     assert run("bench") == 2  # the benchmark is benches/bench.py, outside the package
     assert "invalid choice: 'bench'" in capsys.readouterr().err
-
-
-@pytest.mark.skipif(not BENCH.is_file(), reason="benches/bench.py is not in this tree")
-def test_bench_script_runs_standalone(tmp_path):
-    cmd = [sys.executable, str(BENCH)]
-    help_ = subprocess.run([*cmd, "--help"], capture_output=True, text=True, timeout=60,
-                           cwd=tmp_path, check=False)
-    assert help_.returncode == 0 and "--quick" in help_.stdout, help_.stderr
-    res = subprocess.run([*cmd, "--quick", "--size", "8192", "--repeat", "1", "--json",
-                          str(tmp_path / "b.json")], capture_output=True, text=True, timeout=300,
-                         cwd=tmp_path, check=False)
-    assert res.returncode == 0, res.stderr
-    assert "np.copyto" in res.stdout and "NVFP4" in res.stdout and "of copyto" in res.stdout
-    results = json.loads((tmp_path / "b.json").read_text())
-    assert results["size"] == 8192 and len(results["cases"]) == 7
 
 
 def test_version(capsys, monkeypatch):

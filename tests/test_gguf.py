@@ -227,12 +227,10 @@ def test_every_shape(name, shape):
 
 @pytest.mark.parametrize("name", ALL_TYPES)
 def test_dequantize_any_bytes(name):
-    if name in ("Q4_1", "Q5_1") and np.lib.NumpyVersion(np.__version__) < "2.0.0":
-        # gguf-py's own Q4_1/Q5_1 dequantize of arbitrary (NaN/inf-scale) bytes differs under
-        # numpy 1.x promotion; the oracle, not blockquant, changes there. Random-data and edge
-        # tests of these types still run on numpy 1.x.
-        pytest.skip("gguf-py's Q4_1/Q5_1 oracle differs on arbitrary bytes under numpy 1.x")
-    """Random bytes (NaN and infinite scales among them) decode as gguf-py decodes them."""
+    """Random bytes (NaN and infinite scales among them) decode as gguf-py decodes them: every
+    bit of every non-NaN value, and NaN where gguf-py gives NaN. Which NaN payload numpy's
+    arithmetic propagates depends on its version's SIMD loops (operand order; numpy 2.2 and 2.4
+    differ on Q4_1/Q5_1's d·q + m), so payloads are not part of the contract."""
     t = bg.TYPES[name]
     raw = RNG.integers(0, 256, (300, 4 * t.type_size), dtype=np.uint8)
     if name == "F32":
@@ -242,7 +240,10 @@ def test_dequantize_any_bytes(name):
     want = oracle_dequantize(raw, name)
     got = bg.dequantize(raw, name)
     assert got.dtype == np.float32 and got.shape == want.shape
-    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    nan = np.isnan(want)
+    assert nan.any() or name in ("TQ1_0", "TQ2_0", "MXFP4", "BF16"), "no NaN scale was drawn"
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float64", "bfloat16"])
@@ -289,10 +290,10 @@ def test_types_and_names():
         assert bg.ggml_type(int(GT[name])) is t
     assert bg.byte_shape((3, 64), "q4_0") == (3, 36)
     assert bg.value_shape((3, 36), "Q4_0") == (3, 64)
-    with pytest.raises(bq.SchemeError, match="Q4_K"):
-        bg.ggml_type("Q4_K")
+    with pytest.raises(bq.SchemeError, match="IQ2_XXS"):
+        bg.ggml_type("IQ2_XXS")
     with pytest.raises(bq.SchemeError):
-        bg.ggml_type(GT.Q6_K)
+        bg.ggml_type(GT.IQ3_S)
     with pytest.raises(TypeError):
         bg.ggml_type(True)
 

@@ -183,3 +183,12 @@ def test_report_shows_bits_per_weight():
 
     assert bits_per_weight(18, 32) == 4.5
     assert bits_per_weight(0, 0) == float("inf")
+
+
+def test_weights_with_out_arrays():
+    x = _data((4, 64))
+    w = RNG.random((1, 64)).astype(np.float32)
+    layout = bq.presets.int4_block32().layout(x.shape)
+    out = (np.empty(layout.storage_shape, layout.storage_dtype), np.empty(layout.scale_grid, np.float32))
+    qt = bq.quantize(x, "int4_block32", calibration="mse", weights=w, out=out)
+    _same(qt, ref.quantize(x, "int4_block32", calibration="mse", weights=w))

@@ -56,3 +56,87 @@ def test_bad_out_arrays_are_refused_and_left_alone():
     with pytest.raises(ValueError, match="writeable"):
         qt.dequantize(out=ro)
     assert not ro.any()
+
+
+# -- quantize(out=(values, scales)) ---------------------------------------------------------------
+QSCHEMES = SCHEMES + ["q2s/packed_u32_0/block16:bf16", "e2m1/packed_native1/block16:ue4m3",
+                      "q8s/native/block4x8:f32", "e4m3/native/tensor:f32", "q4f/packed_u32_1/tensor:f16"]
+
+
+def _garbage(shape, dtype, seed):
+    """An array of the given dtype full of arbitrary bit patterns (the core must overwrite every
+    byte, not OR into zeros)."""
+    dtype = np.dtype(dtype)
+    raw = np.random.default_rng(seed).integers(0, 256, int(np.prod(shape)) * dtype.itemsize, np.uint8)
+    return raw.view(dtype).reshape(shape).copy()
+
+
+@pytest.mark.parametrize("scheme", QSCHEMES)
+@pytest.mark.parametrize("shape", [(16, 64), (5, 48), (3, 7, 32), ()])
+def test_quantize_out_gets_the_same_bits_as_fresh_arrays(scheme, shape):
+    x = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+    try:
+        want = bq.quantize(x, scheme)
+    except (bq.errors.LayoutError, bq.errors.SchemeError):
+        with pytest.raises((bq.errors.LayoutError, bq.errors.SchemeError)):  # refused alike
+            bq.quantize(x, scheme, out=(np.zeros(1, np.uint8), np.zeros(1, np.float32)))
+        return
+    layout = bq.presets.resolve(scheme).layout(x.shape)
+    for seed in range(2):  # reused: every byte written again
+        values = _garbage(layout.storage_shape, layout.storage_dtype, seed)
+        scales = _garbage(layout.scale_grid, np.float32, seed + 10)
+        got = bq.quantize(x, scheme, out=(values, scales))
+        assert np.shares_memory(got.values, values) and np.shares_memory(got.scales, scales)
+        assert values.flags.writeable and scales.flags.writeable  # the caller's arrays
+        assert not got.values.flags.writeable and not got.scales.flags.writeable
+        np.testing.assert_array_equal(values, want.values)
+        np.testing.assert_array_equal(scales.view(np.uint32), want.scales.view(np.uint32))
+        assert got.global_scale == want.global_scale
+        assert got.to_bytes() == want.to_bytes()
+
+
+@pytest.mark.parametrize("shape", [(0,), (3, 0)])
+def test_quantize_out_for_empty_tensors(shape):
+    x = np.zeros(shape, np.float32)
+    layout = bq.presets.int8().layout(shape)
+    values = np.zeros(layout.storage_shape, layout.storage_dtype)
+    scales = np.full(layout.scale_grid, 3, np.float32)
+    got = bq.quantize(x, "int8", out=(values, scales))
+    np.testing.assert_array_equal(got.dequantize(), x)
+
+
+def test_bad_quantize_out_is_refused_and_left_alone():
+    x = np.random.default_rng(6).standard_normal((8, 64)).astype(np.float32)
+    layout = bq.presets.int4_block32().layout(x.shape)  # uint32 words, (8, 2) f16 scales
+    v_ok = lambda: np.full(layout.storage_shape, 5, layout.storage_dtype)  # noqa: E731
+    s_ok = lambda: np.full(layout.scale_grid, 5, np.float32)  # noqa: E731
+    ro = v_ok()
+    ro.flags.writeable = False
+    shared = np.zeros(layout.storage_nbytes + 4 * layout.n_scales, np.uint8)
+    cases = [
+        (v_ok(), TypeError),  # not a tuple
+        ((v_ok(),), TypeError),  # one array
+        ((v_ok().astype(np.int32), s_ok()), TypeError),  # values dtype
+        ((v_ok(), s_ok().astype(np.float64)), TypeError),  # scales dtype
+        ((v_ok(), s_ok().astype(">f4")), TypeError),  # byte order
+        ((v_ok().reshape(-1), s_ok()), ValueError),  # values shape
+        ((v_ok(), s_ok().T.copy()), ValueError),  # scales shape
+        ((np.zeros((8, 8), layout.storage_dtype)[:, ::2], s_ok()), ValueError),  # strided
+        ((ro, s_ok()), ValueError),  # read-only
+        ((v_ok(), [[0.0, 0.0]] * 8), TypeError),  # not an array
+        ((shared[: layout.storage_nbytes].view(layout.storage_dtype).reshape(layout.storage_shape),
+          shared[: 4 * layout.n_scales].view(np.float32).reshape(layout.scale_grid)), ValueError),
+    ]
+    for out, exc in cases:
+        arrays = out if isinstance(out, tuple) else (out,)
+        before = [np.array(a, copy=True) for a in arrays]
+        with pytest.raises(exc):
+            bq.quantize(x, "int4_block32", out=out)
+        for a, b in zip(arrays, before):
+            np.testing.assert_array_equal(np.asarray(a), b)
+    # The input itself as an output.
+    before = x.copy()
+    inside = x.view(np.uint32).reshape(-1)[:64].reshape(layout.storage_shape)
+    with pytest.raises(ValueError, match="shares memory"):
+        bq.quantize(x, "int4_block32", out=(inside, s_ok()))
+    np.testing.assert_array_equal(x.view(np.uint32), before.view(np.uint32))

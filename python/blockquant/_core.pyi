@@ -75,6 +75,8 @@ def quantize(
     scale_rounding: str,
     scales: Optional[npt.NDArray[np.float32]] = None,
     global_scale: Optional[float] = None,
+    out_values: Optional[npt.NDArray[np.generic]] = None,
+    out_scales: Optional[npt.NDArray[np.float32]] = None,
     weights: Optional[npt.NDArray[np.float32]] = None,
 ) -> _Quantized: ...
 def dequantize(

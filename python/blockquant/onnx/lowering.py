@@ -1,0 +1,342 @@
+"""One weight as ONNX: a blockquant scheme lowered to initializers and the nodes that decode them.
+
+Two forms:
+
+- **QDQ**: the codes as an initializer of ONNX's own type (INT8, INT4, INT2, FLOAT8E4M3FN,
+  FLOAT8E5M2), the scales as an f32 tensor, and one ``DequantizeLinear`` whose output takes the
+  weight's name, so every consumer (and any subgraph) reads the dequantized weight unchanged.
+  Scales of another dtype are stored in that dtype (F16, BF16; UE4M3 as FLOAT8E4M3FN; UE8M0 as
+  BF16, which holds every power of two UE8M0 has) and widened by a ``Cast`` (exact); a
+  two-level scheme's per-tensor scale g is one ``Mul`` after it, the f32 product e = b × g that
+  blockquant itself dequantizes with (SPEC §5), so the result stays bit for bit blockquant's.
+- **MatMulNBits** (com.microsoft, onnxruntime's fused low-bit MatMul): codes + 2^(bits-1) packed
+  along K, one f32 scale per block, no zero-point input (so the zero point is 2^(bits-1)).
+
+E2M1 (FP4) has a ``DequantizeLinear`` from opset 23, but onnxruntime 1.32's CPU provider has no
+kernel for it (nor a Cast from it): by default its codes are stored as INT4 bit patterns (the
+same 4 bits) and decoded by a 16-entry ``Gather`` table, then multiplied by the scales
+(``fp4="dq"`` writes the standard opset-23 node instead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import SchemeError
+from ..qtensor import QTensor, quantize
+from ..scheme import QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype
+
+#: blockquant value -> (ONNX TensorProto type name, lowest ai.onnx opset of a per-tensor or
+#: per-axis DequantizeLinear over it). Blocked quantization needs opset 21 whatever the type.
+VALUE_TYPES = {
+    QuantValue.Q8F: ("INT8", 13),
+    QuantValue.Q8S: ("INT8", 13),
+    QuantValue.Q4F: ("INT4", 21),
+    QuantValue.Q4S: ("INT4", 21),
+    QuantValue.Q2F: ("INT2", 25),
+    QuantValue.Q2S: ("INT2", 25),
+    QuantValue.E4M3: ("FLOAT8E4M3FN", 19),
+    QuantValue.E5M2: ("FLOAT8E5M2", 19),
+    QuantValue.E2M1: ("FLOAT4E2M1", 23),
+}
+BLOCKED_OPSET = 21
+#: E2M1 decoded by a Gather table: Cast from INT4 is opset 21.
+FP4_LOOKUP_OPSET = 21
+
+#: The float dtypes a weight may have, by ONNX name, and numpy's name of each.
+FLOAT_TYPES = {"FLOAT": "float32", "FLOAT16": "float16", "BFLOAT16": "bfloat16",
+               "DOUBLE": "float64"}
+
+#: E2M1 code -> value (bit 3 the sign): the Gather table, indexed by the code read as INT4
+#: (-8..7; a negative index counts from the end, so code c lands on entry c).
+_FP4_TABLE = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                       -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float32)
+
+
+def _ml() -> Any:
+    try:
+        import ml_dtypes
+    except ImportError:  # onnx depends on it; this is for a broken environment
+        raise SchemeError("writing ONNX low-bit types needs ml_dtypes (pip install ml-dtypes)") \
+            from None
+    return ml_dtypes
+
+
+@dataclass
+class Lowered:
+    """A weight written as ONNX: new initializers (numpy arrays, by name), nodes to put first
+    in the graph, the ai.onnx opset they need, and a note of every lowering made."""
+
+    initializers: dict[str, np.ndarray] = field(default_factory=dict)
+    nodes: list[Any] = field(default_factory=list)
+    opset: int = 1
+    notes: list[str] = field(default_factory=list)
+    qtensor: QTensor | None = None  # the weight quantized (reduction axis last if moved)
+    moved: bool = False
+    onnx: dict[str, Any] = field(default_factory=dict)  # what inspect shows
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_nbytes(a) for a in self.initializers.values())
+
+
+def _nbytes(a: np.ndarray) -> int:
+    bits = {"int4": 4, "float4_e2m1fn": 4, "int2": 2}.get(a.dtype.name, 8 * a.dtype.itemsize)
+    return (a.size * bits + 7) // 8
+
+
+def check_scheme(scheme: QuantScheme) -> None:
+    """Raise SchemeError when no ONNX form holds ``scheme``."""
+    if scheme.mode is not QuantMode.Symmetric:
+        raise SchemeError(f"{scheme}: ONNX has no lookup-table quantization")
+    bs = scheme.block_size
+    if bs is not None and len(bs) > 1:
+        raise SchemeError(f"{scheme}: ONNX's DequantizeLinear blocks along one axis; "
+                          f"2-D blocks {list(bs)} have no ONNX form")
+
+
+def quantize_along(w: np.ndarray, kaxis: int, scheme: QuantScheme,
+                   options: dict[str, str]) -> tuple[QTensor, bool]:
+    """``w`` quantized with its blocks along ``kaxis``, and whether the returned tensor has
+    that axis moved last. blockquant blocks the last axis; blocks along the one before it are
+    the 2-D blocks (B, 1), which need no transposed copy of the weight (the same blocks, so the
+    same scales and codes). Values are one per element (the store is storage only: it changes
+    no value)."""
+    native = scheme.with_store(QuantStore.Native)
+    bs = scheme.block_size
+    if w.ndim == 0 or bs is None or kaxis == w.ndim - 1:
+        return quantize(w, native, **options), False
+    if kaxis == w.ndim - 2:
+        column = native.per_block([bs[0], 1], native.scale_dtype)
+        return quantize(w, column, **options), False
+    x = np.ascontiguousarray(np.moveaxis(w, kaxis, -1))
+    return quantize(x, native, **options), True
+
+
+def qdq_opset(scheme: QuantScheme, shape: tuple[int, ...], kaxis: int, fp4: str) -> int:
+    """The ai.onnx opset :func:`lower_qdq` needs for this weight (the model is converted to it
+    first when its own is lower)."""
+    check_scheme(scheme)
+    op = VALUE_TYPES[scheme.value][1]
+    bs = scheme.block_size
+    k = shape[kaxis] if shape else 1
+    if bs is not None and not (bs[0] >= k and len(shape) == 2):
+        op = max(op, BLOCKED_OPSET)
+    if scheme.value is QuantValue.E2M1 and fp4 == "lookup":
+        op = FP4_LOOKUP_OPSET
+    if scheme.scale_dtype is ScaleDtype.UE4M3:
+        op = max(op, 19)  # Cast from FLOAT8E4M3FN
+    return op
+
+
+def _scale_decode(name: str, qt: QTensor, grid: np.ndarray, out: Lowered,
+                  new_name: Callable[[str], str]) -> str:
+    """Initializers and nodes that produce the f32 scales (``grid`` is qt.scales with the
+    reduction axis back in place); returns the name of the f32 scale tensor."""
+    from onnx import TensorProto, helper
+
+    scheme = qt.scheme
+    dtype = scheme.scale_dtype
+    ml = _ml()
+    if dtype is ScaleDtype.F32 and not scheme.is_two_level:
+        sname = new_name(f"{name}_scale")
+        out.initializers[sname] = grid.astype(np.float32)
+        return sname
+    stored = {ScaleDtype.F32: np.float32, ScaleDtype.F16: np.float16,
+              ScaleDtype.BF16: ml.bfloat16, ScaleDtype.UE4M3: ml.float8_e4m3fn,
+              ScaleDtype.UE8M0: ml.bfloat16}[dtype]
+    if dtype is ScaleDtype.UE8M0:
+        out.notes.append("UE8M0 scales stored as BF16 (exact: every power of two of UE8M0 is a "
+                         "BF16 value; onnxruntime 1.32 has no FLOAT8E8M0 DequantizeLinear)")
+    if dtype is ScaleDtype.UE4M3:
+        out.opset = max(out.opset, 19)  # Cast from FLOAT8E4M3FN
+    codes = new_name(f"{name}_scale_{np.dtype(stored).name}")
+    arr = grid.astype(stored)
+    assert np.array_equal(arr.astype(np.float32), grid), "scale not exact in its dtype"
+    out.initializers[codes] = arr
+    sname = new_name(f"{name}_scale")
+    if not scheme.is_two_level:
+        out.nodes.append(helper.make_node("Cast", [codes], [sname], to=TensorProto.FLOAT))
+        return sname
+    wide = new_name(f"{name}_scale_f32")
+    gname = new_name(f"{name}_global_scale")
+    out.initializers[gname] = np.array(qt.global_scale, dtype=np.float32)
+    out.nodes.append(helper.make_node("Cast", [codes], [wide], to=TensorProto.FLOAT))
+    out.nodes.append(helper.make_node("Mul", [wide, gname], [sname]))
+    out.notes.append("two-level scales: block scales times the f32 per-tensor scale by a Mul "
+                     "(the same f32 product blockquant dequantizes with)")
+    return sname
+
+
+def _codes(qt: QTensor, kaxis: int, moved: bool, onnx_type: str) -> np.ndarray:
+    """The value codes in the weight's layout, as the ml_dtypes array onnx's numpy_helper
+    writes for ``onnx_type``."""
+    ml = _ml()
+    v = np.ascontiguousarray(np.moveaxis(qt.values, -1, kaxis) if moved else qt.values)
+    if onnx_type == "INT8":
+        return v.astype(np.int8)
+    if onnx_type in ("INT4", "INT2"):
+        return v.astype(ml.int4 if onnx_type == "INT4" else ml.int2)
+    if onnx_type == "FP4_AS_INT4":  # the E2M1 bit pattern read as a 4-bit two's complement
+        signed = v.astype(np.int16)
+        return np.where(signed >= 8, signed - 16, signed).astype(ml.int4)
+    target = {"FLOAT8E4M3FN": ml.float8_e4m3fn, "FLOAT8E5M2": ml.float8_e5m2,
+              "FLOAT4E2M1": ml.float4_e2m1fn}[onnx_type]
+    if onnx_type == "FLOAT4E2M1":
+        return _fp4_array(v, ml)
+    return v.view(np.uint8).view(target)
+
+
+def _fp4_array(codes: np.ndarray, ml: Any) -> np.ndarray:
+    """E2M1 codes (uint8, one a byte) as ml_dtypes' float4_e2m1fn, value by value."""
+    return _FP4_TABLE[codes.astype(np.intp)].astype(ml.float4_e2m1fn)
+
+
+def lower_qdq(name: str, w: np.ndarray, kaxis: int, scheme: QuantScheme,
+              options: dict[str, str], new_name: Callable[[str], str], *,
+              out_type: str = "FLOAT", fp4: str = "lookup") -> Lowered:
+    """``w`` (the initializer ``name``) as a QDQ subgraph whose last node outputs ``name``.
+
+    ``kaxis`` is the consumer's reduction axis (K): blocks run along it, as onnxruntime's
+    DequantizeLinear + MatMul fusion and every 4-bit kernel want. A block as long as K or
+    longer on a matrix is written per-axis (one scale per output channel, opset 13 for INT8).
+    """
+    from onnx import TensorProto, helper
+
+    check_scheme(scheme)
+    out = Lowered()
+    qt, moved = quantize_along(w, kaxis, scheme, options)
+    out.qtensor, out.moved = qt, moved
+    onnx_type, op = VALUE_TYPES[scheme.value]
+    bs = scheme.block_size
+    k = w.shape[kaxis] if w.ndim else 1
+    grid = np.asarray(qt.scales, dtype=np.float32)
+    attrs: dict[str, Any] = {}
+    if bs is None:
+        grid = grid.reshape(())
+        layout = "per-tensor"
+    elif bs[0] >= k and w.ndim == 2:
+        grid = np.ascontiguousarray(grid.reshape(-1))  # one scale per line along K
+        attrs["axis"] = 1 - kaxis
+        layout = f"per-axis (axis {1 - kaxis})"
+    else:
+        grid = np.ascontiguousarray(np.moveaxis(grid, -1, kaxis) if moved else grid)
+        attrs.update(axis=kaxis, block_size=bs[0])
+        layout = f"blocked (axis {kaxis}, block {bs[0]})"
+        op = max(op, BLOCKED_OPSET)
+    out.opset = op
+    lookup = scheme.value is QuantValue.E2M1 and fp4 == "lookup"
+    if lookup:
+        out.opset = FP4_LOOKUP_OPSET
+    sname = _scale_decode(name, qt, grid, out, new_name)
+    f32 = name if out_type == "FLOAT" else new_name(f"{name}_f32")
+    cname = new_name(f"{name}_quantized")
+    if lookup:
+        out.initializers[cname] = _codes(qt, kaxis, moved, "FP4_AS_INT4")
+        _fp4_lookup(name, cname, sname, attrs, w.shape, f32, out, new_name)
+        onnx_type = "FLOAT4E2M1 bits as INT4"
+        out.notes.append("E2M1 codes stored as INT4 bit patterns and decoded by a Gather table "
+                         "(onnxruntime 1.32 has no FLOAT4E2M1 kernel)")
+    else:
+        out.initializers[cname] = _codes(qt, kaxis, moved, onnx_type)
+        out.nodes.append(helper.make_node("DequantizeLinear", [cname, sname], [f32], **attrs))
+    if out_type != "FLOAT":  # a float16/bfloat16/double model: its own type, rounded from f32
+        out.nodes.append(helper.make_node("Cast", [f32], [name],
+                                          to=getattr(TensorProto, out_type)))
+    assert out.opset == qdq_opset(scheme, w.shape, kaxis, fp4)
+    out.onnx = {"form": "qdq", "type": onnx_type, "layout": layout, "opset": out.opset}
+    return out
+
+
+def _fp4_lookup(name: str, cname: str, sname: str, attrs: dict[str, Any],
+                shape: tuple[int, ...], result: str, out: Lowered,
+                new_name: Callable[[str], str]) -> None:
+    """Nodes decoding INT4-held E2M1 codes: Cast to int32, Gather from the value table, and a
+    Mul by the scales (blocked: first gathered to one scale per element along the axis)."""
+    from onnx import TensorProto, helper
+
+    idx, table, vals = (new_name(f"{name}_{s}") for s in ("fp4_index", "fp4_table", "fp4_values"))
+    out.initializers[table] = _FP4_TABLE.copy()
+    out.nodes.append(helper.make_node("Cast", [cname], [idx], to=TensorProto.INT32))
+    out.nodes.append(helper.make_node("Gather", [table, idx], [vals], axis=0))
+    scale = sname
+    if "block_size" in attrs:
+        axis, b = attrs["axis"], attrs["block_size"]
+        rows = new_name(f"{name}_scale_rows")
+        out.initializers[rows] = (np.arange(shape[axis], dtype=np.int32) // b).astype(np.int32)
+        scale = new_name(f"{name}_scale_full")
+        out.nodes.append(helper.make_node("Gather", [sname, rows], [scale], axis=axis))
+    elif "axis" in attrs and attrs["axis"] == 0:  # per-axis on rows: broadcast as a column
+        col = new_name(f"{name}_scale_shape")
+        out.initializers[col] = np.array([-1, 1], dtype=np.int64)
+        scale = new_name(f"{name}_scale_col")
+        out.nodes.append(helper.make_node("Reshape", [sname, col], [scale]))
+    out.nodes.append(helper.make_node("Mul", [vals, scale], [result]))
+
+
+#: MatMulNBits' bit widths, by blockquant value.
+NBITS = {QuantValue.Q4F: 4, QuantValue.Q4S: 4}
+
+
+def check_matmulnbits(scheme: QuantScheme) -> None:
+    """Raise SchemeError unless MatMulNBits holds ``scheme``: 4-bit ints, blocks of 16 to 256
+    (a power of two) along K."""
+    check_scheme(scheme)
+    if scheme.value not in NBITS:
+        raise SchemeError(f"{scheme}: MatMulNBits (--onnx-op matmulnbits) takes 4-bit integer "
+                          f"values (q4f, q4s), got {scheme.value.name}")
+    bs = scheme.block_size
+    if bs is None or not (16 <= bs[0] <= 256 and bs[0] & (bs[0] - 1) == 0):
+        raise SchemeError(f"{scheme}: MatMulNBits takes blocks of 16, 32, 64, 128 or 256 along "
+                          "K (per-tensor and other block sizes have no MatMulNBits form)")
+
+
+def lower_matmulnbits(name: str, w: np.ndarray, kaxis: int, scheme: QuantScheme,
+                      options: dict[str, str], new_name: Callable[[str], str],
+                      scale_type: str = "FLOAT") -> Lowered:
+    """The 2-D weight ``w`` with K on ``kaxis`` as MatMulNBits' B and scales initializers,
+    blocks along K, in (N, K) order. The node itself is the caller's (it replaces the
+    consumer)."""
+    check_matmulnbits(scheme)
+    out = Lowered()
+    qt, moved = quantize_along(w, kaxis, scheme, options)
+    out.qtensor, out.moved = qt, moved
+    bits = NBITS[scheme.value]
+    # (N, K) codes and (N, K/block) scales: int8 codes transposed, not the float weight.
+    values, scales = qt.values, np.asarray(qt.scales, dtype=np.float32)
+    if kaxis == 0:
+        values, scales = values.T, scales.T
+    n, k = values.shape
+    block = scheme.block_size[0]  # type: ignore[index]
+    kb = -(-k // block)
+    zero = 1 << (bits - 1)
+    codes = np.full((n, kb * block), zero, dtype=np.uint8)  # padding dequantizes to 0
+    codes[:, :k] = (values.astype(np.int16) + zero).astype(np.uint8)
+    per_byte = 8 // bits
+    c = codes.reshape(n, kb, block // per_byte, per_byte)
+    packed = np.zeros(c.shape[:3], dtype=np.uint8)
+    for i in range(per_byte):  # the first code in the low bits
+        packed |= (c[..., i] << (bits * i)).astype(np.uint8)
+    if scheme.is_two_level:  # e = b × g, the f32 product blockquant dequantizes with
+        scales = scales * np.float32(qt.global_scale)
+        out.notes.append("two-level scales folded into f32 block scales (e = b × g, exact)")
+    elif scheme.scale_dtype is not ScaleDtype.F32:
+        out.notes.append(f"{scheme.scale_dtype.name} scales widened to f32 (exact)")
+    if scale_type == "FLOAT16":
+        if not np.array_equal(scales.astype(np.float16).astype(np.float32), scales):
+            raise SchemeError(f"{scheme}: a float16 model's MatMulNBits takes float16 scales, "
+                              "and these are not all float16 values (use f16 block scales)")
+        scales = scales.astype(np.float16)
+    elif scale_type != "FLOAT":
+        raise SchemeError(f"MatMulNBits here takes float32 or float16 activations, got "
+                          f"{scale_type}")
+    bname, sname = new_name(f"{name}_MatMulNBits_B"), new_name(f"{name}_MatMulNBits_scales")
+    out.initializers[bname] = packed
+    out.initializers[sname] = np.ascontiguousarray(scales.reshape(-1))
+    out.onnx = {"form": "matmulnbits", "type": f"uint{bits} (codes + {zero})",
+                "layout": f"blocked (K, block {block})", "bits": bits, "block_size": block,
+                "K": k, "N": n, "B": bname, "scales": sname}
+    return out

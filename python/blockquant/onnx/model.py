@@ -1,0 +1,324 @@
+"""Reading, planning, rewriting and writing an ONNX model.
+
+Which initializers are weights: the float initializers that feed ``MatMul`` or ``Gemm`` (as A
+or B; a Gemm's C is a bias and stays) in the main graph and are not also graph inputs (a caller
+may override those). The consumer says which axis is K (``transA``/``transB``, the side the
+weight is on). Then the checkpoint rules decide, in the same order: ``--include``/``--exclude``,
+the first matching ``--rule``, ``--min-rank``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._fs import same_file, temp_sibling
+from ..checkpoint.base import CheckpointError
+from ..checkpoint.options import FileOptions
+from ..checkpoint.rules import compile_rules
+from ..errors import QuantError
+from ..scheme import QuantScheme
+from .lowering import FLOAT_TYPES, check_matmulnbits, check_scheme
+
+#: The metadata_props key blockquant records its work under.
+META_KEY = "blockquant"
+#: Past this many bytes of tensor data, a model is written with ONNX external data (protobuf
+#: cannot serialize a message of 2 GiB or more).
+EXTERNAL_DATA_BYTES = 1_800_000_000
+
+
+def error(path: Any, message: str, tensor: str | None = None) -> CheckpointError:
+    return CheckpointError(path, tensor, message)
+
+
+def _onnx() -> Any:
+    try:
+        import onnx
+    except ImportError:
+        raise CheckpointError("onnx", None, "ONNX models need the onnx package "
+                              "(pip install 'blockquant[onnx]')") from None
+    return onnx
+
+
+def load(src: Any, *, data: bool = True) -> Any:
+    """The model at ``src``, checked by onnx.checker; anything unreadable is a CheckpointError.
+    ``data=False`` leaves external data on disk (inspect needs only the shapes)."""
+    onnx = _onnx()
+    path = Path(src)
+    if not path.is_file():
+        raise error(src, "no such file" if not path.exists() else "is not a file")
+    try:
+        model = onnx.load(str(path), load_external_data=data)
+    except MemoryError:
+        raise
+    except Exception as e:  # DecodeError, missing external data, ...: one line, never a trace
+        raise error(src, f"is not a readable ONNX model ({type(e).__name__}: {e})") from None
+    if not model.HasField("graph") or not model.opset_import or model.ir_version <= 0:
+        raise error(src, "is not an ONNX model (no graph, opset or IR version)")
+    if data:
+        try:  # by path: a model over 2 GiB or with external data is checked too
+            onnx.checker.check_model(str(path))
+        except Exception as e:
+            raise error(src, f"does not pass onnx.checker: {type(e).__name__}: {e}") from None
+    return model
+
+
+def opset_of(model: Any) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
+@dataclass
+class Use:
+    node: Any
+    index: int  # which input of the node the weight is
+    kaxis: int
+
+
+@dataclass
+class Weight:
+    """One initializer that feeds a MatMul or Gemm, and what happens to it."""
+
+    name: str
+    onnx_type: str  # FLOAT, FLOAT16, ...
+    shape: tuple[int, ...]
+    nbytes: int
+    uses: list[Use]
+    other_uses: int  # uses by other nodes or by subgraphs
+    scheme: QuantScheme | None = None
+    why: str = ""  # when kept
+    form: str = ""  # "qdq" or "matmulnbits" when quantized
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def quantized(self) -> bool:
+        return self.scheme is not None
+
+    @property
+    def kaxis(self) -> int:
+        return self.uses[0].kaxis
+
+
+def _attr(node: Any, name: str, default: Any) -> Any:
+    from onnx import helper
+
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _kaxis(node: Any, index: int, rank: int) -> int:
+    if node.op_type == "Gemm":
+        flip = _attr(node, "transA" if index == 0 else "transB", 0)
+        return (1 - index) ^ (1 if flip else 0) if rank == 2 else rank - 1
+    if index == 1:
+        return max(rank - 2, 0)
+    return rank - 1
+
+
+def subgraph_names(graph: Any) -> set[str]:
+    """Every name the nodes of ``graph``'s subgraphs (If, Loop, Scan bodies) read."""
+    from onnx import AttributeProto
+
+    names: set[str] = set()
+    for node in graph.node:
+        for a in node.attribute:
+            subs = [a.g] if a.type == AttributeProto.GRAPH else (
+                list(a.graphs) if a.type == AttributeProto.GRAPHS else [])
+            for g in subs:
+                for n in g.node:
+                    names.update(n.input)
+                names |= subgraph_names(g)
+    return names
+
+
+def find_weights(model: Any) -> list[Weight]:
+    """The MatMul/Gemm float initializers of the main graph, in initializer order."""
+    from onnx import TensorProto
+
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    uses: dict[str, list[Use]] = {}
+    other: dict[str, int] = {}
+    for node in g.node:
+        is_mm = node.domain in ("", "ai.onnx") and node.op_type in ("MatMul", "Gemm")
+        for i, name in enumerate(node.input):
+            if name not in inits:
+                continue
+            if is_mm and i < 2:
+                rank = len(inits[name].dims)
+                uses.setdefault(name, []).append(Use(node, i, _kaxis(node, i, rank)))
+            else:
+                other[name] = other.get(name, 0) + 1
+    for name in subgraph_names(g):
+        if name in inits:
+            other[name] = other.get(name, 0) + 1
+    out = []
+    for t in g.initializer:
+        type_name = TensorProto.DataType.Name(t.data_type)
+        if t.name not in uses or type_name not in FLOAT_TYPES:
+            continue
+        n = int(np.prod(t.dims, dtype=np.int64))
+        itemsize = np.dtype("float32" if type_name == "BFLOAT16" else FLOAT_TYPES[type_name])
+        nbytes = n * (2 if type_name == "BFLOAT16" else itemsize.itemsize)
+        out.append(Weight(t.name, type_name, tuple(t.dims), nbytes, uses[t.name],
+                          other.get(t.name, 0)))
+    return out
+
+
+def _nbits_reason(w: Weight, inits: dict[str, Any]) -> str:
+    """Why MatMulNBits cannot replace every use of ``w`` ("" when it can)."""
+    if w.onnx_type not in ("FLOAT", "FLOAT16"):
+        return f"MatMulNBits takes float or float16 activations, not {w.onnx_type}"
+    if len(w.shape) != 2:
+        return f"MatMulNBits takes a 2-D weight, this one is {len(w.shape)}-D"
+    if w.other_uses:
+        return "also read by nodes other than MatMul/Gemm"
+    if len({u.kaxis for u in w.uses}) > 1:
+        return "read with K on both axes by different consumers"
+    for u in w.uses:
+        if u.index != 1:
+            return f"{u.node.op_type} {u.node.name or u.node.output[0]!r} has it as input A"
+        if u.node.op_type == "Gemm":
+            if _attr(u.node, "transA", 0) or _attr(u.node, "alpha", 1.0) != 1.0:
+                return "a Gemm with transA or alpha != 1"
+            if len(u.node.input) > 2 and u.node.input[2]:
+                c = inits.get(u.node.input[2])
+                n = w.shape[0] if _attr(u.node, "transB", 0) else w.shape[1]
+                if c is None or tuple(c.dims) != (n,) or _attr(u.node, "beta", 1.0) != 1.0:
+                    return "a Gemm whose C is not a 1-D bias initializer with beta 1"
+    return ""
+
+
+def plan(model: Any, scheme: QuantScheme, options: FileOptions, form: str,
+         src: Any) -> list[Weight]:
+    """Decide each weight (module docstring). A scheme ONNX cannot hold is an error."""
+    weights = find_weights(model)
+    inputs = {i.name for i in model.graph.input}
+    inits = {t.name: t for t in model.graph.initializer}
+    rules = compile_rules(options.rules)
+    for w in weights:
+        if w.name in inputs:
+            w.why = "also a graph input (a caller may override it)"
+            continue
+        if not options.selects(w.name):
+            w.why = "left out by --include/--exclude"
+            continue
+        chosen: QuantScheme | None = scheme
+        rule = next((r for r in rules if r.pattern.search(w.name)), None)
+        if rule is not None:
+            if rule.scheme is None:
+                w.why = f"--rule {rule.text}"
+                continue
+            chosen = rule.scheme
+        elif len(w.shape) < options.min_rank:
+            w.why = f"rank {len(w.shape)}, below --min-rank {options.min_rank}"
+            continue
+        assert chosen is not None
+        try:
+            check_scheme(chosen)
+            w.form = "qdq"
+            if form == "matmulnbits":
+                check_matmulnbits(chosen)
+                reason = _nbits_reason(w, inits)
+                if reason:
+                    w.notes.append(f"written as DequantizeLinear: {reason}")
+                else:
+                    w.form = "matmulnbits"
+        except QuantError as e:
+            raise error(src, str(e), w.name) from None
+        w.scheme = chosen
+    return weights
+
+
+def new_namer(model: Any) -> Any:
+    """A function giving names no tensor or node of the model has yet."""
+    g = model.graph
+    taken = {t.name for t in g.initializer} | {i.name for i in g.input}
+    taken |= {o.name for o in g.output} | {v.name for v in g.value_info}
+    for n in g.node:
+        taken.update(n.input)
+        taken.update(n.output)
+    taken |= subgraph_names(g)
+
+    def fresh(base: str) -> str:
+        name, i = base, 1
+        while name in taken:
+            name, i = f"{base}_{i}", i + 1
+        taken.add(name)
+        return name
+
+    return fresh
+
+
+def read_metadata(model: Any) -> dict[str, Any] | None:
+    for p in model.metadata_props:
+        if p.key == META_KEY:
+            try:
+                value = json.loads(p.value)
+            except ValueError:
+                return None
+            return value if isinstance(value, dict) else None
+    return None
+
+
+def check_output(src: Any, dst: Any, force: bool) -> Path:
+    if isinstance(dst, str) and dst.endswith(("/", os.sep)):
+        raise error(dst, "names a folder; give a file name")
+    if same_file(src, dst):
+        raise error(dst, "is the input file; write to another name (--force never overwrites "
+                    "the input)")
+    path = Path(dst)
+    if path.exists() and not path.is_file():
+        raise error(dst, "is not a regular file; not replacing it")
+    if path.exists() and not force:
+        raise error(dst, "exists (--force replaces it)")
+    if not path.parent.is_dir():
+        raise error(dst, f"folder {str(path.parent)!r} does not exist")
+    return path
+
+
+def tensor_bytes(model: Any) -> int:
+    return sum(len(t.raw_data) or t.ByteSize() for t in model.graph.initializer)
+
+
+def save(model: Any, src: Any, dst: Path, *, force: bool, external: bool | None) -> None:
+    """Write ``model`` to ``dst`` whole or not at all: into a hidden folder beside it, checked
+    by onnx.checker there, then renamed (the external data file first, so a reader never finds
+    the new model without its data). ``external`` None: external data past 1.8 GB."""
+    onnx = _onnx()
+    if external is None:
+        external = tensor_bytes(model) > EXTERNAL_DATA_BYTES
+    data_name = dst.name + ".data"
+    data_dst = dst.with_name(data_name)
+    if external and data_dst.exists() and not (force and data_dst.is_file()):
+        raise error(data_dst, "exists (--force replaces it)" if data_dst.is_file()
+                    else "is not a regular file; not replacing it")
+    tmp = temp_sibling(dst, "tmpdir")
+    tmp.mkdir()
+    try:
+        model_tmp = tmp / dst.name
+        if external:
+            onnx.save_model(model, str(model_tmp), save_as_external_data=True,
+                            all_tensors_to_one_file=True, location=data_name, size_threshold=0)
+        else:
+            onnx.save_model(model, str(model_tmp))
+        for f in tmp.iterdir():
+            with open(f, "rb+") as fh:
+                os.fsync(fh.fileno())
+        try:
+            onnx.checker.check_model(str(model_tmp))
+        except Exception as e:  # a bug of blockquant's: say so in one line, write nothing
+            raise error(dst, f"the written model fails onnx.checker ({type(e).__name__}: {e}); "
+                        "please report this") from None
+        if external:
+            os.replace(tmp / data_name, data_dst)
+        os.replace(model_tmp, dst)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

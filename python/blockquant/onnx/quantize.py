@@ -1,0 +1,365 @@
+"""quantize_model, report_model and inspect_model: the ONNX counterparts of the file commands."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import __version__
+from ..checkpoint.commands import natural_key
+from ..checkpoint.options import FileOptions
+from ..metrics import ErrorStats, bits_per_weight
+from ..presets import resolve
+from ..scheme import QuantScheme
+from .lowering import Lowered, lower_matmulnbits, lower_qdq, qdq_opset
+from .model import (
+    META_KEY,
+    Weight,
+    _onnx,
+    check_output,
+    error,
+    load,
+    new_namer,
+    opset_of,
+    plan,
+    read_metadata,
+    save,
+)
+
+FORMS = ("qdq", "matmulnbits")
+FP4_FORMS = ("lookup", "dq")
+
+
+@dataclass
+class OnnxSummary:
+    """What quantize_model did: the weights quantized and kept (name -> reason), bytes of the
+    input and output files (external data included), seconds, the ai.onnx opset before and
+    after, and each weight's plan (:class:`~blockquant.onnx.model.Weight`, with its notes)."""
+
+    quantized: list[str]
+    kept: dict[str, str]
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+    opset_before: int
+    opset_after: int
+    weights: list[Weight] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _options(options: FileOptions | None, kw: dict[str, Any]) -> FileOptions:
+    if options is not None and kw:
+        raise TypeError("give options= or the keyword options, not both")
+    return options if options is not None else FileOptions(**kw)
+
+
+def _check_form(form: str, fp4: str) -> None:
+    if form not in FORMS:
+        raise error("--onnx-op", f"expected one of {', '.join(FORMS)}, got {form!r}")
+    if fp4 not in FP4_FORMS:
+        raise error("--onnx-fp4", f"expected one of {', '.join(FP4_FORMS)}, got {fp4!r}")
+
+
+def _array(model: Any, name: str) -> np.ndarray:
+    from onnx import numpy_helper
+
+    t = next(t for t in model.graph.initializer if t.name == name)
+    return numpy_helper.to_array(t)
+
+
+def _lower(model: Any, w: Weight, options: FileOptions, fp4: str, namer: Any) -> Lowered:
+    assert w.scheme is not None
+    qopts = options.quantize_options(w.scheme)
+    arr = _array(model, w.name)
+    if w.form == "matmulnbits":
+        return lower_matmulnbits(w.name, arr, w.kaxis, w.scheme, qopts, namer, w.onnx_type)
+    return lower_qdq(w.name, arr, w.kaxis, w.scheme, qopts, namer, out_type=w.onnx_type,
+                     fp4=fp4)
+
+
+def _needed_opset(weights: list[Weight], fp4: str) -> int:
+    return max([qdq_opset(w.scheme, w.shape, w.kaxis, fp4) for w in weights
+                if w.scheme is not None and w.form == "qdq"], default=1)
+
+
+def _convert(model: Any, weights: list[Weight], target: int, src: Any) -> Any:
+    """``model`` at opset ``target``. The weights to be quantized go through the converter as
+    graph inputs of their type and shape, not as data (their consumers, MatMul and Gemm, read
+    them alike in every opset): it serializes the model twice, which would copy them twice."""
+    onnx = _onnx()
+    from onnx import helper, version_converter
+
+    names = {w.name for w in weights if w.scheme is not None}
+    g = model.graph
+    held = []
+    for t in g.initializer:
+        if t.name in names:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(t)
+            held.append(copy)
+    rest = [t for t in g.initializer if t.name not in names]
+    del g.initializer[:]
+    g.initializer.extend(rest)
+    n_inputs = len(g.input)
+    g.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                   for t in held)
+    try:
+        converted = version_converter.convert_version(model, target)
+    except Exception as e:
+        raise error(src, f"its opset {opset_of(model)} is below the {target} the chosen "
+                    f"schemes need, and onnx's version converter failed: "
+                    f"{type(e).__name__}: {e}") from None
+    finally:  # the caller's model as it was (the converter worked on a copy)
+        del g.input[n_inputs:]
+        g.initializer.extend(held)
+    cg = converted.graph
+    kept_inputs = [i for i in cg.input if i.name not in names]
+    del cg.input[:]
+    cg.input.extend(kept_inputs)
+    cg.initializer.extend(held)
+    # The converter stamps the newest IR this onnx knows; older runtimes refuse IRs they do
+    # not know, so keep the lowest the opsets allow (_set_opsets raises it as needed).
+    converted.ir_version = model.ir_version
+    return converted
+
+
+def _rewrite(model: Any, weights: list[Weight], lowered: dict[str, Lowered]) -> None:
+    """Put each weight's lowered form into the graph (in place)."""
+    from onnx import helper, numpy_helper
+
+    g = model.graph
+    drop = set(lowered)
+    kept_inits = [t for t in g.initializer if t.name not in drop]
+    front: list[Any] = []
+    replace: dict[int, Any] = {}
+    for w in weights:
+        lw = lowered.get(w.name)
+        if lw is None:
+            continue
+        for name, arr in lw.initializers.items():
+            kept_inits.append(numpy_helper.from_array(arr, name))
+        front += lw.nodes
+        if w.form != "matmulnbits":
+            continue
+        o = lw.onnx
+        for u in w.uses:
+            node = u.node
+            inputs = [node.input[0], o["B"], o["scales"]]
+            if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
+                inputs += ["", "", node.input[2]]  # zero_points and g_idx absent; bias
+            replace[id(node)] = helper.make_node(
+                "MatMulNBits", inputs, list(node.output), name=node.name or None,
+                domain="com.microsoft", K=o["K"], N=o["N"], bits=o["bits"],
+                block_size=o["block_size"])
+    nodes = front + [replace.get(id(n), n) for n in g.node]
+    del g.initializer[:]
+    g.initializer.extend(kept_inits)
+    del g.node[:]
+    g.node.extend(nodes)
+
+
+def _set_opsets(model: Any, matmulnbits: bool) -> None:
+    from onnx import helper
+
+    if matmulnbits and not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    std = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    try:
+        model.ir_version = max(model.ir_version, helper.find_min_ir_version_for(std))
+    except (ValueError, KeyError):  # an opset newer than this onnx knows: leave the IR as it is
+        pass
+
+
+def _metadata(weights: list[Weight], lowered: dict[str, Lowered], options: FileOptions,
+              form: str) -> str:
+    tensors = {}
+    for w in weights:
+        lw = lowered.get(w.name)
+        if lw is None or w.scheme is None:
+            continue
+        tensors[w.name] = {"scheme": str(w.scheme), **lw.onnx, "shape": list(w.shape),
+                           "dtype": w.onnx_type, "parts": sorted(lw.initializers),
+                           **options.quantize_options(w.scheme),
+                           "notes": lw.notes + w.notes}
+    return json.dumps({"version": __version__, "form": form, "tensors": tensors},
+                      sort_keys=True)
+
+
+def _file_bytes(path: Path) -> int:
+    data = path.with_name(path.name + ".data")
+    return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
+
+
+def quantize_model(src: Any, dst: Any, scheme: QuantScheme | str, *, form: str = "qdq",
+                   fp4: str = "lookup", external_data: bool | None = None,
+                   options: FileOptions | None = None, **kw: Any) -> OnnxSummary:
+    """Quantize the MatMul/Gemm weights of the ONNX model ``src`` and write ``dst``.
+
+    ``form``: "qdq" (DequantizeLinear in front of the consumer) or "matmulnbits"
+    (onnxruntime's com.microsoft.MatMulNBits; 4-bit blocked schemes). ``fp4``: how E2M1 values
+    are decoded ("lookup": INT4 bits and a Gather table, which onnxruntime runs; "dq": the
+    standard FLOAT4E2M1 DequantizeLinear of opset 23). ``external_data``: write the tensors to
+    ``dst + '.data'`` (None: only past 1.8 GB). The checkpoint options (include, exclude,
+    rules, min_rank, calibration, rounding, scale_rounding, force) come as ``options`` or as
+    keywords. Raises CheckpointError (nothing written) on any problem; a scheme ONNX cannot
+    hold is an error naming the reason.
+    """
+    t0 = time.perf_counter()
+    scheme = resolve(scheme)
+    options = _options(options, kw)
+    _check_form(form, fp4)
+    dst_path = check_output(src, dst, options.force)
+    model = load(src)
+    if read_metadata(model) is not None:
+        raise error(src, "already holds blockquant-quantized weights")
+    before = opset_of(model)
+    weights = plan(model, scheme, options, form, src)
+    target = _needed_opset(weights, fp4)
+    notes = []
+    if target > before:
+        model = _convert(model, weights, target, src)
+        weights = plan(model, scheme, options, form, src)  # the converter made new nodes
+        notes.append(f"opset raised from {before} to {target} by onnx's version converter")
+    namer = new_namer(model)
+    lowered: dict[str, Lowered] = {}
+    for w in weights:
+        if w.scheme is not None:
+            try:
+                lowered[w.name] = _lower(model, w, options, fp4, namer)
+            except Exception as e:
+                if isinstance(e, (MemoryError, KeyboardInterrupt)):
+                    raise
+                raise error(src, str(e), w.name) from None
+    _rewrite(model, weights, lowered)
+    _set_opsets(model, any(w.form == "matmulnbits" for w in weights if w.scheme))
+    entry = model.metadata_props.add()
+    entry.key, entry.value = META_KEY, _metadata(weights, lowered, options, form)
+    save(model, src, dst_path, force=options.force, external=external_data)
+    for lw in lowered.values():
+        for n in lw.notes:
+            if n not in notes:
+                notes.append(n)
+    return OnnxSummary(
+        quantized=[w.name for w in weights if w.scheme is not None],
+        kept={w.name: w.why for w in weights if w.scheme is None},
+        bytes_in=_file_bytes(Path(src)), bytes_out=_file_bytes(dst_path),
+        seconds=time.perf_counter() - t0, opset_before=before, opset_after=opset_of(model),
+        weights=weights, notes=notes)
+
+
+def report_model(src: Any, scheme: QuantScheme | str, *, form: str = "qdq",
+                 fp4: str = "lookup", options: FileOptions | None = None,
+                 **kw: Any) -> dict[str, Any]:
+    """Quantize each weight in memory (nothing written) and measure it, in the shape of
+    :func:`blockquant.checkpoint.commands.report_file`'s report: SQNR against the original
+    weight, max abs error, bytes before (its float initializer) and after (the ONNX
+    initializers that replace it), and time."""
+    scheme = resolve(scheme)
+    options = _options(options, kw)
+    _check_form(form, fp4)
+    model = load(src)
+    if read_metadata(model) is not None:
+        raise error(src, "already holds blockquant-quantized weights")
+    weights = plan(model, scheme, options, form, src)
+    namer = new_namer(model)
+    rows, total = [], ErrorStats()
+    for w in weights:
+        if w.scheme is None:
+            continue
+        t0 = time.perf_counter()
+        try:
+            lw = _lower(model, w, options, fp4, namer)
+        except Exception as e:
+            if isinstance(e, (MemoryError, KeyboardInterrupt)):
+                raise
+            raise error(src, str(e), w.name) from None
+        seconds = time.perf_counter() - t0
+        arr = _array(model, w.name).astype(np.float32)
+        x = np.moveaxis(arr, w.kaxis, -1) if lw.moved else arr  # as lw.qtensor has it
+        assert lw.qtensor is not None
+        stats = ErrorStats.between(np.ascontiguousarray(x), lw.qtensor.dequantize())
+        total += stats
+        rows.append({"name": w.name, "scheme": str(w.scheme), "shape": list(w.shape),
+                     "dtype": w.onnx_type, "form": w.form, "sqnr_db": stats.sqnr_db,
+                     "max_abs_err": stats.max_abs_err, "bytes_before": w.nbytes,
+                     "bytes_after": lw.nbytes,
+                     "bits_per_weight": bits_per_weight(lw.nbytes, stats.numel),
+                     "seconds": seconds, "notes": lw.notes + w.notes})
+    rows.sort(key=lambda r: natural_key(r["name"]))
+    before = sum(r["bytes_before"] for r in rows)
+    after = sum(r["bytes_after"] for r in rows)
+    all_bytes = sum(_init_bytes(t) for t in model.graph.initializer)
+    kept = [w for w in weights if w.scheme is None]
+    return {
+        "file": str(src), "format": "onnx", "form": form, "scheme": str(scheme),
+        **options.quantize_options(scheme),
+        "tensors": rows,
+        "overall": {"tensors": len(rows), "numel": total.numel, "sqnr_db": total.sqnr_db,
+                    "max_abs_err": total.max_abs_err, "bytes_before": before,
+                    "bytes_after": after, "bits_per_weight": bits_per_weight(after, total.numel),
+                    "seconds": sum(r["seconds"] for r in rows)},
+        "file_total": {"tensors": len(model.graph.initializer),
+                       "unquantized": len(model.graph.initializer) - len(rows),
+                       "bytes_before": all_bytes, "bytes_after": all_bytes - before + after},
+        "kept": [{"name": w.name, "why": w.why, "detail": w.why} for w in kept],
+    }
+
+
+def _init_bytes(t: Any) -> int:
+    """Bytes of an initializer's data, from its type and shape (external data not read)."""
+    from onnx import TensorProto, helper
+
+    n = int(np.prod(t.dims, dtype=np.int64))
+    name = TensorProto.DataType.Name(t.data_type)
+    bits = {"INT4": 4, "UINT4": 4, "FLOAT4E2M1": 4, "INT2": 2, "UINT2": 2}.get(name)
+    if bits is None:
+        try:
+            bits = 8 * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+        except Exception:
+            return len(t.raw_data) or t.ByteSize()
+    return (n * bits + 7) // 8
+
+
+def inspect_model(src: Any) -> dict[str, Any]:
+    """What an ONNX model holds, in the shape of :func:`inspect_file`'s answer: one row per
+    initializer, a blockquant-quantized weight as one row (its scheme, original shape and dtype,
+    and the bytes of the initializers that hold it)."""
+    from onnx import TensorProto
+
+    model = load(src, data=False)
+    meta = read_metadata(model) or {}
+    tensors = meta.get("tensors", {}) if isinstance(meta.get("tensors"), dict) else {}
+    inits = {t.name: t for t in model.graph.initializer}
+    part_of = {p: name for name, e in tensors.items() for p in e.get("parts", [])
+               if p in inits}
+    rows = []
+    for name, e in tensors.items():
+        shape = [int(d) for d in e.get("shape", [])]
+        n = int(np.prod(shape, dtype=np.int64))
+        rows.append({"name": name, "scheme": e.get("scheme"), "shape": shape,
+                     "dtype": f"{e.get('dtype', '?')} -> {e.get('form', '?')} {e.get('type', '')}"
+                     .strip(),
+                     "bytes": sum(_init_bytes(inits[p]) for p in e.get("parts", [])
+                                  if p in inits), "numel": n})
+    for t in model.graph.initializer:
+        if t.name in part_of:
+            continue
+        n = int(np.prod(t.dims, dtype=np.int64))
+        rows.append({"name": t.name, "scheme": None, "shape": list(t.dims),
+                     "dtype": TensorProto.DataType.Name(t.data_type),
+                     "bytes": _init_bytes(t), "numel": n})
+    rows.sort(key=lambda r: natural_key(r["name"]))
+    for r in rows:
+        r["bits_per_value"] = 8.0 * r["bytes"] / r["numel"] if r["numel"] else None
+    opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
+    return {"file": str(src), "format": "onnx", "file_bytes": _file_bytes(Path(src)),
+            "metadata": {"opset": ", ".join(f"{k} {v}" for k, v in opsets.items()),
+                         "ir_version": model.ir_version,
+                         **({"blockquant_form": meta["form"]} if "form" in meta else {})},
+            "tensors": rows}
+

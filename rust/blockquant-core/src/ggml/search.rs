@@ -1,0 +1,396 @@
+//! Scale searches for the ggml types whose quantizers are blockquant's own (the K-quants,
+//! IQ4_NL/IQ4_XS, NVFP4): gguf-py only dequantizes these, so any codes that decode are valid
+//! bytes, and the quantizer's job is the smallest squared error.
+//!
+//! A search tries candidate scales around the one that maps the block's largest value to the
+//! end of the code range, rounds each value to its nearest code, and refits the scale (and
+//! offset) to those codes by least squares; the candidate whose refit leaves the least error
+//! wins. Then the super-block's stored scales are chosen ([`signed_subscales`], and
+//! `encode_affine` in [`super::kquants`] for the types with minimums) and the codes
+//! are taken once more with the scales as they will be decoded, so the error that counts is the
+//! one measured. Everything is a fixed sequence of f32/f64 operations on one block: the bytes
+//! do not depend on the thread count.
+
+use super::{f16_to_f32, f32_to_f16, round_away};
+
+/// A set of codes a value rounds to (times a scale).
+pub(super) trait Grid {
+    /// The code nearest `v` (a scaled value, any finite or infinite f32) and its value.
+    fn nearest(&self, v: f32) -> (i32, f32);
+    /// The codes at the two ends, as values: the block's largest value goes to one of them.
+    fn ends(&self) -> (f32, f32);
+}
+
+/// The integers `lo..=hi`.
+pub(super) struct Uniform {
+    pub lo: i32,
+    pub hi: i32,
+}
+
+impl Grid for Uniform {
+    #[inline(always)]
+    fn nearest(&self, v: f32) -> (i32, f32) {
+        let q = round_away(v.clamp(self.lo as f32, self.hi as f32));
+        (q, q as f32)
+    }
+    fn ends(&self) -> (f32, f32) {
+        (self.lo as f32, self.hi as f32)
+    }
+}
+
+/// A sorted table of 16 values (IQ4_NL's codebook): the nearest is found by comparing with the
+/// 15 midpoints, which vectorizes (a table lookup would be a gather, one value at a time).
+pub(super) struct Book {
+    pub values: &'static [i8; 16],
+    /// The midpoints between neighbours, and the step from each value to the next.
+    mids: [f32; 15],
+    steps: [f32; 15],
+}
+
+impl Book {
+    pub const fn new(values: &'static [i8; 16]) -> Self {
+        let mut mids = [0.0f32; 15];
+        let mut steps = [0.0f32; 15];
+        let mut i = 0;
+        while i < 15 {
+            // Integers: the half-sums and differences are exact.
+            mids[i] = (values[i] as i32 + values[i + 1] as i32) as f32 / 2.0;
+            steps[i] = (values[i + 1] as i32 - values[i] as i32) as f32;
+            i += 1;
+        }
+        Self {
+            values,
+            mids,
+            steps,
+        }
+    }
+}
+
+impl Grid for Book {
+    #[inline(always)]
+    fn nearest(&self, v: f32) -> (i32, f32) {
+        // Past each midpoint, one value up (a tie stays below); sums of integers, exact.
+        let mut i = 0;
+        let mut g = self.values[0] as f32;
+        for (&m, &s) in self.mids.iter().zip(&self.steps) {
+            let up = v > m;
+            i += up as i32;
+            g += if up { s } else { 0.0 };
+        }
+        (i, g)
+    }
+    fn ends(&self) -> (f32, f32) {
+        (self.values[0] as f32, self.values[15] as f32)
+    }
+}
+
+/// The value of largest magnitude (the first of equals) and that magnitude.
+#[inline(always)]
+pub(super) fn signed_max(x: &[f32]) -> (f32, f32) {
+    let mut m = 0.0f32;
+    for &v in x {
+        if v.abs() > m.abs() {
+            m = v;
+        }
+    }
+    (m, m.abs())
+}
+
+/// Σ f(i) for i in 0..n (a multiple of 8) in eight lanes, folded in a fixed order. One chain
+/// of adds would wait on each add's latency (without fast-math nothing reassociates it); the
+/// fixed order keeps the result a function of the data alone.
+#[inline(always)]
+pub(super) fn sum8<T>(n: usize, f: impl Fn(usize) -> T) -> T
+where
+    T: Copy + Default + std::ops::Add<Output = T>,
+{
+    let mut acc = [T::default(); 8];
+    for c in 0..n / 8 {
+        for (l, a) in acc.iter_mut().enumerate() {
+            *a = *a + f(8 * c + l);
+        }
+    }
+    fold8(acc)
+}
+
+#[inline(always)]
+fn fold8<T: Copy + std::ops::Add<Output = T>>(a: [T; 8]) -> T {
+    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+}
+
+/// Candidate end-points tried on each side of the grid by default, as fractions of the end.
+pub(super) const STEPS: usize = 12;
+
+/// The scale s minimizing Σ(x − s·g)² over codes g of `grid` (s may be negative: a signed
+/// scale lets the largest value take either end). 0 for an all-zero block. x has ≤ 32 values.
+#[inline(always)]
+pub(super) fn symmetric<G: Grid>(x: &[f32], grid: &G, steps: usize) -> f32 {
+    let (m, amax) = signed_max(x);
+    if amax == 0.0 {
+        return 0.0;
+    }
+    // Searched in units of amax (so squares neither overflow nor underflow), scaled back.
+    let mut y = [0.0f32; 32];
+    let y = &mut y[..x.len()];
+    for (y, &v) in y.iter_mut().zip(x) {
+        *y = v / amax;
+    }
+    let sign = if m < 0.0 { -1.0 } else { 1.0 };
+    let (lo, hi) = grid.ends();
+    let mut best = (f32::NEG_INFINITY, 0.0f32);
+    for end in [lo, hi] {
+        for k in 0..steps {
+            // The largest value lands from half a step past the end to ~20% inside it.
+            let t = end * (1.0 + 0.5 / end.abs() - 0.2 * k as f32 / steps as f32);
+            let s = sign / t;
+            let (gain, refit) = refit_scale(y, s, grid);
+            if gain > best.0 {
+                best = (gain, refit);
+            }
+        }
+    }
+    // One more round from the winner: its codes, refit.
+    let (gain, refit) = refit_scale(y, best.1, grid);
+    if gain > best.0 {
+        best = (gain, refit);
+    }
+    best.1 * amax
+}
+
+/// Codes of y at scale s, then the least-squares scale for those codes: (Σyg)²/Σg² (the error
+/// it removes, to maximize) and Σyg/Σg².
+#[inline(always)]
+fn refit_scale<G: Grid>(y: &[f32], s: f32, grid: &G) -> (f32, f32) {
+    if s == 0.0 || !s.is_finite() {
+        return (0.0, 0.0);
+    }
+    // Candidates only steer the search: a product with 1/s is as good as a division here.
+    let inv = 1.0 / s;
+    let (mut sxg, mut sgg) = ([0.0f32; 8], [0.0f32; 8]);
+    for c in y.chunks_exact(8) {
+        for l in 0..8 {
+            let (_, g) = grid.nearest(c[l] * inv);
+            sxg[l] += c[l] * g;
+            sgg[l] += g * g;
+        }
+    }
+    let (sxg, sgg) = (fold8(sxg), fold8(sgg));
+    if sgg == 0.0 {
+        return (0.0, 0.0);
+    }
+    (sxg * sxg / sgg, sxg / sgg)
+}
+
+/// (a, b) ≥ 0 minimizing Σ(x − (a·q − b))² over codes q in 0..=nmax (the K-quants with a
+/// minimum: the offset −b is at most 0, since b is stored unsigned). x has ≤ 32 values.
+#[inline(always)]
+pub(super) fn affine(x: &[f32], nmax: i32) -> (f32, f32) {
+    let (_, amax) = signed_max(x);
+    if amax == 0.0 {
+        return (0.0, 0.0);
+    }
+    let mut y = [0.0f32; 32];
+    let y = &mut y[..x.len()];
+    let (mut mn, mut mx) = (0.0f32, f32::NEG_INFINITY);
+    for (y, &v) in y.iter_mut().zip(x) {
+        *y = v / amax;
+        mn = mn.min(*y);
+        mx = mx.max(*y);
+    }
+    if mx <= mn {
+        // Every value equal to the minimum (≤ 0): the offset alone holds it.
+        return (0.0, -mn * amax);
+    }
+    let n = y.len() as f32;
+    let sy: f32 = sum8(y.len(), |i| y[i]);
+    let syy: f64 = sum8(y.len(), |i| y[i] * y[i]) as f64;
+    let top = nmax as f32;
+    // The plain min–max fit first, so a search never does worse.
+    let mut best = (
+        affine_error(y, (mx - mn) / top, mn, nmax),
+        (mx - mn) / top,
+        mn,
+    );
+    for k in 0..=20 {
+        let iscale = (top - 1.0 + 0.1 * k as f32) / (mx - mn);
+        let (mut sq, mut sqq, mut syq) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
+        for yc in y.chunks_exact(8) {
+            for l in 0..8 {
+                let c = round_away(((yc[l] - mn) * iscale).clamp(0.0, top)) as f32;
+                sq[l] += c;
+                sqq[l] += c * c;
+                syq[l] += yc[l] * c;
+            }
+        }
+        let (sq, sqq, syq) = (fold8(sq), fold8(sqq), fold8(syq));
+        let det = n * sqq - sq * sq;
+        if det <= 0.0 {
+            continue;
+        }
+        let mut a = (n * syq - sy * sq) / det;
+        let mut c = (sy - a * sq) / n;
+        if c > 0.0 {
+            // The offset cannot be positive: refit the scale alone.
+            c = 0.0;
+            a = syq / sqq;
+        }
+        if a <= 0.0 {
+            continue;
+        }
+        // Σ(y − a·q − c)² from the sums (in f64: the terms nearly cancel), not another pass.
+        let (a64, c64) = (a as f64, c as f64);
+        let err = (syy - 2.0 * a64 * syq as f64 - 2.0 * c64 * sy as f64
+            + a64 * a64 * sqq as f64
+            + 2.0 * a64 * c64 * sq as f64
+            + n as f64 * c64 * c64) as f32;
+        if err < best.0 {
+            best = (err, a, c);
+        }
+    }
+    (best.1 * amax, -best.2 * amax)
+}
+
+#[inline(always)]
+fn affine_error(y: &[f32], a: f32, c: f32, nmax: i32) -> f32 {
+    sum8(y.len(), |i| {
+        let q = round_away(((y[i] - c) / a).clamp(0.0, nmax as f32)) as f32;
+        (y[i] - (a * q + c)) * (y[i] - (a * q + c))
+    })
+}
+
+/// f32 → float16 bits, saturated to the largest finite f16 (a scale that would overflow is
+/// stored as ±65504: the block then clips, rather than decoding to infinities).
+#[inline(always)]
+pub(super) fn f16_sat(v: f32) -> (u16, f32) {
+    let h = f32_to_f16(v.clamp(-65504.0, 65504.0));
+    (h, f16_to_f32(h))
+}
+
+/// Σ(x − e·g)² in f64 for codes of `grid` at the decoded scale `e` (the codes as
+/// [`nearest_codes`] picks them).
+#[inline(always)]
+pub(super) fn scaled_error<G: Grid>(x: &[f32], e: f32, grid: &G) -> f64 {
+    if e == 0.0 {
+        return sum8(x.len(), |i| (x[i] as f64) * (x[i] as f64));
+    }
+    sum8(x.len(), |i| {
+        let (_, g) = grid.nearest(x[i] / e);
+        let d = x[i] as f64 - (e * g) as f64;
+        d * d
+    })
+}
+
+/// The codes of x at the decoded scale `e` (the code of 0 when e is 0).
+#[inline(always)]
+pub(super) fn nearest_codes<G: Grid>(x: &[f32], e: f32, grid: &G, out: &mut [i32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = grid.nearest(if e == 0.0 { 0.0 } else { v / e }).0;
+    }
+}
+
+/// Given sub-block scales `s` (any sign) and the stored sub-scale range lo..=hi: the super-block
+/// scale (f16 bits), each sub-block's integer sub-scale, chosen among the nearest and its two
+/// neighbours by the sub-block's error at the scale as decoded (f16(d)·sub-scale in f32).
+#[inline(always)]
+pub(super) fn signed_subscales<G: Grid>(
+    x: &[f32],
+    sub: usize,
+    s: &[f32],
+    lo: i32,
+    hi: i32,
+    grid: &G,
+    out: &mut [i32],
+) -> u16 {
+    let (smax, amax) = signed_max(s);
+    if amax == 0.0 {
+        out.fill(0);
+        return 0;
+    }
+    // The largest sub-scale takes the negative end, exactly representable.
+    let (bits, d) = f16_sat(smax / lo as f32);
+    for ((o, &sj), xj) in out.iter_mut().zip(s).zip(x.chunks_exact(sub)) {
+        if d == 0.0 {
+            *o = 0;
+            continue;
+        }
+        let r = round_away((sj / d).clamp(lo as f32, hi as f32));
+        let mut best = (f64::INFINITY, r);
+        for c in [r, r - 1, r + 1] {
+            if c < lo || c > hi {
+                continue;
+            }
+            let err = scaled_error(xj, d * c as f32, grid);
+            if err < best.0 {
+                best = (err, c);
+            }
+        }
+        *o = best.1;
+    }
+    bits
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VALUES: [i8; 16] = [
+        -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+    ];
+    static BOOK: Book = Book::new(&VALUES);
+
+    #[test]
+    fn book_finds_the_nearest_value() {
+        // A sweep in steps of 1/64 over and past the codebook's range: the value found is at
+        // least as near as every other (ties on a midpoint may go either way).
+        for k in -150 * 64..150 * 64 {
+            let v = k as f32 / 64.0;
+            let (i, g) = BOOK.nearest(v);
+            assert_eq!(g, VALUES[i as usize] as f32);
+            let best = VALUES
+                .iter()
+                .map(|&c| (v - c as f32).abs())
+                .fold(f32::MAX, f32::min);
+            assert_eq!((v - g).abs(), best, "{v}");
+        }
+        assert_eq!(BOOK.nearest(f32::INFINITY).0, 15);
+        assert_eq!(BOOK.nearest(f32::NEG_INFINITY).0, 0);
+    }
+
+    #[test]
+    fn searched_scales_beat_the_max_to_end_scale() {
+        // Deterministic pseudo-Gaussian blocks: the search's scale, as its codes decode, never
+        // does worse than mapping the largest value to the grid's negative end.
+        let mut s = 12345u64;
+        let grid = Uniform { lo: -8, hi: 7 };
+        for _ in 0..200 {
+            let x: Vec<f32> = (0..32)
+                .map(|_| {
+                    let mut a = 0.0;
+                    for _ in 0..4 {
+                        s = s
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        a += (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                    }
+                    a
+                })
+                .collect();
+            let (m, _) = signed_max(&x);
+            let plain = scaled_error(&x, m / -8.0, &grid);
+            let searched = scaled_error(&x, symmetric(&x, &grid, STEPS), &grid);
+            assert!(searched <= plain * (1.0 + 1e-6), "{searched} > {plain}");
+            let (a, b) = affine(&x, 15);
+            assert!(a > 0.0 && b >= 0.0);
+        }
+        assert_eq!(symmetric(&[0.0; 16], &grid, STEPS), 0.0);
+        assert_eq!(affine(&[0.0; 16], 15), (0.0, 0.0));
+        assert_eq!(affine(&[-2.0; 16], 15), (0.0, 2.0));
+    }
+
+    #[test]
+    fn f16_scales_saturate() {
+        assert_eq!(f16_sat(1e30), (0x7BFF, 65504.0));
+        assert_eq!(f16_sat(-1e30), (0xFBFF, -65504.0));
+        assert_eq!(f16_sat(1e-30).1, 0.0);
+    }
+}

@@ -1,0 +1,160 @@
+"""benches/bench.py, the side-by-side benchmark, kept from rotting: a smoke run on a tiny array,
+its numpy yardsticks checked to do the same job as blockquant, the --peers tree lookup, and
+torch's cells where torch is installed. Speed itself is never asserted here."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import blockquant as bq
+
+BENCHES = Path(__file__).resolve().parents[1] / "benches"
+pytestmark = pytest.mark.skipif(not (BENCHES / "bench.py").is_file(),
+                                reason="benches/ is not in this tree")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCHES))
+    try:
+        import bench as module
+
+        yield module
+    finally:
+        sys.path.remove(str(BENCHES))
+
+
+def test_quick_run_writes_every_table_and_the_json(tmp_path):
+    cmd = [sys.executable, str(BENCHES / "bench.py")]
+    help_ = subprocess.run([*cmd, "--help"], capture_output=True, text=True, timeout=60,
+                           cwd=tmp_path, check=False)
+    assert help_.returncode == 0 and "--quick" in help_.stdout and "--peers" in help_.stdout
+    out = tmp_path / "b.json"
+    # 16384 values: the smallest size with a whole 128x128 block for the square case.
+    res = subprocess.run([*cmd, "--quick", "--size", "16384", "--repeat", "2", "--no-torch",
+                          "--json", str(out)], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, check=False)
+    assert res.returncode == 0, res.stderr
+    for text in ("of copyto", "cpu/wall", "vs numpy", "nvfp4", "Q8_0", "targets (issues 13 and 11"):
+        assert text in res.stdout, text
+    results = json.loads(out.read_text())
+    assert results["size"] == 16384 and results["repeat"] == 2
+    assert len(results["cases"]) == 10 and len(results["ggml"]) == 11
+    for case in results["cases"]:
+        cells = case["cells"]
+        for key in ("copyto", "bq_quantize_1t", "bq_quantize_2t", "bq_dequantize_1t",
+                    "bq_dequantize_2t", "numpy_quantize", "numpy_dequantize", "ref_quantize"):
+            assert key in cells, (case["name"], key)
+        # interleaved repetitions: every fast cell ran in both, the reference in the first only
+        assert len(cells["bq_quantize_2t"]["wall_s"]) == 2 and len(cells["ref_quantize"]["wall_s"]) == 1
+        assert cells["bq_quantize_2t"]["threads"] == 2 and cells["bq_quantize_1t"]["threads"] == 1
+        assert all(c >= 0 for c in cells["bq_quantize_2t"]["cpu_s"])
+        assert case["numpy_bytes_equal"] > 0.8
+    targets = results["targets"]
+    assert any(t["target"].startswith("#13 block-32 int8") for t in targets)
+    assert any(t["target"].startswith("#11 Q8_0") for t in targets)
+    assert all(t["ok"] in (True, False, None) for t in targets)
+
+
+def test_numpy_versions_do_the_same_job_as_blockquant(bench):
+    """Each idiomatic numpy version stores values laid out as blockquant's, mostly equal, and
+    dequantizes to about blockquant's error: a yardstick that does the same work."""
+    import bench_numpy
+
+    x = np.random.default_rng(7).standard_normal((4, 4096), dtype=np.float32)
+    for case in bench.cases(x.size):
+        xs = x.reshape(-1)[: int(np.prod(case.shape))].reshape(case.shape)
+        impl = bench_numpy.scheme(case.key, xs.shape)
+        assert impl is not None, case.name
+        qt = bq.quantize(xs, case.scheme, **case.kw)
+        q = impl.quantize(xs, **case.np_kw)
+        assert q["values"].dtype == qt.values.dtype and q["values"].shape == qt.values.shape
+        assert np.mean(q["values"].view(np.uint8) == qt.values.view(np.uint8)) > 0.8, case.name
+        out = np.full(xs.shape, np.nan, np.float32)
+        impl.dequantize(q, out)
+        err_np = np.sqrt(np.mean((out - xs) ** 2))
+        err_bq = np.sqrt(np.mean((qt.dequantize() - xs) ** 2))
+        assert err_np <= 1.1 * err_bq, (case.name, err_np, err_bq)
+
+
+def test_quantize_call_falls_back_or_writes_in_place(bench):
+    case = bench.cases(16384)[2]  # int8_block32
+    x = np.random.default_rng(1).standard_normal(case.shape, dtype=np.float32)
+    call, form = bench.bq_quantizer(x, case)
+    assert form in ("new arrays", "out=(values, scales)")
+    assert call().to_bytes() == bq.quantize(x, case.scheme).to_bytes()
+
+
+def test_peers_finds_a_ggml_tree_from_inside_it_and_refuses_other_folders(bench, tmp_path):
+    import bench_ggml_c
+
+    src = tmp_path / "llama.cpp" / "ggml" / "src"
+    (src / "ggml-cpu").mkdir(parents=True)
+    (src / "ggml-quants.c").write_text("")
+    (src / "ggml-cpu" / "quants.c").write_text("")
+    build = tmp_path / "llama.cpp" / "build" / "bin"
+    build.mkdir(parents=True)
+    assert bench_ggml_c.find_sources(str(build)) == src.resolve()
+    assert bench_ggml_c.find_sources(str(tmp_path / "llama.cpp")) == src.resolve()
+    (tmp_path / "other").mkdir()
+    with pytest.raises(bench_ggml_c.PeerError, match="not in a ggml tree"):
+        bench_ggml_c.find_sources(str(tmp_path / "other"))
+    with pytest.raises(bench_ggml_c.PeerError, match="no such folder"):
+        bench_ggml_c.find_sources(str(tmp_path / "missing"))
+
+
+def test_torch_cells_do_the_same_job(bench):
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(3).standard_normal((2, 4096), dtype=np.float32)
+    for case in bench.cases(16384):
+        if case.torch not in ("qint8_given", "fp8"):
+            continue
+        cells = {c.key: c for c in bench.torch_cells(case, x, np.empty_like(x))}
+        assert set(cells) == {f"torch_{op}_{t}t" for op in ("quantize", "dequantize") for t in (1, 2)}
+        got = cells["torch_quantize_1t"].fn()
+        mine = bq.quantize(x, case.scheme, **case.kw).values
+        codes = torch.int_repr(got).numpy() if case.torch == "qint8_given" else got.view(torch.uint8).numpy()
+        # torch rounds int8 ties to even where blockquant rounds them away: a tie is rare here
+        assert np.mean(codes.view(np.uint8) == mine.view(np.uint8)) > 0.999, case.name
+
+
+def test_targets_read_the_right_cells_and_flag_a_starved_process(bench):
+    import bench_report
+
+    def cell(s, cpu_per_wall=1.0, threads=1):
+        return dict(median_s=s, cpu_per_wall=cpu_per_wall, threads=threads)
+
+    b32 = dict(name="int8_block32 (Q8S, F16 scales)", bits=8,
+               copyto_s=10.0, bq_quantize_1t_s=5.0, bq_quantize_2t_s=3.0,
+               bq_quantize_1t_of_copyto=2.0, bq_dequantize_1t_of_copyto=1.4,
+               numpy_quantize_s=40.0, numpy_dequantize_s=30.0, bq_dequantize_1t_s=10.0,
+               cells=dict(copyto=cell(10.0), bq_quantize_1t=cell(5.0), bq_quantize_2t=cell(3.0, 1.9, 2),
+                          numpy_quantize=cell(40.0, 0.3, None)))
+    fp4 = dict(name="mxfp4", bits=4, copyto_s=10.0, bq_quantize_1t_s=20.0,
+               bq_quantize_1t_of_copyto=0.5, bq_dequantize_1t_of_copyto=1.0,
+               cells=dict(copyto=cell(10.0, 0.5), bq_quantize_1t=cell(20.0)))
+    q8 = dict(type="Q8_0", bq_quantize_1t_of_copyto=1.5, bq_dequantize_1t_of_copyto=0.9,
+              vs_gguf_quantize=25.0, cells={})
+    ts = {t["target"]: t for t in bench_report.targets(dict(cases=[b32, fp4], ggml=[q8]))}
+    assert ts["#13 block-32 int8 (F16) quantize 1T ≥ 1.4× copyto"]["ok"] is True
+    assert ts["#13 block-32 int8 (F16) quantize 2T ≥ 1.7× its 1T"]["measured"] == pytest.approx(5 / 3)
+    assert ts["#13 block-32 int8 (F16) quantize 2T ≥ 1.7× its 1T"]["ok"] is False
+    assert ts["#13 int8_block32 (Q8S, F16 scales): dequantize into out= 1T ≥ 1.5× copyto"]["ok"] is False
+    assert ts["#13 mxfp4: dequantize into out= 1T ≥ 1.0× copyto"]["ok"] is True  # 4-bit: 1.0x
+    assert ts["#13 int8_block32 (Q8S, F16 scales): quantize 1T ≥ 10× idiomatic numpy"]["measured"] == 8.0
+    assert ts["#13 int8_block32 (Q8S, F16 scales): dequantize 1T ≥ 2.5× idiomatic numpy"]["ok"] is True
+    assert ts["#13 mxfp4: quantize 1T ≥ 10× idiomatic numpy"]["ok"] is None  # numpy not timed
+    assert "noisy" in ts["#13 mxfp4: quantize 1T ≥ 0.8× copyto"]["note"]  # copyto had half a core
+    # only the calls a ratio is made of count: numpy's starved call taints the numpy ratio alone
+    assert "note" not in ts["#13 block-32 int8 (F16) quantize 1T ≥ 1.4× copyto"]
+    assert "numpy_quantize had 0.30" in ts[
+        "#13 int8_block32 (Q8S, F16 scales): quantize 1T ≥ 10× idiomatic numpy"]["note"]
+    assert "note" not in ts["#13 int8_block32 (Q8S, F16 scales): dequantize 1T ≥ 2.5× idiomatic numpy"]
+    assert ts["#11 Q8_0: quantize 1T ≥ 1.4× copyto"]["ok"] is True
+    assert ts["#11 Q8_0: dequantize into out 1T ≥ 1.0× copyto"]["ok"] is False
+    assert ts["#11 Q8_0: quantize ≥ 20× gguf-py"]["ok"] is True
+    assert ts["#11 Q8_0: dequantize ≥ 20× gguf-py"]["ok"] is None
