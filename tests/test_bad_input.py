@@ -240,7 +240,7 @@ CASES: list[Case] = _non_finite_cases() + [
     quant("scheme-a-preset-function", X, lambda: bq.presets.int8, TypeError),
     quant("rounding-unknown", X, INT8B, bq.QuantError, "rounding", rounding="banker"),
     quant("rounding-not-a-string", X, INT8B, TypeError, rounding=1),
-    quant("calibration-unknown", X, INT8B, bq.QuantError, "calibration", calibration="mse"),
+    quant("calibration-unknown", X, INT8B, bq.QuantError, "calibration", calibration="least_squares"),
     quant("scale-rounding-unknown", X, INT8B, bq.QuantError, scale_rounding="down"),
     # -- scheme rules (SchemeError when built) ---------------------------------------------------
     quant("block-size-0", X, lambda: QuantScheme().per_block([0], D.F32), bq.SchemeError,

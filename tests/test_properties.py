@@ -160,7 +160,7 @@ def arrays(draw, shape: tuple[int, ...], dtypes=INPUT_DTYPES) -> tuple[np.ndarra
 @st.composite
 def options(draw, scheme: QuantScheme, shape: tuple[int, ...]) -> dict:
     kw = {
-        "calibration": draw(st.sampled_from(["minmax", "absmean"])),
+        "calibration": draw(st.sampled_from(["minmax", "absmean", "mse"])),
         "rounding": draw(st.sampled_from(["half_away", "half_even"])),
         "scale_rounding": draw(st.sampled_from(["up", "nearest"])),
     }

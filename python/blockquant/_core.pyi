@@ -77,6 +77,7 @@ def quantize(
     global_scale: Optional[float] = None,
     out_values: Optional[npt.NDArray[np.generic]] = None,
     out_scales: Optional[npt.NDArray[np.float32]] = None,
+    weights: Optional[npt.NDArray[np.float32]] = None,
 ) -> _Quantized: ...
 def dequantize(
     values: npt.NDArray[np.generic],

@@ -3,7 +3,7 @@
     blockquant quantize IN -o OUT --scheme SCHEME   quantize a checkpoint or a model folder
     blockquant dequantize IN -o OUT                 back to float tensors
     blockquant inspect FILE                         per tensor: scheme, shape, bytes, bits/value
-    blockquant report IN --scheme SCHEME            per tensor: SQNR, max error, sizes, time
+    blockquant report IN --scheme SCHEME            per tensor: SQNR, bits/weight, error, sizes, time
     blockquant demo                                 every preset on built-in generated tensors
 
 A SCHEME is a preset name (nvfp4, mxfp4, int8, ...) or its spelled-out form, such as
@@ -447,7 +447,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     def row(name: str, shape: str, r: dict[str, Any]) -> list[str]:
         ratio = f"{r['bytes_before'] / r['bytes_after']:.2f}x" if r["bytes_after"] else "-"
-        return [printable(name), shape, _fmt_db(r["sqnr_db"]), f"{r['max_abs_err']:.3g}",
+        bpw = r.get("bits_per_weight", math.inf)
+        return [printable(name), shape, _fmt_db(r["sqnr_db"]),
+                f"{bpw:.4g}" if math.isfinite(bpw) else "-", f"{r['max_abs_err']:.3g}",
                 _human(r["bytes_before"]), _human(r["bytes_after"]), ratio,
                 f"{r['seconds'] * 1e3:.1f}"]
 
@@ -458,7 +460,7 @@ def cmd_report(args: argparse.Namespace) -> int:
            f"calibration {rep['calibration']}, rounding {rep['rounding']}, scale rounding "
            f"{rep['scale_rounding']}")
     print(printable(f"{rep['file']} with {rep['scheme']} ({how})"))
-    print(_table(table, ["tensor", "shape", "SQNR dB", "max abs err", "before", "after",
+    print(_table(table, ["tensor", "shape", "SQNR dB", "bits/w", "max abs err", "before", "after",
                          "ratio", "ms"], left=2))
     gbs = o["bytes_before"] / o["seconds"] / 1e9 if o["seconds"] else math.inf
     print(f"\nwhole file: {_human(f['bytes_before'])} -> {_human(f['bytes_after'])} "
@@ -594,7 +596,7 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="print JSON")
     i.set_defaults(func=cmd_inspect)
 
-    r = sub.add_parser("report", help="quantize in memory and measure: SQNR, error, size, time")
+    r = sub.add_parser("report", help="quantize in memory and measure: SQNR, bits/weight, error, size, time")
     r.add_argument("input", metavar="IN")
     options(r)
     r.add_argument("--json", action="store_true", help="print JSON (SQNR null when exact)")

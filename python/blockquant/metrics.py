@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ErrorStats", "sqnr_db"]
+__all__ = ["ErrorStats", "bits_per_weight", "sqnr_db"]
 
 CHUNK = 1 << 20  # elements per float64 temporary
 
@@ -64,3 +64,9 @@ class ErrorStats:
 def sqnr_db(x: np.ndarray, y: np.ndarray) -> float:
     """SQNR in dB of ``y`` as a reconstruction of ``x`` (inf when exact)."""
     return ErrorStats.between(x, y).sqnr_db
+
+
+def bits_per_weight(nbytes: int, numel: int) -> float:
+    """Stored bits per value: 8 × bytes (values, scales and any per-tensor scale) / values;
+    inf for no values. What ``report`` shows next to the SQNR, so schemes compare at equal size."""
+    return math.inf if numel == 0 else 8.0 * nbytes / numel

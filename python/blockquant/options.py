@@ -12,8 +12,9 @@ from typing import Literal, Optional
 
 __all__ = ["Calibration", "Rounding", "ScaleRounding", "QuantOptions"]
 
-#: How the amplitude of a block is measured: max |x|, or mean |x| (BitNet b1.58).
-Calibration = Literal["minmax", "absmean"]
+#: How the scale of a block is chosen: from max |x|, from mean |x| (BitNet b1.58), or searched
+#: among candidates around max |x|'s for the least squared error ("mse", SPEC §3a).
+Calibration = Literal["minmax", "absmean", "mse"]
 #: Ties of integer rounding: half away from zero (burn, ggml) or half to even (numpy, ONNX).
 Rounding = Literal["half_away", "half_even"]
 #: How a raw scale becomes a stored one: the smallest value >= it, the nearest, or the OCP MX

@@ -55,7 +55,7 @@ __all__ = [
 
 F32_MAX = np.float32(np.finfo(np.float32).max)
 
-CALIBRATIONS = ("minmax", "absmean")
+CALIBRATIONS = ("minmax", "absmean", "mse")
 ROUNDINGS = ("half_away", "half_even")
 SCALE_ROUNDINGS = ("up", "nearest", "mx")
 
@@ -623,6 +623,30 @@ def _check_finite(original: np.ndarray, x32: np.ndarray) -> None:
     raise NonFiniteError(f"non-finite value {given!r} at flat index {i}")
 
 
+def _weights_as_f32(weights, shape) -> np.ndarray:
+    """Importance weights: real numbers, finite and >= 0, that broadcast to ``shape``; float32
+    in that shape."""
+    a = np.asarray(weights)
+    if a.dtype.kind not in "fiu" and a.dtype.name != "bfloat16":
+        raise TypeError(f"weights must be an array of real numbers, got dtype {a.dtype}")
+    w = a.astype(np.float64)
+    flat = w.ravel()
+    bad = np.flatnonzero(~np.isfinite(flat) | (flat < 0))
+    if bad.size:
+        i = int(bad[0])
+        raise QuantError(f"weights must be finite and >= 0, got {flat[i]} at flat index {i}")
+    with np.errstate(over="ignore"):
+        w32 = w.astype(np.float32)
+    if not np.all(np.isfinite(w32)):
+        raise QuantError("weights must fit in float32")
+    try:
+        return np.ascontiguousarray(np.broadcast_to(w32, shape))
+    except ValueError:
+        raise QuantError(
+            f"weights of shape {a.shape} do not broadcast to the input's shape {shape}"
+        ) from None
+
+
 def _global_from_arg(global_scale) -> np.float32:
     """An explicit per-tensor scale as float32: a finite real >= 0, else TypeError/ScaleError."""
     a = np.asarray(global_scale)
@@ -659,9 +683,14 @@ def _effective_scales(stored: np.ndarray, g: float | None) -> np.ndarray:
         return np.minimum(stored * np.float32(g), F32_MAX)
 
 
-def _compute_scales(x1, scheme, calibration, scale_rounding, given_g=None):
+def _compute_scales(x1, scheme, calibration, scale_rounding, given_g=None, rounding="half_away",
+                    w1=None):
     """Stored scales and g from the data (SPEC §3-§5). A two-level scheme may be given g alone:
     then only the block scales come from the data."""
+    if calibration == "mse":  # searched (SPEC §3a): defined in its own module
+        from ._reference_search import mse_scales
+
+        return mse_scales(x1, scheme, rounding, scale_rounding, given_g, w1)
     if scale_rounding == "mx":  # the OCP MX scale, from alpha itself (UE8M0: one level)
         rows, counts = _block_rows(x1, scheme)
         alpha = _amplitudes(rows, counts, calibration)
@@ -761,9 +790,11 @@ def quantize(
     scale_rounding: str | None = None,
     scales=None,
     global_scale=None,
+    weights=None,
 ) -> RefQTensor:
     """Quantize ``x`` under ``scheme`` (SPEC §3-§8): a scheme, a preset name or a scheme text;
-    an option left as None is the scheme's own (a preset's, SPEC §12), else the default."""
+    an option left as None is the scheme's own (a preset's, SPEC §12), else the default.
+    ``weights`` (calibration "mse" only): per-element importance, broadcast to ``x``."""
     # Validation order: argument types, mode, scheme/tensor fit, scales, non-finite input (the
     # core checks the caller's scales before it reads the data).
     scheme = resolve(scheme)
@@ -788,11 +819,20 @@ def quantize(
     if scales is not None and scheme.is_two_level and global_scale is None:
         raise MissingGlobalScaleError(f"{scheme!r} requires a per-tensor scale")
     given_g = None if global_scale is None else float(_global_from_arg(global_scale))
+    w1 = None
+    if weights is not None:
+        w1 = _weights_as_f32(weights, shape).reshape(shape1)
+        if calibration != "mse" or scales is not None:
+            raise QuantError(
+                "weights= weighs the error of calibration='mse' and takes no explicit scales"
+            )
     if scales is not None:
         stored, g = _explicit_scales(scales, shape1, scheme, scale_rounding), given_g
     _check_finite(original, x32)
     if scales is None:
-        stored, g = _compute_scales(x1, scheme, calibration, scale_rounding, given_g)
+        stored, g = _compute_scales(
+            x1, scheme, calibration, scale_rounding, given_g, rounding, w1
+        )
 
     # Values against the stored (effective) scale: x / e as an f32 division; e = 0 gives code 0.
     e = _scales_per_element(_effective_scales(stored, g), shape1, scheme)

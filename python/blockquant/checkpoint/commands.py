@@ -17,7 +17,7 @@ import numpy as np
 
 from .._fs import same_file
 from ..errors import QuantError
-from ..metrics import ErrorStats
+from ..metrics import ErrorStats, bits_per_weight
 from ..qtensor import quantize
 from ..scheme import QuantScheme
 from .base import (
@@ -387,7 +387,9 @@ def measure_file(
             rows.append({"name": t.name, "scheme": str(d.scheme), "shape": list(t.shape),
                          "dtype": t.dtype_name, "sqnr_db": stats.sqnr_db,
                          "max_abs_err": stats.max_abs_err, "bytes_before": t.nbytes,
-                         "bytes_after": qt.nbytes, "seconds": seconds})
+                         "bytes_after": qt.nbytes,
+                         "bits_per_weight": bits_per_weight(qt.nbytes, stats.numel),
+                         "seconds": seconds})
             progress(t.name, t.nbytes)
     return Measured(rows, total, decisions)
 
@@ -412,6 +414,7 @@ def report_dict(
         "overall": {
             "tensors": len(rows), "numel": total.numel, "sqnr_db": total.sqnr_db,
             "max_abs_err": total.max_abs_err, "bytes_before": before, "bytes_after": after,
+            "bits_per_weight": bits_per_weight(after, total.numel),
             "seconds": sum(r["seconds"] for r in rows),
         },
         "file_total": {

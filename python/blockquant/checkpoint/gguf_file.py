@@ -39,7 +39,7 @@ import numpy as np
 from .. import gguf as bg
 from .._fs import temp_sibling
 from ..errors import QuantError
-from ..metrics import ErrorStats
+from ..metrics import ErrorStats, bits_per_weight
 from .base import NAME_TO_ST, Checkpoint, CheckpointError, TensorInfo, os_reason, st_nbytes
 from .options import FileOptions
 from .safetensors import HeaderEntry, SafetensorsWriter, float_array
@@ -624,7 +624,9 @@ def report_gguf(src: Any, qtype: Any, options: FileOptions | None = None, *,
                 rows.append({"name": t.name, "scheme": target.name, "shape": list(t.shape),
                              "dtype": t.dtype_name, "sqnr_db": stats.sqnr_db,
                              "max_abs_err": stats.max_abs_err, "bytes_before": t.nbytes,
-                             "bytes_after": d.bytes_after, "seconds": seconds})
+                             "bytes_after": d.bytes_after,
+                             "bits_per_weight": bits_per_weight(d.bytes_after, stats.numel),
+                             "seconds": seconds})
             if progress is not None:
                 progress(t.name, t.nbytes)
     before = sum(r["bytes_before"] for r in rows)
@@ -635,7 +637,8 @@ def report_gguf(src: Any, qtype: Any, options: FileOptions | None = None, *,
         "tensors": rows,
         "overall": {"tensors": len(rows), "numel": total.numel, "sqnr_db": total.sqnr_db,
                     "max_abs_err": total.max_abs_err, "bytes_before": before,
-                    "bytes_after": after, "seconds": sum(r["seconds"] for r in rows)},
+                    "bytes_after": after, "bits_per_weight": bits_per_weight(after, total.numel),
+                    "seconds": sum(r["seconds"] for r in rows)},
         "file_total": {"tensors": len(decisions), "unquantized": len(decisions) - len(rows),
                        "bytes_before": file_bytes, "bytes_after": after + file_bytes - before},
         "kept": [{"name": d.tensor.name, "why": d.why} for d in decisions if not d.quantized],

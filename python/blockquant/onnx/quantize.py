@@ -13,7 +13,7 @@ import numpy as np
 from .. import __version__
 from ..checkpoint.commands import natural_key
 from ..checkpoint.options import FileOptions
-from ..metrics import ErrorStats
+from ..metrics import ErrorStats, bits_per_weight
 from ..presets import resolve
 from ..scheme import QuantScheme
 from .lowering import Lowered, lower_matmulnbits, lower_qdq, qdq_opset
@@ -287,7 +287,9 @@ def report_model(src: Any, scheme: QuantScheme | str, *, form: str = "qdq",
         rows.append({"name": w.name, "scheme": str(w.scheme), "shape": list(w.shape),
                      "dtype": w.onnx_type, "form": w.form, "sqnr_db": stats.sqnr_db,
                      "max_abs_err": stats.max_abs_err, "bytes_before": w.nbytes,
-                     "bytes_after": lw.nbytes, "seconds": seconds, "notes": lw.notes + w.notes})
+                     "bytes_after": lw.nbytes,
+                     "bits_per_weight": bits_per_weight(lw.nbytes, stats.numel),
+                     "seconds": seconds, "notes": lw.notes + w.notes})
     rows.sort(key=lambda r: natural_key(r["name"]))
     before = sum(r["bytes_before"] for r in rows)
     after = sum(r["bytes_after"] for r in rows)
@@ -299,7 +301,8 @@ def report_model(src: Any, scheme: QuantScheme | str, *, form: str = "qdq",
         "tensors": rows,
         "overall": {"tensors": len(rows), "numel": total.numel, "sqnr_db": total.sqnr_db,
                     "max_abs_err": total.max_abs_err, "bytes_before": before,
-                    "bytes_after": after, "seconds": sum(r["seconds"] for r in rows)},
+                    "bytes_after": after, "bits_per_weight": bits_per_weight(after, total.numel),
+                    "seconds": sum(r["seconds"] for r in rows)},
         "file_total": {"tensors": len(model.graph.initializer),
                        "unquantized": len(model.graph.initializer) - len(rows),
                        "bytes_before": all_bytes, "bytes_after": all_bytes - before + after},

@@ -19,6 +19,9 @@ pub enum Calibration {
     MinMax,
     /// α = mean |x| over the block (BitNet b1.58).
     AbsMean,
+    /// The stored scale of least squared error among candidates around minmax's
+    /// (`crate::search`); its α is minmax's.
+    Mse,
 }
 
 /// Work per rayon task, in elements: small arrays stay on one thread.
@@ -49,7 +52,9 @@ pub fn amplitudes(x: Input<'_>, layout: &Layout, calibration: Calibration) -> Ve
                 .for_each(|(ci, achunk)| {
                     let k0 = ci * cols_per_task;
                     match calibration {
-                        Calibration::MinMax => max_abs_cols(x, layout, g, k0, achunk),
+                        Calibration::MinMax | Calibration::Mse => {
+                            max_abs_cols(x, layout, g, k0, achunk)
+                        }
                         Calibration::AbsMean => mean_abs_cols(x, layout, g, k0, achunk),
                     }
                 });
@@ -164,7 +169,7 @@ fn mean_abs_cols(x: Input<'_>, layout: &Layout, g: usize, k0: usize, out: &mut [
 #[inline(always)]
 pub(crate) fn run_amplitude(xs: &[f32], calibration: Calibration) -> f32 {
     match calibration {
-        Calibration::MinMax => max_abs_portable(xs),
+        Calibration::MinMax | Calibration::Mse => max_abs_portable(xs),
         Calibration::AbsMean => {
             let mut a = AbsSum::default();
             a.add_all(xs);
@@ -229,7 +234,7 @@ fn tensor_amplitude(x: Input<'_>, calibration: Calibration) -> f32 {
         (start, MIN_TASK_ELEMS.min(n - start))
     };
     match calibration {
-        Calibration::MinMax => (0..chunks)
+        Calibration::MinMax | Calibration::Mse => (0..chunks)
             .into_par_iter()
             .map_init(Vec::new, |buf, c| {
                 let (start, len) = span(c);

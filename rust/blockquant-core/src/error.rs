@@ -39,7 +39,7 @@ pub enum QuantError {
 pub type Result<T> = std::result::Result<T, QuantError>;
 
 /// A float as Python prints it (`nan`, `inf`, `-inf`), so messages read the same from either side.
-fn python_float(v: f32) -> String {
+pub(crate) fn python_float(v: f32) -> String {
     if v.is_nan() {
         "nan".into()
     } else if v.is_infinite() {

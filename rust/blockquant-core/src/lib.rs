@@ -3,7 +3,8 @@
 //! The pieces, in the order data flows through them:
 //! - [`scheme`]: what a quantized tensor is (values, store, scale levels) and its rules;
 //! - [`layout`]: that scheme on a concrete shape: block grid, storage packing;
-//! - [`calibrate`]: the amplitude of each block; [`scale`]: rounding scales to their dtype;
+//! - [`calibrate`]: the amplitude of each block; [`search`]: searched (mse) scales;
+//!   [`scale`]: rounding scales to their dtype;
 //! - [`codec`] and [`minifloat`]: one value to its code and back;
 //! - [`quantize`] and [`pack`]: the kernels; [`bytes`]: burn's byte layout;
 //! - [`pool`]: the bounded thread pool every kernel runs in;
@@ -23,6 +24,8 @@ pub mod pool;
 pub mod quantize;
 pub mod scale;
 pub mod scheme;
+pub mod search;
+mod search_avx2;
 mod simd;
 
 pub use calibrate::Calibration;

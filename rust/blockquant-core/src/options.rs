@@ -33,8 +33,11 @@ pub trait OptionName: Copy + 'static {
 
 impl OptionName for Calibration {
     const WHAT: &'static str = "calibration";
-    const NAMES: &'static [(&'static str, Self)] =
-        &[("minmax", Self::MinMax), ("absmean", Self::AbsMean)];
+    const NAMES: &'static [(&'static str, Self)] = &[
+        ("minmax", Self::MinMax),
+        ("absmean", Self::AbsMean),
+        ("mse", Self::Mse),
+    ];
 }
 
 impl OptionName for Rounding {

@@ -210,6 +210,9 @@ pub fn compute_scales(
             .collect();
         return Scales::from_stored(layout, stored, ex.global);
     }
+    if opts.calibration == Calibration::Mse {
+        return Ok(crate::search::mse_scales(x, None, layout, opts, ex.global));
+    }
 
     let half_range = scheme.value.half_range();
     let emax = scheme.value.mx_emax();
@@ -315,7 +318,8 @@ fn quantize_in_pool(
         .scale_dtype()
         .check_rounding(opts.scale_rounding)?;
     let calibrating = explicit.is_none_or(|e| e.scales.is_none() && e.global.is_none());
-    if calibrating && fusable(layout) {
+    // The mse search reads each block many times on its own; the one-pass kernel is minmax's.
+    if calibrating && opts.calibration != Calibration::Mse && fusable(layout) {
         return quantize_fused(x, layout, opts, out);
     }
     let scales = compute_scales(x, layout, opts, explicit)?;
@@ -1216,7 +1220,7 @@ mod tests {
         let s_raw: Vec<f32> = (0..layout.num_scales)
             .map(|g| {
                 let alpha = match opts.calibration {
-                    Calibration::MinMax => max[g],
+                    Calibration::MinMax | Calibration::Mse => max[g],
                     Calibration::AbsMean if count[g] == 0 => 0.0,
                     Calibration::AbsMean => (sum[g] / count[g] as f64) as f32,
                 };

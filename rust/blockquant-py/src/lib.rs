@@ -454,7 +454,7 @@ fn with_input<R>(
 /// Quantize a C-contiguous float array (see `with_input` for `kind`). Returns
 /// `(values, scales, global_scale)`.
 #[pyfunction]
-#[pyo3(signature = (x, kind, scheme, calibration, rounding, scale_rounding, scales=None, global_scale=None, out_values=None, out_scales=None))]
+#[pyo3(signature = (x, kind, scheme, calibration, rounding, scale_rounding, scales=None, global_scale=None, out_values=None, out_scales=None, weights=None))]
 #[allow(clippy::too_many_arguments)]
 fn quantize<'py>(
     py: Python<'py>,
@@ -468,6 +468,7 @@ fn quantize<'py>(
     global_scale: Option<f32>,
     out_values: Option<Bound<'py, PyUntypedArray>>,
     out_scales: Option<Bound<'py, PyUntypedArray>>,
+    weights: Option<PyReadonlyArrayDyn<'py, f32>>,
 ) -> PyResult<Quantized<'py>> {
     guarded(|| {
         let layout = layout(scheme, x.shape())?;
@@ -483,6 +484,10 @@ fn quantize<'py>(
         let explicit = ExplicitScales {
             scales: given,
             global: global_scale,
+        };
+        let w = match &weights {
+            Some(w) => Some(contiguous(w, "weights")?),
+            None => None,
         };
         // The caller's arrays (quantize(out=...)): checked for dtype, shape and contiguity
         // here, before anything is written; the Python side has checked overlap.
@@ -525,7 +530,17 @@ fn quantize<'py>(
         };
         let sc = with_input(x, kind, |xs| {
             with_storage_mut(&storage, &layout, |out| {
-                pool::install(|| q::quantize(xs, &layout, &opts, Some(explicit), out))
+                pool::install(|| match w {
+                    Some(w) => blockquant_core::search::quantize_weighted(
+                        xs,
+                        w,
+                        &layout,
+                        &opts,
+                        Some(explicit),
+                        out,
+                    ),
+                    None => q::quantize(xs, &layout, &opts, Some(explicit), out),
+                })
             })
         })?
         .map_err(to_py)?;

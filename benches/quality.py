@@ -1,0 +1,119 @@
+"""Quality benchmark: SQNR and bits per weight of blockquant's schemes on real weights, minmax
+against the searched scales of calibration "mse", and what the search costs.
+
+    python benches/quality.py MODEL.safetensors [--pattern REGEX] [--repeat R] [--threads T]
+
+MODEL is a safetensors file; by default the tensors named like
+``encoder.layer.N.output.dense.weight`` are measured (issue 14 uses those of all-MiniLM-L6-v2).
+The SQNR is over all of them together (summed signal and noise). Times are medians of `repeat`
+quantize calls over all the tensors, in one process: read the ratio mse / minmax, not the
+absolute numbers (the machine is shared and noisy). Needs only numpy and blockquant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import struct
+import sys
+import time
+from typing import Callable, List, Optional, Tuple
+
+import numpy as np
+
+import blockquant as bq
+from blockquant.metrics import ErrorStats
+
+DEFAULT_PATTERN = r"(^|\.)encoder\.layer\.\d+\.output\.dense\.weight$"
+
+
+def load_tensors(path: str, pattern: str) -> List[Tuple[str, np.ndarray]]:
+    """The float32/float16 tensors of a safetensors file whose names match ``pattern``."""
+    dtypes = {"F32": np.float32, "F16": np.float16}
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        out = []
+        for name, meta in sorted(header.items()):
+            if name == "__metadata__" or not re.search(pattern, name):
+                continue
+            if meta["dtype"] not in dtypes:
+                continue
+            a, b = meta["data_offsets"]
+            f.seek(8 + n + a)
+            data = np.frombuffer(f.read(b - a), dtype=dtypes[meta["dtype"]])
+            out.append((name, data.astype(np.float32).reshape(meta["shape"])))
+    return out
+
+
+def median_time(fn: Callable[[], object], repeat: int) -> float:
+    fn()  # warm up
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def schemes() -> List[Tuple[str, bq.QuantScheme]]:
+    """Every preset, plus int4 block 32 with Q4F values (issue 14's ggml Q4_0 comparison) and
+    the best 4.5-bit scheme without a codebook found so far (Q4F, UE4M3 scales per 16 under an
+    f32 tensor scale, scale rounding nearest)."""
+    rows = [(name, make()) for name, make in bq.presets.PRESETS.items()]
+    rows.append(("q4f block32 f16", bq.QuantScheme.parse("q4f/packed_u32_0/block32:f16")))
+    rows.append((
+        "q4f b16 ue4m3+f32",
+        bq.QuantScheme.parse("q4f/packed_u32_0/block16:ue4m3+tensor:f32")
+        .with_options(scale_rounding="nearest"),
+    ))
+    return rows
+
+
+def measure(tensors, scheme, calibration: Optional[str], repeat: int):
+    """(SQNR dB, bits per weight, median seconds) of quantizing every tensor."""
+    def run():
+        return [bq.quantize(x, scheme, calibration=calibration) for _, x in tensors]
+
+    stats = ErrorStats()
+    nbytes = numel = 0
+    for (_, x), qt in zip(tensors, run()):
+        stats = stats + ErrorStats.between(x, qt.dequantize())
+        nbytes += qt.nbytes
+        numel += x.size
+    return stats.sqnr_db, 8.0 * nbytes / numel, median_time(run, repeat)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="a .safetensors file")
+    p.add_argument("--pattern", default=DEFAULT_PATTERN, help="regex of the tensor names")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--threads", type=int, default=0, help="0: blockquant's default")
+    args = p.parse_args(argv)
+    if args.threads:
+        bq.set_num_threads(args.threads)
+    tensors = load_tensors(args.model, args.pattern)
+    if not tensors:
+        print(f"no float tensor of {args.model} matches {args.pattern!r}", file=sys.stderr)
+        return 2
+    numel = sum(x.size for _, x in tensors)
+    print(f"{len(tensors)} tensors, {numel} values, {bq.get_num_threads()} threads")
+    head = f"{'scheme':<18} {'bits/w':>7} {'own dB':>8} {'mse dB':>8} {'own ms':>8} {'mse ms':>8} {'mse/own':>8}"
+    print(head)
+    print("-" * len(head))
+    for name, scheme in schemes():
+        own_db, bpw, own_t = measure(tensors, scheme, None, args.repeat)
+        mse_db, _, mse_t = measure(tensors, scheme, "mse", args.repeat)
+        print(
+            f"{name:<18} {bpw:>7.4f} {own_db:>8.2f} {mse_db:>8.2f} "
+            f"{own_t * 1e3:>8.1f} {mse_t * 1e3:>8.1f} {mse_t / own_t:>8.2f}"
+        )
+    print("own: the scheme's own calibration (minmax; absmean for bitnet); mse: searched scales")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
