@@ -153,11 +153,11 @@ def ort_nbits(block: int, symmetric: bool) -> Callable[[Path, Path], None]:
     return run
 
 
-def blockquant(scheme: str, form: str = "qdq") -> Callable[[Path, Path], None]:
+def blockquant(scheme: str, form: str = "qdq", **kw: Any) -> Callable[[Path, Path], None]:
     def run(src: Path, dst: Path) -> None:
         from blockquant.onnx import quantize_model
 
-        quantize_model(src, dst, scheme, form=form, force=True)
+        quantize_model(src, dst, scheme, form=form, force=True, **kw)
     return run
 
 
@@ -172,12 +172,18 @@ def cases(width: int) -> list[tuple[str, str, Callable[[Path, Path], None], Any]
          weights_matmulnbits),
         ("blockquant (MatMulNBits)", "q4f/native/block32:f32",
          blockquant("q4f/native/block32:f32", "matmulnbits"), weights_matmulnbits),
+        ("blockquant (MatMulNBits)", "q4f/native/block32:f32 mse",
+         blockquant("q4f/native/block32:f32", "matmulnbits", calibration="mse"),
+         weights_matmulnbits),
         ("onnxruntime MatMulNBitsQuantizer", "4-bit block32 + zero points",
          ort_nbits(32, False), weights_matmulnbits),
         ("onnxruntime MatMulNBitsQuantizer", "4-bit block128 symmetric", ort_nbits(128, True),
          weights_matmulnbits),
         ("blockquant (MatMulNBits)", "q4f/native/block128:f32",
          blockquant("q4f/native/block128:f32", "matmulnbits"), weights_matmulnbits),
+        ("blockquant (MatMulNBits)", "q4f/native/block128:f32 mse",
+         blockquant("q4f/native/block128:f32", "matmulnbits", calibration="mse"),
+         weights_matmulnbits),
         ("blockquant (QDQ)", "q4f/native/block32:f32", blockquant("q4f/native/block32:f32"),
          weights_qdq),
         # 5 bits a weight as the block32 f32 rows: half the blocks, f16 scales (QDQ keeps them
