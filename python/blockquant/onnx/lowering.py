@@ -302,12 +302,18 @@ def lower_matmulnbits(name: str, w: np.ndarray, kaxis: int, scheme: QuantScheme,
     consumer)."""
     check_matmulnbits(scheme)
     out = Lowered()
-    qt, moved = quantize_along(w, kaxis, scheme, options)
+    if kaxis == 0 and w.ndim == 2:
+        # MatMulNBits wants (N, K): quantizing a transposed copy along its last axis takes the
+        # core's one-pass kernel (the same blocks, so the same scales and codes as (B, 1)
+        # blocks of w, which walk the weight a column at a time, several times slower).
+        qt, moved = quantize_along(np.ascontiguousarray(w.T), 1, scheme, options)[0], True
+    else:
+        qt, moved = quantize_along(w, kaxis, scheme, options)
     out.qtensor, out.moved = qt, moved
     bits = NBITS[scheme.value]
-    # (N, K) codes and (N, K/block) scales: int8 codes transposed, not the float weight.
+    # (N, K) codes and (N, K/block) scales.
     values, scales = qt.values, np.asarray(qt.scales, dtype=np.float32)
-    if kaxis == 0:
+    if kaxis == 0 and not moved:
         values, scales = values.T, scales.T
     n, k = values.shape
     block = scheme.block_size[0]  # type: ignore[index]
