@@ -368,3 +368,14 @@ def test_corrupt_files_are_one_line_exit_2_nothing_written(model, tmp_path, caps
             assert cap.err.startswith(f"blockquant: error: {src}"), (what, cap.err)
         assert cap.err.count("\n") == 1, (what, cap.err)
         assert sorted(os.listdir(tmp_path)) == ["bad.gguf"], what
+
+
+@pytest.mark.parametrize("content, says", [(b"", "empty file"), (b"PK\x03\x04rest", "PK")])
+def test_a_gguf_named_file_that_is_not_one_says_so(tmp_path, capsys, content, says):
+    src = tmp_path / "model.gguf"
+    src.write_bytes(content)
+    out = tmp_path / "out.gguf"
+    assert run("quantize", src, "-o", out, "--scheme", "q8_0") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a GGUF file" in err and says in err
+    assert not out.exists()

@@ -413,3 +413,15 @@ def test_cli_unsupported_scheme_and_model(model_path: Path, tmp_path: Path,
     out.write_bytes(b"keep")
     assert main(["quantize", str(model_path), "-o", str(out), "--scheme", "int8"]) == 2
     assert out.read_bytes() == b"keep"
+
+
+def test_cli_dequantize_of_an_onnx_model_says_what_to_do(model_path: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    q = tmp_path / "q.onnx"
+    assert main(["quantize", str(model_path), "-o", str(q), "--scheme", "int8", "-q"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "d.safetensors"
+    assert main(["dequantize", str(q), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ONNX model" in err and "DequantizeLinear" in err
+    assert not out.exists()

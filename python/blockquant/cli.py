@@ -311,6 +311,8 @@ def _quantize_gguf(args: argparse.Namespace) -> int:
     from .checkpoint.gguf_file import kept_summary as gguf_kept
 
     if not is_gguf(args.input):
+        if is_gguf_path(args.input):  # named .gguf, but not one: say what it is instead
+            raise CliError(f"{args.input}: not a GGUF file ({_not_gguf_reason(args.input)})")
         raise CliError(f"{args.input}: GGUF output is made from a GGUF file (llama.cpp's "
                        "convert_hf_to_gguf.py converts other checkpoints)")
     options = _gguf_options(args)
@@ -372,7 +374,20 @@ def _stats_line(stats: Any) -> str:
             f"threads, peak memory {_human(peak)} per job, {stats.seconds:.2f} s")
 
 
+def _not_gguf_reason(path: Any) -> str:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return "empty file" if not head else f"it starts with {head!r}, not b'GGUF'"
+
+
 def cmd_dequantize(args: argparse.Namespace) -> int:
+    if is_onnx_path(args.input):
+        raise CliError(f"{printable(args.input)}: an ONNX model's weights are dequantized by its "
+                       "DequantizeLinear/MatMulNBits nodes when it runs; blockquant dequantize "
+                       "reads safetensors, .bpk and .gguf (inspect and report read .onnx)")
     options = _file_options(args)
     plan_ = plan_dequantize(args.input, args.output, options)
     bar = _progress(plan_, plan_.total_bytes, "dequantize", args)
