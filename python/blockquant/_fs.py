@@ -1,5 +1,6 @@
 """File-system helpers every writer shares: temporary names beside a target, kept within the
-file-name limit, and "is this the same file" checks."""
+file-name limit, publishing a finished temporary file without clobbering, and "is this the same
+file" checks."""
 
 from __future__ import annotations
 
@@ -19,6 +20,25 @@ def temp_sibling(path: Path, kind: str = "tmp") -> Path:
     room = NAME_MAX - 1 - len(suffix)
     stem = os.fsdecode(os.fsencode(path.name)[:room])
     return path.with_name(f".{stem}{suffix}")
+
+
+def publish(tmp: Path, path: Path, *, force: bool) -> None:
+    """Put the finished (flushed, fsynced, closed) file ``tmp`` at ``path``. With ``force`` a
+    rename replaces whatever is there; without, a hard link, which fails if ``path`` exists,
+    so an existing file is never clobbered (``FileExistsError``); a file system without hard
+    links falls back to a rename after checking. Other ``OSError``s propagate."""
+    if force:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)
+        os.unlink(tmp)
+    except FileExistsError:
+        raise
+    except OSError:  # a filesystem without hard links
+        if path.exists():
+            raise FileExistsError(path) from None
+        os.replace(tmp, path)
 
 
 def same_file(a: os.PathLike[str] | str, b: os.PathLike[str] | str) -> bool:

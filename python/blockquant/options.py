@@ -8,9 +8,13 @@ quantizes with absmean without being told).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
-__all__ = ["Calibration", "Rounding", "ScaleRounding", "QuantOptions"]
+import numpy as np
+
+from .errors import QuantError
+
+__all__ = ["Calibration", "Rounding", "ScaleRounding", "QuantOptions", "importance_weights"]
 
 #: How the scale of a block is chosen: from max |x|, from mean |x| (BitNet b1.58), or searched
 #: among candidates around max |x|'s for the least squared error ("mse", SPEC §3a).
@@ -43,3 +47,32 @@ class QuantOptions:
             rounding if rounding is not None else self.rounding or "half_away",
             scale_rounding if scale_rounding is not None else self.scale_rounding or "up",
         )
+
+
+def importance_weights(weights: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """The ``weights=`` of an mse search, checked (real numbers, finite, >= 0, fitting float32,
+    broadcastable to the input) and materialized as a C-contiguous float32 array of ``shape``.
+    quantize and blockquant.reference both check them here, so they refuse the same inputs."""
+    try:
+        raw = np.asarray(weights)
+    except (TypeError, ValueError):
+        raise TypeError(f"weights must be an array of numbers, got {type(weights).__name__}") from None
+    if raw.dtype.kind not in "fiu" and raw.dtype.name != "bfloat16":
+        raise TypeError(f"weights must be an array of real numbers, got dtype {raw.dtype}")
+    w64 = raw.astype(np.float64)
+    flat = w64.ravel()
+    bad = np.flatnonzero(~np.isfinite(flat) | (flat < 0))
+    if bad.size:
+        i = int(bad[0])
+        raise QuantError(f"weights must be finite and >= 0, got {flat[i]} at flat index {i}")
+    with np.errstate(over="ignore"):
+        w32 = w64.astype(np.float32)
+    if not np.all(np.isfinite(w32)):
+        raise QuantError("weights must fit in float32")
+    try:
+        full = np.broadcast_to(w32, shape)
+    except ValueError:
+        raise QuantError(
+            f"weights of shape {raw.shape} do not broadcast to the input's shape {shape}"
+        ) from None
+    return np.ascontiguousarray(full)

@@ -13,8 +13,8 @@ from typing import Any, Optional, Tuple, Union
 import numpy as np
 
 from . import _native
-from .errors import LayoutError, QuantError, ScaleError
-from .options import Calibration, Rounding, ScaleRounding
+from .errors import LayoutError, ScaleError
+from .options import Calibration, Rounding, ScaleRounding, importance_weights
 from .presets import resolve
 from .scheme import QuantScheme, QuantValue, ScaleDtype
 
@@ -109,34 +109,6 @@ def _scales_in_grid(scales: Any, grid: Any, scheme: QuantScheme, shape: Tuple[in
     raise ScaleError(
         f"scales for {scheme!r} on shape {shape} have the grid shape {grid}, got {arr.shape}"
     )
-
-
-def _weights(weights: Any, shape: Tuple[int, ...]) -> np.ndarray:
-    """Importance weights for the mse search, checked (finite, >= 0, broadcastable to the input)
-    and materialized as a C-contiguous float32 array of the input's shape."""
-    try:
-        raw = np.asarray(weights)
-    except (TypeError, ValueError):
-        raise TypeError(f"weights must be an array of numbers, got {type(weights).__name__}") from None
-    if raw.dtype.kind not in "fiu" and raw.dtype.name != "bfloat16":
-        raise TypeError(f"weights must be an array of real numbers, got dtype {raw.dtype}")
-    w64 = raw.astype(np.float64)
-    flat = w64.ravel()
-    bad = np.flatnonzero(~np.isfinite(flat) | (flat < 0))
-    if bad.size:
-        i = int(bad[0])
-        raise QuantError(f"weights must be finite and >= 0, got {flat[i]} at flat index {i}")
-    with np.errstate(over="ignore"):
-        w32 = w64.astype(np.float32)
-    if not np.all(np.isfinite(w32)):
-        raise QuantError("weights must fit in float32")
-    try:
-        full = np.broadcast_to(w32, shape)
-    except ValueError:
-        raise QuantError(
-            f"weights of shape {raw.shape} do not broadcast to the input's shape {shape}"
-        ) from None
-    return np.ascontiguousarray(full)
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
@@ -415,7 +387,7 @@ def quantize(
         grid = scheme.layout(xs.shape).scale_grid
         given = _scales_in_grid(scales, grid, scheme, xs.shape)
     g = None if global_scale is None else _global_scale(global_scale)
-    w = None if weights is None else _weights(weights, xs.shape)
+    w = None if weights is None else importance_weights(weights, xs.shape)
     out_v = out_s = None
     if out is not None:
         out_v, out_s = _check_quantize_out(out, scheme, xs, given)

@@ -34,6 +34,7 @@ from .errors import (
     UnexpectedGlobalScaleError,
     UnsupportedSchemeError,
 )
+from .options import importance_weights
 from .presets import resolve
 from .scheme import QuantMode, QuantScheme, QuantValue, ScaleDtype
 
@@ -623,30 +624,6 @@ def _check_finite(original: np.ndarray, x32: np.ndarray) -> None:
     raise NonFiniteError(f"non-finite value {given!r} at flat index {i}")
 
 
-def _weights_as_f32(weights, shape) -> np.ndarray:
-    """Importance weights: real numbers, finite and >= 0, that broadcast to ``shape``; float32
-    in that shape."""
-    a = np.asarray(weights)
-    if a.dtype.kind not in "fiu" and a.dtype.name != "bfloat16":
-        raise TypeError(f"weights must be an array of real numbers, got dtype {a.dtype}")
-    w = a.astype(np.float64)
-    flat = w.ravel()
-    bad = np.flatnonzero(~np.isfinite(flat) | (flat < 0))
-    if bad.size:
-        i = int(bad[0])
-        raise QuantError(f"weights must be finite and >= 0, got {flat[i]} at flat index {i}")
-    with np.errstate(over="ignore"):
-        w32 = w.astype(np.float32)
-    if not np.all(np.isfinite(w32)):
-        raise QuantError("weights must fit in float32")
-    try:
-        return np.ascontiguousarray(np.broadcast_to(w32, shape))
-    except ValueError:
-        raise QuantError(
-            f"weights of shape {a.shape} do not broadcast to the input's shape {shape}"
-        ) from None
-
-
 def _global_from_arg(global_scale) -> np.float32:
     """An explicit per-tensor scale as float32: a finite real >= 0, else TypeError/ScaleError."""
     a = np.asarray(global_scale)
@@ -821,7 +798,7 @@ def quantize(
     given_g = None if global_scale is None else float(_global_from_arg(global_scale))
     w1 = None
     if weights is not None:
-        w1 = _weights_as_f32(weights, shape).reshape(shape1)
+        w1 = importance_weights(weights, shape).reshape(shape1)
         if calibration != "mse" or scales is not None:
             raise QuantError(
                 "weights= weighs the error of calibration='mse' and takes no explicit scales"

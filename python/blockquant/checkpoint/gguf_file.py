@@ -37,7 +37,7 @@ from typing import Any, BinaryIO, Callable
 import numpy as np
 
 from .. import gguf as bg
-from .._fs import temp_sibling
+from .._fs import publish, temp_sibling
 from ..errors import QuantError
 from ..metrics import ErrorStats, bits_per_weight
 from .base import NAME_TO_ST, Checkpoint, CheckpointError, TensorInfo, os_reason, st_nbytes
@@ -517,20 +517,11 @@ class _AtomicFile:
             f.flush()
             os.fsync(f.fileno())
             f.close()
-            if self.force:
-                os.replace(self.tmp, self.path)
-            else:
-                try:
-                    os.link(self.tmp, self.path)  # fails if path exists: never clobbers
-                    os.unlink(self.tmp)
-                except FileExistsError:
-                    raise CheckpointError(self.path, None,
-                                          "already exists (--force replaces it)") from None
-                except OSError:  # a filesystem without hard links
-                    if self.path.exists():
-                        raise CheckpointError(self.path, None,
-                                              "already exists (--force replaces it)") from None
-                    os.replace(self.tmp, self.path)
+            try:
+                publish(self.tmp, self.path, force=self.force)
+            except FileExistsError:
+                raise CheckpointError(self.path, None,
+                                      "already exists (--force replaces it)") from None
         except OSError as e:
             self.abort()
             raise CheckpointError(self.path, None, f"cannot write: {os_reason(e)}") from None

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from .._fs import temp_sibling
+from .._fs import publish, temp_sibling
 from .base import (
     ST_DTYPES,
     Checkpoint,
@@ -352,22 +352,11 @@ class SafetensorsWriter:
             f.flush()
             os.fsync(f.fileno())
             f.close()
-            if self.force:
-                os.replace(self._tmp, self.path)
-            else:
-                try:
-                    os.link(self._tmp, self.path)  # fails if path exists: never clobbers
-                    os.unlink(self._tmp)
-                except FileExistsError:
-                    raise CheckpointError(
-                        self.path, None, "already exists (--force replaces it)"
-                    ) from None
-                except OSError:  # a filesystem without hard links
-                    if self.path.exists():
-                        raise CheckpointError(
-                            self.path, None, "already exists (--force replaces it)"
-                        ) from None
-                    os.replace(self._tmp, self.path)
+            try:
+                publish(self._tmp, self.path, force=self.force)
+            except FileExistsError:
+                raise CheckpointError(self.path, None,
+                                      "already exists (--force replaces it)") from None
         except OSError as e:
             self.abort()
             raise CheckpointError(self.path, None, f"cannot write: {os_reason(e)}") from None

@@ -63,7 +63,7 @@ pub fn amplitudes(x: Input<'_>, layout: &Layout, calibration: Calibration) -> Ve
 }
 
 /// Calls `f(row)` for every tensor row in grid row `g` (the rows its blocks span).
-fn for_each_row_in_grid_row(layout: &Layout, g: usize, mut f: impl FnMut(usize)) {
+pub(crate) fn for_each_row_in_grid_row(layout: &Layout, g: usize, mut f: impl FnMut(usize)) {
     let rank = layout.rank();
     let lead = rank - 1;
     // Start and end of the row range on each leading axis.

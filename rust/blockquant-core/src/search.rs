@@ -544,46 +544,21 @@ fn pick(cand: &[f32], eff: &[f32], sums: &[f64]) -> f32 {
     cand[best]
 }
 
-/// Calls `f(start, len)` for each run of block `b`'s elements, in row-major in-block order.
+/// Calls `f(start, len)` for each run of block `b`'s elements, in row-major in-block order:
+/// the block's columns on the last axis, in each tensor row its grid row spans (the walk
+/// calibration uses).
 fn block_runs(layout: &Layout, b: usize, mut f: impl FnMut(usize, usize)) {
-    let rank = layout.rank();
-    let n = layout.row_len();
     if layout.per_tensor {
         f(0, layout.num_elements);
         return;
     }
-    // The block's grid coordinates, then its ranges on each axis.
-    let mut lo = vec![0usize; rank];
-    let mut hi = vec![0usize; rank];
-    let mut rem = b;
-    for ax in (0..rank).rev() {
-        let gi = rem % layout.grid[ax];
-        rem /= layout.grid[ax];
-        lo[ax] = gi * layout.block[ax];
-        hi[ax] = (lo[ax] + layout.block[ax]).min(layout.dims[ax]);
-    }
-    let (c0, len) = (lo[rank - 1], hi[rank - 1] - lo[rank - 1]);
-    let mut idx = lo[..rank - 1].to_vec();
-    loop {
-        let row = idx
-            .iter()
-            .zip(&layout.dims)
-            .fold(0, |acc, (&i, &d)| acc * d + i);
-        f(row * n + c0, len);
-        // Odometer over the leading axes, innermost fastest.
-        let mut ax = rank - 1;
-        loop {
-            if ax == 0 {
-                return;
-            }
-            ax -= 1;
-            idx[ax] += 1;
-            if idx[ax] < hi[ax] {
-                break;
-            }
-            idx[ax] = lo[ax];
-        }
-    }
+    let last = layout.rank() - 1;
+    let c0 = b % layout.grid[last] * layout.block[last];
+    let len = (c0 + layout.block[last]).min(layout.dims[last]) - c0;
+    let n = layout.row_len();
+    crate::calibrate::for_each_row_in_grid_row(layout, b / layout.grid[last], |row| {
+        f(row * n + c0, len)
+    });
 }
 
 /// Reusable buffers of one worker.
