@@ -471,17 +471,17 @@ fn fused_with<C: Encode>(
 }
 
 /// What the one-pass kernel needs to turn a block's α into its stored scale.
-struct FusedKernel<'a> {
-    layout: &'a Layout,
-    opts: &'a QuantizeOptions,
-    dtype: ScaleDtype,
-    half_range: f32,
-    emax: i32,
+pub(crate) struct FusedKernel<'a> {
+    pub(crate) layout: &'a Layout,
+    pub(crate) opts: &'a QuantizeOptions,
+    pub(crate) dtype: ScaleDtype,
+    pub(crate) half_range: f32,
+    pub(crate) emax: i32,
 }
 
 impl FusedKernel<'_> {
     #[inline(always)]
-    fn scale(&self, alpha: f32) -> f32 {
+    pub(crate) fn scale(&self, alpha: f32) -> f32 {
         let o = self.opts;
         stored_scale(
             alpha,
@@ -508,90 +508,14 @@ fn measure_encode<C: Encode>(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx2() {
-        if k.whole_blocks_of_8s() && crate::simd::has_f16c() {
+        if crate::fused_avx2::whole_blocks_of_8s(k) && crate::simd::has_f16c() {
             // SAFETY: the CPU has AVX2 and F16C, checked just above.
-            return unsafe { measure_encode_groups_avx2(codec, k, xs, sc, out) };
+            return unsafe { crate::fused_avx2::measure_encode_groups(codec, k, xs, sc, out) };
         }
         // SAFETY: the CPU has AVX2, checked just above.
         return unsafe { measure_encode_avx2(codec, k, p, xs, sc, out) };
     }
     measure_encode_portable(codec, k, p, xs, sc, out)
-}
-
-impl FusedKernel<'_> {
-    /// Every block a whole run of a multiple of 8 values, max |x| calibration: the case of
-    /// [`measure_encode_groups_avx2`].
-    fn whole_blocks_of_8s(&self) -> bool {
-        let bc = self.layout.block_cols();
-        self.opts.calibration == Calibration::MinMax
-            && bc % 8 == 0
-            && self.layout.row_len() % bc == 0
-    }
-}
-
-/// [`measure_encode`] eight blocks at a time when every block is a whole run of a multiple of 8
-/// values (a piece is then whole blocks, their scales consecutive): the eight maxima come out
-/// in one vector, F16 and MX scales are rounded in vector lanes (others one at a time), then
-/// each block is quantized from L1.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn measure_encode_groups_avx2<C: Encode>(
-    codec: C,
-    k: &FusedKernel<'_>,
-    xs: &[f32],
-    sc: &mut [f32],
-    out: &mut [u8],
-) -> bool {
-    use crate::simd::x86;
-    use std::arch::x86_64::*;
-    let bc = k.layout.block_cols();
-    let blocks = xs.len() / bc;
-    assert!(blocks * bc == xs.len() && sc.len() == blocks && out.len() == xs.len());
-    let mode = k.opts.scale_rounding;
-    let mut bad = false;
-    let mut b = 0;
-    while b + 8 <= blocks {
-        let x0 = xs.as_ptr().add(b * bc);
-        x86::prefetch(x0.wrapping_add(PREFETCH_AHEAD), 8 * bc);
-        // In bounds: blocks b..b + 8 lie within xs.
-        let alpha = x86::max_abs_8runs(x0, bc);
-        let e = match (k.dtype, mode) {
-            (ScaleDtype::F32, _) => _mm256_div_ps(alpha, _mm256_set1_ps(k.half_range)),
-            (ScaleDtype::F16, ScaleRounding::Up | ScaleRounding::Nearest) => x86::round_f16_8(
-                _mm256_div_ps(alpha, _mm256_set1_ps(k.half_range)),
-                mode == ScaleRounding::Up,
-            ),
-            (ScaleDtype::UE8M0, ScaleRounding::Mx) if k.emax >= 0 => x86::mx_scale_8(alpha, k.emax),
-            _ => {
-                let mut a = [0.0f32; 8];
-                _mm256_storeu_ps(a.as_mut_ptr(), alpha);
-                let e = a.map(|a| k.scale(a));
-                _mm256_loadu_ps(e.as_ptr())
-            }
-        };
-        let scales = &mut sc[b..b + 8];
-        _mm256_storeu_ps(scales.as_mut_ptr(), e);
-        for (j, &e) in scales.iter().enumerate() {
-            let r = (b + j) * bc..(b + j + 1) * bc;
-            let (run, o) = (&xs[r.clone()], &mut out[r]);
-            bad |= match e {
-                0.0 => encode_run(codec, run, 0.0, o), // the zero rule
-                e => x86::encode_run(codec, run, e, o),
-            };
-        }
-        b += 8;
-    }
-    for (b, s) in sc.iter_mut().enumerate().skip(b) {
-        let r = b * bc..(b + 1) * bc;
-        let (run, o) = (&xs[r.clone()], &mut out[r]);
-        let e = k.scale(x86::max_abs(run));
-        *s = e;
-        bad |= match e {
-            0.0 => encode_run(codec, run, 0.0, o),
-            e => x86::encode_run(codec, run, e, o),
-        };
-    }
-    bad
 }
 
 #[inline(always)]
@@ -1124,6 +1048,9 @@ mod tests {
             (&[3, 512], 32),
             (&[2, 1024], 64),
             (&[2 * PIECE + 8], 8),
+            // Whole blocks of 16 and 32 in groups of eight: the fused kernel's fast path.
+            (&[4, 256], 16),
+            (&[2, 4096], 32),
         ] {
             let n: usize = shape.iter().product();
             let mut x = tensor(&mut rng, n);

@@ -184,21 +184,19 @@ pub(crate) mod x86 {
     }
 
     /// Eight f32 ≥ 0 rounded to float16 values (SPEC §4), as f32: `up` the smallest value ≥ s,
-    /// else the nearest (ties to even); both saturate at 65504. F16C's conversion rounds to
-    /// nearest even; when that lands below s, the next code up is the smallest value above.
-    /// The CPU must have F16C too. Equal to `ScaleDtype::F16.round` (tested on every f32).
+    /// else the nearest (ties to even); both saturate at 65504. F16C's conversion takes the
+    /// rounding direction in its immediate (toward +inf is `up` for s ≥ 0; MXCSR is not read);
+    /// past 65504 it gives infinity, whose code 0x7C00 is the next after 65504's 0x7BFF, so an
+    /// unsigned min saturates. The CPU must have F16C too. Equal to `ScaleDtype::F16.round`
+    /// (tested on every non-negative f32: `vector_scales_equal_scalar_on_every_f32`).
     #[inline(always)]
     pub(crate) unsafe fn round_f16_8(s: __m256, up: bool) -> __m256 {
-        let h = _mm256_cvtepu16_epi32(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(s));
         let h = if up {
-            let back = _mm256_cvtph_ps(_mm256_castsi256_si128(pack_u16(h)));
-            let below = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LT_OQ>(back, s));
-            _mm256_sub_epi32(h, below) // all-ones lanes: +1
+            _mm256_cvtps_ph::<_MM_FROUND_TO_POS_INF>(s)
         } else {
-            h
+            _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(s)
         };
-        let h = _mm256_min_epi32(h, _mm256_set1_epi32(0x7BFF));
-        _mm256_cvtph_ps(_mm256_castsi256_si128(pack_u16(h)))
+        _mm256_cvtph_ps(_mm_min_epu16(h, _mm_set1_epi16(0x7BFF)))
     }
 
     /// How many leading scales, in whole groups of eight, are all float16 values (finite,
@@ -223,13 +221,6 @@ pub(crate) mod x86 {
             i += 8;
         }
         i
-    }
-
-    /// Eight u16 values held in i32 lanes, packed into the low 128 bits in order.
-    #[inline(always)]
-    unsafe fn pack_u16(v: __m256i) -> __m256i {
-        let p = _mm256_packus_epi32(v, v); // per half: v0..v3 v0..v3 | v4..v7 v4..v7
-        _mm256_permute4x64_epi64::<0b00_00_10_00>(p)
     }
 
     /// The OCP MX scale (SPEC §4 `mx`) of eight amplitudes as f32: 2^(floor(log2 α) − emax)
