@@ -230,3 +230,126 @@ unsafe fn encode_8blocks<C: Encode, const V: usize, const MUL: bool>(
         }
     }
 }
+
+/// Pass 2 of a two-level scheme on a piece of whole blocks of 16 or 32 values: block scales
+/// b_i from the amplitudes `alpha` (into `sc`), each block's values against
+/// e_i = min(b_i × g, f32::MAX) (codes into `out`, one a byte). Returns whether any input was
+/// non-finite.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn two_level_piece<C: Encode>(
+    codec: C,
+    k: &FusedKernel<'_>,
+    g: f32,
+    alpha: &[f32],
+    xs: &[f32],
+    sc: &mut [f32],
+    out: &mut [u8],
+) -> bool {
+    let bc = k.layout.block_cols();
+    let blocks = xs.len() / bc;
+    assert!(blocks * bc == xs.len() && sc.len() == blocks && alpha.len() == blocks);
+    assert!(out.len() == xs.len() && (bc == 16 || bc == 32));
+    let mut bad = false;
+    let mut b = 0;
+    while b + 8 <= blocks {
+        // In bounds: blocks b..b + 8 lie within alpha, sc, xs and out.
+        let x0 = xs.as_ptr().add(b * bc);
+        let o0 = out.as_mut_ptr().add(b * bc);
+        x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * bc);
+        let bs = two_level_scales8(k, g, _mm256_loadu_ps(alpha.as_ptr().add(b)));
+        _mm256_storeu_ps(sc.as_mut_ptr().add(b), bs);
+        let e = _mm256_min_ps(
+            _mm256_mul_ps(bs, _mm256_set1_ps(g)),
+            _mm256_set1_ps(f32::MAX),
+        );
+        let bits = if bc == 16 {
+            max_abs_bits_8runs::<2>(x0)
+        } else {
+            max_abs_bits_8runs::<4>(x0)
+        };
+        let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF));
+        bad |= _mm256_movemask_epi8(non_finite) != 0;
+        // The zero rule: a block whose e is 0 gets codes 0 (its quotients are masked away).
+        let keep = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_NEQ_UQ>(e, _mm256_setzero_ps()));
+        if bc == 16 {
+            encode_8blocks_masked::<C, 2>(codec, x0, e, keep, o0);
+        } else {
+            encode_8blocks_masked::<C, 4>(codec, x0, e, keep, o0);
+        }
+        b += 8;
+    }
+    for j in b..blocks {
+        let r = j * bc..(j + 1) * bc;
+        sc[j] = k.two_level_scale(alpha[j], g);
+        let e = crate::quantize::effective_scale(sc[j], g);
+        bad |= encode_run(codec, &xs[r.clone()], e, &mut out[r]);
+    }
+    bad
+}
+
+/// Block scales b_i of eight two-level blocks from their amplitudes: UE4M3 (NVFP4) and F16 in
+/// vector lanes, g = 0 one at a time as the scalar path.
+#[inline(always)]
+unsafe fn two_level_scales8(k: &FusedKernel<'_>, g: f32, alpha: __m256) -> __m256 {
+    let mode = k.opts.scale_rounding;
+    let s = || {
+        _mm256_div_ps(
+            _mm256_div_ps(alpha, _mm256_set1_ps(k.half_range)),
+            _mm256_set1_ps(g),
+        )
+    };
+    let scalar = || {
+        let mut a = [0.0f32; 8];
+        _mm256_storeu_ps(a.as_mut_ptr(), alpha);
+        let b = a.map(|a| k.two_level_scale(a, g));
+        _mm256_loadu_ps(b.as_ptr())
+    };
+    match (k.dtype, mode) {
+        _ if g == 0.0 => scalar(),
+        (ScaleDtype::UE4M3, ScaleRounding::Up | ScaleRounding::Nearest) => {
+            x86::round_ue4m3_8(s(), mode == ScaleRounding::Up)
+        }
+        (ScaleDtype::F16, ScaleRounding::Up | ScaleRounding::Nearest) => {
+            x86::round_f16_8(s(), mode == ScaleRounding::Up)
+        }
+        _ => scalar(),
+    }
+}
+
+/// [`encode_8blocks`] (division) with block j's bytes kept where lane j of `keep` is all ones,
+/// zeroed where it is 0.
+#[inline(always)]
+unsafe fn encode_8blocks_masked<C: Encode, const V: usize>(
+    codec: C,
+    x0: *const f32,
+    d: __m256,
+    keep: __m256i,
+    o0: *mut u8,
+) {
+    let (mut ds, mut ks) = ([0.0f32; 8], [0i32; 8]);
+    _mm256_storeu_ps(ds.as_mut_ptr(), d);
+    _mm256_storeu_si256(ks.as_mut_ptr() as *mut __m256i, keep);
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for j in 0..8 {
+        let dv = _mm256_set1_ps(ds[j]);
+        let kv = _mm256_set1_epi32(ks[j]);
+        let (x, o) = (x0.add(j * 8 * V), o0.add(j * 8 * V));
+        let c: [__m256i; V] = std::array::from_fn(|t| {
+            codec.encode8(_mm256_div_ps(_mm256_loadu_ps(x.add(8 * t)), dv))
+        });
+        if V == 4 {
+            let ab = _mm256_packus_epi32(c[0], c[1]);
+            let cd = _mm256_packus_epi32(c[2], c[3]);
+            let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order);
+            _mm256_storeu_si256(o as *mut __m256i, _mm256_and_si256(bytes, kv));
+        } else {
+            let ab = _mm256_packus_epi32(c[0], c[1]);
+            let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, ab), order);
+            let bytes = _mm256_and_si256(bytes, kv);
+            _mm_storeu_si128(o as *mut __m128i, _mm256_castsi256_si128(bytes));
+        }
+    }
+}
