@@ -190,3 +190,48 @@ def test_quantize_round_trips_through_bytes_for_every_store():
         qt = bq.quantize(x, s)
         back = bq.QTensor.from_bytes(qt.to_bytes(), s, x.shape)
         _same(back, qt)
+
+
+# -- files and the command line -----------------------------------------------------------------
+CUSTOM = "q2s/packed_u32_0/block16:f16/lookup:[1.5,-0.25,0.25,-3.0]"
+
+
+def test_safetensors_carries_the_codebook_in_the_scheme_text(tmp_path):
+    safetensors = pytest.importorskip("safetensors.numpy")
+    src, out = tmp_path / "m.safetensors", tmp_path / "q.safetensors"
+    w = RNG.standard_normal((8, 48)).astype(np.float32)
+    safetensors.save_file({"w": w}, str(src))
+    bq.quantize_file(src, out, CUSTOM)
+    qt = bq.load(out)["w"]
+    s = QuantScheme.parse(CUSTOM)
+    assert qt.scheme == s and qt.scheme.codebook == (1.5, -0.25, 0.25, -3.0)
+    want = bq.quantize(w, s)
+    assert qt.to_bytes() == want.to_bytes()
+    assert np.array_equal(qt.dequantize(), want.dequantize())
+
+
+def test_cli_takes_prints_and_refuses_lookup_schemes(tmp_path, capsys):
+    safetensors = pytest.importorskip("safetensors.numpy")
+    from blockquant.cli import main
+
+    src = tmp_path / "m.safetensors"
+    safetensors.save_file({"w": RNG.standard_normal((8, 64)).astype(np.float32)}, str(src))
+    nf4 = "q4f/packed_u32_0/block16:ue4m3+tensor:f32/lookup:nf4"
+    out = tmp_path / "q.safetensors"
+    assert main(["quantize", str(src), "-o", str(out), "--scheme", nf4, "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(out)]) == 0
+    assert nf4 in capsys.readouterr().out
+    bad = [
+        (["--scheme", "q4f/native/tensor/lookup"], "needs a codebook"),
+        (["--scheme", nf4, "--rounding", "half_even"], "half_even"),
+        (["--scheme", CUSTOM.replace("q2s", "q4s")], "16 entries, got 4"),
+    ]
+    for argv, message in bad:
+        dst = tmp_path / "bad.safetensors"
+        assert main(["quantize", str(src), "-o", str(dst), *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err and not dst.exists()
+    bpk = tmp_path / "q.bpk"
+    assert main(["quantize", str(src), "-o", str(bpk), "--scheme", nf4]) == 2
+    assert "no place for a Lookup" in capsys.readouterr().err and not bpk.exists()
