@@ -160,6 +160,17 @@ impl Codebook {
     }
 }
 
+/// The next f32 up (`f32::next_up`, which is newer than the crate's MSRV); x finite.
+fn next_up(x: f32) -> f32 {
+    if x == 0.0 {
+        f32::from_bits(1)
+    } else if x > 0.0 {
+        f32::from_bits(x.to_bits() + 1)
+    } else {
+        f32::from_bits(x.to_bits() - 1)
+    }
+}
+
 fn too_wide(value: &str) -> QuantError {
     QuantError::Scheme(format!(
         "lookup with an 8-bit value ({value}) is not implemented: codebooks have 4 (Q2) or 16 (Q4) entries"
@@ -229,24 +240,24 @@ fn threshold(lo: f32, hi: f32) -> f32 {
         // between them: the smallest f32 >= m is `half` itself or the one after it.
         return if near as f64 == half {
             if err > 0.0 {
-                near.next_up()
+                next_up(near)
             } else {
                 near
             }
         } else if (near as f64) < half {
-            near.next_up()
+            next_up(near)
         } else {
             near
         };
     }
     let tie_up = hi.abs() >= lo.abs();
     let t = if (near as f64) < half {
-        near.next_up()
+        next_up(near)
     } else {
         near
     }; // smallest f32 >= m
     if t as f64 == half && !tie_up {
-        t.next_up() // the midpoint itself stays down
+        next_up(t) // the midpoint itself stays down
     } else if t == 0.0 {
         0.0 // −0 ≥ +0: both zeros go up, as a tie between −a and +a does
     } else {
@@ -299,6 +310,10 @@ pub fn decode_table(cb: &Codebook) -> [f32; 256] {
 mod tests {
     use super::*;
     use crate::codec::Encode;
+
+    fn next_down(x: f32) -> f32 {
+        -next_up(-x)
+    }
 
     /// |x − c| exactly, as a normalized f64 pair (TwoSum): pairs compare lexicographically.
     fn distance(x: f32, c: f32) -> (f64, f64) {
@@ -357,7 +372,7 @@ mod tests {
             for j in 0..cb.len() {
                 for i in 0..cb.len() {
                     let m = ((cb.get(i) as f64 + cb.get(j) as f64) / 2.0) as f32;
-                    for t in [m, m.next_up(), m.next_down(), -m, cb.get(i)] {
+                    for t in [m, next_up(m), next_down(m), -m, cb.get(i)] {
                         probes.push(t);
                     }
                 }
@@ -385,13 +400,13 @@ mod tests {
         let cb = Codebook::new(&[2f32.powi(-60), 2.0]).unwrap();
         let c = LookupCode::new(&cb);
         assert_eq!(c.encode(1.0), 0);
-        assert_eq!(c.encode(1f32.next_up()), 1);
+        assert_eq!(c.encode(next_up(1.0)), 1);
         // m = -(1e30 + 7) / 2: x = -1e30 / 2 is nearer to -7 by 3.5.
         let cb = Codebook::new(&[-7.0, -1e30]).unwrap();
         let c = LookupCode::new(&cb);
         let x = -1e30f32 / 2.0;
         assert_eq!(c.encode(x), 0);
-        assert_eq!(c.encode(x.next_down()), 1);
+        assert_eq!(c.encode(next_down(x)), 1);
     }
 
     #[test]
@@ -430,11 +445,7 @@ mod tests {
                     };
                     let mut v = base;
                     for _ in 0..jitter.abs() {
-                        v = if jitter > 0 {
-                            v.next_up()
-                        } else {
-                            v.next_down()
-                        };
+                        v = if jitter > 0 { next_up(v) } else { next_down(v) };
                     }
                     *l = v;
                 }
