@@ -300,6 +300,43 @@ impl crate::codec::Encode for LookupCode {
     }
 }
 
+/// The entry a scaled value quantizes to (for the `mse` search's error): the sorted entries,
+/// and the same thresholds as [`LookupCode`]. A select per threshold, no table load, so the
+/// search's error loop vectorizes.
+#[derive(Debug, Clone, Copy)]
+pub struct NearestEntry {
+    thresholds: [f32; MAX_ENTRIES - 1],
+    sorted: [f32; MAX_ENTRIES],
+}
+
+impl NearestEntry {
+    pub fn new(cb: &Codebook) -> Self {
+        let code = LookupCode::new(cb);
+        let sorted = std::array::from_fn(|r| {
+            if r < cb.len() {
+                cb.get(code.perm[r] as usize)
+            } else {
+                0.0
+            }
+        });
+        Self {
+            thresholds: code.thresholds,
+            sorted,
+        }
+    }
+
+    /// codebook[encode(u)], bit for bit: the thresholds rise, so the last one passed names the
+    /// entry (NaN padding is never passed).
+    #[inline(always)]
+    pub fn value(&self, u: f32) -> f32 {
+        let mut v = self.sorted[0];
+        for (j, &t) in self.thresholds.iter().enumerate() {
+            v = if u >= t { self.sorted[j + 1] } else { v };
+        }
+        v
+    }
+}
+
 /// The decode table of a codebook: entry k for field k, 0 past the codebook (no valid field
 /// reaches there: storage taken from a caller is checked first).
 pub fn decode_table(cb: &Codebook) -> [f32; 256] {
@@ -458,6 +495,30 @@ mod tests {
                 for (g, &x) in got.iter().zip(&lanes) {
                     assert_eq!(*g, code.encode(x) as i32, "{cb} at {x:e}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn nearest_entry_is_the_decoded_code() {
+        for cb in books() {
+            let (code, q) = (LookupCode::new(&cb), NearestEntry::new(&cb));
+            let mut s = 7u64;
+            for _ in 0..20000 {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let k = (s >> 60) as usize % cb.len();
+                let u = if s & 1 == 0 {
+                    cb.get(k) * ((s >> 40) as u32 % 3) as f32 / 2.0
+                } else {
+                    f32::from_bits((s >> 32) as u32)
+                };
+                if u.is_nan() {
+                    continue;
+                }
+                let want = cb.get(code.encode(u) as usize);
+                assert_eq!(q.value(u).to_bits(), want.to_bits(), "{cb} at {u:e}");
             }
         }
     }

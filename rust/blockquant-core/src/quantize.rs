@@ -217,11 +217,6 @@ pub fn compute_scales(
         return Scales::from_stored(layout, stored, ex.global);
     }
     if opts.calibration == Calibration::Mse {
-        if scheme.codebook.is_some() {
-            return Err(QuantError::Scheme(format!(
-                "calibration='mse' is not implemented for a Lookup scheme yet, got {scheme}"
-            )));
-        }
         return Ok(crate::search::mse_scales(x, None, layout, opts, ex.global));
     }
 

@@ -23,6 +23,7 @@ use crate::codec::{minifloat, Rounding};
 use crate::error::{QuantError, Result};
 use crate::input::Input;
 use crate::layout::Layout;
+use crate::lookup::NearestEntry;
 use crate::pack::StorageMut;
 use crate::quantize::{effective_scale, encode_values, ExplicitScales, QuantizeOptions, Scales};
 use crate::scale::{mx_scale_code, ScaleRounding};
@@ -139,17 +140,18 @@ struct Ctx {
 
 impl Ctx {
     fn new(layout: &Layout, mode: ScaleRounding, global: Option<f32>) -> Self {
-        let value = layout.scheme.value;
-        let divs = divisors(value);
-        let denoms = std::array::from_fn(|k| value.half_range() * divs[k.min(divs.len() - 1)]);
+        let scheme = &layout.scheme;
+        let divs = divisors(scheme.value);
+        // A codebook's half range is max |c_k|: the product may round, the reference's too.
+        let denoms = std::array::from_fn(|k| scheme.half_range() * divs[k.min(divs.len() - 1)]);
         Self {
             denoms,
             n_divisors: divs.len(),
             fast: FastRound::new(layout.scheme.scale_dtype()),
             dtype: layout.scheme.scale_dtype(),
             mode,
-            half_range: value.half_range(),
-            emax: value.mx_emax(),
+            half_range: scheme.half_range(),
+            emax: scheme.mx_emax(),
             global,
         }
     }
@@ -409,12 +411,26 @@ impl Dequant for MiniQ {
     }
 }
 
-/// Runs `$body` with `$q` bound to the [`Dequant`] of `$value` under `$rounding`.
+/// Lookup mode: the nearest codebook entry (`rounding` does not apply).
+impl Dequant for NearestEntry {
+    #[inline(always)]
+    fn qv(&self, u: f32) -> f32 {
+        self.value(u)
+    }
+}
+
+/// Runs `$body` with `$q` bound to the [`Dequant`] of `$scheme`'s value (or codebook) under
+/// `$rounding`.
 macro_rules! with_dequant {
-    ($value:expr, $rounding:expr, |$q:ident| $body:expr) => {{
-        let value: QuantValue = $value;
+    ($scheme:expr, $rounding:expr, |$q:ident| $body:expr) => {{
+        let scheme: &crate::scheme::QuantScheme = $scheme;
+        let value: QuantValue = scheme.value;
         let (qmin, qmax) = value.range();
         match value {
+            _ if scheme.codebook.is_some() => {
+                let $q = NearestEntry::new(scheme.codebook.as_ref().expect("checked"));
+                $body
+            }
             QuantValue::E2M1 => {
                 let $q = E2M1Q;
                 $body
@@ -687,7 +703,7 @@ pub fn mse_scales(
     let scheme = &layout.scheme;
     let alpha = amplitudes(x, layout, Calibration::MinMax);
     let global = if scheme.is_two_level() {
-        let half_range = scheme.value.half_range();
+        let half_range = scheme.half_range();
         let max_raw = alpha.iter().fold(0.0f32, |m, &a| m.max(a)) / half_range;
         Some(match given_global {
             Some(g) => g,
@@ -698,7 +714,7 @@ pub fn mse_scales(
         None
     };
     let ctx = Ctx::new(layout, opts.scale_rounding, global);
-    let stored = with_dequant!(scheme.value, opts.rounding, |q| {
+    let stored = with_dequant!(scheme, opts.rounding, |q| {
         if layout.per_tensor {
             vec![search_tensor(q, &ctx, x, weights, alpha[0])]
         } else {
