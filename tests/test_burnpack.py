@@ -97,6 +97,10 @@ def test_shapes_round_trip(tmp_path, rng, shape, scheme):
 @pytest.mark.parametrize("name", list(bq.presets.PRESETS))
 def test_presets_round_trip(tmp_path, rng, name):
     qt = bq.quantize(rng.standard_normal((4, 64)).astype(np.float32), bq.presets.PRESETS[name]())
+    if qt.scheme.codebook is not None:  # burn's Burnpack has no place for a codebook
+        with pytest.raises(bq.SchemeError, match="no place for a Lookup"):
+            save_burnpack(tmp_path / "p.bpk", {name: qt})
+        return
     save_burnpack(tmp_path / "p.bpk", {name: qt})
     same_qtensor(qt, load_burnpack(tmp_path / "p.bpk")[name])
 
