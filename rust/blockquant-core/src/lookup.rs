@@ -325,6 +325,11 @@ impl NearestEntry {
         }
     }
 
+    /// The thresholds and the sorted entries (the search's AVX2 loop reads them).
+    pub(crate) fn parts(&self) -> (&[f32; MAX_ENTRIES - 1], &[f32; MAX_ENTRIES]) {
+        (&self.thresholds, &self.sorted)
+    }
+
     /// codebook[encode(u)], bit for bit: the thresholds rise, so the last one passed names the
     /// entry (NaN padding is never passed).
     #[inline(always)]

@@ -414,6 +414,19 @@ impl Dequant for MiniQ {
 /// Lookup mode: the nearest codebook entry (`rounding` does not apply).
 impl Dequant for NearestEntry {
     #[inline(always)]
+    fn lanes(&self, xs: &[f32], ws: Option<&[f32]>, eff: &[f32], out: &mut [[f32; 8]]) {
+        let term = |x: f32, e: f32| term(*self, x, e);
+        lanes_avx2_or_portable!(
+            self,
+            xs,
+            ws,
+            eff,
+            out,
+            crate::search_avx2::lanes_lookup(xs, ws, eff, out, self.parts(), term)
+        )
+    }
+
+    #[inline(always)]
     fn qv(&self, u: f32) -> f32 {
         self.value(u)
     }

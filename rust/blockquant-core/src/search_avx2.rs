@@ -53,6 +53,22 @@ unsafe fn e2m1_8(u: __m256) -> __m256 {
     _mm256_or_ps(m, _mm256_and_ps(sign, u))
 }
 
+/// A codebook's nearest entry: the thresholds u reaches counted (each passed mask is −1), then
+/// the count picks the sorted entry with two in-register permutes (each reads the low three
+/// bits), chosen by bit 3: the entry the portable select chain ends on.
+#[inline(always)]
+unsafe fn nearest8(u: __m256, thresholds: &[f32; 15], lo: __m256, hi: __m256) -> __m256 {
+    let mut rank = _mm256_setzero_si256();
+    for &t in thresholds {
+        let ge = _mm256_cmp_ps::<_CMP_GE_OQ>(u, _mm256_set1_ps(t));
+        rank = _mm256_sub_epi32(rank, _mm256_castps_si256(ge));
+    }
+    let a = _mm256_permutevar8x32_ps(lo, rank);
+    let b = _mm256_permutevar8x32_ps(hi, rank);
+    let upper = _mm256_cmpgt_epi32(rank, _mm256_set1_epi32(7));
+    _mm256_blendv_ps(a, b, _mm256_castsi256_ps(upper))
+}
+
 /// For each effective scale `eff[k]` (none 0), Σ w·(u − q(u))² of a chunk into eight lanes
 /// `out[k]` (element i into lane i % 8): `$qv8` the vector value function, `$term` the portable
 /// term of one element for the last `len % 8`. The candidates advance together, eight elements
@@ -141,4 +157,20 @@ pub(crate) unsafe fn lanes_e2m1(
     term: impl Fn(f32, f32) -> f32,
 ) {
     lanes8!(xs, ws, eff, out, |u| e2m1_8(u), term)
+}
+
+/// # Safety
+/// The CPU must support AVX2.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn lanes_lookup(
+    xs: &[f32],
+    ws: Option<&[f32]>,
+    eff: &[f32],
+    out: &mut [[f32; 8]],
+    (thresholds, sorted): (&[f32; 15], &[f32; 16]),
+    term: impl Fn(f32, f32) -> f32,
+) {
+    let lo = _mm256_loadu_ps(sorted.as_ptr());
+    let hi = _mm256_loadu_ps(sorted.as_ptr().add(8));
+    lanes8!(xs, ws, eff, out, |u| nearest8(u, thresholds, lo, hi), term)
 }

@@ -155,6 +155,10 @@ fn vector_lanes_equal_portable_lanes() {
                 run(&|o| E2M1Q.lanes(x, w, &eff, o), &|e| {
                     portable_lanes(E2M1Q, x, w, e)
                 });
+                for book in [&crate::lookup::IQ4_NL[..], &[1.5, -0.25, 0.25, -3.0]] {
+                    let q = NearestEntry::new(&crate::lookup::Codebook::new(book).unwrap());
+                    run(&|o| q.lanes(x, w, &eff, o), &|e| portable_lanes(q, x, w, e));
+                }
             }
         }
     }
