@@ -93,6 +93,22 @@ fn chunk_sums<Q: Dequant>(q: Q, xs: &[f32], ws: Option<&[f32]>, eff: &[f32], sum
     chunk_sums_portable(q, xs, ws, eff, sums)
 }
 
+/// [`chunk_sums`] for a caller compiled with AVX2 (the block search's `avx2` build): the kernel
+/// inlined. Elsewhere the dispatching [`chunk_sums`].
+#[inline(always)]
+fn block_sums<Q: Dequant>(q: Q, xs: &[f32], ws: Option<&[f32]>, eff: &[f32], sums: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::simd::has_avx2() {
+            // SAFETY: the CPU supports AVX2, checked just above; called only from the block
+            // search, whose AVX2 build inlines the kernel (its portable build never runs on an
+            // AVX2 CPU).
+            return unsafe { crate::search_avx2::chunk_sums_inline(q, xs, ws, eff, sums) };
+        }
+    }
+    chunk_sums_portable(q, xs, ws, eff, sums)
+}
+
 /// [`chunk_sums`] one candidate at a time, straight loops (also the tests' yardstick).
 fn chunk_sums_portable<Q: Dequant>(
     q: Q,
@@ -230,7 +246,7 @@ fn search_block_portable<Q: Dequant>(
     let mut sums = [0.0f32; MAX_CANDIDATES];
     if bx.len() <= CHUNK {
         // One chunk (every block but huge ones): its sums are the totals.
-        chunk_sums(q, bx, bw, &eff[..k], &mut sums[..k]);
+        block_sums(q, bx, bw, &eff[..k], &mut sums[..k]);
         for (t, &s) in total.iter_mut().zip(&sums) {
             *t = s as f64;
         }

@@ -28,6 +28,22 @@ pub(crate) unsafe fn chunk_sums<Q: Dequant>(
     eff: &[f32],
     sums: &mut [f32],
 ) {
+    chunk_sums_inline(q, xs, ws, eff, sums)
+}
+
+/// [`chunk_sums`] inlined into its caller, which must have AVX2 enabled (else the intrinsics
+/// stay calls): the block search, so its sums stay in registers.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[inline(always)]
+pub(crate) unsafe fn chunk_sums_inline<Q: Dequant>(
+    q: Q,
+    xs: &[f32],
+    ws: Option<&[f32]>,
+    eff: &[f32],
+    sums: &mut [f32],
+) {
     let k = eff.len().min(MAX_CANDIDATES);
     let mut acc = [_mm256_setzero_ps(); SLOTS];
     // The common blocks (16 and 32 unweighted values) with their vectors loaded once and the
@@ -59,7 +75,11 @@ pub(crate) unsafe fn chunk_sums<Q: Dequant>(
 /// [`lanes`] of an unweighted run of exactly 8·N values, for each candidate into `acc`.
 #[inline(always)]
 unsafe fn fixed<Q: Dequant, const N: usize>(q: Q, xs: &[f32], eff: &[f32], acc: &mut [__m256]) {
-    let x: [__m256; N] = std::array::from_fn(|i| _mm256_loadu_ps(xs.as_ptr().add(8 * i)));
+    // A loop, not `array::from_fn`: its closure would not inherit AVX2.
+    let mut x = [_mm256_setzero_ps(); N];
+    for (i, v) in x.iter_mut().enumerate() {
+        *v = _mm256_loadu_ps(xs.as_ptr().add(8 * i));
+    }
     let zero = _mm256_setzero_ps();
     for (a, &e) in acc.iter_mut().zip(eff) {
         let mut s = zero;
