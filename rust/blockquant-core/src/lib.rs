@@ -27,6 +27,8 @@ pub mod scale;
 pub mod scheme;
 pub mod search;
 mod search_avx2;
+mod search_cands;
+mod search_values;
 mod simd;
 
 pub use calibrate::Calibration;
