@@ -43,7 +43,9 @@ NVFP4 = bq.presets.nvfp4()  # two-level, PackedNative(0): grid (3, 3) on X
 MXFP8 = bq.presets.mxfp8()  # block [32] UE8M0 (no zero)
 SPEC9 = QuantScheme(V.Q8F, S.Native).per_block([4], D.UE4M3).per_tensor(D.F32)
 SPEC9_BYTES = bytes.fromhex("00 19 33 4c 66 7f 80 ff 30 20 00 00 40 40")
-LOOKUP = QuantScheme().with_mode(QuantMode.Lookup)
+LOOKUP = QuantScheme(V.Q4F, S.Native).per_tensor(D.F32).with_codebook(bq.codebooks.NF4)
+Q2N = QuantScheme(V.Q2F, S.Native).per_tensor(D.F32)
+LOOKUP_PN = LOOKUP.with_store(S.packed_native(0))  # Q4 one a byte: a high nibble is padding
 Q2U32 = QuantScheme(V.Q2S, S.packed_u32(0)).per_tensor(D.F32)
 Q4PN = QuantScheme(V.Q4S, S.packed_native(0)).per_tensor(D.F32)  # (3,): a padding nibble
 E4M3N = QuantScheme(V.E4M3, S.Native).per_tensor(D.F32)
@@ -315,13 +317,38 @@ CASES: list[Case] = _non_finite_cases() + [
     quant("global-bool", X32, NVFP4, TypeError, global_scale=True),
     quant("global-complex", X32, NVFP4, TypeError, global_scale=2j),
     quant("global-two-values", X32, NVFP4, TypeError, global_scale=np.array([1.0, 2.0])),
-    # -- Lookup mode: reserved (SPEC §10) --------------------------------------------------------
-    quant("lookup", X8, LOOKUP, bq.UnsupportedSchemeError,
-          rf"^Quantization not supported for scheme {_re(LOOKUP)}$"),
-    from_bytes("lookup", bytes(12), LOOKUP, (8,), bq.UnsupportedSchemeError,
-               "^Quantization not supported"),
-    from_parts("lookup", V_Q2, S_Q2, LOOKUP.with_value(V.Q2S).per_tensor(D.F32), X.shape,
-               bq.UnsupportedSchemeError, "^Quantization not supported"),
+    # -- Lookup mode: the codebook's rules, and what does not apply to it ------------------------
+    quant("lookup-without-codebook", X8, lambda: QuantScheme().with_mode(QuantMode.Lookup),
+          bq.SchemeError, "^Lookup mode needs a codebook"),
+    quant("lookup-half-even", X8, LOOKUP, bq.SchemeError,
+          "^rounding='half_even' does not apply to a Lookup scheme", rounding="half_even"),
+    quant("lookup-8-bit", X8, lambda: QuantScheme().with_codebook(range(256)), bq.SchemeError,
+          r"8-bit value \(Q8F\) is not implemented"),
+    quant("lookup-float-value", X8, lambda: LOOKUP.with_value(V.E2M1), bq.SchemeError,
+          "no float semantics"),
+    quant("lookup-short", X8, lambda: LOOKUP.with_codebook([1, 2, 3]), bq.SchemeError,
+          "^a Q4F codebook has 2\\^4 = 16 entries, got 3$"),
+    quant("lookup-q2-long", X8, lambda: LOOKUP.with_value(V.Q2S), bq.SchemeError,
+          "^a Q2S codebook has 2\\^2 = 4 entries, got 16$"),
+    quant("lookup-nan", X8, lambda: Q2N.with_codebook([0, 1, 2, np.nan]),
+          bq.SchemeError, "^codebook entries must be finite, entry 3 is nan$"),
+    quant("lookup-overflow", X8, lambda: Q2N.with_codebook([0, 1, 2, 1e39]),
+          bq.SchemeError, "^codebook entries must be finite, entry 3 is inf$"),
+    quant("lookup-duplicate", X8, lambda: Q2N.with_codebook([0, 1, -0.0, 3]),
+          bq.SchemeError, "^codebook entries must be distinct, entries 0 and 2"),
+    quant("lookup-duplicate-after-f32", X8,
+          lambda: Q2N.with_codebook([0, 1, 1 + 1e-12, 3]),
+          bq.SchemeError, "distinct"),
+    quant("lookup-codebook-a-string", X8, lambda: LOOKUP.with_codebook("0123"), TypeError),
+    quant("lookup-codebook-2d", X8, lambda: LOOKUP.with_codebook(np.ones((4, 4))), TypeError),
+    from_bytes("lookup-native-high-bits", bytes([0x10] + [0] * 7) + bytes(4), LOOKUP, (8,),
+               bq.LayoutError),
+    from_bytes("lookup-packed-native-high-nibble", bytes([0] * 7 + [0xF3]) + bytes(4), LOOKUP_PN,
+               (8,), bq.LayoutError),
+    from_parts("lookup-native-high-bits", filled((8,), 0x10, np.uint8), ONE, LOOKUP, (8,),
+               bq.LayoutError),
+    from_parts("lookup-int8-storage", filled((8,), 1, np.int8), ONE, LOOKUP, (8,),
+               bq.LayoutError),
     # -- from_bytes: lengths, corrupt scales, argument types -------------------------------------
     from_bytes("one-short", SPEC9_BYTES[:-1], SPEC9, (8,), bq.LayoutError,
                r"expected 14 bytes .* got 13$"),
@@ -501,7 +528,10 @@ def test_successful_calls_write_nothing_either():
 
 
 @pytest.mark.parametrize(
-    "scheme", [NVFP4, INT8B, MXFP8, bq.presets.bitnet(), SPEC9, E4M3N, Q4PN], ids=repr
+    "scheme",
+    [NVFP4, INT8B, MXFP8, bq.presets.bitnet(), SPEC9, E4M3N, Q4PN, LOOKUP, LOOKUP_PN,
+     QuantScheme(V.Q2S).per_tensor(D.F32).with_codebook([3, -1, 0.5, 2])],
+    ids=repr
 )
 def test_random_bytes_never_crash_and_agree_with_the_reference(scheme):
     """Bytes of the right length: either both implementations reject them (LayoutError: a NaN,

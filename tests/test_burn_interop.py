@@ -208,6 +208,8 @@ def cases() -> list:
     add("empty_packed_native_outer", QuantScheme(V.E2M1, PN(1)), (0, 4))
     add("empty_block", QuantScheme(V.Q8S, Native).per_block([4], D.F16), (0, 8))
     for name, preset in bq.presets.PRESETS.items():
+        if preset().codebook is not None:
+            continue  # burn refuses Lookup; its Burnpack has no place for the codebook
         add(f"preset_{name}", preset(), (4, 64))
         add(f"preset_{name}_partial", preset(), (3, 45))
     return out

@@ -147,6 +147,12 @@ QDQ = [
     ("mxfp4", 21),                           # FP4 codes as INT4 bits + Gather table
     ("nvfp4", 21),                           # two-level: Cast(UE4M3) x g, then FP4
     ("e2m1/native/block32:f16+tensor:f32", 21),
+    # Lookup: indices as INT4 + a Gather from the codebook
+    ("q4f/native/block32:f16/lookup:nf4", 21),
+    ("q4s/packed_u32_0/block16:ue4m3+tensor:f32/lookup:iq4nl", 21),
+    ("q2s/native/block128:f32/lookup:[1.5,-0.25,0.25,-3.0]", 21),   # per-axis
+    ("q4f/native/tensor:f32/lookup:"
+     "[3.0,-7.0,0.5,6.0,-0.25,2.0,-3.0,1.0,-1.0,0.75,4.0,-5.0,0.001,-2.0,5.0,0.0]", 21),
 ]
 
 
@@ -275,6 +281,8 @@ def test_inexpressible_schemes_raise_and_write_nothing(model_path: Path, tmp_pat
         quantize_model(model_path, out, "q4s/native/block48:f32", form="matmulnbits")
     with pytest.raises(CheckpointError, match="MatMulNBits takes blocks"):
         quantize_model(model_path, out, "q4s/native/tensor:f32", form="matmulnbits")
+    with pytest.raises(CheckpointError, match="MatMulNBits has no codebook"):
+        quantize_model(model_path, out, "q4f/native/block32:f16/lookup:nf4", form="matmulnbits")
     assert list(tmp_path.iterdir()) == []
 
 

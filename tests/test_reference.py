@@ -19,9 +19,8 @@ from blockquant.errors import (
     ScaleError,
     SchemeError,
     UnexpectedGlobalScaleError,
-    UnsupportedSchemeError,
 )
-from blockquant.scheme import QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype
+from blockquant.scheme import QuantScheme, QuantStore, QuantValue, ScaleDtype
 
 V = QuantValue
 F32_MAX = float(np.finfo(np.float32).max)
@@ -794,9 +793,9 @@ def test_non_finite_after_float64_conversion():
 
 
 def test_scheme_errors():
-    s = QuantScheme().with_mode(QuantMode.Lookup)
-    with pytest.raises(UnsupportedSchemeError, match=r"^Quantization not supported for scheme "):
-        ref.quantize(np.ones(4, np.float32), s)
+    s = QuantScheme(QuantValue.Q4S).with_codebook(bq.codebooks.IQ4_NL)
+    with pytest.raises(SchemeError, match=r"^rounding='half_even' does not apply to a Lookup"):
+        ref.quantize(np.ones(4, np.float32), s, rounding="half_even")
     with pytest.raises(SchemeError):  # a 2-D block on a 1-D tensor
         ref.quantize(np.ones(8, np.float32), QuantScheme().per_block([2, 2], ScaleDtype.F16))
     with pytest.raises(SchemeError):  # packing dim 1 on a 1-D tensor

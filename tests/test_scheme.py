@@ -32,7 +32,14 @@ def test_builders_return_new_schemes():
     s = QuantScheme()
     t = s.with_store(QuantStore.Native)
     assert s.store == QuantStore.packed_u32(0) and t.store is QuantStore.Native
-    assert s.with_mode(bq.QuantMode.Lookup).mode is bq.QuantMode.Lookup
+    with pytest.raises(SchemeError, match="needs a codebook"):
+        s.with_mode(bq.QuantMode.Lookup)
+    q4 = s.with_value(QuantValue.Q4F)
+    lk = q4.with_codebook(bq.codebooks.NF4)
+    assert lk.mode is bq.QuantMode.Lookup and lk.codebook == tuple(bq.codebooks.NF4.tolist())
+    assert lk.with_mode(bq.QuantMode.Lookup) == lk  # keeps its codebook
+    assert lk.with_mode(bq.QuantMode.Symmetric) == q4  # drops it
+    assert lk.with_mode(bq.QuantMode.Symmetric).codebook is None
 
 
 def test_repr_is_readable():

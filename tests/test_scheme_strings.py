@@ -1,5 +1,6 @@
 """The text form of a scheme: QuantScheme.parse and str() are exact inverses."""
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,6 +16,7 @@ PRESET_TEXT = {
     "mxfp4": "e2m1/packed_native0/block32:ue8m0",
     "nvfp4": "e2m1/packed_native0/block16:ue4m3+tensor:f32",
     "int4_block16": "q4f/packed_u32_0/block16:ue4m3+tensor:f32",
+    "nf4_block16": "q4f/packed_u32_0/block16:ue4m3+tensor:f32/lookup:nf4",
     "bitnet": "q2s/packed_u32_0/tensor:f32",
 }
 
@@ -44,7 +46,12 @@ def test_presets_resolve_by_name_and_print_spelled_out(name):
         "q8f/packed_u32_0/tensor:f32",
         "q2f/packed_u32_3/block1:bf16",
         "e5m2/packed_native12/block2x3x4x5x6:f32",
-        "q4f/native/tensor:ue4m3/lookup",
+        "q4f/native/tensor:ue4m3/lookup:nf4",
+        "q4s/packed_u32_0/block16:ue4m3+tensor:f32/lookup:iq4nl",
+        "q2s/packed_native0/block8:f16/lookup:[1.5,-0.25,0.0,-3.0]",
+        "q2f/native/tensor/lookup:[1e-08,-1e+30,0.1,3.4028235e+38]",
+        "q4f/packed_u32_1/block4x4:bf16/lookup:"
+        "[0.0,1.0,2.0,3.0,4.0,5.0,6.0,7.0,8.0,9.0,10.0,11.0,12.0,13.0,14.0,-1.0]",
     ],
 )
 def test_spelled_out_texts_print_back_identically(text):
@@ -58,10 +65,20 @@ def test_no_level_and_an_explicit_f32_level_are_different_schemes():
     assert QuantScheme.parse("q8f/packed_u32_0/tensor:f32") != QuantScheme()
 
 
-def test_lookup_mode_is_a_suffix():
-    s = bq.presets.int8().with_mode(QuantMode.Lookup)
-    assert str(s) == "q8s/native/tensor:f32/lookup"
+def test_lookup_mode_is_a_suffix_naming_its_codebook():
+    s = bq.presets.int4_block16().with_codebook(bq.codebooks.NF4)
+    assert str(s) == "q4f/packed_u32_0/block16:ue4m3+tensor:f32/lookup:nf4"
     assert QuantScheme.parse(str(s)) == s
+    # A codebook given as numbers prints by name when it is a named one, bit for bit.
+    same = s.with_codebook([float(v) for v in bq.codebooks.NF4])
+    assert str(same) == str(s) and same == s and hash(same) == hash(s)
+    # Values are rounded to float32 when the scheme is built, and kept so.
+    t = QuantScheme(QuantValue.Q2S).with_codebook([0.1, -1, 2, 3])
+    assert t.codebook == (float(np.float32(0.1)), -1.0, 2.0, 3.0)
+    assert str(t).endswith("/lookup:[0.1,-1.0,2.0,3.0]")
+    assert QuantScheme.parse(str(t)) == t
+    assert s != s.with_codebook(bq.codebooks.IQ4_NL)
+    assert s != s.with_codebook(bq.codebooks.NF4[::-1])  # order matters: entry k is field k
 
 
 def test_repr_is_unchanged():
@@ -97,6 +114,20 @@ def test_repr_is_unchanged():
         ("q4s/native/tensor/symmetric", "unknown mode 'symmetric'"),
         ("q4s/native", "got 2 parts in 'q4s/native'"),
         ("q4s/native/tensor/lookup/x", "got 5 parts"),
+        ("q4s/native/tensor/lookup", "Lookup mode needs a codebook in"),
+        ("q4s/native/tensor/lookup:", "unknown codebook ''"),
+        ("q4s/native/tensor/lookup:NF4", "unknown codebook 'NF4'"),
+        ("q4s/native/tensor/lookup:[1.0,2.0]", "codebook has 2^4 = 16 entries, got 2"),
+        ("q2s/native/tensor/lookup:[1.0,2.0,3.0,1.0]", "entries 0 and 3 are both 1"),
+        ("q2s/native/tensor/lookup:[1.0,2.0,3.0,nan]", "must be finite"),
+        ("q2s/native/tensor/lookup:[1.0,2.0,3.0,x]", "bad codebook entry 'x'"),
+        ("q2s/native/tensor/lookup:[1,2.0,3.0,4.0]", "write '1.0'"),
+        ("q2s/native/tensor/lookup:[1.0, 2.0,3.0,4.0]", "write '2.0'"),
+        ("q2s/native/tensor/lookup:[0.1000000001,2.0,3.0,4.0]", "write '0.1'"),
+        ("q8s/native/tensor/lookup:nf4", "8-bit value (Q8S) is not implemented"),
+        ("e2m1/native/tensor/lookup:nf4", "no float semantics"),
+        ("q4s/native/tensor/lookup:[" + ",".join(str(np.float32(v)) for v in bq.codebooks.NF4)
+         + "]", "is the named one 'nf4': write lookup:nf4"),
         ("nvfp5", "unknown scheme 'nvfp5'"),
         ("", "unknown scheme ''"),
         (" nvfp4", "unknown scheme ' nvfp4'"),
@@ -122,9 +153,24 @@ stores = st.one_of(
 block_sizes = st.lists(st.integers(1, 300), min_size=1, max_size=5)
 
 
+f32s = st.floats(width=32, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def codebooks(draw, n):
+    named = [v for v in bq.codebooks.NAMED.values() if len(v) == n]
+    if named and draw(st.booleans()):
+        return draw(st.sampled_from(named))
+    return draw(st.lists(f32s, min_size=n, max_size=n, unique_by=lambda v: v + 0.0))
+
+
 @st.composite
 def schemes(draw):
-    s = QuantScheme(draw(st.sampled_from(QuantValue)), draw(stores), draw(st.sampled_from(QuantMode)))
+    s = QuantScheme(draw(st.sampled_from(QuantValue)), draw(stores))
+    if draw(st.sampled_from(QuantMode)) is QuantMode.Lookup:
+        value = draw(st.sampled_from([QuantValue.Q4F, QuantValue.Q4S, QuantValue.Q2F,
+                                      QuantValue.Q2S]))
+        s = s.with_value(value).with_codebook(draw(codebooks(1 << value.bits)))
     level = draw(st.sampled_from(["none", "tensor", "block", "two"]))
     if level == "tensor":
         s = s.per_tensor(draw(st.sampled_from(ScaleDtype)))
@@ -147,6 +193,7 @@ def test_parse_inverts_str(s):
 TOKENS = [
     "q8f", "q4s", "e2m1", "e4m3", "/", "native", "packed_u32_", "packed_native", "0", "1", "7",
     "32", "x", "block", "tensor", ":", "f16", "f32", "ue4m3", "ue8m0", "bf16", "+", "lookup", "_",
+    "lookup:nf4", "lookup:iq4nl", "q2s", "[", "]", ",", "1.0", "-0.5", "0.0", "1e-08", "1.50",
 ]
 
 

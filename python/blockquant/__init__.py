@@ -12,7 +12,7 @@ compare against bit for bit.
 
 from __future__ import annotations
 
-from . import metrics, presets
+from . import codebooks, metrics, presets
 from ._native import get_num_threads, set_num_threads
 from .burnpack import load_burnpack, save_burnpack
 from .errors import (
@@ -45,6 +45,7 @@ __all__ = [
     "dequantize",
     "round_scale",
     "presets",
+    "codebooks",
     "metrics",
     "save_burnpack",
     "load_burnpack",

@@ -4,7 +4,8 @@ Per block, the stored scale of least squared error among fixed candidates around
 
 - candidate k of a block of amplitude alpha = max |x| is the raw scale alpha / (half_range * c_k)
   (``DIVISORS``; c_0 = 1 is minmax itself), mapped to block units (two-level: / g) and rounded to
-  the scale dtype with the call's ``scale_rounding``. UE8M0 instead takes the code minmax would
+  the scale dtype with the call's ``scale_rounding`` (a Lookup scheme: half_range is the
+  codebook's max |c_k|, and q(u) its entry nearest to u). UE8M0 instead takes the code minmax would
   store and its neighbours (code - 1, code + 1), dropping any outside 0..254;
 - a candidate of effective scale e != 0 has error e² * S (float64), S = sum(w * (u - q(u))²),
   u = x / e the float32 division of quantize and q(u) the value it quantizes to; the terms and
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _reference_lookup as _lookup
 from . import reference as ref
 from .scheme import QuantScheme, ScaleDtype
 
@@ -49,10 +51,10 @@ def _compact_rows(x1: np.ndarray, scheme: QuantScheme) -> np.ndarray:
 def _candidates(alpha, scheme: QuantScheme, scale_rounding: str, g):
     """(stored candidates, usable) of shape (blocks, K), in search order."""
     value, dtype = scheme.value, scheme.scale_dtype
-    half = ref._half_range(value)
+    half = ref._scheme_half_range(scheme)  # a codebook's: max |c_k|
     if dtype is ScaleDtype.UE8M0:
         if scale_rounding == "mx":
-            base = ref._mx_codes(alpha, ref._mx_emax(value))
+            base = ref._mx_codes(alpha, ref._scheme_mx_emax(scheme))
         else:
             base = ref._ue8m0_round(alpha / half, scale_rounding)
         codes = np.stack([base, base - 1, base + 1], axis=1)
@@ -74,15 +76,19 @@ def _candidates(alpha, scheme: QuantScheme, scale_rounding: str, g):
 
 def _decoded(x_s: np.ndarray, scheme: QuantScheme, rounding: str) -> np.ndarray:
     """The value (float32) each scaled input quantizes to."""
+    if scheme.codebook is not None:  # the nearest entry; `rounding` does not apply
+        return _lookup.decode(_lookup.nearest_index(x_s, scheme.codebook), scheme.codebook)
     if scheme.value.is_float:
         fmt = ref.FLOAT_VALUE_FORMATS[scheme.value]
         return ref._decode_minifloat(ref._encode_minifloat(x_s, fmt), fmt)
     return ref._int_codes(x_s, scheme.value, rounding).astype(np.float32)
 
 
-def _errors(rows, wrows, e, scheme, rounding) -> np.ndarray:
+def _errors(rows, wrows, e, scheme, rounding, present=None) -> np.ndarray:
     """Each block's error (float64) under effective scales ``e`` (one per block): e² · S,
-    S = sum(w * (u - q(u))²), u = x / e; +inf where e = 0."""
+    S = sum(w * (u - q(u))²), u = x / e; +inf where e = 0. ``present`` (a mask like ``rows``)
+    marks the elements a partial block has: the padding adds nothing (for a codebook without
+    0, a padded 0 would otherwise count)."""
     col = e[:, None]
     u = np.zeros(rows.shape, dtype=np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -91,6 +97,8 @@ def _errors(rows, wrows, e, scheme, rounding) -> np.ndarray:
         term = t * t
         if wrows is not None:
             term = wrows * term
+        if present is not None:
+            term = np.where(present, term, np.float32(0))
     n, width = term.shape
     if width <= CHUNK:
         chunks, length = 1, -(-width // 8) * 8
@@ -115,6 +123,8 @@ def mse_scales(x1, scheme: QuantScheme, rounding: str, scale_rounding: str, give
     grid = ref.scale_grid_shape(x1.shape, scheme)
     rows = _compact_rows(x1, scheme)
     wrows = None if w1 is None else _compact_rows(w1, scheme)
+    _, counts = ref._block_rows(x1, scheme)
+    present = np.arange(rows.shape[1])[None, :] < np.asarray(counts).reshape(-1, 1)
     alpha = (
         np.abs(rows).max(axis=1) if rows.shape[1] else np.zeros(rows.shape[0], np.float32)
     ).astype(np.float32)
@@ -123,14 +133,15 @@ def mse_scales(x1, scheme: QuantScheme, rounding: str, scale_rounding: str, give
         if given_g is not None:
             g = np.float32(given_g)
         else:
-            top = (alpha / ref._half_range(scheme.value)).max() if alpha.size else np.float32(0)
+            top = (alpha / ref._scheme_half_range(scheme)).max() if alpha.size else np.float32(0)
             g = np.float32(1) if top == 0 else np.float32(top) / np.float32(scheme.block.dtype.max)
     stored, usable = _candidates(alpha, scheme, scale_rounding, g)
     eff = ref._effective_scales(stored, None if g is None else float(g))
     if rows.shape[0] == 0 or rows.shape[1] == 0:  # nothing to measure: minmax's scale
         return stored[:, 0].reshape(grid), None if g is None else float(g)
     errs = np.stack(
-        [_errors(rows, wrows, eff[:, k], scheme, rounding) for k in range(stored.shape[1])],
+        [_errors(rows, wrows, eff[:, k], scheme, rounding, present)
+         for k in range(stored.shape[1])],
         axis=1,
     )
     errs = np.where(usable, errs, np.inf)

@@ -41,7 +41,7 @@ import numpy as np
 
 from ._cbor import MAX_CBOR_DEPTH, decode_cbor, encode_cbor
 from ._fs import temp_sibling
-from .errors import LayoutError, QuantError, SchemeError, UnsupportedSchemeError
+from .errors import LayoutError, QuantError, SchemeError
 from .qtensor import QTensor
 from .scheme import BlockScale, QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype
 
@@ -89,6 +89,11 @@ def scheme_to_burn(scheme: QuantScheme) -> dict[str, Any]:
     """
     if not isinstance(scheme, QuantScheme):
         raise TypeError(f"a scheme is a QuantScheme, got {type(scheme).__name__}")
+    if scheme.codebook is not None:
+        raise SchemeError(
+            f"burn's Burnpack has no place for a Lookup scheme's codebook (burn refuses Lookup "
+            f"tensors too): save {scheme} as safetensors, got {scheme!r}"
+        )
     if scheme.store.kind == "native":
         store: Any = "Native"
     else:
@@ -144,10 +149,15 @@ def _struct(obj: Any, fields: tuple[str, ...], what: str) -> dict[str, Any]:
 def scheme_from_burn(obj: Any) -> QuantScheme:
     """The scheme burn's serialized ``QuantScheme`` map describes (the inverse of
     :func:`scheme_to_burn`). Raises :class:`LayoutError` for anything else, including a scheme
-    blockquant's rules reject."""
+    blockquant's rules reject, and :class:`SchemeError` for Lookup mode (no codebook in it)."""
     s = _struct(obj, ("value", "store", "mode", "tensor", "block"), "a QuantScheme")
     value = _enum(QuantValue, s["value"], "QuantValue")
     mode = _enum(QuantMode, s["mode"], "QuantMode")
+    if mode is QuantMode.Lookup:
+        # burn keeps a lookup table beside the values, not in the file: nothing to decode with.
+        raise SchemeError(
+            "a Lookup scheme: burn's Burnpack carries no codebook, so its values cannot be read"
+        )
     raw_store = s["store"]
     if raw_store == "Native":
         store = QuantStore.Native
@@ -447,12 +457,10 @@ class _Descriptor:
             if kind == "Bool" and arg in _BOOL_STORES:
                 return numel * _BOOL_STORES[arg].itemsize
             if kind == "QFloat":
-                self.scheme = scheme_from_burn(arg)
-                if self.scheme.mode is not QuantMode.Symmetric:
-                    raise UnsupportedSchemeError(
-                        f"tensor {self.name!r}: Quantization not supported for scheme "
-                        f"{self.scheme!r}"
-                    )
+                try:
+                    self.scheme = scheme_from_burn(arg)
+                except SchemeError as e:
+                    raise SchemeError(f"tensor {self.name!r}: {e}") from None
                 # A quantized value takes at least 2 bits: a shape that many values cannot fit
                 # the data is refused before the layout is worked out for it.
                 if numel > 4 * self.nbytes + 4:
@@ -578,7 +586,7 @@ def load_burnpack(path: Any) -> dict[str, Tensor]:
 
     A file that is not a well-formed burn-pack file, or whose tensors do not match their
     dtype and shape, raises :class:`LayoutError` naming the file and the defect; a Lookup-mode
-    tensor raises :class:`UnsupportedSchemeError`.
+    tensor raises :class:`SchemeError` naming it (the file has no codebook to read it with).
     """
     with open(path, "rb") as f:
         descriptors, _, data_start = _parse(f, path)

@@ -41,7 +41,8 @@ class UnexpectedGlobalScaleError(ScaleError):
 
 
 class UnsupportedSchemeError(QuantError, NotImplementedError):
-    """A valid scheme with no implementation (only Lookup mode, until a codebook exists)."""
+    """A valid scheme with no implementation. Nothing raises it any more (Lookup mode works);
+    it stays so that code catching it keeps importing."""
 
 
 class LayoutError(QuantError):

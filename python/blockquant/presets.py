@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Union
 
+from . import codebooks
 from .errors import SchemeError
 from .scheme import QuantScheme, QuantStore, QuantValue, ScaleDtype
 
@@ -18,6 +19,7 @@ __all__ = [
     "int8_block32",
     "int4_block32",
     "int4_block16",
+    "nf4_block16",
     "mxfp8",
     "mxfp4",
     "nvfp4",
@@ -61,6 +63,14 @@ def int4_block16() -> QuantScheme:
     )
 
 
+def nf4_block16() -> QuantScheme:
+    """int4_block16 with NF4's codebook (Lookup mode): QLoRA's 16 NormalFloat values, one UE4M3
+    scale per 16 under an f32 per-tensor scale, searched (``"mse"``) and rounded to nearest;
+    4.5 bits per value. The codebook is not in the bytes, so burn's Burnpack cannot hold it:
+    write safetensors."""
+    return int4_block16().with_codebook(codebooks.NF4)
+
+
 def mxfp8() -> QuantScheme:
     """OCP MX FP8: E4M3 values, one UE8M0 (power of two) scale per 32, by the OCP MX rule."""
     return (
@@ -99,6 +109,7 @@ PRESETS: Dict[str, Callable[[], QuantScheme]] = {
     "int8_block32": int8_block32,
     "int4_block32": int4_block32,
     "int4_block16": int4_block16,
+    "nf4_block16": nf4_block16,
     "mxfp8": mxfp8,
     "mxfp4": mxfp4,
     "nvfp4": nvfp4,

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import _reference_lookup as _lookup
 from .errors import (
     LayoutError,
     MissingGlobalScaleError,
@@ -32,7 +33,6 @@ from .errors import (
     ScaleError,
     SchemeError,
     UnexpectedGlobalScaleError,
-    UnsupportedSchemeError,
 )
 from .options import importance_weights
 from .presets import resolve
@@ -441,10 +441,11 @@ def _swap_packed_axis(a: np.ndarray, ax: int) -> np.ndarray:
 
 
 def storage_dtype(scheme: QuantScheme) -> np.dtype:
-    """int8 (Native int values), uint8 (Native float values, PackedNative), uint32 (PackedU32)."""
+    """int8 (Native int values), uint8 (Native float values or codebook indices, PackedNative),
+    uint32 (PackedU32)."""
     if scheme.store.kind == "packed_u32":
         return np.dtype(np.uint32)
-    if scheme.store.kind == "packed_native" or scheme.value.is_float:
+    if scheme.store.kind == "packed_native" or scheme.value.is_float or scheme.codebook:
         return np.dtype(np.uint8)
     return np.dtype(np.int8)
 
@@ -500,6 +501,19 @@ def _half_range(value: QuantValue) -> np.float32:
     return np.float32((value.qmax - value.qmin) / 2)
 
 
+def _scheme_half_range(scheme: QuantScheme) -> np.float32:
+    """The divisor of alpha: the value's half range, or a codebook's largest magnitude."""
+    if scheme.codebook is not None:
+        return _lookup.half_range(scheme.codebook)
+    return _half_range(scheme.value)
+
+
+def _scheme_mx_emax(scheme: QuantScheme) -> int:
+    if scheme.codebook is not None:
+        return _lookup.mx_emax(scheme.codebook)
+    return _mx_emax(scheme.value)
+
+
 def _ulp(v: np.ndarray) -> np.ndarray:
     """Spacing of float32 values at |v| > 0, as float64: 2**(E-150) normal, 2**-149 subnormal."""
     _, e_field, _ = _f32_fields(v)
@@ -541,7 +555,7 @@ def _raw_scales(x1: np.ndarray, scheme: QuantScheme, calibration: str) -> np.nda
     (One f32 division: equal to SPEC's (a + a) / (qmax - qmin) and never overflowing.)"""
     rows, counts = _block_rows(x1, scheme)
     alpha = _amplitudes(rows, counts, calibration)
-    s_raw = alpha / _half_range(scheme.value)
+    s_raw = alpha / _scheme_half_range(scheme)
     return s_raw.reshape(scale_grid_shape(x1.shape, scheme))
 
 
@@ -583,8 +597,17 @@ def _check_option(name: str, value, allowed) -> None:
 def _check_scheme(scheme) -> None:
     if not isinstance(scheme, QuantScheme):
         raise TypeError(f"scheme is a QuantScheme, got {scheme!r}")
-    if scheme.mode is not QuantMode.Symmetric:
-        raise UnsupportedSchemeError(f"Quantization not supported for scheme {scheme!r}")
+    # A Lookup scheme always has its codebook: building one without raises SchemeError.
+    assert (scheme.mode is QuantMode.Lookup) == (scheme.codebook is not None)
+
+
+def _check_lookup_rounding(scheme: QuantScheme, rounding: str) -> None:
+    """A codebook has its own tie rule: half-even asked of it is refused, not ignored."""
+    if scheme.codebook is not None and rounding == "half_even":
+        raise SchemeError(
+            "rounding='half_even' does not apply to a Lookup scheme (a tie goes to the entry of "
+            f"larger magnitude), got {scheme!r}"
+        )
 
 
 def _check_fit(shape: tuple[int, ...], scheme: QuantScheme) -> None:
@@ -671,7 +694,7 @@ def _compute_scales(x1, scheme, calibration, scale_rounding, given_g=None, round
     if scale_rounding == "mx":  # the OCP MX scale, from alpha itself (UE8M0: one level)
         rows, counts = _block_rows(x1, scheme)
         alpha = _amplitudes(rows, counts, calibration)
-        codes = _mx_codes(alpha, _mx_emax(scheme.value)).reshape(scale_grid_shape(x1.shape, scheme))
+        codes = _mx_codes(alpha, _scheme_mx_emax(scheme)).reshape(scale_grid_shape(x1.shape, scheme))
         return _ue8m0_decode(codes).reshape(codes.shape), None
     s_raw = _raw_scales(x1, scheme, calibration)
     if not scheme.is_two_level:
@@ -744,6 +767,8 @@ def _decoded_values(values: np.ndarray, scheme: QuantScheme, shape1) -> np.ndarr
     packing = _packing(scheme, len(shape1))
     if packing is None:
         fields = values.astype(np.int64)
+        if scheme.codebook is not None:
+            return _lookup.decode(fields, scheme.codebook)
         if not scheme.value.is_float:
             # Native ints are read as the int8 they are, even outside [qmin, qmax] (bytes may
             # hold anything: SPEC §9's example stores -128 under Q8S).
@@ -752,6 +777,8 @@ def _decoded_values(values: np.ndarray, scheme: QuantScheme, shape1) -> np.ndarr
         ax, per, _ = packing
         fields = _swap_packed_axis(_unpack(values, -1 % values.ndim, per, bits, shape1[ax]), ax)
     mask = (1 << bits) - 1
+    if scheme.codebook is not None:  # every index is an entry
+        return _lookup.decode(fields, scheme.codebook)
     if scheme.value.is_float:  # only the low ``bits`` bits are the code (E2M1: low nibble)
         return _decode_minifloat(fields & mask, FLOAT_VALUE_FORMATS[scheme.value])
     sign = 1 << (bits - 1)
@@ -784,6 +811,7 @@ def quantize(
     original, x32 = _input_as_f32(x)
     _check_scheme(scheme)
     _check_mx(scheme.scale_dtype, scale_rounding)
+    _check_lookup_rounding(scheme, rounding)
     shape = tuple(original.shape)
     shape1 = _rank1(shape)
     _check_fit(shape, scheme)
@@ -811,12 +839,15 @@ def quantize(
             x1, scheme, calibration, scale_rounding, given_g, rounding, w1
         )
 
-    # Values against the stored (effective) scale: x / e as an f32 division; e = 0 gives code 0.
+    # Values against the stored (effective) scale: x / e as an f32 division; e = 0 gives code 0
+    # (a codebook: x_s = +0, the field of the entry nearest to 0).
     e = _scales_per_element(_effective_scales(stored, g), shape1, scheme)
     x_s = np.zeros(shape1, dtype=np.float32)
     with np.errstate(over="ignore"):  # x / tiny e can overflow to inf: it clamps or saturates
         np.divide(x1, e, out=x_s, where=e != 0)
-    if scheme.value.is_float:
+    if scheme.codebook is not None:
+        codes = _lookup.nearest_index(x_s, scheme.codebook)
+    elif scheme.value.is_float:
         codes = _encode_minifloat(x_s, FLOAT_VALUE_FORMATS[scheme.value]).astype(np.uint8)
     else:
         codes = _int_codes(x_s, scheme.value, rounding)
@@ -933,7 +964,9 @@ def _check_codes(values: np.ndarray, scheme: QuantScheme, shape1) -> None:
     """Every stored field holds a valid code, and padding fields are zero (SPEC §9)."""
     packing = _packing(scheme, len(shape1))
     if packing is None:
-        if scheme.value.is_float:
+        if scheme.codebook is not None:  # an index, its bits above the width zero
+            ok = values.astype(np.int64) >> scheme.value.bits == 0
+        elif scheme.value.is_float:
             ok = _code_is_valid(values.astype(np.int64), scheme.value)
         else:  # Native ints are the sign-extended int8 value itself
             v = values.astype(np.int64)
@@ -951,7 +984,7 @@ def _check_codes(values: np.ndarray, scheme: QuantScheme, shape1) -> None:
     along = _unpack(values, last, per, scheme.value.bits, values.shape[last] * per)
     used, padding = along[..., :n], along[..., n:]
     bad_code = ~_code_is_valid(used, scheme.value)
-    if bad_code.any():
+    if scheme.codebook is None and bad_code.any():
         raise LayoutError(f"a stored field is not a code of {scheme.value}")
     word_bits = values.dtype.itemsize * 8
     above = per * scheme.value.bits  # bits above the last field (sub-byte ints one a byte)

@@ -12,11 +12,11 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Optional, Tuple
+from typing import Any, Iterable, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _native
+from . import _native, codebooks
 from .errors import LayoutError, SchemeError
 from .options import QuantOptions
 
@@ -125,7 +125,8 @@ _SCALE_INFO = {
 
 
 class QuantMode(enum.Enum):
-    """How values map back to numbers. Lookup is reserved (SPEC §10): it raises at quantize time."""
+    """How values map back to numbers: Symmetric (a stored integer times the scale) or Lookup (a
+    stored index into the scheme's codebook, that entry times the scale)."""
 
     Symmetric = "Symmetric"
     Lookup = "Lookup"
@@ -243,6 +244,10 @@ class QuantScheme:
     #: The options the scheme is meant to be used with (a preset's; SPEC §12). Not part of the
     #: scheme's identity: two schemes that store the same way are equal whatever their options.
     options: QuantOptions = field(default=QuantOptions(), compare=False, repr=False)
+    #: Lookup mode's codebook: 2^bits distinct finite float32 values (as Python floats), entry k
+    #: being what a stored k decodes to; None for Symmetric. Part of the scheme's identity, but
+    #: not of its bytes: like burn's lookup table it travels beside them, with the scheme.
+    codebook: Optional[Tuple[float, ...]] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.value, QuantValue):
@@ -257,6 +262,8 @@ class QuantScheme:
             raise TypeError(f"a block level is a BlockScale, got {self.block!r}")
         if not isinstance(self.options, QuantOptions):
             raise TypeError(f"options is a QuantOptions, got {self.options!r}")
+        if self.codebook is not None:
+            object.__setattr__(self, "codebook", _codebook_values(self.codebook))
         # Built and validated once; every core call takes this object as it is.
         core = _native.Scheme(
             value=self.value.value,
@@ -266,13 +273,14 @@ class QuantScheme:
             tensor=None if self.tensor is None else self.tensor.value,
             block_size=None if self.block is None else list(self.block.size),
             block_dtype=None if self.block is None else self.block.dtype.value,
+            codebook=None if self.codebook is None else list(self.codebook),
         )
         object.__setattr__(self, "_handle", core)
 
     def __reduce__(self) -> Any:
         # The core twin does not pickle; rebuilding it from the fields does.
         return (QuantScheme, (self.value, self.store, self.mode, self.tensor, self.block,
-                              self.options))
+                              self.options, self.codebook))
 
     # -- builder ---------------------------------------------------------------------------
     def with_value(self, value: QuantValue) -> "QuantScheme":
@@ -282,7 +290,18 @@ class QuantScheme:
         return replace(self, store=store)
 
     def with_mode(self, mode: QuantMode) -> "QuantScheme":
+        """Symmetric drops the codebook; Lookup keeps the one there (without one it is a
+        :class:`SchemeError`: use :meth:`with_codebook`)."""
+        if mode is QuantMode.Symmetric:
+            return replace(self, mode=mode, codebook=None)
         return replace(self, mode=mode)
+
+    def with_codebook(self, values: Sequence[float]) -> "QuantScheme":
+        """Lookup mode with this codebook: 2^bits distinct finite values for the value's width
+        (16 for Q4F/Q4S, 4 for Q2F/Q2S), in any order (entry k is what a stored k decodes to).
+        Values are rounded to float32 (nearest even) and kept so; a rounding that makes two
+        entries equal, or overflows, is a :class:`SchemeError`. Named ones: ``bq.codebooks``."""
+        return replace(self, mode=QuantMode.Lookup, codebook=_codebook_values(values))
 
     def per_tensor(self, dtype: ScaleDtype) -> "QuantScheme":
         return replace(self, tensor=dtype)
@@ -352,7 +371,7 @@ class QuantScheme:
     def parse(cls, text: str) -> QuantScheme:
         """The scheme a spelled-out text names, the form ``str(scheme)`` prints::
 
-            VALUE/STORE/LEVELS[/lookup]
+            VALUE/STORE/LEVELS[/lookup:CODEBOOK]
 
             VALUE   q8f q8s q4f q4s q2f q2s e4m3 e5m2 e2m1
             STORE   native | packed_u32_DIM | packed_nativeDIM   (DIM from the last axis)
@@ -361,6 +380,8 @@ class QuantScheme:
                     blockAxB..:DTYPE          one scale per block (1 to 5 dims, no leading 1)
                     blockAxB..:DTYPE+tensor:f32   two-level (block dtype f16 or ue4m3)
             DTYPE   f32 f16 bf16 ue8m0 ue4m3
+            CODEBOOK  nf4 | iq4nl | [V,V,...]  (each V the shortest text of its float32,
+                      as ``str(numpy.float32(v))`` writes it; a named one by its name)
 
         e.g. ``q4s/packed_native0/block32:f16``, ``e4m3/native/block32x32:ue8m0``,
         ``e2m1/packed_native0/block16:ue4m3+tensor:f32`` (NVFP4). Only that canonical spelling
@@ -380,21 +401,19 @@ class QuantScheme:
             )
         if len(parts) not in (3, 4):
             raise SchemeError(
-                f"a scheme is VALUE/STORE/LEVELS[/lookup], got {len(parts)} parts in {text!r}"
+                f"a scheme is VALUE/STORE/LEVELS[/lookup:CODEBOOK], got {len(parts)} parts "
+                f"in {text!r}"
             )
         value = _parse_value(parts[0], text)
         store = _parse_store(parts[1], text)
         tensor, block = _parse_levels(parts[2], text)
         mode = QuantMode.Symmetric
+        codebook = None
         if len(parts) == 4:
-            if parts[3] != "lookup":
-                raise SchemeError(
-                    f"unknown mode {parts[3]!r} in {text!r}: the only mode written is 'lookup' "
-                    "(symmetric is the default and is not written)"
-                )
+            codebook = _parse_lookup(parts[3], text)
             mode = QuantMode.Lookup
         try:
-            return cls(value, store, mode, tensor, block)
+            return cls(value, store, mode, tensor, block, codebook=codebook)
         except SchemeError as e:
             raise SchemeError(f"{e} (in {text!r})") from None
 
@@ -408,12 +427,16 @@ class QuantScheme:
             if self.tensor is not None:
                 levels += f"+tensor:{_DTYPE_TEXT[self.tensor]}"
         text = f"{_VALUE_TEXT[self.value]}/{_store_text(self.store)}/{levels}"
-        return text + "/lookup" if self.mode is QuantMode.Lookup else text
+        if self.codebook is None:
+            return text
+        return f"{text}/lookup:{_codebook_text(self.codebook)}"
 
     def __repr__(self) -> str:
         parts = [f"value={self.value}", f"store={self.store}"]
         if self.mode is not QuantMode.Symmetric:
             parts.append(f"mode={self.mode}")
+        if self.codebook is not None:
+            parts.append(f"codebook={_codebook_text(self.codebook)}")
         if self.block is not None:
             parts.append(f"block={self.block!r}")
         if self.tensor is not None:
@@ -548,3 +571,65 @@ def _parse_levels(part: str, text: str) -> tuple[ScaleDtype | None, BlockScale |
             )
         return _parse_dtype(tensor_part[len("tensor:"):], text), block
     raise SchemeError(f"unknown levels {part!r} in {text!r}: expected {_LEVELS_HINT}")
+
+
+# -- codebooks (Lookup mode) ---------------------------------------------------------------------
+def _codebook_values(values: Any) -> Tuple[float, ...]:
+    """A codebook as the scheme keeps it: a tuple of float32 values as Python floats. Only
+    types are checked here; the rules (count, finite, distinct) are the core's."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+        raise TypeError(f"a codebook is a sequence of numbers, got {type(values).__name__}")
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError):
+        raise TypeError("a codebook is a sequence of numbers") from None
+    if arr.ndim != 1 or arr.dtype.kind not in "iuf":
+        raise TypeError(f"a codebook is a 1-d sequence of real numbers, got {values!r}")
+    with np.errstate(over="ignore"):  # an overflow becomes inf, which the core names
+        f32 = arr.astype(np.float32)
+    return tuple(float(v) for v in f32)
+
+
+def _codebook_text(codebook: Tuple[float, ...]) -> str:
+    name = codebooks.name_of(codebook)
+    if name is not None:
+        return name
+    return "[" + ",".join(str(np.float32(v)) for v in codebook) + "]"
+
+
+def _parse_lookup(part: str, text: str) -> Tuple[float, ...]:
+    names = _one_of(codebooks.NAMED)
+    if part == "lookup":
+        raise SchemeError(
+            f"Lookup mode needs a codebook in {text!r}: write lookup:NAME ({names}) or "
+            "lookup:[V,V,...]"
+        )
+    if not part.startswith("lookup:"):
+        raise SchemeError(
+            f"unknown mode {part!r} in {text!r}: the only mode written is 'lookup:CODEBOOK' "
+            "(symmetric is the default and is not written)"
+        )
+    body = part[len("lookup:"):]
+    if body in codebooks.NAMED:
+        return tuple(float(v) for v in codebooks.NAMED[body])
+    if not (body.startswith("[") and body.endswith("]")):
+        raise SchemeError(
+            f"unknown codebook {body!r} in {text!r}: expected {names} or [V,V,...]"
+        )
+    values = []
+    for tok in body[1:-1].split(","):
+        try:
+            with np.errstate(over="ignore"):
+                v = np.float32(float(tok))
+        except ValueError:
+            raise SchemeError(f"bad codebook entry {tok!r} in {text!r}: not a number") from None
+        if str(v) != tok:
+            raise SchemeError(
+                f"codebook entry {tok!r} in {text!r} is not in canonical form: write {str(v)!r} "
+                "(the shortest text of its float32)"
+            )
+        values.append(float(v))
+    name = codebooks.name_of(tuple(values))
+    if name is not None:
+        raise SchemeError(f"the codebook in {text!r} is the named one {name!r}: write lookup:{name}")
+    return tuple(values)

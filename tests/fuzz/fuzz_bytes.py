@@ -95,7 +95,11 @@ def _scheme(r: Reader) -> QuantScheme:
     if level in (2, 3):
         s = s.per_block([1 + r.byte() % 20 for _ in range(1 + r.byte() % 6)], r.pick(DTYPES))
     if r.byte() == 255:
-        s = s.with_mode(QuantMode.Lookup)
+        if r.byte() % 4 == 0:
+            s = s.with_mode(QuantMode.Lookup)  # without a codebook: SchemeError
+        else:  # a codebook of 4 or 16 entries (the wrong width, a repeat: SchemeError)
+            n = 16 if r.byte() % 2 else 4
+            s = s.with_codebook([(r.byte() - 128) / 8 for _ in range(n)])
     return s
 
 
@@ -225,6 +229,7 @@ def _raw_spec(r: Reader) -> dict:
         tensor=r.pick([None, *dnames]),
         block_size=block,
         block_dtype=r.pick([None, *dnames]) if block is not None else None,
+        codebook=r.pick([None, None, [(r.byte() - 128) / 4 for _ in range(r.pick([4, 16, 3]))]]),
     )
 
 

@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..burnpack import BurnpackFile, Planned, save_burnpack
-from ..errors import LayoutError, QuantError, UnsupportedSchemeError
+from ..errors import LayoutError, QuantError, SchemeError
 from ..qtensor import QTensor
 from ..scheme import QuantScheme
 from .base import Checkpoint, CheckpointError, TensorInfo, os_reason
@@ -44,7 +44,7 @@ class BurnpackCheckpoint(Checkpoint):
         super().__init__(path)
         try:
             self._file = BurnpackFile(path)
-        except (LayoutError, UnsupportedSchemeError) as e:
+        except (LayoutError, SchemeError) as e:
             raise CheckpointError(path, None, _strip_path(str(e), path)) from None
         except OSError as e:
             raise CheckpointError(path, None, os_reason(e)) from None

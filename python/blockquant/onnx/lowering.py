@@ -16,6 +16,10 @@ E2M1 (FP4) has a ``DequantizeLinear`` from opset 23, but onnxruntime 1.32's CPU 
 kernel for it (nor a Cast from it): by default its codes are stored as INT4 bit patterns (the
 same 4 bits) and decoded by a 16-entry ``Gather`` table, then multiplied by the scales
 (``fp4="dq"`` writes the standard opset-23 node instead).
+
+A Lookup scheme (a codebook) has no ONNX type: its indices are stored the same way, as INT4
+(0..15, read as a 4-bit two's complement; a negative index counts from the table's end, so
+index k still lands on entry k), and decoded by a ``Gather`` from the codebook.
 """
 
 from __future__ import annotations
@@ -90,8 +94,6 @@ def _nbytes(a: np.ndarray) -> int:
 
 def check_scheme(scheme: QuantScheme) -> None:
     """Raise SchemeError when no ONNX form holds ``scheme``."""
-    if scheme.mode is not QuantMode.Symmetric:
-        raise SchemeError(f"{scheme}: ONNX has no lookup-table quantization")
     bs = scheme.block_size
     if bs is not None and len(bs) > 1:
         raise SchemeError(f"{scheme}: ONNX's DequantizeLinear blocks along one axis; "
@@ -125,7 +127,7 @@ def qdq_opset(scheme: QuantScheme, shape: tuple[int, ...], kaxis: int, fp4: str)
     k = shape[kaxis] if shape else 1
     if bs is not None and not (bs[0] >= k and len(shape) == 2):
         op = max(op, BLOCKED_OPSET)
-    if scheme.value is QuantValue.E2M1 and fp4 == "lookup":
+    if _gathered(scheme, fp4):
         op = FP4_LOOKUP_OPSET
     if scheme.scale_dtype is ScaleDtype.UE4M3:
         op = max(op, 19)  # Cast from FLOAT8E4M3FN
@@ -180,7 +182,7 @@ def _codes(qt: QTensor, kaxis: int, moved: bool, onnx_type: str) -> np.ndarray:
         return v.astype(np.int8)
     if onnx_type in ("INT4", "INT2"):
         return v.astype(ml.int4 if onnx_type == "INT4" else ml.int2)
-    if onnx_type == "FP4_AS_INT4":  # the E2M1 bit pattern read as a 4-bit two's complement
+    if onnx_type == "FP4_AS_INT4":  # the E2M1 bits (or an index) as a 4-bit two's complement
         signed = v.astype(np.int16)
         return np.where(signed >= 8, signed - 16, signed).astype(ml.int4)
     target = {"FLOAT8E4M3FN": ml.float8_e4m3fn, "FLOAT8E5M2": ml.float8_e5m2,
@@ -228,7 +230,7 @@ def lower_qdq(name: str, w: np.ndarray, kaxis: int, scheme: QuantScheme,
         layout = f"blocked (axis {kaxis}, block {bs[0]})"
         op = max(op, BLOCKED_OPSET)
     out.opset = op
-    lookup = scheme.value is QuantValue.E2M1 and fp4 == "lookup"
+    lookup = _gathered(scheme, fp4)
     if lookup:
         out.opset = FP4_LOOKUP_OPSET
     sname = _scale_decode(name, qt, grid, out, new_name)
@@ -236,10 +238,17 @@ def lower_qdq(name: str, w: np.ndarray, kaxis: int, scheme: QuantScheme,
     cname = new_name(f"{name}_quantized")
     if lookup:
         out.initializers[cname] = _codes(qt, kaxis, moved, "FP4_AS_INT4")
-        _fp4_lookup(name, cname, sname, attrs, w.shape, f32, out, new_name)
-        onnx_type = "FLOAT4E2M1 bits as INT4"
-        out.notes.append("E2M1 codes stored as INT4 bit patterns and decoded by a Gather table "
-                         "(onnxruntime 1.32 has no FLOAT4E2M1 kernel)")
+        if scheme.codebook is not None:
+            table = np.array(scheme.codebook, dtype=np.float32)
+            onnx_type = "codebook indices as INT4"
+            out.notes.append("Lookup: indices stored as INT4 and decoded by a Gather from the "
+                             "codebook (ONNX has no codebook type)")
+        else:
+            table = _FP4_TABLE
+            onnx_type = "FLOAT4E2M1 bits as INT4"
+            out.notes.append("E2M1 codes stored as INT4 bit patterns and decoded by a Gather "
+                             "table (onnxruntime 1.32 has no FLOAT4E2M1 kernel)")
+        _fp4_lookup(name, cname, sname, attrs, w.shape, f32, out, new_name, table)
     else:
         out.initializers[cname] = _codes(qt, kaxis, moved, onnx_type)
         out.nodes.append(helper.make_node("DequantizeLinear", [cname, sname], [f32], **attrs))
@@ -251,15 +260,21 @@ def lower_qdq(name: str, w: np.ndarray, kaxis: int, scheme: QuantScheme,
     return out
 
 
+def _gathered(scheme: QuantScheme, fp4: str) -> bool:
+    """Whether the codes are decoded by a Gather table: a codebook, or E2M1 in "lookup" form."""
+    return scheme.codebook is not None or (scheme.value is QuantValue.E2M1 and fp4 == "lookup")
+
+
 def _fp4_lookup(name: str, cname: str, sname: str, attrs: dict[str, Any],
                 shape: tuple[int, ...], result: str, out: Lowered,
-                new_name: Callable[[str], str]) -> None:
-    """Nodes decoding INT4-held E2M1 codes: Cast to int32, Gather from the value table, and a
-    Mul by the scales (blocked: first gathered to one scale per element along the axis)."""
+                new_name: Callable[[str], str], table_values: np.ndarray) -> None:
+    """Nodes decoding INT4-held codes (E2M1 bits or codebook indices): Cast to int32, Gather
+    from the value table, and a Mul by the scales (blocked: first gathered to one scale per
+    element along the axis)."""
     from onnx import TensorProto, helper
 
     idx, table, vals = (new_name(f"{name}_{s}") for s in ("fp4_index", "fp4_table", "fp4_values"))
-    out.initializers[table] = _FP4_TABLE.copy()
+    out.initializers[table] = np.array(table_values, dtype=np.float32)
     out.nodes.append(helper.make_node("Cast", [cname], [idx], to=TensorProto.INT32))
     out.nodes.append(helper.make_node("Gather", [table, idx], [vals], axis=0))
     scale = sname
@@ -285,6 +300,9 @@ def check_matmulnbits(scheme: QuantScheme) -> None:
     """Raise SchemeError unless MatMulNBits holds ``scheme``: 4-bit ints, blocks of 16 to 256
     (a power of two) along K."""
     check_scheme(scheme)
+    if scheme.mode is QuantMode.Lookup:
+        raise SchemeError(f"{scheme}: MatMulNBits has no codebook; a Lookup scheme is written "
+                          "as QDQ (--onnx-op qdq)")
     if scheme.value not in NBITS:
         raise SchemeError(f"{scheme}: MatMulNBits (--onnx-op matmulnbits) takes 4-bit integer "
                           f"values (q4f, q4s), got {scheme.value.name}")

@@ -22,6 +22,13 @@ pub enum Rounding {
 pub trait Encode: Copy + Send + Sync {
     fn encode(&self, xs: f32) -> u8;
 
+    /// The code of every value of a block whose scale is 0 (SPEC §4's zero rule): 0, except for
+    /// a codebook, whose field for +0 is the index of the entry nearest to 0.
+    #[inline(always)]
+    fn zero_code(&self) -> u8 {
+        0
+    }
+
     /// [`Encode::encode`] of eight quotients at once, each code in the low byte of its i32
     /// lane (the other bits 0). Must equal `encode` on every f32, NaN included (tested on all
     /// 2^32 of them: `simd::tests`).

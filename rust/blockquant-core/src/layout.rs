@@ -77,7 +77,6 @@ impl Layout {
     /// Check `scheme` against `shape` and work out the geometry.
     pub fn new(scheme: &QuantScheme, shape: &[usize]) -> Result<Self> {
         scheme.validate()?;
-        scheme.check_supported()?;
         let dims: Vec<usize> = if shape.is_empty() {
             vec![1]
         } else {

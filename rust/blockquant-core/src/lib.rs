@@ -5,7 +5,7 @@
 //! - [`layout`]: that scheme on a concrete shape: block grid, storage packing;
 //! - [`calibrate`]: the amplitude of each block; [`search`]: searched (mse) scales;
 //!   [`scale`]: rounding scales to their dtype;
-//! - [`codec`] and [`minifloat`]: one value to its code and back;
+//! - [`codec`] and [`minifloat`]: one value to its code and back; [`lookup`]: codebooks;
 //! - [`quantize`] and [`pack`]: the kernels; [`bytes`]: burn's byte layout;
 //! - [`pool`]: the bounded thread pool every kernel runs in;
 //! - [`ggml`]: llama.cpp's block types (GGUF tensors), apart from the scheme model.
@@ -19,6 +19,7 @@ mod fused_avx2;
 pub mod ggml;
 pub mod input;
 pub mod layout;
+pub mod lookup;
 pub mod minifloat;
 pub mod options;
 pub mod pack;
@@ -28,6 +29,8 @@ pub mod scale;
 pub mod scheme;
 pub mod search;
 mod search_avx2;
+mod search_cands;
+mod search_values;
 mod simd;
 
 pub use calibrate::Calibration;
@@ -35,6 +38,7 @@ pub use codec::Rounding;
 pub use error::{QuantError, Result};
 pub use input::Input;
 pub use layout::Layout;
+pub use lookup::Codebook;
 pub use options::OptionName;
 pub use pack::{BF16Bits, F16Bits, Storage, StorageMut};
 pub use quantize::{ExplicitScales, Output, QuantizeOptions, Scales};

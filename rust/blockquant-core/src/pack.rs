@@ -274,9 +274,10 @@ fn unpack_fields_n<W: Word, const PER: usize>(line: &[W], first: usize, codes: &
 pub(crate) fn encode_run<C: Encode>(codec: C, xs: &[f32], e: f32, out: &mut [u8]) -> bool {
     let mut bad = 0u32;
     if e == 0.0 {
-        // Zero rule: nothing to divide by, every code is 0.
+        // Zero rule: nothing to divide by, every code is the code of 0.
+        let zero = codec.zero_code();
         for (o, &x) in out.iter_mut().zip(xs) {
-            *o = 0;
+            *o = zero;
             bad |= non_finite(x);
         }
     } else {
@@ -841,7 +842,11 @@ pub fn check_storage(layout: &Layout, storage: Storage<'_>) -> Result<()> {
     let value = layout.scheme.value;
     let mut valid = [false; 256];
     for (f, v) in valid.iter_mut().enumerate().take(1 << p.field_bits.min(8)) {
-        *v = field_is_valid(value, p, f as u32);
+        *v = match layout.scheme.codebook {
+            // Every index is an entry; a Native byte's bits above the index width are not.
+            Some(_) => f >> value.bits() == 0,
+            None => field_is_valid(value, p, f as u32),
+        };
     }
     let check = |index: usize, word: u32| -> Result<()> {
         // Which fields of this word hold values (the last word of a line may be partly padding).

@@ -8,11 +8,12 @@ use rayon::prelude::*;
 use crate::calibrate::{amplitudes, run_amplitude, Calibration, MIN_TASK_ELEMS};
 use crate::codec::{
     float_table, minifloat, E2M1Code, E2M1Decode, Encode, FloatCode, Fp8Decode, IntDecode,
-    IntHalfAway, IntHalfEven, Rounding,
+    IntHalfAway, IntHalfEven, Rounding, TableDecode,
 };
 use crate::error::{QuantError, Result};
 use crate::input::{Input, Window};
 use crate::layout::Layout;
+use crate::lookup::{decode_table, LookupCode};
 use crate::pack::{
     encode_run, pack_last_axis, BF16Bits, F16Bits, OutElem, Segments, Storage, StorageMut, Word,
 };
@@ -20,13 +21,18 @@ use crate::pool;
 use crate::scale::{check_scales, mx_scale_code, ScaleRounding};
 use crate::scheme::{QuantValue, ScaleDtype};
 
-/// Evaluates `$body` with `$codec` bound to the encoder of `$value` under `$rounding`: each
-/// (value, rounding) pair gets its own monomorphized kernel.
+/// Evaluates `$body` with `$codec` bound to the encoder of `$scheme`'s value (or codebook) under
+/// `$rounding`: each (value, rounding) pair gets its own monomorphized kernel.
 macro_rules! with_codec {
-    ($value:expr, $rounding:expr, |$codec:ident| $body:expr) => {{
-        let value: QuantValue = $value;
+    ($scheme:expr, $rounding:expr, |$codec:ident| $body:expr) => {{
+        let scheme: &crate::scheme::QuantScheme = $scheme;
+        let value: QuantValue = scheme.value;
         let (qmin, qmax) = value.range();
         match (minifloat(value), $rounding) {
+            _ if scheme.codebook.is_some() => {
+                let $codec = LookupCode::new(scheme.codebook.as_ref().expect("checked"));
+                $body
+            }
             (Some(_), _) if value == QuantValue::E2M1 => {
                 let $codec = E2M1Code;
                 $body
@@ -224,8 +230,8 @@ pub fn compute_scales(
         return Ok(crate::search::mse_scales(x, None, layout, opts, ex.global));
     }
 
-    let half_range = scheme.value.half_range();
-    let emax = scheme.value.mx_emax();
+    let half_range = scheme.half_range();
+    let emax = scheme.mx_emax();
     let alpha = amplitudes(x, layout, opts.calibration);
     // One pass from α to the stored scale: s_raw = α / half_range, then the dtype's rounding,
     // where `to_block` maps s_raw to the block dtype's units (two-level: ÷ g).
@@ -297,12 +303,24 @@ pub fn encode_values(
 ) -> Result<()> {
     assert_eq!(x.len(), layout.num_elements, "input length");
     assert_eq!(effective.len(), layout.num_scales, "scale count");
-    let value = layout.scheme.value;
-    let bad = with_codec!(value, rounding, |codec| {
+    check_rounding(layout, rounding)?;
+    let bad = with_codec!(&layout.scheme, rounding, |codec| {
         crate::pack::encode_into(codec, Window::all(x), layout, effective, out)
     });
     if bad {
         return Err(first_non_finite(x));
+    }
+    Ok(())
+}
+
+/// `rounding` names how integer ties go; a codebook has its own tie rule, so asking it for
+/// half-even is refused rather than silently ignored.
+fn check_rounding(layout: &Layout, rounding: Rounding) -> Result<()> {
+    if layout.scheme.codebook.is_some() && rounding == Rounding::HalfEven {
+        return Err(QuantError::Scheme(format!(
+            "rounding='half_even' does not apply to a Lookup scheme (a tie goes to the entry of larger magnitude), got {}",
+            layout.scheme
+        )));
     }
     Ok(())
 }
@@ -344,6 +362,7 @@ fn quantize_in_pool(
         .scheme
         .scale_dtype()
         .check_rounding(opts.scale_rounding)?;
+    check_rounding(layout, opts.rounding)?;
     let calibrating = explicit.is_none_or(|e| e.scales.is_none() && e.global.is_none());
     // The mse search reads each block many times on its own; the one-pass kernel is minmax's.
     if calibrating && opts.calibration != Calibration::Mse && fusable(layout) {
@@ -525,7 +544,7 @@ fn quantize_fused(
     opts: &QuantizeOptions,
     out: StorageMut<'_>,
 ) -> Result<Scales> {
-    let (stored, bad) = with_codec!(layout.scheme.value, opts.rounding, |codec| {
+    let (stored, bad) = with_codec!(&layout.scheme, opts.rounding, |codec| {
         fused_with(codec, x, layout, opts, out)
     });
     if bad {
@@ -547,8 +566,8 @@ fn fused_with<C: Encode>(
         layout,
         opts,
         dtype: layout.scheme.scale_dtype(),
-        half_range: layout.scheme.value.half_range(),
-        emax: layout.scheme.value.mx_emax(),
+        half_range: layout.scheme.half_range(),
+        emax: layout.scheme.mx_emax(),
     };
     let mask = layout
         .packing
@@ -760,6 +779,11 @@ fn dequantize_into<O: OutElem>(
 ) {
     assert_eq!(out.len(), layout.num_elements, "output length");
     assert_eq!(effective.len(), layout.num_scales, "scale count");
+    if let Some(cb) = &layout.scheme.codebook {
+        let table = decode_table(cb);
+        crate::pack::decode_into(TableDecode(&table), layout, storage, effective, out);
+        return;
+    }
     match minifloat(layout.scheme.value) {
         Some(_) if layout.scheme.value == QuantValue::E2M1 => {
             crate::pack::decode_into(E2M1Decode, layout, storage, effective, out);
@@ -1222,8 +1246,8 @@ mod tests {
                 layout,
                 opts,
                 dtype: layout.scheme.scale_dtype(),
-                half_range: layout.scheme.value.half_range(),
-                emax: layout.scheme.value.mx_emax(),
+                half_range: layout.scheme.half_range(),
+                emax: layout.scheme.mx_emax(),
             };
             for p in pieces(layout) {
                 let xs = &x[p.start..p.start + p.len];
@@ -1271,7 +1295,7 @@ mod tests {
                     if dtype == ScaleDtype::UE8M0 && i % 2 == 0 {
                         opts.scale_rounding = ScaleRounding::Mx;
                     }
-                    with_codec!(value, opts.rounding, |codec| check(
+                    with_codec!(&layout.scheme, opts.rounding, |codec| check(
                         codec, &x, &layout, &opts
                     ));
                 }

@@ -6,6 +6,7 @@
 use std::fmt;
 
 use crate::error::{QuantError, Result};
+use crate::lookup::Codebook;
 
 /// Blocks have at most this many dimensions.
 pub const MAX_BLOCK_DIMS: usize = 5;
@@ -148,7 +149,7 @@ impl ScaleDtype {
 pub enum QuantMode {
     #[default]
     Symmetric,
-    /// Reserved for a codebook; every entry point answers `Unsupported` for it.
+    /// A stored field is an index into the scheme's codebook ([`crate::lookup`]).
     Lookup,
 }
 
@@ -247,6 +248,9 @@ pub struct QuantScheme {
     pub mode: QuantMode,
     pub tensor: Option<ScaleDtype>,
     pub block: Option<BlockScale>,
+    /// Lookup mode's table of 2^bits values (burn passes it beside the scheme; here it rides
+    /// inline, so the scheme stays one `Copy` value). `None` for Symmetric.
+    pub codebook: Option<Codebook>,
 }
 
 impl Default for QuantScheme {
@@ -257,6 +261,7 @@ impl Default for QuantScheme {
             mode: QuantMode::Symmetric,
             tensor: None,
             block: None,
+            codebook: None,
         }
     }
 }
@@ -268,8 +273,41 @@ impl QuantScheme {
     pub fn with_store(self, store: QuantStore) -> Self {
         Self { store, ..self }
     }
+    /// Symmetric drops the codebook; Lookup keeps one already there (`validate` asks for it).
     pub fn with_mode(self, mode: QuantMode) -> Self {
-        Self { mode, ..self }
+        let codebook = match mode {
+            QuantMode::Symmetric => None,
+            QuantMode::Lookup => self.codebook,
+        };
+        Self {
+            mode,
+            codebook,
+            ..self
+        }
+    }
+    /// Lookup mode with this codebook.
+    pub fn with_codebook(self, codebook: Codebook) -> Self {
+        Self {
+            mode: QuantMode::Lookup,
+            codebook: Some(codebook),
+            ..self
+        }
+    }
+
+    /// s_raw = α / half_range: (qmax − qmin) / 2 for a value, max |c_k| for a codebook.
+    pub fn half_range(&self) -> f32 {
+        match self.codebook {
+            Some(cb) => cb.half_range(),
+            None => self.value.half_range(),
+        }
+    }
+
+    /// The exponent of the largest magnitude, for the MX scale rule.
+    pub fn mx_emax(&self) -> i32 {
+        match self.codebook {
+            Some(cb) => cb.mx_emax(),
+            None => self.value.mx_emax(),
+        }
     }
     pub fn per_tensor(self, dtype: ScaleDtype) -> Self {
         Self {
@@ -299,6 +337,28 @@ impl QuantScheme {
 
     /// The scheme-only rules (SPEC §1). Tensor-dependent rules are checked by [`crate::Layout`].
     pub fn validate(&self) -> Result<()> {
+        match (self.mode, self.codebook) {
+            (QuantMode::Symmetric, None) => {}
+            (QuantMode::Symmetric, Some(_)) => {
+                return Err(QuantError::Scheme(
+                    "a codebook comes with Lookup mode only".into(),
+                ))
+            }
+            (QuantMode::Lookup, None) => {
+                return Err(QuantError::Scheme(format!(
+                    "Lookup mode needs a codebook (with_codebook, or .../lookup:nf4 in text), got {self}"
+                )))
+            }
+            (QuantMode::Lookup, Some(cb)) => {
+                if self.value.is_float() {
+                    return Err(QuantError::Scheme(format!(
+                        "a Lookup scheme's value is an integer width (Q4F, Q4S, Q2F, Q2S): a codebook index has no float semantics, got {}",
+                        self.value
+                    )));
+                }
+                cb.check_bits(self.value.bits(), self.value.name())?;
+            }
+        }
         if let (Some(tensor), Some(block)) = (self.tensor, self.block) {
             if tensor != ScaleDtype::F32 {
                 return Err(QuantError::Scheme(format!(
@@ -314,16 +374,6 @@ impl QuantScheme {
             }
         }
         Ok(())
-    }
-
-    /// `Ok` when this scheme has an implementation (everything but Lookup mode).
-    pub fn check_supported(&self) -> Result<()> {
-        match self.mode {
-            QuantMode::Symmetric => Ok(()),
-            QuantMode::Lookup => Err(QuantError::Unsupported {
-                scheme: self.to_string(),
-            }),
-        }
     }
 }
 
@@ -359,8 +409,10 @@ impl fmt::Display for BlockScale {
 impl fmt::Display for QuantScheme {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "QuantScheme(value={}, store={}", self.value, self.store)?;
-        if self.mode == QuantMode::Lookup {
-            f.write_str(", mode=Lookup")?;
+        match (self.mode, self.codebook) {
+            (QuantMode::Lookup, Some(cb)) => write!(f, ", mode=Lookup, codebook={cb}")?,
+            (QuantMode::Lookup, None) => f.write_str(", mode=Lookup")?,
+            _ => {}
         }
         if let Some(b) = &self.block {
             write!(f, ", block={b}")?;

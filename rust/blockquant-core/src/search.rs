@@ -19,423 +19,19 @@
 use rayon::prelude::*;
 
 use crate::calibrate::{amplitudes, Calibration, MIN_TASK_ELEMS};
-use crate::codec::{minifloat, Rounding};
 use crate::error::{QuantError, Result};
 use crate::input::Input;
 use crate::layout::Layout;
 use crate::pack::StorageMut;
-use crate::quantize::{effective_scale, encode_values, ExplicitScales, QuantizeOptions, Scales};
-use crate::scale::{mx_scale_code, ScaleRounding};
-use crate::scheme::{QuantValue, ScaleDtype};
+use crate::quantize::{encode_values, ExplicitScales, QuantizeOptions, Scales};
+use crate::scheme::QuantValue;
+use crate::search_cands::Ctx;
+pub use crate::search_cands::{divisors, MAX_CANDIDATES};
+use crate::search_values::{with_dequant, Dequant};
 use crate::simd::avx2_dispatch;
 
 /// Elements per error chunk (part of the definition: the reference cuts blocks the same way).
 pub const CHUNK: usize = 1 << 16;
-
-/// The most candidates any value type has.
-pub const MAX_CANDIDATES: usize = 11;
-
-/// The divisors c of a value type's candidates, in search order: candidate k is the raw scale
-/// α / (half_range · c_k), so the block's largest |x| lands at c_k times the half range. The
-/// first is 1 (minmax itself, which therefore wins ties); the spacing is finer where the value
-/// grid is finer. All are exact in f32, and so is half_range · c.
-pub fn divisors(value: QuantValue) -> &'static [f32] {
-    match value.bits() {
-        8 => &[1.0, 62.0 / 64.0, 63.0 / 64.0, 65.0 / 64.0, 66.0 / 64.0],
-        4 => &[
-            1.0,
-            27.0 / 32.0,
-            28.0 / 32.0,
-            29.0 / 32.0,
-            30.0 / 32.0,
-            31.0 / 32.0,
-            33.0 / 32.0,
-            34.0 / 32.0,
-            35.0 / 32.0,
-            36.0 / 32.0,
-            37.0 / 32.0,
-        ],
-        // Ternary and 2-bit grids are coarse: the best scale sits well inside the range.
-        _ => &[1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0],
-    }
-}
-
-/// Rounding to F16, BF16 or UE4M3 without the generic code-space path (the search rounds
-/// eleven candidates a block): the f32 bits rounded to the mantissa width (ties to even) in the
-/// normal range, a power of two added and taken away in the subnormal range, saturating at the
-/// largest value; `up` steps to the next value when that fell below. Equal to
-/// [`ScaleDtype::round`] (tested), for finite s ≥ 0.
-#[derive(Debug, Clone, Copy)]
-struct FastRound {
-    shift: u32,
-    min_normal: f32,
-    magic: f32,
-    max: f32,
-    /// The spacing of the subnormal values.
-    sub_quantum: f32,
-}
-
-impl FastRound {
-    fn new(dtype: ScaleDtype) -> Option<Self> {
-        let (mbits, emin) = match dtype {
-            ScaleDtype::F16 => (10, -14),
-            ScaleDtype::BF16 => (7, -126),
-            ScaleDtype::UE4M3 => (3, -6),
-            _ => return None,
-        };
-        Some(Self {
-            shift: 23 - mbits,
-            min_normal: crate::minifloat::exp2i(emin),
-            magic: crate::minifloat::exp2i(emin - mbits as i32 + 23),
-            max: dtype.max_value(),
-            sub_quantum: crate::minifloat::exp2i(emin - mbits as i32),
-        })
-    }
-
-    /// Branch-free (both roundings computed, then chosen), so a loop of them vectorizes.
-    #[inline(always)]
-    fn round(&self, s: f32, up: bool) -> f32 {
-        let b = s.to_bits();
-        let sub = (s + self.magic) - self.magic;
-        let half = (1u32 << (self.shift - 1)) - 1;
-        let normal = f32::from_bits(
-            b.wrapping_add(half + ((b >> self.shift) & 1)) & !((1u32 << self.shift) - 1),
-        );
-        let n = if s < self.min_normal { sub } else { normal };
-        let n = if n < self.max { n } else { self.max };
-        if !up {
-            return n;
-        }
-        let next_sub = n + self.sub_quantum;
-        let next_normal = f32::from_bits(n.to_bits().wrapping_add(1u32 << self.shift));
-        let next = if n < self.min_normal {
-            next_sub
-        } else {
-            next_normal
-        };
-        let next = if next < self.max { next } else { self.max };
-        if n >= s {
-            n
-        } else {
-            next
-        }
-    }
-}
-
-/// What the candidates of a block depend on, besides its amplitude.
-#[derive(Debug, Clone, Copy)]
-struct Ctx {
-    /// half_range · c_k for each divisor (exact), padded with the last.
-    denoms: [f32; MAX_CANDIDATES],
-    n_divisors: usize,
-    fast: Option<FastRound>,
-    dtype: ScaleDtype,
-    mode: ScaleRounding,
-    half_range: f32,
-    emax: i32,
-    /// Two-level: the per-tensor scale g.
-    global: Option<f32>,
-}
-
-impl Ctx {
-    fn new(layout: &Layout, mode: ScaleRounding, global: Option<f32>) -> Self {
-        let value = layout.scheme.value;
-        let divs = divisors(value);
-        let denoms = std::array::from_fn(|k| value.half_range() * divs[k.min(divs.len() - 1)]);
-        Self {
-            denoms,
-            n_divisors: divs.len(),
-            fast: FastRound::new(layout.scheme.scale_dtype()),
-            dtype: layout.scheme.scale_dtype(),
-            mode,
-            half_range: value.half_range(),
-            emax: value.mx_emax(),
-            global,
-        }
-    }
-
-    /// The candidate stored scales of a block of amplitude `alpha`, in search order, with
-    /// repeats dropped (a repeat has the same error, and the first of equals wins anyway).
-    /// UE8M0 (powers of two) takes the scale minmax would store and its two neighbours
-    /// (×½ first, then ×2); every other dtype the divisors' raw scales, each rounded.
-    #[inline(always)]
-    fn candidates(&self, alpha: f32, out: &mut [f32; MAX_CANDIDATES]) -> usize {
-        let mut n = 0;
-        // Candidates 1.. are monotone in k, so a repeat is the one before or the first.
-        let mut push = |s: f32, out: &mut [f32; MAX_CANDIDATES]| {
-            let seen =
-                n > 0 && (out[0].to_bits() == s.to_bits() || out[n - 1].to_bits() == s.to_bits());
-            if !seen {
-                out[n] = s;
-                n += 1;
-            }
-        };
-        if self.dtype == ScaleDtype::UE8M0 {
-            // One-level only (a two-level block dtype is F16 or UE4M3).
-            let base = match self.mode {
-                ScaleRounding::Mx => mx_scale_code(alpha, self.emax),
-                _ => self.dtype.round_code(alpha / self.half_range, self.mode),
-            } as i32;
-            for code in [base, base - 1, base + 1] {
-                if (0..=254).contains(&code) {
-                    push(self.dtype.decode_code(code as u32), out);
-                }
-            }
-            return n;
-        }
-        // Every candidate's arithmetic first (independent, so the divisions overlap), then the
-        // repeats dropped.
-        // Every candidate's arithmetic first, over a fixed-size array (independent, so the
-        // divisions overlap and the loops vectorize), then the repeats dropped.
-        let mut block = [0.0f32; MAX_CANDIDATES];
-        for (b, &d) in block.iter_mut().zip(&self.denoms) {
-            *b = alpha / d;
-        }
-        match self.global {
-            None => {}
-            // As compute_scales: g = 0 leaves nothing to normalize by.
-            Some(0.0) => block = [0.0; MAX_CANDIDATES],
-            Some(g) => block.iter_mut().for_each(|b| *b /= g),
-        }
-        let mut stored = [0.0f32; MAX_CANDIDATES];
-        match self.fast {
-            Some(f) if self.mode == ScaleRounding::Up => {
-                for (st, &b) in stored.iter_mut().zip(&block) {
-                    *st = f.round(b, true);
-                }
-            }
-            Some(f) => {
-                for (st, &b) in stored.iter_mut().zip(&block) {
-                    *st = f.round(b, false);
-                }
-            }
-            None => {
-                for (st, &b) in stored.iter_mut().zip(&block) {
-                    *st = self.dtype.round(b, self.mode);
-                }
-            }
-        }
-        for &st in &stored[..self.n_divisors] {
-            push(st, out);
-        }
-        n
-    }
-
-    /// What values are divided by under stored scale `s`.
-    #[inline]
-    fn effective(&self, s: f32) -> f32 {
-        match self.global {
-            Some(g) => effective_scale(s, g),
-            None => s,
-        }
-    }
-}
-
-/// The value a scaled input quantizes to, as f32: the code, decoded. Written without tables or
-/// branches so the error loop vectorizes; tests hold each equal to decode(encode(u)).
-trait Dequant: Copy + Send + Sync {
-    fn qv(&self, u: f32) -> f32;
-
-    /// For each effective scale `eff[k]` (none 0), Σ w·(u − q(u))² of one chunk into the eight
-    /// lanes `out[k]`; value types with an AVX2 loop override it.
-    #[inline(always)]
-    fn lanes(&self, xs: &[f32], ws: Option<&[f32]>, eff: &[f32], out: &mut [[f32; 8]]) {
-        for (o, &e) in out.iter_mut().zip(eff) {
-            *o = portable_lanes(*self, xs, ws, e);
-        }
-    }
-}
-
-/// Runs the AVX2 loop `$avx2` when the CPU has it, else the portable one.
-macro_rules! lanes_avx2_or_portable {
-    ($self:expr, $xs:expr, $ws:expr, $eff:expr, $out:expr, $avx2:expr) => {{
-        #[cfg(target_arch = "x86_64")]
-        {
-            if crate::simd::has_avx2() {
-                // SAFETY: the CPU supports AVX2, checked just above.
-                return unsafe { $avx2 };
-            }
-        }
-        for (o, &e) in $out.iter_mut().zip($eff) {
-            *o = portable_lanes(*$self, $xs, $ws, e);
-        }
-    }};
-}
-
-/// Integer values, half away from zero: `round` of the clamped value (the codec's integer).
-#[derive(Clone, Copy)]
-struct IntAwayQ {
-    qmin: f32,
-    qmax: f32,
-}
-
-impl Dequant for IntAwayQ {
-    #[inline(always)]
-    fn lanes(&self, xs: &[f32], ws: Option<&[f32]>, eff: &[f32], out: &mut [[f32; 8]]) {
-        let term = |x: f32, e: f32| term(*self, x, e);
-        lanes_avx2_or_portable!(
-            self,
-            xs,
-            ws,
-            eff,
-            out,
-            crate::search_avx2::lanes_int_away(xs, ws, eff, out, (self.qmin, self.qmax), term)
-        )
-    }
-
-    #[inline(always)]
-    fn qv(&self, u: f32) -> f32 {
-        // As the codec: truncate, then step away from zero on a fraction of at least one half
-        // (`f32::round` vectorizes poorly).
-        let v = clamp(u, self.qmin, self.qmax);
-        let t = v.trunc();
-        let f = v - t;
-        let up = if f >= 0.5 { 1.0 } else { 0.0 };
-        let down = if f <= -0.5 { 1.0 } else { 0.0 };
-        t + up - down
-    }
-}
-
-/// Integer values, half to even.
-#[derive(Clone, Copy)]
-struct IntEvenQ {
-    qmin: f32,
-    qmax: f32,
-}
-
-impl Dequant for IntEvenQ {
-    #[inline(always)]
-    fn lanes(&self, xs: &[f32], ws: Option<&[f32]>, eff: &[f32], out: &mut [[f32; 8]]) {
-        let term = |x: f32, e: f32| term(*self, x, e);
-        lanes_avx2_or_portable!(
-            self,
-            xs,
-            ws,
-            eff,
-            out,
-            crate::search_avx2::lanes_int_even(xs, ws, eff, out, (self.qmin, self.qmax), term)
-        )
-    }
-
-    #[inline(always)]
-    fn qv(&self, u: f32) -> f32 {
-        clamp(u, self.qmin, self.qmax).round_ties_even()
-    }
-}
-
-/// As the codec's clamp: plain comparisons, a NaN becomes `lo`.
-#[inline(always)]
-fn clamp(v: f32, lo: f32, hi: f32) -> f32 {
-    let v = if v >= lo { v } else { lo };
-    if v <= hi {
-        v
-    } else {
-        hi
-    }
-}
-
-/// E2M1: the thresholds of [`crate::codec::E2M1Code`], each adding the step to the next magnitude.
-#[derive(Clone, Copy)]
-struct E2M1Q;
-
-impl Dequant for E2M1Q {
-    #[inline(always)]
-    fn lanes(&self, xs: &[f32], ws: Option<&[f32]>, eff: &[f32], out: &mut [[f32; 8]]) {
-        let term = |x: f32, e: f32| term(*self, x, e);
-        lanes_avx2_or_portable!(
-            self,
-            xs,
-            ws,
-            eff,
-            out,
-            crate::search_avx2::lanes_e2m1(xs, ws, eff, out, term)
-        )
-    }
-
-    #[inline(always)]
-    fn qv(&self, u: f32) -> f32 {
-        let a = u.abs();
-        let step = |c: bool, v: f32| if c { v } else { 0.0 };
-        let m = step(a > 0.25, 0.5)
-            + step(a >= 0.75, 0.5)
-            + step(a > 1.25, 0.5)
-            + step(a >= 1.75, 0.5)
-            + step(a > 2.5, 1.0)
-            + step(a >= 3.5, 1.0)
-            + step(a > 5.0, 2.0);
-        f32::from_bits(m.to_bits() | (u.to_bits() & 0x8000_0000))
-    }
-}
-
-/// E4M3 / E5M2: round the f32 mantissa to the format's bits (ties to even) in its normal range,
-/// add-and-subtract a power of two in its subnormal range, saturate at the largest value.
-#[derive(Clone, Copy)]
-struct MiniQ {
-    /// 23 - mantissa bits.
-    shift: u32,
-    /// 2^emin, the smallest normal.
-    min_normal: f32,
-    /// 2^(emin - mbits + 23): adding it rounds to the subnormal quantum.
-    magic: f32,
-    max: f32,
-}
-
-impl MiniQ {
-    fn new(value: QuantValue) -> Self {
-        let fmt = minifloat(value).expect("a float value");
-        let emin = 1 - fmt.bias;
-        Self {
-            shift: 23 - fmt.man_bits,
-            min_normal: crate::minifloat::exp2i(emin),
-            magic: crate::minifloat::exp2i(emin - fmt.man_bits as i32 + 23),
-            max: fmt.max_value(),
-        }
-    }
-}
-
-impl Dequant for MiniQ {
-    #[inline(always)]
-    fn qv(&self, u: f32) -> f32 {
-        let a = u.abs();
-        let b = a.to_bits();
-        let half = (1u32 << (self.shift - 1)) - 1;
-        let normal = f32::from_bits(
-            (b.wrapping_add(half + ((b >> self.shift) & 1))) & !((1u32 << self.shift) - 1),
-        );
-        let sub = (a + self.magic) - self.magic;
-        let m = if a < self.min_normal { sub } else { normal };
-        let m = if m < self.max { m } else { self.max };
-        f32::from_bits(m.to_bits() | (u.to_bits() & 0x8000_0000))
-    }
-}
-
-/// Runs `$body` with `$q` bound to the [`Dequant`] of `$value` under `$rounding`.
-macro_rules! with_dequant {
-    ($value:expr, $rounding:expr, |$q:ident| $body:expr) => {{
-        let value: QuantValue = $value;
-        let (qmin, qmax) = value.range();
-        match value {
-            QuantValue::E2M1 => {
-                let $q = E2M1Q;
-                $body
-            }
-            QuantValue::E4M3 | QuantValue::E5M2 => {
-                let $q = MiniQ::new(value);
-                $body
-            }
-            _ => match $rounding {
-                Rounding::HalfAway => {
-                    let $q = IntAwayQ { qmin, qmax };
-                    $body
-                }
-                Rounding::HalfEven => {
-                    let $q = IntEvenQ { qmin, qmax };
-                    $body
-                }
-            },
-        }
-    }};
-}
 
 /// (u − q(u))² of one element, u = x / e.
 #[inline(always)]
@@ -483,46 +79,56 @@ fn combine(l: &[f32; 8]) -> f32 {
     ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
 }
 
-avx2_dispatch! {
-    /// Each candidate's chunk sum over a run that starts a chunk (≤ CHUNK long), added (as
-    /// f64) to `out`; candidates of effective scale 0 are skipped (their error is +inf).
-    fn chunk_errors[Q: Dequant](
-        q: Q,
-        xs: &[f32],
-        ws: Option<&[f32]>,
-        eff: &[f32],
-        out: &mut [f64],
-    ) => chunk_errors_portable;
+/// For each effective scale `eff[j]`, the chunk's combined lanes into `sums[j]` (a zero scale's
+/// is meaningless: its error is +inf whatever the sum). The AVX2 kernel where the CPU has it.
+#[inline(always)]
+fn chunk_sums<Q: Dequant>(q: Q, xs: &[f32], ws: Option<&[f32]>, eff: &[f32], sums: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::simd::has_avx2() {
+            // SAFETY: the CPU supports AVX2, checked just above.
+            return unsafe { crate::search_avx2::chunk_sums(q, xs, ws, eff, sums) };
+        }
+    }
+    chunk_sums_portable(q, xs, ws, eff, sums)
 }
 
+/// [`chunk_sums`] for a caller compiled with AVX2 (the block search's `avx2` build): the kernel
+/// inlined. Elsewhere the dispatching [`chunk_sums`].
 #[inline(always)]
-fn chunk_errors_portable<Q: Dequant>(
+fn block_sums<Q: Dequant>(q: Q, xs: &[f32], ws: Option<&[f32]>, eff: &[f32], sums: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::simd::has_avx2() {
+            // SAFETY: the CPU supports AVX2, checked just above; called only from the block
+            // search, whose AVX2 build inlines the kernel (its portable build never runs on an
+            // AVX2 CPU).
+            return unsafe { crate::search_avx2::chunk_sums_inline(q, xs, ws, eff, sums) };
+        }
+    }
+    chunk_sums_portable(q, xs, ws, eff, sums)
+}
+
+/// [`chunk_sums`] one candidate at a time, straight loops (also the tests' yardstick).
+fn chunk_sums_portable<Q: Dequant>(
     q: Q,
     xs: &[f32],
     ws: Option<&[f32]>,
     eff: &[f32],
-    out: &mut [f64],
+    sums: &mut [f32],
 ) {
-    // The candidates of scale 0 are left out (their error is +inf whatever the sum).
-    let mut nz = [0.0f32; MAX_CANDIDATES];
-    let mut at = [0usize; MAX_CANDIDATES];
-    let mut k = 0;
-    for (j, &e) in eff.iter().enumerate() {
-        if e != 0.0 {
-            (nz[k], at[k]) = (e, j);
-            k += 1;
-        }
-    }
-    let mut lanes = [[0.0f32; 8]; MAX_CANDIDATES];
-    q.lanes(xs, ws, &nz[..k], &mut lanes[..k]);
-    for j in 0..k {
-        out[at[j]] += combine(&lanes[j]) as f64;
+    for (s, &e) in sums.iter_mut().zip(eff) {
+        *s = if e == 0.0 {
+            0.0
+        } else {
+            combine(&portable_lanes(q, xs, ws, e))
+        };
     }
 }
 
 /// A candidate's error from its summed chunks: e² · S in f64; a zero scale (which would zero
 /// the whole block) +inf.
-#[inline]
+#[inline(always)]
 fn error(e: f32, sum: f64) -> f64 {
     if e == 0.0 {
         f64::INFINITY
@@ -531,17 +137,23 @@ fn error(e: f32, sum: f64) -> f64 {
     }
 }
 
-/// The candidate of least error, the first of equals (all +inf: the first).
+/// The candidate of least error, the first of equals (all +inf: the first). The errors first
+/// (a loop that vectorizes), then a pass that selects rather than branches: which candidate wins
+/// is unpredictable.
+#[inline(always)]
 fn pick(cand: &[f32], eff: &[f32], sums: &[f64]) -> f32 {
-    let mut best = 0;
-    let mut best_err = error(eff[0], sums[0]);
-    for k in 1..cand.len() {
-        let err = error(eff[k], sums[k]);
-        if err < best_err {
-            (best, best_err) = (k, err);
-        }
+    let mut err = [0.0f64; MAX_CANDIDATES];
+    for ((r, &e), &s) in err.iter_mut().zip(eff).zip(sums) {
+        *r = error(e, s);
     }
-    cand[best]
+    let mut best = cand[0];
+    let mut best_err = err[0];
+    for k in 1..cand.len() {
+        let better = err[k] < best_err;
+        best = if better { cand[k] } else { best };
+        best_err = if better { err[k] } else { best_err };
+    }
+    best
 }
 
 /// Calls `f(start, len)` for each run of block `b`'s elements, in row-major in-block order:
@@ -631,9 +243,21 @@ fn search_block_portable<Q: Dequant>(
         }
     };
     let mut total = [0.0f64; MAX_CANDIDATES];
+    let mut sums = [0.0f32; MAX_CANDIDATES];
+    if bx.len() <= CHUNK {
+        // One chunk (every block but huge ones): its sums are the totals.
+        block_sums(q, bx, bw, &eff[..k], &mut sums[..k]);
+        for (t, &s) in total.iter_mut().zip(&sums) {
+            *t = s as f64;
+        }
+        return pick(&cand[..k], &eff[..k], &total[..k]);
+    }
     for (ci, cx) in bx.chunks(CHUNK).enumerate() {
         let cw = bw.map(|w| &w[ci * CHUNK..ci * CHUNK + cx.len()]);
-        chunk_errors(q, cx, cw, &eff[..k], &mut total[..k]);
+        chunk_sums(q, cx, cw, &eff[..k], &mut sums[..k]);
+        for (t, &s) in total.iter_mut().zip(&sums[..k]) {
+            *t += s as f64;
+        }
     }
     pick(&cand[..k], &eff[..k], &total[..k])
 }
@@ -653,14 +277,14 @@ fn search_tensor<Q: Dequant>(
     }
     let eff: Vec<f32> = cand[..k].iter().map(|&s| ctx.effective(s)).collect();
     let n = x.len();
-    let parts: Vec<[f64; MAX_CANDIDATES]> = (0..n.div_ceil(CHUNK))
+    let parts: Vec<[f32; MAX_CANDIDATES]> = (0..n.div_ceil(CHUNK))
         .into_par_iter()
         .map_init(Vec::new, |buf, c| {
             let start = c * CHUNK;
             let len = CHUNK.min(n - start);
-            let mut part = [0.0f64; MAX_CANDIDATES];
+            let mut part = [0.0f32; MAX_CANDIDATES];
             let cw = weights.map(|w| &w[start..start + len]);
-            chunk_errors(q, x.read(start, len, buf), cw, &eff, &mut part[..k]);
+            chunk_sums(q, x.read(start, len, buf), cw, &eff, &mut part[..k]);
             part
         })
         .collect();
@@ -668,7 +292,7 @@ fn search_tensor<Q: Dequant>(
     let mut total = [0.0f64; MAX_CANDIDATES];
     for p in &parts {
         for (t, &v) in total.iter_mut().zip(&p[..k]) {
-            *t += v;
+            *t += v as f64;
         }
     }
     pick(&cand[..k], &eff, &total[..k])
@@ -687,7 +311,7 @@ pub fn mse_scales(
     let scheme = &layout.scheme;
     let alpha = amplitudes(x, layout, Calibration::MinMax);
     let global = if scheme.is_two_level() {
-        let half_range = scheme.value.half_range();
+        let half_range = scheme.half_range();
         let max_raw = alpha.iter().fold(0.0f32, |m, &a| m.max(a)) / half_range;
         Some(match given_global {
             Some(g) => g,
@@ -698,7 +322,7 @@ pub fn mse_scales(
         None
     };
     let ctx = Ctx::new(layout, opts.scale_rounding, global);
-    let stored = with_dequant!(scheme.value, opts.rounding, |q| {
+    let stored = with_dequant!(scheme, |q| {
         if layout.per_tensor {
             vec![search_tensor(q, &ctx, x, weights, alpha[0])]
         } else {

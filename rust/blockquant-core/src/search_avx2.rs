@@ -1,144 +1,186 @@
-//! The mse search's error loop in AVX2 intrinsics (see [`crate::search`]): eight lanes in one
-//! register, exactly the lanes of the portable loop, so the sums are the same bits. Written out
-//! because the compiler's own vectorization of the portable loop stays at four lanes.
+//! The mse search's error sums in AVX2 intrinsics (see [`crate::search`]): eight lanes in one
+//! register, exactly the lanes of the portable loop, and the lanes combined in its order, so the
+//! sums are the same bits. Written out because the compiler's own vectorization of the portable
+//! loop stays at four lanes and combines each candidate's lanes one by one.
 
 #![cfg(target_arch = "x86_64")]
 
 use std::arch::x86_64::*;
 
-/// Clamp as the codec does: `v >= lo ? v : lo` (NaN → lo), then `v <= hi ? v : hi`.
-#[inline(always)]
-unsafe fn clamp8(u: __m256, lo: __m256, hi: __m256) -> __m256 {
-    // maxps/minps return the second operand when the first is NaN.
-    _mm256_min_ps(_mm256_max_ps(u, lo), hi)
+use crate::search::MAX_CANDIDATES;
+use crate::search_values::Dequant;
+use crate::simd::exact_reciprocal;
+
+/// Candidate slots, rounded up to whole groups of eight for [`combine8`].
+const SLOTS: usize = MAX_CANDIDATES.div_ceil(8) * 8;
+
+/// For each effective scale `eff[j]`, Σ w·(u − q(u))² over one chunk (≤ CHUNK elements), element
+/// i into lane i % 8, the lanes combined pairwise, into `sums[j]`. A zero scale's sum is
+/// meaningless (the caller's error is +inf for it).
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn chunk_sums<Q: Dequant>(
+    q: Q,
+    xs: &[f32],
+    ws: Option<&[f32]>,
+    eff: &[f32],
+    sums: &mut [f32],
+) {
+    chunk_sums_inline(q, xs, ws, eff, sums)
 }
 
-/// Half away from zero: truncate, step away on a fraction of at least one half.
+/// [`chunk_sums`] inlined into its caller, which must have AVX2 enabled (else the intrinsics
+/// stay calls): the block search, so its sums stay in registers.
+///
+/// # Safety
+/// The CPU must support AVX2.
 #[inline(always)]
-unsafe fn int_away8(u: __m256, qmin: f32, qmax: f32) -> __m256 {
-    let v = clamp8(u, _mm256_set1_ps(qmin), _mm256_set1_ps(qmax));
-    let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
-    let f = _mm256_sub_ps(v, t);
-    let one = _mm256_set1_ps(1.0);
-    let up = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(f, _mm256_set1_ps(0.5)), one);
-    let down = _mm256_and_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(f, _mm256_set1_ps(-0.5)), one);
-    _mm256_sub_ps(_mm256_add_ps(t, up), down)
-}
-
-/// Half to even.
-#[inline(always)]
-unsafe fn int_even8(u: __m256, qmin: f32, qmax: f32) -> __m256 {
-    let v = clamp8(u, _mm256_set1_ps(qmin), _mm256_set1_ps(qmax));
-    _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v)
-}
-
-/// E2M1: the magnitude as the sum of the steps whose thresholds |u| passes, then u's sign.
-#[inline(always)]
-unsafe fn e2m1_8(u: __m256) -> __m256 {
-    let sign = _mm256_set1_ps(-0.0);
-    let a = _mm256_andnot_ps(sign, u);
-    let step = |mask: __m256, s: f32| _mm256_and_ps(mask, _mm256_set1_ps(s));
-    let (gt, ge) = (
-        |t: f32| _mm256_cmp_ps::<_CMP_GT_OQ>(a, _mm256_set1_ps(t)),
-        |t: f32| _mm256_cmp_ps::<_CMP_GE_OQ>(a, _mm256_set1_ps(t)),
-    );
-    // Added left to right, as the portable sum.
-    let mut m = step(gt(0.25), 0.5);
-    m = _mm256_add_ps(m, step(ge(0.75), 0.5));
-    m = _mm256_add_ps(m, step(gt(1.25), 0.5));
-    m = _mm256_add_ps(m, step(ge(1.75), 0.5));
-    m = _mm256_add_ps(m, step(gt(2.5), 1.0));
-    m = _mm256_add_ps(m, step(ge(3.5), 1.0));
-    m = _mm256_add_ps(m, step(gt(5.0), 2.0));
-    _mm256_or_ps(m, _mm256_and_ps(sign, u))
-}
-
-/// For each effective scale `eff[k]` (none 0), Σ w·(u − q(u))² of a chunk into eight lanes
-/// `out[k]` (element i into lane i % 8): `$qv8` the vector value function, `$term` the portable
-/// term of one element for the last `len % 8`. The candidates advance together, eight elements
-/// at a time, so their sums are independent chains rather than one chain each.
-macro_rules! lanes8 {
-    ($xs:expr, $ws:expr, $eff:expr, $out:expr, |$u:ident| $qv8:expr, $term:expr) => {{
-        let (xs, ws, eff, out): (&[f32], Option<&[f32]>, &[f32], &mut [[f32; 8]]) =
-            ($xs, $ws, $eff, $out);
-        let k = eff.len().min(MAX);
-        let mut ev = [_mm256_setzero_ps(); MAX];
-        let mut acc = [_mm256_setzero_ps(); MAX];
-        for j in 0..k {
-            ev[j] = _mm256_set1_ps(eff[j]);
-        }
-        let full = xs.len() / 8 * 8;
-        let mut i = 0;
-        while i < full {
-            let x = _mm256_loadu_ps(xs.as_ptr().add(i));
-            let w = ws.map(|w| _mm256_loadu_ps(w.as_ptr().add(i)));
-            for j in 0..k {
-                let $u = _mm256_div_ps(x, ev[j]);
-                let t = _mm256_sub_ps($u, $qv8);
-                let tt = _mm256_mul_ps(t, t);
-                acc[j] = _mm256_add_ps(
-                    acc[j],
-                    match w {
-                        None => tt,
-                        Some(w) => _mm256_mul_ps(w, tt),
-                    },
-                );
-            }
-            i += 8;
-        }
-        let term = $term;
-        for j in 0..k {
-            _mm256_storeu_ps(out[j].as_mut_ptr(), acc[j]);
-            for (l, &x) in xs[full..].iter().enumerate() {
-                let t: f32 = term(x, eff[j]);
-                out[j][l] += match ws {
-                    None => t,
-                    Some(ws) => ws[full + l] * t,
+pub(crate) unsafe fn chunk_sums_inline<Q: Dequant>(
+    q: Q,
+    xs: &[f32],
+    ws: Option<&[f32]>,
+    eff: &[f32],
+    sums: &mut [f32],
+) {
+    let k = eff.len().min(MAX_CANDIDATES);
+    let mut acc = [_mm256_setzero_ps(); SLOTS];
+    // The common blocks (16 and 32 unweighted values) with their vectors loaded once and the
+    // loops unrolled.
+    match (xs.len(), ws) {
+        (32, None) => fixed::<Q, 4>(q, xs, &eff[..k], &mut acc),
+        (16, None) => fixed::<Q, 2>(q, xs, &eff[..k], &mut acc),
+        _ => {
+            for (a, &e) in acc.iter_mut().zip(&eff[..k]) {
+                // A power of two divides exactly as its reciprocal multiplies, the cheaper
+                // instruction.
+                *a = match (exact_reciprocal(e), ws) {
+                    (Some(r), None) => lanes::<Q, true, false>(q, xs, None, r),
+                    (Some(r), Some(w)) => lanes::<Q, true, true>(q, xs, Some(w), r),
+                    (None, None) => lanes::<Q, false, false>(q, xs, None, e),
+                    (None, Some(w)) => lanes::<Q, false, true>(q, xs, Some(w), e),
                 };
             }
         }
-    }};
+    }
+    let mut out = [0.0f32; SLOTS];
+    for g in 0..k.div_ceil(8) {
+        let a = &acc[8 * g..8 * g + 8];
+        _mm256_storeu_ps(out.as_mut_ptr().add(8 * g), combine8(a));
+    }
+    sums[..k].copy_from_slice(&out[..k]);
 }
 
-const MAX: usize = crate::search::MAX_CANDIDATES;
-
-/// # Safety
-/// The CPU must support AVX2.
-#[target_feature(enable = "avx2")]
-pub(crate) unsafe fn lanes_int_away(
-    xs: &[f32],
-    ws: Option<&[f32]>,
-    eff: &[f32],
-    out: &mut [[f32; 8]],
-    (qmin, qmax): (f32, f32),
-    term: impl Fn(f32, f32) -> f32,
-) {
-    lanes8!(xs, ws, eff, out, |u| int_away8(u, qmin, qmax), term)
+/// [`lanes`] of an unweighted run of exactly 8·N values, for each candidate into `acc`.
+#[inline(always)]
+unsafe fn fixed<Q: Dequant, const N: usize>(q: Q, xs: &[f32], eff: &[f32], acc: &mut [__m256]) {
+    // A loop, not `array::from_fn`: its closure would not inherit AVX2.
+    let mut x = [_mm256_setzero_ps(); N];
+    for (i, v) in x.iter_mut().enumerate() {
+        *v = _mm256_loadu_ps(xs.as_ptr().add(8 * i));
+    }
+    let zero = _mm256_setzero_ps();
+    for (a, &e) in acc.iter_mut().zip(eff) {
+        let mut s = zero;
+        match exact_reciprocal(e) {
+            Some(r) => {
+                let rv = _mm256_set1_ps(r);
+                for &xv in &x {
+                    s = _mm256_add_ps(s, term::<Q, true, false>(q, xv, zero, rv));
+                }
+            }
+            None => {
+                let ev = _mm256_set1_ps(e);
+                for &xv in &x {
+                    s = _mm256_add_ps(s, term::<Q, false, false>(q, xv, zero, ev));
+                }
+            }
+        }
+        *a = s;
+    }
 }
 
-/// # Safety
-/// The CPU must support AVX2.
-#[target_feature(enable = "avx2")]
-pub(crate) unsafe fn lanes_int_even(
+/// The eight lanes of Σ w·(u − q(u))², u = x / e (`MUL`: x · e, e the exact reciprocal).
+#[inline(always)]
+unsafe fn lanes<Q: Dequant, const MUL: bool, const W: bool>(
+    q: Q,
     xs: &[f32],
     ws: Option<&[f32]>,
-    eff: &[f32],
-    out: &mut [[f32; 8]],
-    (qmin, qmax): (f32, f32),
-    term: impl Fn(f32, f32) -> f32,
-) {
-    lanes8!(xs, ws, eff, out, |u| int_even8(u, qmin, qmax), term)
+    e: f32,
+) -> __m256 {
+    let ev = _mm256_set1_ps(e);
+    let wp = ws.map_or(std::ptr::null(), |w| w.as_ptr());
+    let n = xs.len();
+    let full = n / 8 * 8;
+    let mut acc = _mm256_setzero_ps();
+    let mut i = 0;
+    while i < full {
+        let x = _mm256_loadu_ps(xs.as_ptr().add(i));
+        let w = if W {
+            _mm256_loadu_ps(wp.add(i))
+        } else {
+            _mm256_setzero_ps()
+        };
+        acc = _mm256_add_ps(acc, term::<Q, MUL, W>(q, x, w, ev));
+        i += 8;
+    }
+    if full < n {
+        // The last n % 8 elements into lanes 0.., the other lanes adding +0 (which leaves a
+        // sum of non-negative terms as it is), whatever q(0) is.
+        let live = _mm256_cmpgt_epi32(
+            _mm256_set1_epi32((n - full) as i32),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        );
+        let x = _mm256_maskload_ps(xs.as_ptr().add(full), live);
+        let w = if W {
+            _mm256_maskload_ps(wp.add(full), live)
+        } else {
+            _mm256_setzero_ps()
+        };
+        let t = _mm256_and_ps(term::<Q, MUL, W>(q, x, w, ev), _mm256_castsi256_ps(live));
+        acc = _mm256_add_ps(acc, t);
+    }
+    acc
 }
 
-/// # Safety
-/// The CPU must support AVX2.
-#[target_feature(enable = "avx2")]
-pub(crate) unsafe fn lanes_e2m1(
-    xs: &[f32],
-    ws: Option<&[f32]>,
-    eff: &[f32],
-    out: &mut [[f32; 8]],
-    term: impl Fn(f32, f32) -> f32,
-) {
-    lanes8!(xs, ws, eff, out, |u| e2m1_8(u), term)
+/// w·(u − q(u))² of eight elements. A function, not a closure: a closure would not inherit
+/// the caller's AVX2 and its intrinsics would stay calls.
+#[inline(always)]
+unsafe fn term<Q: Dequant, const MUL: bool, const W: bool>(
+    q: Q,
+    x: __m256,
+    w: __m256,
+    ev: __m256,
+) -> __m256 {
+    let u = if MUL {
+        _mm256_mul_ps(x, ev)
+    } else {
+        _mm256_div_ps(x, ev)
+    };
+    let t = _mm256_sub_ps(u, q.qv8(u));
+    let tt = _mm256_mul_ps(t, t);
+    if W {
+        _mm256_mul_ps(w, tt)
+    } else {
+        tt
+    }
+}
+
+/// Eight candidates' lanes combined, each as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)): `hadd`
+/// adds neighbouring lanes within each half, so two rounds of it give every candidate's
+/// (l0+l1)+(l2+l3) in the low half and (l4+l5)+(l6+l7) in the high half.
+#[inline(always)]
+unsafe fn combine8(a: &[__m256]) -> __m256 {
+    let h01 = _mm256_hadd_ps(a[0], a[1]);
+    let h23 = _mm256_hadd_ps(a[2], a[3]);
+    let h45 = _mm256_hadd_ps(a[4], a[5]);
+    let h67 = _mm256_hadd_ps(a[6], a[7]);
+    // [c0 c1 c2 c3 | c0' c1' c2' c3'] for candidates 0-3, then 4-7 (c the low four lanes' sum,
+    // c' the high four's).
+    let q0 = _mm256_hadd_ps(h01, h23);
+    let q1 = _mm256_hadd_ps(h45, h67);
+    let lo = _mm256_permute2f128_ps::<0x20>(q0, q1);
+    let hi = _mm256_permute2f128_ps::<0x31>(q0, q1);
+    _mm256_add_ps(lo, hi)
 }

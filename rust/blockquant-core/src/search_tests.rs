@@ -2,7 +2,12 @@
 //! ones, and thread independence.
 
 use super::*;
-use crate::scheme::{QuantScheme, QuantStore};
+use crate::codec::minifloat;
+use crate::lookup::{Codebook, NearestEntry};
+use crate::scale::ScaleRounding;
+use crate::scheme::{QuantScheme, QuantStore, ScaleDtype};
+use crate::search_cands::FastRound;
+use crate::search_values::{IntQ, MiniQ, E2M1Q};
 
 fn layout(value: QuantValue, block: &[usize], dtype: ScaleDtype, shape: &[usize]) -> Layout {
     let s = QuantScheme::default()
@@ -90,35 +95,98 @@ fn value_functions_equal_decode_of_encode() {
             );
         }
     }
+    // One integer function serves both roundings: the same error (u - q)², tie or not.
     use crate::codec::{Encode, IntHalfAway, IntHalfEven};
-    let (away, even) = (
-        IntHalfAway {
-            qmin: -8.0,
-            qmax: 7.0,
-        },
-        IntHalfEven {
-            qmin: -7.0,
-            qmax: 7.0,
-        },
-    );
-    let (aq, eq) = (
-        IntAwayQ {
-            qmin: -8.0,
-            qmax: 7.0,
-        },
-        IntEvenQ {
-            qmin: -7.0,
-            qmax: 7.0,
-        },
-    );
-    check(&|u| aq.qv(u), &|u| (away.encode(u) as i8) as f32, 20.0);
-    check(&|u| eq.qv(u), &|u| (even.encode(u) as i8) as f32, 20.0);
+    for (lo, hi) in [(-8.0, 7.0), (-7.0, 7.0), (-1.0, 1.0), (-128.0, 127.0)] {
+        let iq = IntQ { qmin: lo, qmax: hi };
+        let away = IntHalfAway { qmin: lo, qmax: hi };
+        let even = IntHalfEven { qmin: lo, qmax: hi };
+        let sq = |u: f32, q: f32| ((u - q) * (u - q)).to_bits();
+        check(&|u| iq.qv(u), &|u| (even.encode(u) as i8) as f32, 300.0);
+        let mut bits = 0u32;
+        while f32::from_bits(bits) <= 300.0 {
+            for u in [f32::from_bits(bits), -f32::from_bits(bits)] {
+                let a = (away.encode(u) as i8) as f32;
+                assert_eq!(sq(u, iq.qv(u)), sq(u, a), "{u}");
+            }
+            bits += 4099;
+        }
+        for t in -300..300 {
+            let u = t as f32 + 0.5;
+            let a = (away.encode(u) as i8) as f32;
+            assert_eq!(sq(u, iq.qv(u)), sq(u, a), "{u}");
+        }
+    }
 }
 
-/// The AVX2 loops (where the CPU has AVX2) give the portable loop's lanes, bit for bit,
-/// with ties, saturation, tails and weights; elsewhere both sides are the portable loop.
+/// Each AVX2 value function gives its scalar one's bits, lane by lane, over the same sweep
+/// (and the default lane-by-lane `qv8` stands for any value type without one).
+#[cfg(target_arch = "x86_64")]
 #[test]
-fn vector_lanes_equal_portable_lanes() {
+fn vector_value_functions_equal_scalar_ones() {
+    use std::arch::x86_64::*;
+    if !crate::simd::has_avx2() {
+        return;
+    }
+    #[target_feature(enable = "avx2")]
+    unsafe fn eight<Q: Dequant>(q: Q, u: &[f32; 8]) -> [f32; 8] {
+        let mut o = [0.0f32; 8];
+        _mm256_storeu_ps(o.as_mut_ptr(), q.qv8(_mm256_loadu_ps(u.as_ptr())));
+        o
+    }
+    fn check<Q: Dequant>(q: Q, top: f32) {
+        let mut us: Vec<f32> = Vec::new();
+        let mut bits = 0u32;
+        while f32::from_bits(bits) <= top {
+            us.extend([f32::from_bits(bits), -f32::from_bits(bits)]);
+            bits += 4099;
+        }
+        us.extend([f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 0.5, 2.5, -3.5]);
+        for c in us.chunks(8) {
+            let mut u = [0.0f32; 8];
+            u[..c.len()].copy_from_slice(c);
+            // SAFETY: AVX2 checked above.
+            let v = unsafe { eight(q, &u) };
+            for i in 0..8 {
+                assert_eq!(v[i].to_bits(), q.qv(u[i]).to_bits(), "{}", u[i]);
+            }
+        }
+    }
+    check(
+        IntQ {
+            qmin: -8.0,
+            qmax: 7.0,
+        },
+        20.0,
+    );
+    check(E2M1Q, 10.0);
+    for book in [
+        &crate::lookup::IQ4_NL[..],
+        &crate::lookup::NF4[..],
+        &[1.5, -0.25, 0.25, -3.0],
+    ] {
+        check(NearestEntry::new(&Codebook::new(book).unwrap()), 300.0);
+    }
+    check(MiniQ::new(QuantValue::E4M3), 1e6);
+    check(MiniQ::new(QuantValue::E5M2), 1e6);
+}
+
+/// A value type without a vector form: `qv8` is the default, lane by lane.
+#[derive(Clone, Copy)]
+struct Halves;
+
+impl Dequant for Halves {
+    fn qv(&self, u: f32) -> f32 {
+        (u * 2.0).round() / 2.0 + 0.25
+    }
+}
+
+/// The AVX2 sums (where the CPU has it) equal the portable ones bit for bit: every value
+/// function, with ties, saturation, tails, weights, power-of-two scales (multiplied by their
+/// reciprocal) and more candidates than one register group; elsewhere both sides are the
+/// portable loop.
+#[test]
+fn vector_sums_equal_portable_sums() {
     let mut xs: Vec<f32> = (0..203)
         .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 0.0173)
         .collect();
@@ -126,36 +194,59 @@ fn vector_lanes_equal_portable_lanes() {
         0.5, -0.5, 2.5, -3.5, 0.25, 0.75, 1.25, 1.75, 5.0, 7.5, -8.5, 100.0, -0.0,
     ]);
     let ws: Vec<f32> = (0..xs.len()).map(|i| (i % 5) as f32 * 0.3).collect();
-    let eff = [0.37f32, 1.0, 1e-3, 55.0, 3e-39];
-    let run = |q: &dyn Fn(&mut [[f32; 8]]), p: &dyn Fn(f32) -> [f32; 8]| {
-        let mut out = [[0.0f32; 8]; 5];
-        q(&mut out);
-        for (o, &e) in out.iter().zip(&eff) {
-            assert_eq!(o.map(f32::to_bits), p(e).map(f32::to_bits), "e = {e}");
+    let eff = [
+        0.37f32,
+        1.0,
+        1e-3,
+        55.0,
+        3e-39,
+        0.5,
+        0.0,
+        2.0f32.powi(-20),
+        0.013,
+        7.0,
+        0.25,
+    ];
+    fn run<Q: Dequant>(q: Q, x: &[f32], w: Option<&[f32]>, eff: &[f32]) {
+        for k in [1, 3, 8, eff.len()] {
+            let (mut fast, mut plain) = ([0.0f32; MAX_CANDIDATES], [0.0f32; MAX_CANDIDATES]);
+            chunk_sums(q, x, w, &eff[..k], &mut fast[..k]);
+            chunk_sums_portable(q, x, w, &eff[..k], &mut plain[..k]);
+            for j in 0..k {
+                if eff[j] != 0.0 {
+                    assert_eq!(fast[j].to_bits(), plain[j].to_bits(), "e = {}", eff[j]);
+                }
+            }
         }
-    };
+    }
     for w in [None, Some(&ws[..])] {
-        for n in [xs.len(), 8, 7, 0] {
+        for n in [xs.len(), 32, 16, 8, 7, 1, 0] {
             let (x, w) = (&xs[..n], w.map(|w| &w[..n]));
-            {
-                let away = IntAwayQ {
+            run(
+                IntQ {
                     qmin: -8.0,
                     qmax: 7.0,
-                };
-                let even = IntEvenQ {
-                    qmin: -7.0,
-                    qmax: 7.0,
-                };
-                run(&|o| away.lanes(x, w, &eff, o), &|e| {
-                    portable_lanes(away, x, w, e)
-                });
-                run(&|o| even.lanes(x, w, &eff, o), &|e| {
-                    portable_lanes(even, x, w, e)
-                });
-                run(&|o| E2M1Q.lanes(x, w, &eff, o), &|e| {
-                    portable_lanes(E2M1Q, x, w, e)
-                });
+                },
+                x,
+                w,
+                &eff,
+            );
+            run(
+                IntQ {
+                    qmin: -1.0,
+                    qmax: 1.0,
+                },
+                x,
+                w,
+                &eff,
+            );
+            run(E2M1Q, x, w, &eff);
+            for book in [&crate::lookup::IQ4_NL[..], &[1.5, -0.25, 0.25, -3.0]] {
+                run(NearestEntry::new(&Codebook::new(book).unwrap()), x, w, &eff);
             }
+            run(MiniQ::new(QuantValue::E4M3), x, w, &eff);
+            run(MiniQ::new(QuantValue::E5M2), x, w, &eff);
+            run(Halves, x, w, &eff);
         }
     }
 }

@@ -8,8 +8,8 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use blockquant_core::{
-    bytes, pack, pool, quantize as q, BF16Bits, Calibration, ExplicitScales, F16Bits, Input,
-    Layout, OptionName, Output, QuantError, QuantMode, QuantScheme, QuantStore, QuantValue,
+    bytes, pack, pool, quantize as q, BF16Bits, Calibration, Codebook, ExplicitScales, F16Bits,
+    Input, Layout, OptionName, Output, QuantError, QuantMode, QuantScheme, QuantStore, QuantValue,
     QuantizeOptions, Rounding, ScaleDtype, ScaleRounding, Scales, Storage, StorageMut,
 };
 use numpy::{
@@ -107,7 +107,7 @@ impl Scheme {
     /// `value`, `store` ("native", "packed_u32", "packed_native") and `mode` by name, scale
     /// dtypes by name; raises `SchemeError` naming the broken rule.
     #[new]
-    #[pyo3(signature = (*, value, store, dim, mode, tensor=None, block_size=None, block_dtype=None))]
+    #[pyo3(signature = (*, value, store, dim, mode, tensor=None, block_size=None, block_dtype=None, codebook=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         value: &str,
@@ -117,6 +117,7 @@ impl Scheme {
         tensor: Option<&str>,
         block_size: Option<Vec<Bound<'_, PyAny>>>,
         block_dtype: Option<&str>,
+        codebook: Option<Vec<f32>>,
     ) -> PyResult<Self> {
         guarded(|| {
             let value = QuantValue::from_name(value)
@@ -132,6 +133,11 @@ impl Scheme {
                 .with_value(value)
                 .with_store(store)
                 .with_mode(mode);
+            if let Some(values) = codebook {
+                // Set as given, not through `with_codebook`: a codebook on a Symmetric scheme
+                // is an error `validate` reports, not a silent switch to Lookup.
+                scheme.codebook = Some(Codebook::for_value(&values, value).map_err(to_py)?);
+            }
             if let Some(t) = tensor {
                 scheme = scheme.per_tensor(scale_dtype_arg(t)?);
             }
@@ -155,6 +161,12 @@ impl Scheme {
             scheme.validate().map_err(to_py)?;
             Ok(Self(scheme))
         })
+    }
+
+    /// Lookup mode's codebook (entry k is field k's value), or None.
+    #[getter]
+    fn codebook(&self) -> Option<Vec<f32>> {
+        self.0.codebook.map(|cb| cb.entries())
     }
 
     /// The block size as the scheme keeps it (leading 1s dropped), or None.
@@ -237,7 +249,7 @@ fn contiguous<'a, T: numpy::Element>(
 /// The numpy dtype of a layout's value storage (SPEC §8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum StorageDtype {
-    /// Native int values, sign-extended.
+    /// Native int values, sign-extended (a codebook's indices are unsigned: U8).
     I8,
     /// Native float codes, and PackedNative.
     U8,
@@ -249,7 +261,10 @@ impl StorageDtype {
     fn of(layout: &Layout) -> Self {
         if layout.packing.word_bits == 32 {
             Self::U32
-        } else if layout.packing.native && !layout.scheme.value.is_float() {
+        } else if layout.packing.native
+            && !layout.scheme.value.is_float()
+            && layout.scheme.codebook.is_none()
+        {
             Self::I8
         } else {
             Self::U8

@@ -1,0 +1,565 @@
+//! Lookup mode (burn's `QuantMode::Lookup`): a stored field is an index into a codebook of
+//! 2^bits f32 values, and a read is `codebook[field] × scale`.
+//!
+//! Everything Lookup-specific lives here: the [`Codebook`] value the scheme carries, the named
+//! codebooks, and the encoder (nearest entry by precomputed f32 thresholds) and decoder.
+//! The codebook is not part of the bytes: like burn's table binding, it travels with the scheme.
+
+use crate::error::{QuantError, Result};
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// Most entries a codebook holds: 2^4. An 8-bit index (256 entries) is refused when the scheme
+/// is built (see [`Codebook::check_bits`]): keeping the scheme `Copy` and small needs a bound.
+pub const MAX_ENTRIES: usize = 16;
+
+/// QLoRA's NormalFloat4, as bitsandbytes lists it, rounded to f32.
+pub const NF4: [f32; 16] = [
+    -1.0,
+    -0.696_192_8,
+    -0.525_073_05,
+    -0.394_917_5,
+    -0.284_441_38,
+    -0.184_773_43,
+    -0.091_050_036,
+    0.0,
+    0.079_580_3,
+    0.160_930_2,
+    0.246_112_3,
+    0.337_915_24,
+    0.440_709_83,
+    0.562_617,
+    0.722_956_84,
+    1.0,
+];
+
+/// ggml's IQ4_NL values (`kvalues_iq4nl`).
+pub const IQ4_NL: [f32; 16] = [
+    -127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0, 13.0, 25.0, 38.0, 53.0, 69.0,
+    89.0, 113.0,
+];
+
+/// The named codebooks, by the name the scheme text uses (`.../lookup:nf4`).
+pub const NAMED: [(&str, [f32; 16]); 2] = [("nf4", NF4), ("iq4nl", IQ4_NL)];
+
+/// 4 or 16 distinct finite f32 values; entry k is what field k decodes to. Kept as bit
+/// patterns so the scheme stays `Copy`, `Eq` and `Hash`. −0 and +0 are the same value, so a
+/// codebook may hold one of them, not both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Codebook {
+    bits: [u32; MAX_ENTRIES],
+    len: u8,
+}
+
+impl Codebook {
+    /// The codebook of `values`: 1 to 16 finite, pairwise distinct values (its length is checked
+    /// against the value's width by the scheme).
+    pub fn new(values: &[f32]) -> Result<Self> {
+        if values.is_empty() || values.len() > MAX_ENTRIES {
+            return Err(QuantError::Scheme(format!(
+                "a codebook has 2^bits entries (4 for a 2-bit value, 16 for a 4-bit one), got {}",
+                values.len()
+            )));
+        }
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            return Err(QuantError::Scheme(format!(
+                "codebook entries must be finite, entry {i} is {}",
+                crate::error::python_float(values[i])
+            )));
+        }
+        for (i, a) in values.iter().enumerate() {
+            if let Some(j) = values[..i].iter().position(|b| b == a) {
+                return Err(QuantError::Scheme(format!(
+                    "codebook entries must be distinct, entries {j} and {i} are both {a}"
+                )));
+            }
+        }
+        let mut bits = [0u32; MAX_ENTRIES];
+        for (b, v) in bits.iter_mut().zip(values) {
+            *b = v.to_bits();
+        }
+        Ok(Self {
+            bits,
+            len: values.len() as u8,
+        })
+    }
+
+    /// The codebook of `values` for a scheme of `value`: its width checked first, so 256
+    /// entries for an 8-bit value say what is missing rather than "too many entries".
+    pub fn for_value(values: &[f32], value: crate::scheme::QuantValue) -> Result<Self> {
+        if !value.is_float() && value.bits() > 4 {
+            return Err(too_wide(value.name()));
+        }
+        let cb = Self::new(values)?;
+        if !value.is_float() {
+            cb.check_bits(value.bits(), value.name())?;
+        }
+        Ok(cb)
+    }
+
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn get(&self, k: usize) -> f32 {
+        f32::from_bits(self.bits[k])
+    }
+
+    pub fn entries(&self) -> Vec<f32> {
+        (0..self.len()).map(|k| self.get(k)).collect()
+    }
+
+    /// The name of this codebook when it is one of [`NAMED`].
+    pub fn name(&self) -> Option<&'static str> {
+        NAMED
+            .iter()
+            .find(|(_, v)| {
+                self.len() == v.len() && self.bits[..].iter().zip(v).all(|(b, x)| *b == x.to_bits())
+            })
+            .map(|(n, _)| *n)
+    }
+
+    /// The named codebook `name`.
+    pub fn named(name: &str) -> Option<Self> {
+        NAMED
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| Self::new(v).expect("named codebooks are valid"))
+    }
+
+    /// The codebook fits a value of `bits` bits: exactly 2^bits entries, and 2 or 4 bits.
+    pub fn check_bits(&self, bits: u32, value: &str) -> Result<()> {
+        if bits > 4 {
+            return Err(too_wide(value));
+        }
+        if self.len() != 1 << bits {
+            return Err(QuantError::Scheme(format!(
+                "a {value} codebook has 2^{bits} = {} entries, got {}",
+                1 << bits,
+                self.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// max_k |c_k|: the divisor of α in s_raw = α / h (the role (qmax − qmin) / 2 plays for ints).
+    pub fn half_range(&self) -> f32 {
+        (0..self.len()).fold(0.0f32, |m, k| m.max(self.get(k).abs()))
+    }
+
+    /// The exponent of the largest magnitude, for the MX scale rule: floor(log2 h).
+    pub fn mx_emax(&self) -> i32 {
+        let h = self.half_range();
+        // h > 0: entries are distinct, so at least one is non-zero. Exact for every f32.
+        (h as f64).log2().floor() as i32
+    }
+}
+
+/// The next f32 up (`f32::next_up`, which is newer than the crate's MSRV); x finite.
+fn next_up(x: f32) -> f32 {
+    if x == 0.0 {
+        f32::from_bits(1)
+    } else if x > 0.0 {
+        f32::from_bits(x.to_bits() + 1)
+    } else {
+        f32::from_bits(x.to_bits() - 1)
+    }
+}
+
+fn too_wide(value: &str) -> QuantError {
+    QuantError::Scheme(format!(
+        "lookup with an 8-bit value ({value}) is not implemented: codebooks have 4 (Q2) or 16 (Q4) entries"
+    ))
+}
+
+impl std::fmt::Display for Codebook {
+    /// `nf4`, `iq4nl`, or `[v0,v1,...]` with each value's shortest round-trip text.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(n) = self.name() {
+            return f.write_str(n);
+        }
+        let vals: Vec<String> = self.entries().iter().map(|v| format!("{v:?}")).collect();
+        write!(f, "[{}]", vals.join(","))
+    }
+}
+
+/// The encoder: the index of the nearest entry. Entries sorted ascending s_0 < … < s_{n−1};
+/// `x ≥ t_j` for the f32 threshold t_j between s_j and s_{j+1} is exactly "x is past the
+/// midpoint (or on it, when the tie goes up)", so the number of thresholds passed is the sorted
+/// rank, and `perm` maps it back to the field. Unused thresholds are NaN, which nothing passes.
+#[derive(Debug, Clone, Copy)]
+pub struct LookupCode {
+    thresholds: [f32; MAX_ENTRIES - 1],
+    perm: [u8; MAX_ENTRIES],
+}
+
+impl LookupCode {
+    pub fn new(cb: &Codebook) -> Self {
+        let n = cb.len();
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&a, &b| cb.get(a).total_cmp(&cb.get(b)));
+        let mut perm = [0u8; MAX_ENTRIES];
+        for (r, &k) in order.iter().enumerate() {
+            perm[r] = k as u8;
+        }
+        let mut thresholds = [f32::NAN; MAX_ENTRIES - 1];
+        for j in 0..n - 1 {
+            let (lo, hi) = (cb.get(order[j]), cb.get(order[j + 1]));
+            thresholds[j] = threshold(lo, hi);
+        }
+        Self { thresholds, perm }
+    }
+
+    /// The sorted rank of `xs`: how many thresholds it reaches.
+    #[inline(always)]
+    fn rank(&self, xs: f32) -> usize {
+        self.thresholds.iter().map(|&t| (xs >= t) as usize).sum()
+    }
+}
+
+/// The smallest f32 t with `x ≥ t ⇔ x goes to hi` for every f32 x, between sorted entries
+/// lo < hi: x goes to hi past the midpoint m = (lo + hi) / 2, and on it when hi is the larger
+/// magnitude or the magnitudes are equal (−a and +a: their midpoint, ±0, goes to +a).
+///
+/// m is exact as the f64 pair `half + err / 2` (TwoSum): lo + hi rounds in f64 only when the
+/// entries are more than 29 binades apart, and then m lies strictly between f64s, so no f32 is m.
+fn threshold(lo: f32, hi: f32) -> f32 {
+    let (a, b) = (lo as f64, hi as f64);
+    let s = a + b;
+    let bb = s - a;
+    let err = (a - (s - bb)) + (b - bb); // a + b == s + err exactly
+    let half = s / 2.0; // exact: f32 operands keep s far above f64's subnormals
+    let near = half as f32;
+    if err != 0.0 {
+        // m = half + err/2 is no f32. The nearest f64 to m is `half`, so no f32 lies strictly
+        // between them: the smallest f32 >= m is `half` itself or the one after it.
+        return if near as f64 == half {
+            if err > 0.0 {
+                next_up(near)
+            } else {
+                near
+            }
+        } else if (near as f64) < half {
+            next_up(near)
+        } else {
+            near
+        };
+    }
+    let tie_up = hi.abs() >= lo.abs();
+    let t = if (near as f64) < half {
+        next_up(near)
+    } else {
+        near
+    }; // smallest f32 >= m
+    if t as f64 == half && !tie_up {
+        next_up(t) // the midpoint itself stays down
+    } else if t == 0.0 {
+        0.0 // −0 ≥ +0: both zeros go up, as a tie between −a and +a does
+    } else {
+        t
+    }
+}
+
+impl crate::codec::Encode for LookupCode {
+    #[inline(always)]
+    fn encode(&self, xs: f32) -> u8 {
+        self.perm[self.rank(xs)]
+    }
+
+    #[inline(always)]
+    fn zero_code(&self) -> u8 {
+        // SPEC (Lookup): with e = 0 the quotient is taken as +0, whose nearest entry is stored.
+        self.encode(0.0)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn encode8(&self, q: __m256) -> __m256i {
+        // Fifteen compares, each mask (−1 where passed) subtracted: the rank per lane. A NaN
+        // threshold (an unused one) compares false, as in `rank`.
+        let mut rank = _mm256_setzero_si256();
+        for &t in &self.thresholds {
+            let ge = _mm256_cmp_ps::<_CMP_GE_OQ>(q, _mm256_set1_ps(t));
+            rank = _mm256_sub_epi32(rank, _mm256_castps_si256(ge));
+        }
+        // rank → field: two 8-entry permutes (each reads the low three bits), picked by bit 3.
+        let p: [i32; MAX_ENTRIES] = std::array::from_fn(|i| self.perm[i] as i32);
+        let lo =
+            _mm256_permutevar8x32_epi32(_mm256_loadu_si256(p.as_ptr() as *const __m256i), rank);
+        let hi = _mm256_permutevar8x32_epi32(
+            _mm256_loadu_si256(p.as_ptr().add(8) as *const __m256i),
+            rank,
+        );
+        let upper = _mm256_cmpgt_epi32(rank, _mm256_set1_epi32(7));
+        _mm256_blendv_epi8(lo, hi, upper)
+    }
+}
+
+/// The entry a scaled value quantizes to (for the `mse` search's error): the sorted entries,
+/// and the same thresholds as [`LookupCode`]. A select per threshold, no table load, so the
+/// search's error loop vectorizes.
+#[derive(Debug, Clone, Copy)]
+pub struct NearestEntry {
+    thresholds: [f32; MAX_ENTRIES - 1],
+    sorted: [f32; MAX_ENTRIES],
+}
+
+impl NearestEntry {
+    pub fn new(cb: &Codebook) -> Self {
+        let code = LookupCode::new(cb);
+        let sorted = std::array::from_fn(|r| {
+            if r < cb.len() {
+                cb.get(code.perm[r] as usize)
+            } else {
+                0.0
+            }
+        });
+        Self {
+            thresholds: code.thresholds,
+            sorted,
+        }
+    }
+
+    /// The thresholds and the sorted entries (the search's AVX2 loop reads them).
+    pub(crate) fn parts(&self) -> (&[f32; MAX_ENTRIES - 1], &[f32; MAX_ENTRIES]) {
+        (&self.thresholds, &self.sorted)
+    }
+
+    /// codebook[encode(u)], bit for bit: the thresholds rise, so the last one passed names the
+    /// entry (NaN padding is never passed).
+    #[inline(always)]
+    pub fn value(&self, u: f32) -> f32 {
+        let mut v = self.sorted[0];
+        for (j, &t) in self.thresholds.iter().enumerate() {
+            v = if u >= t { self.sorted[j + 1] } else { v };
+        }
+        v
+    }
+}
+
+/// The decode table of a codebook: entry k for field k, 0 past the codebook (no valid field
+/// reaches there: storage taken from a caller is checked first).
+pub fn decode_table(cb: &Codebook) -> [f32; 256] {
+    std::array::from_fn(|i| if i < cb.len() { cb.get(i) } else { 0.0 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::Encode;
+
+    fn next_down(x: f32) -> f32 {
+        -next_up(-x)
+    }
+
+    /// |x − c| exactly, as a normalized f64 pair (TwoSum): pairs compare lexicographically.
+    fn distance(x: f32, c: f32) -> (f64, f64) {
+        let (a, b) = (x as f64, -(c as f64));
+        let s = a + b;
+        let bb = s - a;
+        let e = (a - (s - bb)) + (b - bb);
+        if s < 0.0 || (s == 0.0 && e < 0.0) {
+            (-s, -e)
+        } else {
+            (s, e)
+        }
+    }
+
+    /// The nearest entry by exact distances, ties to the larger magnitude, ±a ties to +a.
+    fn nearest(cb: &Codebook, x: f32) -> u8 {
+        let mut best = 0usize;
+        for k in 1..cb.len() {
+            let (d, db) = (distance(x, cb.get(k)), distance(x, cb.get(best)));
+            let (a, ab) = (cb.get(k).abs(), cb.get(best).abs());
+            let closer = d.0 < db.0 || (d.0 == db.0 && d.1 < db.1);
+            let tie = d == db;
+            if closer || (tie && (a > ab || (a == ab && cb.get(k) > cb.get(best)))) {
+                best = k;
+            }
+        }
+        best as u8
+    }
+
+    fn books() -> Vec<Codebook> {
+        vec![
+            Codebook::new(&NF4).unwrap(),
+            Codebook::new(&IQ4_NL).unwrap(),
+            Codebook::new(&[1.5, -0.25, 0.0, -3.0]).unwrap(),
+            Codebook::new(&[-1.0, 1.0, 0.5, -0.5]).unwrap(),
+            // Entries far apart: their sums round in f64.
+            Codebook::new(&[2.0, 2f32.powi(-60), -3.0, -1e-40]).unwrap(),
+            Codebook::new(&[
+                0.1, -7.0, 3.0, 2.5, -0.1, 6.0, -2.0, 1.0, -1.0, 0.75, 4.0, -5.0, 1e-30, -1e30,
+                2e30, -0.0,
+            ])
+            .unwrap(),
+        ]
+    }
+
+    #[test]
+    fn thresholds_pick_the_nearest_entry() {
+        for cb in books() {
+            let code = LookupCode::new(&cb);
+            // x / e may overflow to ±inf: the largest and smallest entries.
+            let top = (0..cb.len()).max_by(|&a, &b| cb.get(a).total_cmp(&cb.get(b)));
+            let bottom = (0..cb.len()).min_by(|&a, &b| cb.get(a).total_cmp(&cb.get(b)));
+            assert_eq!(Some(code.encode(f32::INFINITY) as usize), top);
+            assert_eq!(Some(code.encode(f32::NEG_INFINITY) as usize), bottom);
+            let mut probes = vec![0.0f32, -0.0, 1e38, -1e38, f32::MAX, f32::MIN];
+            for j in 0..cb.len() {
+                for i in 0..cb.len() {
+                    let m = ((cb.get(i) as f64 + cb.get(j) as f64) / 2.0) as f32;
+                    for t in [m, next_up(m), next_down(m), -m, cb.get(i)] {
+                        probes.push(t);
+                    }
+                }
+            }
+            let mut s = 12345u64;
+            for _ in 0..20000 {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let v = f32::from_bits((s >> 32) as u32);
+                if v.is_finite() {
+                    probes.push(v);
+                    probes.push(v * 1e-36);
+                }
+            }
+            for x in probes {
+                assert_eq!(code.encode(x), nearest(&cb, x), "{cb} at {x:e}");
+            }
+        }
+    }
+
+    #[test]
+    fn far_apart_entries_keep_the_exact_midpoint() {
+        // m = 1 + 2^-61: 1.0 is below it, the next f32 above.
+        let cb = Codebook::new(&[2f32.powi(-60), 2.0]).unwrap();
+        let c = LookupCode::new(&cb);
+        assert_eq!(c.encode(1.0), 0);
+        assert_eq!(c.encode(next_up(1.0)), 1);
+        // m = -(1e30 + 7) / 2: x = -1e30 / 2 is nearer to -7 by 3.5.
+        let cb = Codebook::new(&[-7.0, -1e30]).unwrap();
+        let c = LookupCode::new(&cb);
+        let x = -1e30f32 / 2.0;
+        assert_eq!(c.encode(x), 0);
+        assert_eq!(c.encode(next_down(x)), 1);
+    }
+
+    #[test]
+    fn ties_go_to_the_larger_magnitude_and_plus() {
+        let cb = Codebook::new(&[-1.0, 1.0, 0.5, -0.5]).unwrap();
+        let c = LookupCode::new(&cb);
+        assert_eq!(c.encode(0.0), 2); // 0 is ±0.5's midpoint: the tie goes to +0.5, field 2
+        assert_eq!(cb.get(c.encode(0.0) as usize), 0.5);
+        assert_eq!(cb.get(c.encode(-0.0) as usize), 0.5);
+        assert_eq!(cb.get(c.encode(0.75) as usize), 1.0);
+        assert_eq!(cb.get(c.encode(-0.75) as usize), -1.0);
+        assert_eq!(cb.get(c.zero_code() as usize), 0.5);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn encode8_equals_encode() {
+        if !crate::simd::has_avx2() {
+            return;
+        }
+        for cb in books() {
+            let code = LookupCode::new(&cb);
+            let mut s = 99u64;
+            for _ in 0..4000 {
+                let mut lanes = [0f32; 8];
+                for l in &mut lanes {
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let k = (s >> 60) as usize % cb.len();
+                    let jitter = ((s >> 20) as u32 % 5) as i32 - 2;
+                    let base = if s & 1 == 0 {
+                        cb.get(k)
+                    } else {
+                        f32::from_bits((s >> 32) as u32)
+                    };
+                    let mut v = base;
+                    for _ in 0..jitter.abs() {
+                        v = if jitter > 0 { next_up(v) } else { next_down(v) };
+                    }
+                    *l = v;
+                }
+                let mut got = [0i32; 8];
+                // SAFETY: AVX2 checked above; the arrays hold eight lanes.
+                unsafe {
+                    let r = code.encode8(_mm256_loadu_ps(lanes.as_ptr()));
+                    _mm256_storeu_si256(got.as_mut_ptr() as *mut __m256i, r);
+                }
+                for (g, &x) in got.iter().zip(&lanes) {
+                    assert_eq!(*g, code.encode(x) as i32, "{cb} at {x:e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn nearest_entry_is_the_decoded_code() {
+        for cb in books() {
+            let (code, q) = (LookupCode::new(&cb), NearestEntry::new(&cb));
+            let mut s = 7u64;
+            for _ in 0..20000 {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let k = (s >> 60) as usize % cb.len();
+                let u = if s & 1 == 0 {
+                    cb.get(k) * ((s >> 40) as u32 % 3) as f32 / 2.0
+                } else {
+                    f32::from_bits((s >> 32) as u32)
+                };
+                if u.is_nan() {
+                    continue;
+                }
+                let want = cb.get(code.encode(u) as usize);
+                assert_eq!(q.value(u).to_bits(), want.to_bits(), "{cb} at {u:e}");
+            }
+        }
+    }
+
+    #[test]
+    fn bad_codebooks_name_the_rule() {
+        assert!(Codebook::new(&[1.0, f32::NAN])
+            .unwrap_err()
+            .to_string()
+            .contains("finite"));
+        assert!(Codebook::new(&[1.0, 1.0])
+            .unwrap_err()
+            .to_string()
+            .contains("distinct"));
+        assert!(Codebook::new(&[0.0, -0.0])
+            .unwrap_err()
+            .to_string()
+            .contains("distinct"));
+        let cb = Codebook::new(&[1.0, 2.0, 3.0]).unwrap();
+        assert!(cb
+            .check_bits(2, "Q2S")
+            .unwrap_err()
+            .to_string()
+            .contains("4 entries"));
+        assert!(Codebook::new(&NF4).unwrap().check_bits(8, "Q8F").is_err());
+    }
+
+    #[test]
+    fn named_codebooks_print_their_names() {
+        assert_eq!(Codebook::new(&NF4).unwrap().to_string(), "nf4");
+        assert_eq!(Codebook::named("iq4nl").unwrap().half_range(), 127.0);
+        assert_eq!(
+            Codebook::new(&[1.5, -0.25, 0.0, -3.0]).unwrap().to_string(),
+            "[1.5,-0.25,0.0,-3.0]"
+        );
+        assert_eq!(Codebook::new(&NF4).unwrap().mx_emax(), 0);
+        assert_eq!(Codebook::new(&IQ4_NL).unwrap().mx_emax(), 6);
+    }
+}

@@ -1,0 +1,208 @@
+//! The candidate scales of the mse search ([`crate::search`]): per block, stored scales around
+//! minmax's, rounded to the scale dtype, in search order.
+
+use crate::layout::Layout;
+use crate::quantize::effective_scale;
+use crate::scale::{mx_scale_code, ScaleRounding};
+use crate::scheme::{QuantValue, ScaleDtype};
+
+/// The most candidates any value type has.
+pub const MAX_CANDIDATES: usize = 11;
+
+/// The divisors c of a value type's candidates, in search order: candidate k is the raw scale
+/// α / (half_range · c_k), so the block's largest |x| lands at c_k times the half range. The
+/// first is 1 (minmax itself, which therefore wins ties); the spacing is finer where the value
+/// grid is finer. All are exact in f32, and so is half_range · c.
+pub fn divisors(value: QuantValue) -> &'static [f32] {
+    match value.bits() {
+        8 => &[1.0, 62.0 / 64.0, 63.0 / 64.0, 65.0 / 64.0, 66.0 / 64.0],
+        4 => &[
+            1.0,
+            27.0 / 32.0,
+            28.0 / 32.0,
+            29.0 / 32.0,
+            30.0 / 32.0,
+            31.0 / 32.0,
+            33.0 / 32.0,
+            34.0 / 32.0,
+            35.0 / 32.0,
+            36.0 / 32.0,
+            37.0 / 32.0,
+        ],
+        // Ternary and 2-bit grids are coarse: the best scale sits well inside the range.
+        _ => &[1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0],
+    }
+}
+
+/// Rounding to F16, BF16 or UE4M3 without the generic code-space path (the search rounds
+/// eleven candidates a block): the f32 bits rounded to the mantissa width (ties to even) in the
+/// normal range, a power of two added and taken away in the subnormal range, saturating at the
+/// largest value; `up` steps to the next value when that fell below. Equal to
+/// [`ScaleDtype::round`] (tested), for finite s ≥ 0.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FastRound {
+    shift: u32,
+    min_normal: f32,
+    magic: f32,
+    max: f32,
+    /// The spacing of the subnormal values.
+    sub_quantum: f32,
+}
+
+impl FastRound {
+    pub(crate) fn new(dtype: ScaleDtype) -> Option<Self> {
+        let (mbits, emin) = match dtype {
+            ScaleDtype::F16 => (10, -14),
+            ScaleDtype::BF16 => (7, -126),
+            ScaleDtype::UE4M3 => (3, -6),
+            _ => return None,
+        };
+        Some(Self {
+            shift: 23 - mbits,
+            min_normal: crate::minifloat::exp2i(emin),
+            magic: crate::minifloat::exp2i(emin - mbits as i32 + 23),
+            max: dtype.max_value(),
+            sub_quantum: crate::minifloat::exp2i(emin - mbits as i32),
+        })
+    }
+
+    /// Branch-free (both roundings computed, then chosen), so a loop of them vectorizes.
+    #[inline(always)]
+    pub(crate) fn round(&self, s: f32, up: bool) -> f32 {
+        let b = s.to_bits();
+        let sub = (s + self.magic) - self.magic;
+        let half = (1u32 << (self.shift - 1)) - 1;
+        let normal = f32::from_bits(
+            b.wrapping_add(half + ((b >> self.shift) & 1)) & !((1u32 << self.shift) - 1),
+        );
+        let n = if s < self.min_normal { sub } else { normal };
+        let n = if n < self.max { n } else { self.max };
+        if !up {
+            return n;
+        }
+        let next_sub = n + self.sub_quantum;
+        let next_normal = f32::from_bits(n.to_bits().wrapping_add(1u32 << self.shift));
+        let next = if n < self.min_normal {
+            next_sub
+        } else {
+            next_normal
+        };
+        let next = if next < self.max { next } else { self.max };
+        if n >= s {
+            n
+        } else {
+            next
+        }
+    }
+}
+
+/// What the candidates of a block depend on, besides its amplitude.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ctx {
+    /// half_range · c_k for each divisor (exact), padded with the last.
+    denoms: [f32; MAX_CANDIDATES],
+    n_divisors: usize,
+    fast: Option<FastRound>,
+    dtype: ScaleDtype,
+    mode: ScaleRounding,
+    half_range: f32,
+    emax: i32,
+    /// Two-level: the per-tensor scale g.
+    global: Option<f32>,
+}
+
+impl Ctx {
+    pub(crate) fn new(layout: &Layout, mode: ScaleRounding, global: Option<f32>) -> Self {
+        let scheme = &layout.scheme;
+        let divs = divisors(scheme.value);
+        // A codebook's half range is max |c_k|: the product may round, the reference's too.
+        let denoms = std::array::from_fn(|k| scheme.half_range() * divs[k.min(divs.len() - 1)]);
+        Self {
+            denoms,
+            n_divisors: divs.len(),
+            fast: FastRound::new(layout.scheme.scale_dtype()),
+            dtype: layout.scheme.scale_dtype(),
+            mode,
+            half_range: scheme.half_range(),
+            emax: scheme.mx_emax(),
+            global,
+        }
+    }
+
+    /// The candidate stored scales of a block of amplitude `alpha`, in search order, with
+    /// repeats dropped (a repeat has the same error, and the first of equals wins anyway).
+    /// UE8M0 (powers of two) takes the scale minmax would store and its two neighbours
+    /// (×½ first, then ×2); every other dtype the divisors' raw scales, each rounded.
+    #[inline(always)]
+    pub(crate) fn candidates(&self, alpha: f32, out: &mut [f32; MAX_CANDIDATES]) -> usize {
+        if self.dtype == ScaleDtype::UE8M0 {
+            // One-level only (a two-level block dtype is F16 or UE4M3).
+            let base = match self.mode {
+                ScaleRounding::Mx => mx_scale_code(alpha, self.emax),
+                _ => self.dtype.round_code(alpha / self.half_range, self.mode),
+            } as i32;
+            // Three distinct codes: no repeats to drop.
+            let mut n = 0;
+            for code in [base, base - 1, base + 1] {
+                if (0..=254).contains(&code) {
+                    out[n] = self.dtype.decode_code(code as u32);
+                    n += 1;
+                }
+            }
+            return n;
+        }
+        // Every candidate's arithmetic first, over a fixed-size array (independent, so the
+        // divisions overlap and the loops vectorize), then the repeats dropped.
+        let mut block = [0.0f32; MAX_CANDIDATES];
+        for (b, &d) in block.iter_mut().zip(&self.denoms) {
+            *b = alpha / d;
+        }
+        match self.global {
+            None => {}
+            // As compute_scales: g = 0 leaves nothing to normalize by.
+            Some(0.0) => block = [0.0; MAX_CANDIDATES],
+            Some(g) => block.iter_mut().for_each(|b| *b /= g),
+        }
+        let mut stored = [0.0f32; MAX_CANDIDATES];
+        match self.fast {
+            Some(f) if self.mode == ScaleRounding::Up => {
+                for (st, &b) in stored.iter_mut().zip(&block) {
+                    *st = f.round(b, true);
+                }
+            }
+            Some(f) => {
+                for (st, &b) in stored.iter_mut().zip(&block) {
+                    *st = f.round(b, false);
+                }
+            }
+            None => {
+                for (st, &b) in stored.iter_mut().zip(&block) {
+                    *st = self.dtype.round(b, self.mode);
+                }
+            }
+        }
+        // Candidates 1.. are monotone in k, so a repeat equals the first or the one just before
+        // it (kept or not). Without branches: each is written, and kept by counting it.
+        let mut keep = [false; MAX_CANDIDATES];
+        for i in 1..MAX_CANDIDATES {
+            let st = stored[i].to_bits();
+            keep[i] = st != stored[0].to_bits() && st != stored[i - 1].to_bits();
+        }
+        out[0] = stored[0];
+        let mut n = 1;
+        for i in 1..self.n_divisors {
+            out[n] = stored[i];
+            n += usize::from(keep[i]);
+        }
+        n
+    }
+
+    /// What values are divided by under stored scale `s`.
+    #[inline]
+    pub(crate) fn effective(&self, s: f32) -> f32 {
+        match self.global {
+            Some(g) => effective_scale(s, g),
+            None => s,
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! The one thing the mse search ([`crate::search`]) knows about each value type: q(u), the value
+//! a scaled input u quantizes to, written without tables or branches so the error loops
+//! vectorize. A new value kind is a [`Dequant`] (its `qv`, and `qv8` for AVX2 speed) plus an arm
+//! of [`with_dequant!`]; tests hold each equal to decode(encode(u)).
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+use crate::codec::minifloat;
+use crate::scheme::QuantValue;
+
+/// q(u) of one value type, one element at a time and (x86_64) eight at a time.
+pub(crate) trait Dequant: Copy + Send + Sync {
+    /// The value u quantizes to, as f32 (any ±0: only (u − q(u))² is used).
+    fn qv(&self, u: f32) -> f32;
+
+    /// `qv` of each lane, the same bits. The default goes lane by lane; value types with an
+    /// AVX2 form override it.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn qv8(&self, u: __m256) -> __m256 {
+        let mut a = [0.0f32; 8];
+        _mm256_storeu_ps(a.as_mut_ptr(), u);
+        _mm256_loadu_ps(a.map(|v| self.qv(v)).as_ptr())
+    }
+}
+
+/// Integer values, either rounding: half away from zero and half to even differ only at a tie,
+/// where |u − q(u)| is ½ both ways, so the error is the same bits and one function (half to
+/// even, one instruction) serves both. q(u) itself may differ from the codec's at a tie.
+#[derive(Clone, Copy)]
+pub(crate) struct IntQ {
+    pub qmin: f32,
+    pub qmax: f32,
+}
+
+impl Dequant for IntQ {
+    #[inline(always)]
+    fn qv(&self, u: f32) -> f32 {
+        clamp(u, self.qmin, self.qmax).round_ties_even()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn qv8(&self, u: __m256) -> __m256 {
+        // maxps/minps return the second operand when the first is NaN: NaN → qmin, as `clamp`.
+        let v = _mm256_min_ps(
+            _mm256_max_ps(u, _mm256_set1_ps(self.qmin)),
+            _mm256_set1_ps(self.qmax),
+        );
+        _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v)
+    }
+}
+
+/// As the codec's clamp: plain comparisons, a NaN becomes `lo`.
+#[inline(always)]
+fn clamp(v: f32, lo: f32, hi: f32) -> f32 {
+    let v = if v >= lo { v } else { lo };
+    if v <= hi {
+        v
+    } else {
+        hi
+    }
+}
+
+/// E2M1: the thresholds of [`crate::codec::E2M1Code`], each adding the step to the next magnitude.
+#[derive(Clone, Copy)]
+pub(crate) struct E2M1Q;
+
+/// E2M1's magnitude steps: (threshold, strict, step), added in this order.
+const E2M1_STEPS: [(f32, bool, f32); 7] = [
+    (0.25, true, 0.5),
+    (0.75, false, 0.5),
+    (1.25, true, 0.5),
+    (1.75, false, 0.5),
+    (2.5, true, 1.0),
+    (3.5, false, 1.0),
+    (5.0, true, 2.0),
+];
+
+impl Dequant for E2M1Q {
+    #[inline(always)]
+    fn qv(&self, u: f32) -> f32 {
+        let a = u.abs();
+        let mut m = 0.0f32;
+        for (t, strict, s) in E2M1_STEPS {
+            let past = if strict { a > t } else { a >= t };
+            m += if past { s } else { 0.0 };
+        }
+        f32::from_bits(m.to_bits() | (u.to_bits() & 0x8000_0000))
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn qv8(&self, u: __m256) -> __m256 {
+        let sign = _mm256_set1_ps(-0.0);
+        let a = _mm256_andnot_ps(sign, u);
+        // Added left to right from 0, as the scalar sum.
+        let mut m = _mm256_setzero_ps();
+        for (t, strict, s) in E2M1_STEPS {
+            let past = if strict {
+                _mm256_cmp_ps::<_CMP_GT_OQ>(a, _mm256_set1_ps(t))
+            } else {
+                _mm256_cmp_ps::<_CMP_GE_OQ>(a, _mm256_set1_ps(t))
+            };
+            m = _mm256_add_ps(m, _mm256_and_ps(past, _mm256_set1_ps(s)));
+        }
+        _mm256_or_ps(m, _mm256_and_ps(sign, u))
+    }
+}
+
+/// E4M3 / E5M2: round the f32 mantissa to the format's bits (ties to even) in its normal range,
+/// add-and-subtract a power of two in its subnormal range, saturate at the largest value.
+#[derive(Clone, Copy)]
+pub(crate) struct MiniQ {
+    /// 23 - mantissa bits.
+    shift: u32,
+    /// 2^emin, the smallest normal.
+    min_normal: f32,
+    /// 2^(emin - mbits + 23): adding it rounds to the subnormal quantum.
+    magic: f32,
+    max: f32,
+}
+
+impl MiniQ {
+    pub(crate) fn new(value: QuantValue) -> Self {
+        let fmt = minifloat(value).expect("a float value");
+        let emin = 1 - fmt.bias;
+        Self {
+            shift: 23 - fmt.man_bits,
+            min_normal: crate::minifloat::exp2i(emin),
+            magic: crate::minifloat::exp2i(emin - fmt.man_bits as i32 + 23),
+            max: fmt.max_value(),
+        }
+    }
+}
+
+impl Dequant for MiniQ {
+    #[inline(always)]
+    fn qv(&self, u: f32) -> f32 {
+        let a = u.abs();
+        let b = a.to_bits();
+        let half = (1u32 << (self.shift - 1)) - 1;
+        let normal = f32::from_bits(
+            (b.wrapping_add(half + ((b >> self.shift) & 1))) & !((1u32 << self.shift) - 1),
+        );
+        let sub = (a + self.magic) - self.magic;
+        let m = if a < self.min_normal { sub } else { normal };
+        let m = if m < self.max { m } else { self.max };
+        f32::from_bits(m.to_bits() | (u.to_bits() & 0x8000_0000))
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn qv8(&self, u: __m256) -> __m256 {
+        let sign = _mm256_set1_ps(-0.0);
+        let a = _mm256_andnot_ps(sign, u);
+        let b = _mm256_castps_si256(a);
+        let shift = _mm_cvtsi32_si128(self.shift as i32);
+        let half = _mm256_set1_epi32(((1u32 << (self.shift - 1)) - 1) as i32);
+        let odd = _mm256_and_si256(_mm256_srl_epi32(b, shift), _mm256_set1_epi32(1));
+        let keep = _mm256_set1_epi32(!((1u32 << self.shift) - 1) as i32);
+        let normal = _mm256_castsi256_ps(_mm256_and_si256(
+            _mm256_add_epi32(b, _mm256_add_epi32(half, odd)),
+            keep,
+        ));
+        let magic = _mm256_set1_ps(self.magic);
+        let sub = _mm256_sub_ps(_mm256_add_ps(a, magic), magic);
+        let m = _mm256_blendv_ps(
+            normal,
+            sub,
+            _mm256_cmp_ps::<_CMP_LT_OQ>(a, _mm256_set1_ps(self.min_normal)),
+        );
+        let max = _mm256_set1_ps(self.max);
+        let m = _mm256_blendv_ps(max, m, _mm256_cmp_ps::<_CMP_LT_OQ>(m, max));
+        _mm256_or_ps(m, _mm256_and_ps(sign, u))
+    }
+}
+
+/// Lookup mode: the codebook entry nearest to u ([`crate::lookup::NearestEntry`]).
+impl Dequant for crate::lookup::NearestEntry {
+    #[inline(always)]
+    fn qv(&self, u: f32) -> f32 {
+        self.value(u)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn qv8(&self, u: __m256) -> __m256 {
+        // The thresholds u reaches counted (each passed mask is −1); the count picks the sorted
+        // entry with two in-register permutes (each reads the low three bits), chosen by bit 3:
+        // the entry `value`'s select chain ends on (NaN padding thresholds are never passed).
+        let (thresholds, sorted) = self.parts();
+        let mut rank = _mm256_setzero_si256();
+        for &t in thresholds {
+            let ge = _mm256_cmp_ps::<_CMP_GE_OQ>(u, _mm256_set1_ps(t));
+            rank = _mm256_sub_epi32(rank, _mm256_castps_si256(ge));
+        }
+        let lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(sorted.as_ptr()), rank);
+        let hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(sorted.as_ptr().add(8)), rank);
+        let upper = _mm256_cmpgt_epi32(rank, _mm256_set1_epi32(7));
+        _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(upper))
+    }
+}
+
+/// Runs `$body` with `$q` bound to the [`Dequant`] of `$scheme`'s value, or its codebook (the
+/// integer rounding does not change the error, see [`IntQ`]).
+macro_rules! with_dequant {
+    ($scheme:expr, |$q:ident| $body:expr) => {{
+        let scheme: &$crate::scheme::QuantScheme = $scheme;
+        let value: QuantValue = scheme.value;
+        match value {
+            _ if scheme.codebook.is_some() => {
+                let cb = scheme.codebook.as_ref().expect("checked");
+                let $q = $crate::lookup::NearestEntry::new(cb);
+                $body
+            }
+            QuantValue::E2M1 => {
+                let $q = $crate::search_values::E2M1Q;
+                $body
+            }
+            QuantValue::E4M3 | QuantValue::E5M2 => {
+                let $q = $crate::search_values::MiniQ::new(value);
+                $body
+            }
+            _ => {
+                let (qmin, qmax) = value.range();
+                let $q = $crate::search_values::IntQ { qmin, qmax };
+                $body
+            }
+        }
+    }};
+}
+
+pub(crate) use with_dequant;
