@@ -429,13 +429,13 @@ fn quantize_two_level(
         layout,
         opts,
         dtype: layout.scheme.scale_dtype(),
-        half_range: layout.scheme.value.half_range(),
-        emax: layout.scheme.value.mx_emax(),
+        half_range: layout.scheme.half_range(),
+        emax: layout.scheme.mx_emax(),
     };
     let g = derived_global(&alpha, k.half_range, k.dtype);
     let mut stored = vec![0.0f32; layout.num_scales];
     let pieces = pieces(layout);
-    let bad = with_codec!(layout.scheme.value, opts.rounding, |codec| {
+    let bad = with_codec!(&layout.scheme, opts.rounding, |codec| {
         let encode = |p: &Piece, xs: &[f32], sc: &mut [f32], codes: &mut [u8]| {
             let a = &alpha[p.scale0..p.scale0 + p.scales];
             // SAFETY: the caller checked the CPU has AVX2 and F16C.
