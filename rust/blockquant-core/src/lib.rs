@@ -14,6 +14,8 @@ pub mod bytes;
 pub mod calibrate;
 pub mod codec;
 pub mod error;
+#[cfg(target_arch = "x86_64")]
+mod fused_avx2;
 pub mod ggml;
 pub mod input;
 pub mod layout;

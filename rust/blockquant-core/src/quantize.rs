@@ -1,6 +1,8 @@
 //! Quantize and dequantize (SPEC §3–§7): scales from α, then every value against its block's
 //! stored (or effective) scale, written straight into the caller's storage.
 
+use std::sync::OnceLock;
+
 use rayon::prelude::*;
 
 use crate::calibrate::{amplitudes, run_amplitude, Calibration, MIN_TASK_ELEMS};
@@ -64,35 +66,33 @@ pub struct ExplicitScales<'a> {
 }
 
 /// The scales a quantized tensor stores, and the ones its values were quantized against.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Scales {
     /// Stored scales (the grid; two-level: the block scales b_i), exact in their dtype.
     pub stored: Vec<f32>,
     /// Two-level only: the per-tensor scale g, f32.
     pub global: Option<f32>,
-    /// Two-level only: b_i × g. One-level values are divided by `stored` itself.
-    two_level_effective: Vec<f32>,
+    /// Two-level only: b_i × g, worked out when first asked for (a quantize call that only
+    /// hands back the stored scales never needs them). One-level values are divided by
+    /// `stored` itself.
+    two_level_effective: OnceLock<Vec<f32>>,
+}
+
+/// Equal stored scales and global scale: the effective ones follow from them.
+impl PartialEq for Scales {
+    fn eq(&self, other: &Self) -> bool {
+        self.stored == other.stored && self.global == other.global
+    }
 }
 
 impl Scales {
-    /// Scales as stored; for two-level (`global` set) the effective scales are derived here.
+    /// Scales as stored; for two-level (`global` set) the effective scales are derived from
+    /// them when first asked for.
     pub fn new(stored: Vec<f32>, global: Option<f32>) -> Self {
-        // In the bounded pool like every other parallel loop: rayon's global pool would add
-        // threads `set_num_threads` does not bound, and has none in a forked child (a hang).
-        let two_level_effective = match global {
-            Some(g) => pool::install(|| {
-                stored
-                    .par_iter()
-                    .with_min_len(MIN_TASK_ELEMS)
-                    .map(|&b| effective_scale(b, g))
-                    .collect()
-            }),
-            None => Vec::new(),
-        };
         Self {
             stored,
             global,
-            two_level_effective,
+            two_level_effective: OnceLock::new(),
         }
     }
 
@@ -105,10 +105,20 @@ impl Scales {
 
     /// What values are divided by: `stored`, or `b_i × g` for two-level.
     pub fn effective(&self) -> &[f32] {
-        match self.global {
-            Some(_) => &self.two_level_effective,
-            None => &self.stored,
-        }
+        let Some(g) = self.global else {
+            return &self.stored;
+        };
+        // In the bounded pool like every other parallel loop: rayon's global pool would add
+        // threads `set_num_threads` does not bound, and has none in a forked child (a hang).
+        self.two_level_effective.get_or_init(|| {
+            pool::install(|| {
+                self.stored
+                    .par_iter()
+                    .with_min_len(MIN_TASK_ELEMS)
+                    .map(|&b| effective_scale(b, g))
+                    .collect()
+            })
+        })
     }
 }
 
@@ -229,16 +239,33 @@ pub fn compute_scales(
     if !scheme.is_two_level() {
         return Ok(Scales::new(round_all(|s, _| s, 1.0), None));
     }
-    // g maps the largest raw block scale onto the block dtype's largest value.
-    let max_raw = alpha.iter().fold(0.0f32, |m, &a| m.max(a)) / half_range;
-    let g = match ex.global {
-        Some(g) => g,
-        None if max_raw == 0.0 => 1.0,
-        None => max_raw / dtype.max_value(),
-    };
-    // A caller's g of 0 leaves nothing to normalize by: every block quantizes to 0.
-    let stored = round_all(|s, g| if g == 0.0 { 0.0 } else { s / g }, g);
+    let g = ex
+        .global
+        .unwrap_or_else(|| derived_global(&alpha, half_range, dtype));
+    let stored = round_all(to_block, g);
     Ok(Scales::new(stored, Some(g)))
+}
+
+/// A two-level block's raw scale in the block dtype's units: ÷ g. A caller's g of 0 (or a
+/// derived one that underflowed) leaves nothing to normalize by: every block quantizes to 0.
+#[inline(always)]
+fn to_block(s: f32, g: f32) -> f32 {
+    if g == 0.0 {
+        0.0
+    } else {
+        s / g
+    }
+}
+
+/// The per-tensor scale g of a two-level scheme from its blocks' amplitudes: it maps the
+/// largest raw block scale onto the block dtype's largest value (1 when all are 0).
+fn derived_global(alpha: &[f32], half_range: f32, dtype: ScaleDtype) -> f32 {
+    let max_raw = alpha.iter().fold(0.0f32, |m, &a| m.max(a)) / half_range;
+    if max_raw == 0.0 {
+        1.0
+    } else {
+        max_raw / dtype.max_value()
+    }
 }
 
 /// The stored scale of a block of amplitude `alpha`: s_raw = α / half_range (mapped by
@@ -322,6 +349,15 @@ fn quantize_in_pool(
     if calibrating && opts.calibration != Calibration::Mse && fusable(layout) {
         return quantize_fused(x, layout, opts, out);
     }
+    #[cfg(target_arch = "x86_64")]
+    if calibrating
+        && opts.calibration == Calibration::MinMax
+        && two_level_fusable(layout)
+        && crate::simd::has_avx2()
+        && crate::simd::has_f16c()
+    {
+        return quantize_two_level(x, layout, opts, out);
+    }
     let scales = compute_scales(x, layout, opts, explicit)?;
     encode_values(x, layout, scales.effective(), opts.rounding, out)?;
     Ok(scales)
@@ -344,15 +380,93 @@ fn fusable(layout: &Layout) -> bool {
         && layout.num_elements > 0
 }
 
+/// Two-level block schemes (NVFP4) with blocks of 16 or 32 along the last axis, whole in every
+/// row, and storage packed along it: [`quantize_two_level`]'s case.
+fn two_level_fusable(layout: &Layout) -> bool {
+    let bc = layout.block_cols();
+    !layout.per_tensor
+        && layout.scheme.is_two_level()
+        && layout.rows_map_directly()
+        && layout.packing.axis + 1 == layout.rank()
+        && layout.num_elements > 0
+        && (bc == 16 || bc == 32)
+        && layout.row_len() % bc == 0
+}
+
+/// A two-level scheme in two passes over memory: every block's amplitude (into a small array,
+/// in parallel), g from their maximum, then per piece its block scales b_i from those
+/// amplitudes, each block's values against e_i = b_i × g while the piece is in cache, packed.
+/// The arithmetic of `compute_scales` + `encode_values` (the same bits, tested), without their
+/// third pass (the effective scales).
+#[cfg(target_arch = "x86_64")]
+fn quantize_two_level(
+    x: Input<'_>,
+    layout: &Layout,
+    opts: &QuantizeOptions,
+    out: StorageMut<'_>,
+) -> Result<Scales> {
+    let alpha = amplitudes(x, layout, Calibration::MinMax);
+    let k = FusedKernel {
+        layout,
+        opts,
+        dtype: layout.scheme.scale_dtype(),
+        half_range: layout.scheme.value.half_range(),
+        emax: layout.scheme.value.mx_emax(),
+    };
+    let g = derived_global(&alpha, k.half_range, k.dtype);
+    let mut stored = vec![0.0f32; layout.num_scales];
+    let pieces = pieces(layout);
+    let bad = with_codec!(layout.scheme.value, opts.rounding, |codec| {
+        let encode = |p: &Piece, xs: &[f32], sc: &mut [f32], codes: &mut [u8]| {
+            let a = &alpha[p.scale0..p.scale0 + p.scales];
+            // SAFETY: the caller checked the CPU has AVX2 and F16C.
+            unsafe { crate::fused_avx2::two_level_piece(codec, &k, g, a, xs, sc, codes) }
+        };
+        match out {
+            StorageMut::U8(words) if layout.packing.per == 1 => {
+                // One code a byte: the codes are the bytes, less than 8-bit ones masked.
+                let mask = layout.packing.field_mask() as u8;
+                fused_pieces(x, &pieces, &mut stored, words, |p, xs, sc, w, _| {
+                    let bad = encode(p, xs, sc, w);
+                    if layout.packing.masks_bytes() {
+                        w.iter_mut().for_each(|c| *c &= mask);
+                    }
+                    bad
+                })
+            }
+            StorageMut::U8(words) => {
+                fused_pieces(x, &pieces, &mut stored, words, |p, xs, sc, w, codes| {
+                    codes.resize(p.len, 0);
+                    let bad = encode(p, xs, sc, codes);
+                    pack_last_axis(layout, codes, p.start, p.word0, w);
+                    bad
+                })
+            }
+            StorageMut::U32(words) => {
+                fused_pieces(x, &pieces, &mut stored, words, |p, xs, sc, w, codes| {
+                    codes.resize(p.len, 0);
+                    let bad = encode(p, xs, sc, codes);
+                    pack_last_axis(layout, codes, p.start, p.word0, w);
+                    bad
+                })
+            }
+        }
+    });
+    if bad {
+        return Err(first_non_finite(x));
+    }
+    Ok(Scales::new(stored, Some(g)))
+}
+
 /// A piece of the tensor for the one-pass kernel: elements, and the scales and storage words
 /// they own (all three contiguous, because pieces are whole rows or block- and word-aligned
 /// parts of one row).
 #[derive(Debug, Clone, Copy)]
-struct Piece {
-    start: usize,
-    len: usize,
-    scale0: usize,
-    scales: usize,
+pub(crate) struct Piece {
+    pub(crate) start: usize,
+    pub(crate) len: usize,
+    pub(crate) scale0: usize,
+    pub(crate) scales: usize,
     /// Global index of the first storage word, and the count.
     word0: usize,
     words: usize,
@@ -471,17 +585,32 @@ fn fused_with<C: Encode>(
 }
 
 /// What the one-pass kernel needs to turn a block's α into its stored scale.
-struct FusedKernel<'a> {
-    layout: &'a Layout,
-    opts: &'a QuantizeOptions,
-    dtype: ScaleDtype,
-    half_range: f32,
-    emax: i32,
+pub(crate) struct FusedKernel<'a> {
+    pub(crate) layout: &'a Layout,
+    pub(crate) opts: &'a QuantizeOptions,
+    pub(crate) dtype: ScaleDtype,
+    pub(crate) half_range: f32,
+    pub(crate) emax: i32,
 }
 
 impl FusedKernel<'_> {
+    /// A two-level block's stored scale b from its amplitude, under the per-tensor scale g (as
+    /// `compute_scales`).
     #[inline(always)]
-    fn scale(&self, alpha: f32) -> f32 {
+    pub(crate) fn two_level_scale(&self, alpha: f32, g: f32) -> f32 {
+        let o = self.opts;
+        stored_scale(
+            alpha,
+            self.half_range,
+            self.dtype,
+            o.scale_rounding,
+            self.emax,
+            |s| to_block(s, g),
+        )
+    }
+
+    #[inline(always)]
+    pub(crate) fn scale(&self, alpha: f32) -> f32 {
         let o = self.opts;
         stored_scale(
             alpha,
@@ -508,90 +637,14 @@ fn measure_encode<C: Encode>(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx2() {
-        if k.whole_blocks_of_8s() && crate::simd::has_f16c() {
+        if crate::fused_avx2::whole_blocks_of_8s(k) && crate::simd::has_f16c() {
             // SAFETY: the CPU has AVX2 and F16C, checked just above.
-            return unsafe { measure_encode_groups_avx2(codec, k, xs, sc, out) };
+            return unsafe { crate::fused_avx2::measure_encode_groups(codec, k, xs, sc, out) };
         }
         // SAFETY: the CPU has AVX2, checked just above.
         return unsafe { measure_encode_avx2(codec, k, p, xs, sc, out) };
     }
     measure_encode_portable(codec, k, p, xs, sc, out)
-}
-
-impl FusedKernel<'_> {
-    /// Every block a whole run of a multiple of 8 values, max |x| calibration: the case of
-    /// [`measure_encode_groups_avx2`].
-    fn whole_blocks_of_8s(&self) -> bool {
-        let bc = self.layout.block_cols();
-        self.opts.calibration == Calibration::MinMax
-            && bc % 8 == 0
-            && self.layout.row_len() % bc == 0
-    }
-}
-
-/// [`measure_encode`] eight blocks at a time when every block is a whole run of a multiple of 8
-/// values (a piece is then whole blocks, their scales consecutive): the eight maxima come out
-/// in one vector, F16 and MX scales are rounded in vector lanes (others one at a time), then
-/// each block is quantized from L1.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn measure_encode_groups_avx2<C: Encode>(
-    codec: C,
-    k: &FusedKernel<'_>,
-    xs: &[f32],
-    sc: &mut [f32],
-    out: &mut [u8],
-) -> bool {
-    use crate::simd::x86;
-    use std::arch::x86_64::*;
-    let bc = k.layout.block_cols();
-    let blocks = xs.len() / bc;
-    assert!(blocks * bc == xs.len() && sc.len() == blocks && out.len() == xs.len());
-    let mode = k.opts.scale_rounding;
-    let mut bad = false;
-    let mut b = 0;
-    while b + 8 <= blocks {
-        let x0 = xs.as_ptr().add(b * bc);
-        x86::prefetch(x0.wrapping_add(PREFETCH_AHEAD), 8 * bc);
-        // In bounds: blocks b..b + 8 lie within xs.
-        let alpha = x86::max_abs_8runs(x0, bc);
-        let e = match (k.dtype, mode) {
-            (ScaleDtype::F32, _) => _mm256_div_ps(alpha, _mm256_set1_ps(k.half_range)),
-            (ScaleDtype::F16, ScaleRounding::Up | ScaleRounding::Nearest) => x86::round_f16_8(
-                _mm256_div_ps(alpha, _mm256_set1_ps(k.half_range)),
-                mode == ScaleRounding::Up,
-            ),
-            (ScaleDtype::UE8M0, ScaleRounding::Mx) if k.emax >= 0 => x86::mx_scale_8(alpha, k.emax),
-            _ => {
-                let mut a = [0.0f32; 8];
-                _mm256_storeu_ps(a.as_mut_ptr(), alpha);
-                let e = a.map(|a| k.scale(a));
-                _mm256_loadu_ps(e.as_ptr())
-            }
-        };
-        let scales = &mut sc[b..b + 8];
-        _mm256_storeu_ps(scales.as_mut_ptr(), e);
-        for (j, &e) in scales.iter().enumerate() {
-            let r = (b + j) * bc..(b + j + 1) * bc;
-            let (run, o) = (&xs[r.clone()], &mut out[r]);
-            bad |= match e {
-                0.0 => encode_run(codec, run, 0.0, o), // the zero rule
-                e => x86::encode_run(codec, run, e, o),
-            };
-        }
-        b += 8;
-    }
-    for (b, s) in sc.iter_mut().enumerate().skip(b) {
-        let r = b * bc..(b + 1) * bc;
-        let (run, o) = (&xs[r.clone()], &mut out[r]);
-        let e = k.scale(x86::max_abs(run));
-        *s = e;
-        bad |= match e {
-            0.0 => encode_run(codec, run, 0.0, o),
-            e => x86::encode_run(codec, run, e, o),
-        };
-    }
-    bad
 }
 
 #[inline(always)]
@@ -1075,6 +1128,81 @@ mod tests {
         }
     }
 
+    /// The two-level kernel (NVFP4 and its kin: blocks of 16 or 32, any value, store, both
+    /// block dtypes, roundings) against `compute_scales` + `encode_values`: stored scales, g and storage
+    /// bit for bit, in every input dtype; data with zero blocks, values near f32::MAX, and a
+    /// tensor so small that g underflows to 0. Non-finite input names the same value.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn two_level_kernel_matches_two_pass() {
+        use ScaleDtype::*;
+        if !(crate::simd::has_avx2() && crate::simd::has_f16c()) {
+            return;
+        }
+        let mut rng = Rng::new(15);
+        let shapes: [(&[usize], usize); 5] = [
+            (&[4, 256], 16),
+            (&[3, 96], 32),
+            (&[2, 48], 16),
+            (&[PIECE + 64], 16),
+            (&[5, 160], 32),
+        ];
+        let values = [
+            QuantValue::E2M1,
+            QuantValue::E4M3,
+            QuantValue::Q4S,
+            QuantValue::Q8F,
+        ];
+        // The block dtypes a two-level scheme takes.
+        let dtypes = [UE4M3, F16];
+        let mut k = 0;
+        for (shape, bc) in shapes {
+            let n: usize = shape.iter().product();
+            let tiny: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 1e-44).collect();
+            for x in [Inputs::new(tensor(&mut rng, n)), Inputs::new(tiny)] {
+                for value in values {
+                    for store in STORES {
+                        let dtype = dtypes[k % dtypes.len()];
+                        let mut opts = all_opts()[k % 8];
+                        opts.calibration = Calibration::MinMax;
+                        let scheme = one_level(value, store, bc, dtype).per_tensor(F32);
+                        let layout = Layout::new(&scheme, shape).unwrap();
+                        assert!(two_level_fusable(&layout));
+                        let input = x.get(k);
+                        let (s2, w2) = two_pass(input, &layout, &opts);
+                        let mut w1 = Words::filled(&layout, 0x5A5A_5A5A);
+                        let s1 = quantize(input, &layout, &opts, None, w1.as_mut()).unwrap();
+                        let ctx = || format!("{scheme} {shape:?} {opts:?} input {}", k % 4);
+                        let bits = |v: &[f32]| v.iter().map(|s| s.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&s1.stored), bits(&s2.stored), "{}", ctx());
+                        assert_eq!(s1.global.map(f32::to_bits), s2.global.map(f32::to_bits));
+                        assert_eq!(s1.effective(), s2.effective(), "{}", ctx());
+                        if let Some(i) = (0..w1.len()).find(|&i| w1.get(i) != w2.get(i)) {
+                            panic!("word {i}: {:#x} vs {:#x}: {}", w1.get(i), w2.get(i), ctx());
+                        }
+                        k += 1;
+                    }
+                }
+            }
+            let mut bad = tensor(&mut rng, n);
+            bad[n - 3] = f32::NAN;
+            bad[n / 2] = f32::NEG_INFINITY;
+            let scheme =
+                one_level(QuantValue::E2M1, QuantStore::PackedNative(0), bc, UE4M3).per_tensor(F32);
+            let layout = Layout::new(&scheme, shape).unwrap();
+            let opts = QuantizeOptions::default();
+            let mut w = Words::new(&layout);
+            let got = quantize(Input::F32(&bad), &layout, &opts, None, w.as_mut()).unwrap_err();
+            assert_eq!(
+                got,
+                QuantError::NonFinite {
+                    index: n / 2,
+                    value: f32::NEG_INFINITY
+                }
+            );
+        }
+    }
+
     /// Scale bits, any NaN equal to any other.
     fn key(v: f32) -> u32 {
         if v.is_nan() {
@@ -1124,6 +1252,9 @@ mod tests {
             (&[3, 512], 32),
             (&[2, 1024], 64),
             (&[2 * PIECE + 8], 8),
+            // Whole blocks of 16 and 32 in groups of eight: the fused kernel's fast path.
+            (&[4, 256], 16),
+            (&[2, 4096], 32),
         ] {
             let n: usize = shape.iter().product();
             let mut x = tensor(&mut rng, n);

@@ -184,21 +184,52 @@ pub(crate) mod x86 {
     }
 
     /// Eight f32 ≥ 0 rounded to float16 values (SPEC §4), as f32: `up` the smallest value ≥ s,
-    /// else the nearest (ties to even); both saturate at 65504. F16C's conversion rounds to
-    /// nearest even; when that lands below s, the next code up is the smallest value above.
-    /// The CPU must have F16C too. Equal to `ScaleDtype::F16.round` (tested on every f32).
+    /// else the nearest (ties to even); both saturate at 65504. F16C's conversion takes the
+    /// rounding direction in its immediate (toward +inf is `up` for s ≥ 0; MXCSR is not read);
+    /// past 65504 it gives infinity, whose code 0x7C00 is the next after 65504's 0x7BFF, so an
+    /// unsigned min saturates. The CPU must have F16C too. Equal to `ScaleDtype::F16.round`
+    /// (tested on every non-negative f32: `vector_scales_equal_scalar_on_every_f32`).
     #[inline(always)]
     pub(crate) unsafe fn round_f16_8(s: __m256, up: bool) -> __m256 {
-        let h = _mm256_cvtepu16_epi32(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(s));
         let h = if up {
-            let back = _mm256_cvtph_ps(_mm256_castsi256_si128(pack_u16(h)));
-            let below = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LT_OQ>(back, s));
-            _mm256_sub_epi32(h, below) // all-ones lanes: +1
+            _mm256_cvtps_ph::<_MM_FROUND_TO_POS_INF>(s)
         } else {
-            h
+            _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(s)
         };
-        let h = _mm256_min_epi32(h, _mm256_set1_epi32(0x7BFF));
-        _mm256_cvtph_ps(_mm256_castsi256_si128(pack_u16(h)))
+        _mm256_cvtph_ps(_mm_min_epu16(h, _mm_set1_epi16(0x7BFF)))
+    }
+
+    /// Eight f32 ≥ 0 rounded to UE4M3 values (SPEC §4), as f32: `up` the smallest value ≥ s,
+    /// else the nearest (ties to even); both saturate at 448. The nearest code is E4M3's
+    /// encoder's (which saturates); for `up`, when its value lies below s the next code up is the
+    /// smallest value above (codes are in value order), but never past the largest, 0x7E. Equal
+    /// to `ScaleDtype::UE4M3.round` (tested on every non-negative f32).
+    #[inline(always)]
+    pub(crate) unsafe fn round_ue4m3_8(s: __m256, up: bool) -> __m256 {
+        use crate::codec::{Encode, FloatCode};
+        let code = FloatCode(crate::minifloat::E4M3).encode8(s);
+        let v = ue4m3_value_8(code);
+        if !up {
+            return v;
+        }
+        let below = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LT_OQ>(v, s));
+        let code = _mm256_min_epi32(_mm256_sub_epi32(code, below), _mm256_set1_epi32(0x7E));
+        ue4m3_value_8(code)
+    }
+
+    /// The values of eight UE4M3 codes (0..=0x7E, in i32 lanes): normal codes c are the f32
+    /// with exponent and mantissa fields (c + (127 − 7) · 8) << 20, subnormal ones (c < 8)
+    /// c · 2^-9.
+    #[inline(always)]
+    unsafe fn ue4m3_value_8(code: __m256i) -> __m256 {
+        let normal = _mm256_slli_epi32::<20>(_mm256_add_epi32(code, _mm256_set1_epi32(120 << 3)));
+        let sub = _mm256_mul_ps(_mm256_cvtepi32_ps(code), _mm256_set1_ps(1.0 / 512.0));
+        let is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(8), code);
+        _mm256_blendv_ps(
+            _mm256_castsi256_ps(normal),
+            sub,
+            _mm256_castsi256_ps(is_sub),
+        )
     }
 
     /// How many leading scales, in whole groups of eight, are all float16 values (finite,
@@ -223,13 +254,6 @@ pub(crate) mod x86 {
             i += 8;
         }
         i
-    }
-
-    /// Eight u16 values held in i32 lanes, packed into the low 128 bits in order.
-    #[inline(always)]
-    unsafe fn pack_u16(v: __m256i) -> __m256i {
-        let p = _mm256_packus_epi32(v, v); // per half: v0..v3 v0..v3 | v4..v7 v4..v7
-        _mm256_permute4x64_epi64::<0b00_00_10_00>(p)
     }
 
     /// The OCP MX scale (SPEC §4 `mx`) of eight amplitudes as f32: 2^(floor(log2 α) − emax)
@@ -619,6 +643,18 @@ mod tests {
                         assert_eq!(g.to_bits(), want.to_bits(), "f16 {mode:?} {s:e}");
                     }
                 }
+                for up in [false, true] {
+                    let mode = if up {
+                        ScaleRounding::Up
+                    } else {
+                        ScaleRounding::Nearest
+                    };
+                    _mm256_storeu_ps(got.as_mut_ptr(), super::x86::round_ue4m3_8(v, up));
+                    for (&s, &g) in lanes.iter().zip(&got) {
+                        let want = ScaleDtype::UE4M3.round(s, mode);
+                        assert_eq!(g.to_bits(), want.to_bits(), "ue4m3 {mode:?} {s:e}");
+                    }
+                }
                 for emax in [0, 2, 6, 8, 15] {
                     _mm256_storeu_ps(got.as_mut_ptr(), super::x86::mx_scale_8(v, emax));
                     for (&s, &g) in lanes.iter().zip(&got) {
@@ -637,9 +673,14 @@ mod tests {
     #[test]
     fn vector_scales_equal_scalar_on_a_sweep() {
         check_scales(0, 4093, (1u32 << 31) / 4093 / 8 * 8);
-        // Around f16's subnormals, its largest value and the saturation point.
+        // Around f16's subnormals, its largest value and the saturation point; UE4M3's
+        // subnormals, smallest normal and largest value (448).
         for b in [
-            0x3380_0000u32,
+            0x3A80_0000u32,
+            0x3C80_0000,
+            0x43E0_0000,
+            0x43E8_0000,
+            0x3380_0000,
             0x3880_0000,
             0x477F_E000,
             0x477F_F000,

@@ -1,0 +1,355 @@
+//! The one-pass kernel's AVX2 path for whole blocks of a multiple of 8 values (block-32 int8,
+//! MX formats, ...): eight blocks at a time.
+//!
+//! Blocks of 16 or 32 values, the common case, take a path with no per-block branch: the eight
+//! blocks' maxima as integer maxima of the |x| bit patterns (for finite values the same order
+//! as the floats; a NaN or an infinity shows as a maximum at or past the infinity's pattern,
+//! so one compare finds a group with a non-finite value), their scales rounded in vector
+//! lanes, then each block divided by its scale (broadcast from the stored vector), encoded,
+//! packed to bytes and stored. A group with a non-finite value or a zero scale (the zero rule)
+//! takes the general path, block by block, which gives the same bits on every input: the fast
+//! path only skips the checks that group needs.
+
+use std::arch::x86_64::*;
+
+use crate::calibrate::Calibration;
+use crate::codec::Encode;
+use crate::pack::encode_run;
+use crate::quantize::FusedKernel;
+use crate::scale::ScaleRounding;
+use crate::scheme::ScaleDtype;
+use crate::simd::x86;
+
+/// Every block a whole run of a multiple of 8 values, max |x| calibration: the case of
+/// [`measure_encode_groups`].
+pub(crate) fn whole_blocks_of_8s(k: &FusedKernel<'_>) -> bool {
+    let bc = k.layout.block_cols();
+    k.opts.calibration == Calibration::MinMax && bc % 8 == 0 && k.layout.row_len() % bc == 0
+}
+
+/// The stored scales of eight blocks from their amplitudes: F32, F16 and MX scales in vector
+/// lanes (others one at a time, as the scalar path).
+#[inline(always)]
+unsafe fn scales8(k: &FusedKernel<'_>, alpha: __m256) -> __m256 {
+    let mode = k.opts.scale_rounding;
+    match (k.dtype, mode) {
+        (ScaleDtype::F32, _) => _mm256_div_ps(alpha, _mm256_set1_ps(k.half_range)),
+        (ScaleDtype::F16, ScaleRounding::Up | ScaleRounding::Nearest) => x86::round_f16_8(
+            _mm256_div_ps(alpha, _mm256_set1_ps(k.half_range)),
+            mode == ScaleRounding::Up,
+        ),
+        (ScaleDtype::UE8M0, ScaleRounding::Mx) if k.emax >= 0 => x86::mx_scale_8(alpha, k.emax),
+        _ => {
+            let mut a = [0.0f32; 8];
+            _mm256_storeu_ps(a.as_mut_ptr(), alpha);
+            let e = a.map(|a| k.scale(a));
+            _mm256_loadu_ps(e.as_ptr())
+        }
+    }
+}
+
+/// One-pass kernel of a piece (`xs`, its scales `sc`, its codes `out`, one a byte) whose
+/// blocks are all whole runs of `bc` values, `bc` a multiple of 8. Returns whether any input
+/// was non-finite.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn measure_encode_groups<C: Encode>(
+    codec: C,
+    k: &FusedKernel<'_>,
+    xs: &[f32],
+    sc: &mut [f32],
+    out: &mut [u8],
+) -> bool {
+    let bc = k.layout.block_cols();
+    let blocks = xs.len() / bc;
+    assert!(blocks * bc == xs.len() && sc.len() == blocks && out.len() == xs.len());
+    let mut bad = false;
+    let mut b = 0;
+    while b + 8 <= blocks {
+        // In bounds: blocks b..b + 8 lie within xs, sc and out.
+        let x0 = xs.as_ptr().add(b * bc);
+        let o0 = out.as_mut_ptr().add(b * bc);
+        let s0 = sc.as_mut_ptr().add(b);
+        x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * bc);
+        let done = match bc {
+            16 => group_fast::<C, 2>(codec, k, x0, s0, o0),
+            32 => group_fast::<C, 4>(codec, k, x0, s0, o0),
+            _ => false,
+        };
+        if !done {
+            bad |= group_general(codec, k, &xs[b * bc..(b + 8) * bc], &mut sc[b..b + 8], {
+                &mut out[b * bc..(b + 8) * bc]
+            });
+        }
+        b += 8;
+    }
+    for (b, s) in sc.iter_mut().enumerate().skip(b) {
+        let r = b * bc..(b + 1) * bc;
+        let (run, o) = (&xs[r.clone()], &mut out[r]);
+        let e = k.scale(x86::max_abs(run));
+        *s = e;
+        bad |= match e {
+            0.0 => encode_run(codec, run, 0.0, o), // the zero rule
+            e => x86::encode_run(codec, run, e, o),
+        };
+    }
+    bad
+}
+
+/// Eight blocks, each a run of `bc` values, one at a time after their scales: any input.
+#[inline(always)]
+unsafe fn group_general<C: Encode>(
+    codec: C,
+    k: &FusedKernel<'_>,
+    xs: &[f32],
+    sc: &mut [f32],
+    out: &mut [u8],
+) -> bool {
+    let bc = xs.len() / 8;
+    let alpha = x86::max_abs_8runs(xs.as_ptr(), bc);
+    _mm256_storeu_ps(sc.as_mut_ptr(), scales8(k, alpha));
+    let mut bad = false;
+    for (j, &e) in sc.iter().enumerate() {
+        let r = j * bc..(j + 1) * bc;
+        let (run, o) = (&xs[r.clone()], &mut out[r]);
+        bad |= match e {
+            0.0 => encode_run(codec, run, 0.0, o), // the zero rule
+            e => x86::encode_run(codec, run, e, o),
+        };
+    }
+    bad
+}
+
+/// Eight blocks of `8 * V` values from `x0` (V = 2 or 4), their scales to `s0` and codes to
+/// `o0`, when every value is finite and every scale non-zero; returns false, having written
+/// nothing, otherwise (the caller then runs [`group_general`]).
+#[inline(always)]
+unsafe fn group_fast<C: Encode, const V: usize>(
+    codec: C,
+    k: &FusedKernel<'_>,
+    x0: *const f32,
+    s0: *mut f32,
+    o0: *mut u8,
+) -> bool {
+    let bits = max_abs_bits_8runs::<V>(x0);
+    let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF));
+    if _mm256_movemask_epi8(non_finite) != 0 {
+        return false;
+    }
+    let e = scales8(k, _mm256_castsi256_ps(bits));
+    if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps())) != 0 {
+        return false;
+    }
+    _mm256_storeu_ps(s0, e);
+    // A multiply by the reciprocal when it equals the division for all eight (MX scales, all
+    // powers of two): see `simd::exact_reciprocal`. Same test, in lanes.
+    let eb = _mm256_castps_si256(e);
+    let exp = _mm256_srli_epi32::<23>(eb);
+    let pow2 = _mm256_and_si256(
+        _mm256_cmpeq_epi32(
+            _mm256_and_si256(eb, _mm256_set1_epi32(0x807F_FFFF_u32 as i32)),
+            _mm256_setzero_si256(),
+        ),
+        _mm256_and_si256(
+            _mm256_cmpgt_epi32(exp, _mm256_setzero_si256()),
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(255), exp),
+        ),
+    );
+    if _mm256_movemask_epi8(pow2) == -1 {
+        let r = _mm256_div_ps(_mm256_set1_ps(1.0), e);
+        encode_8blocks::<C, V, true>(codec, x0, r, o0);
+    } else {
+        encode_8blocks::<C, V, false>(codec, x0, e, o0);
+    }
+    true
+}
+
+/// max of the |x| bit patterns of each of eight runs of `8 * V` values from `p`: lane j is run
+/// j's (as i32; the pattern of the float maximum when every value is finite).
+#[inline(always)]
+unsafe fn max_abs_bits_8runs<const V: usize>(p: *const f32) -> __m256i {
+    let abs = _mm256_set1_epi32(0x7FFF_FFFF);
+    let mut m = [_mm256_setzero_si256(); 8];
+    for (j, acc) in m.iter_mut().enumerate() {
+        let run = p.add(j * 8 * V);
+        for t in 0..V {
+            let v = _mm256_and_si256(_mm256_loadu_si256(run.add(8 * t) as *const __m256i), abs);
+            *acc = _mm256_max_epi32(v, *acc);
+        }
+    }
+    // Fold the eight vectors into one of their eight maxima, as `x86::max_abs_8runs`.
+    let pair = |a: __m256i, b: __m256i| {
+        _mm256_max_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b))
+    };
+    let quad = |ab: __m256i, cd: __m256i| {
+        _mm256_max_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd))
+    };
+    let lo = quad(pair(m[0], m[1]), pair(m[2], m[3]));
+    let hi = quad(pair(m[4], m[5]), pair(m[6], m[7]));
+    _mm256_max_epi32(
+        _mm256_permute2x128_si256::<0x20>(lo, hi),
+        _mm256_permute2x128_si256::<0x31>(lo, hi),
+    )
+}
+
+/// Codes of eight blocks of `8 * V` values from `x0` into `o0`: block j's values divided by
+/// lane j of `d` (multiplied by it when `MUL`), encoded, packed to bytes in order.
+#[inline(always)]
+unsafe fn encode_8blocks<C: Encode, const V: usize, const MUL: bool>(
+    codec: C,
+    x0: *const f32,
+    d: __m256,
+    o0: *mut u8,
+) {
+    let mut ds = [0.0f32; 8];
+    _mm256_storeu_ps(ds.as_mut_ptr(), d);
+    // The packs work within 128-bit halves; this puts the dwords back in order.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (j, &dj) in ds.iter().enumerate() {
+        let dv = _mm256_set1_ps(dj);
+        let (x, o) = (x0.add(j * 8 * V), o0.add(j * 8 * V));
+        let c: [__m256i; V] = std::array::from_fn(|t| {
+            let v = _mm256_loadu_ps(x.add(8 * t));
+            codec.encode8(if MUL {
+                _mm256_mul_ps(v, dv)
+            } else {
+                _mm256_div_ps(v, dv)
+            })
+        });
+        if V == 4 {
+            let ab = _mm256_packus_epi32(c[0], c[1]);
+            let cd = _mm256_packus_epi32(c[2], c[3]);
+            let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order);
+            _mm256_storeu_si256(o as *mut __m256i, bytes);
+        } else {
+            let ab = _mm256_packus_epi32(c[0], c[1]);
+            let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, ab), order);
+            _mm_storeu_si128(o as *mut __m128i, _mm256_castsi256_si128(bytes));
+        }
+    }
+}
+
+/// Pass 2 of a two-level scheme on a piece of whole blocks of 16 or 32 values: block scales
+/// b_i from the amplitudes `alpha` (into `sc`), each block's values against
+/// e_i = min(b_i × g, f32::MAX) (codes into `out`, one a byte). Returns whether any input was
+/// non-finite.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn two_level_piece<C: Encode>(
+    codec: C,
+    k: &FusedKernel<'_>,
+    g: f32,
+    alpha: &[f32],
+    xs: &[f32],
+    sc: &mut [f32],
+    out: &mut [u8],
+) -> bool {
+    let bc = k.layout.block_cols();
+    let blocks = xs.len() / bc;
+    assert!(blocks * bc == xs.len() && sc.len() == blocks && alpha.len() == blocks);
+    assert!(out.len() == xs.len() && (bc == 16 || bc == 32));
+    let mut bad = false;
+    let mut b = 0;
+    while b + 8 <= blocks {
+        // In bounds: blocks b..b + 8 lie within alpha, sc, xs and out.
+        let x0 = xs.as_ptr().add(b * bc);
+        let o0 = out.as_mut_ptr().add(b * bc);
+        x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * bc);
+        let bs = two_level_scales8(k, g, _mm256_loadu_ps(alpha.as_ptr().add(b)));
+        _mm256_storeu_ps(sc.as_mut_ptr().add(b), bs);
+        let e = _mm256_min_ps(
+            _mm256_mul_ps(bs, _mm256_set1_ps(g)),
+            _mm256_set1_ps(f32::MAX),
+        );
+        let bits = if bc == 16 {
+            max_abs_bits_8runs::<2>(x0)
+        } else {
+            max_abs_bits_8runs::<4>(x0)
+        };
+        let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF));
+        bad |= _mm256_movemask_epi8(non_finite) != 0;
+        // The zero rule: a block whose e is 0 gets codes 0 (its quotients are masked away).
+        let keep = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_NEQ_UQ>(e, _mm256_setzero_ps()));
+        if bc == 16 {
+            encode_8blocks_masked::<C, 2>(codec, x0, e, keep, o0);
+        } else {
+            encode_8blocks_masked::<C, 4>(codec, x0, e, keep, o0);
+        }
+        b += 8;
+    }
+    for j in b..blocks {
+        let r = j * bc..(j + 1) * bc;
+        sc[j] = k.two_level_scale(alpha[j], g);
+        let e = crate::quantize::effective_scale(sc[j], g);
+        bad |= encode_run(codec, &xs[r.clone()], e, &mut out[r]);
+    }
+    bad
+}
+
+/// Block scales b_i of eight two-level blocks from their amplitudes: UE4M3 (NVFP4) and F16 in
+/// vector lanes, g = 0 one at a time as the scalar path.
+#[inline(always)]
+unsafe fn two_level_scales8(k: &FusedKernel<'_>, g: f32, alpha: __m256) -> __m256 {
+    let mode = k.opts.scale_rounding;
+    let s = || {
+        _mm256_div_ps(
+            _mm256_div_ps(alpha, _mm256_set1_ps(k.half_range)),
+            _mm256_set1_ps(g),
+        )
+    };
+    let scalar = || {
+        let mut a = [0.0f32; 8];
+        _mm256_storeu_ps(a.as_mut_ptr(), alpha);
+        let b = a.map(|a| k.two_level_scale(a, g));
+        _mm256_loadu_ps(b.as_ptr())
+    };
+    match (k.dtype, mode) {
+        _ if g == 0.0 => scalar(),
+        (ScaleDtype::UE4M3, ScaleRounding::Up | ScaleRounding::Nearest) => {
+            x86::round_ue4m3_8(s(), mode == ScaleRounding::Up)
+        }
+        (ScaleDtype::F16, ScaleRounding::Up | ScaleRounding::Nearest) => {
+            x86::round_f16_8(s(), mode == ScaleRounding::Up)
+        }
+        _ => scalar(),
+    }
+}
+
+/// [`encode_8blocks`] (division) with block j's bytes kept where lane j of `keep` is all ones,
+/// zeroed where it is 0.
+#[inline(always)]
+unsafe fn encode_8blocks_masked<C: Encode, const V: usize>(
+    codec: C,
+    x0: *const f32,
+    d: __m256,
+    keep: __m256i,
+    o0: *mut u8,
+) {
+    let (mut ds, mut ks) = ([0.0f32; 8], [0i32; 8]);
+    _mm256_storeu_ps(ds.as_mut_ptr(), d);
+    _mm256_storeu_si256(ks.as_mut_ptr() as *mut __m256i, keep);
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for j in 0..8 {
+        let dv = _mm256_set1_ps(ds[j]);
+        let kv = _mm256_set1_epi32(ks[j]);
+        let (x, o) = (x0.add(j * 8 * V), o0.add(j * 8 * V));
+        let c: [__m256i; V] = std::array::from_fn(|t| {
+            codec.encode8(_mm256_div_ps(_mm256_loadu_ps(x.add(8 * t)), dv))
+        });
+        if V == 4 {
+            let ab = _mm256_packus_epi32(c[0], c[1]);
+            let cd = _mm256_packus_epi32(c[2], c[3]);
+            let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order);
+            _mm256_storeu_si256(o as *mut __m256i, _mm256_and_si256(bytes, kv));
+        } else {
+            let ab = _mm256_packus_epi32(c[0], c[1]);
+            let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, ab), order);
+            let bytes = _mm256_and_si256(bytes, kv);
+            _mm_storeu_si128(o as *mut __m128i, _mm256_castsi256_si128(bytes));
+        }
+    }
+}
