@@ -7,7 +7,7 @@ use crate::lookup::{Codebook, NearestEntry};
 use crate::scale::ScaleRounding;
 use crate::scheme::{QuantScheme, QuantStore, ScaleDtype};
 use crate::search_cands::FastRound;
-use crate::search_values::{IntQ, MiniQ, E2M1Q};
+use crate::search_values::{IntQ, MiniQ};
 
 fn layout(value: QuantValue, block: &[usize], dtype: ScaleDtype, shape: &[usize]) -> Layout {
     let s = QuantScheme::default()
@@ -82,11 +82,15 @@ fn value_functions_equal_decode_of_encode() {
         let table = float_table(&fmt);
         let mq = MiniQ::new(value);
         if value == QuantValue::E2M1 {
-            check(
-                &|u| E2M1Q.qv(u),
-                &|u| table[E2M1Code.encode(u) as usize],
-                10.0,
-            );
+            check(&|u| mq.qv(u), &|u| table[E2M1Code.encode(u) as usize], 10.0);
+            // Each threshold of the codec and its neighbours.
+            for t in [0.25f32, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 7.0] {
+                for u in [t, t.next_up(), t.next_down()] {
+                    for u in [u, -u] {
+                        assert_eq!(mq.qv(u), table[E2M1Code.encode(u) as usize], "{u}");
+                    }
+                }
+            }
         } else {
             check(
                 &|u| mq.qv(u),
@@ -159,7 +163,7 @@ fn vector_value_functions_equal_scalar_ones() {
         },
         20.0,
     );
-    check(E2M1Q, 10.0);
+    check(MiniQ::new(QuantValue::E2M1), 10.0);
     for book in [
         &crate::lookup::IQ4_NL[..],
         &crate::lookup::NF4[..],
@@ -240,7 +244,7 @@ fn vector_sums_equal_portable_sums() {
                 w,
                 &eff,
             );
-            run(E2M1Q, x, w, &eff);
+            run(MiniQ::new(QuantValue::E2M1), x, w, &eff);
             for book in [&crate::lookup::IQ4_NL[..], &[1.5, -0.25, 0.25, -3.0]] {
                 run(NearestEntry::new(&Codebook::new(book).unwrap()), x, w, &eff);
             }

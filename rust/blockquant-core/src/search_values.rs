@@ -66,54 +66,10 @@ fn clamp(v: f32, lo: f32, hi: f32) -> f32 {
     }
 }
 
-/// E2M1: the thresholds of [`crate::codec::E2M1Code`], each adding the step to the next magnitude.
-#[derive(Clone, Copy)]
-pub(crate) struct E2M1Q;
-
-/// E2M1's magnitude steps: (threshold, strict, step), added in this order.
-const E2M1_STEPS: [(f32, bool, f32); 7] = [
-    (0.25, true, 0.5),
-    (0.75, false, 0.5),
-    (1.25, true, 0.5),
-    (1.75, false, 0.5),
-    (2.5, true, 1.0),
-    (3.5, false, 1.0),
-    (5.0, true, 2.0),
-];
-
-impl Dequant for E2M1Q {
-    #[inline(always)]
-    fn qv(&self, u: f32) -> f32 {
-        let a = u.abs();
-        let mut m = 0.0f32;
-        for (t, strict, s) in E2M1_STEPS {
-            let past = if strict { a > t } else { a >= t };
-            m += if past { s } else { 0.0 };
-        }
-        f32::from_bits(m.to_bits() | (u.to_bits() & 0x8000_0000))
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn qv8(&self, u: __m256) -> __m256 {
-        let sign = _mm256_set1_ps(-0.0);
-        let a = _mm256_andnot_ps(sign, u);
-        // Added left to right from 0, as the scalar sum.
-        let mut m = _mm256_setzero_ps();
-        for (t, strict, s) in E2M1_STEPS {
-            let past = if strict {
-                _mm256_cmp_ps::<_CMP_GT_OQ>(a, _mm256_set1_ps(t))
-            } else {
-                _mm256_cmp_ps::<_CMP_GE_OQ>(a, _mm256_set1_ps(t))
-            };
-            m = _mm256_add_ps(m, _mm256_and_ps(past, _mm256_set1_ps(s)));
-        }
-        _mm256_or_ps(m, _mm256_and_ps(sign, u))
-    }
-}
-
-/// E4M3 / E5M2: round the f32 mantissa to the format's bits (ties to even) in its normal range,
-/// add-and-subtract a power of two in its subnormal range, saturate at the largest value.
+/// E2M1 / E4M3 / E5M2: round the f32 mantissa to the format's bits (ties to even) in its normal
+/// range, add-and-subtract a power of two in its subnormal range, saturate at the largest value.
+/// (E2M1's codec thresholds, 0.25 < a, 0.75 ≤ a, 1.25 < a, ..., 5 < a, are exactly this
+/// rounding's ties to even; tested against the codec.)
 #[derive(Clone, Copy)]
 pub(crate) struct MiniQ {
     /// 23 - mantissa bits.
@@ -218,11 +174,7 @@ macro_rules! with_dequant {
                 let $q = $crate::lookup::NearestEntry::new(cb);
                 $body
             }
-            QuantValue::E2M1 => {
-                let $q = $crate::search_values::E2M1Q;
-                $body
-            }
-            QuantValue::E4M3 | QuantValue::E5M2 => {
+            QuantValue::E2M1 | QuantValue::E4M3 | QuantValue::E5M2 => {
                 let $q = $crate::search_values::MiniQ::new(value);
                 $body
             }
