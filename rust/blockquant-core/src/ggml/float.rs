@@ -97,6 +97,11 @@ pub(super) fn encode_f16(x: Input<'_>, out: &mut [u8]) -> bool {
         .enumerate()
         .map_init(Vec::new, |buf, (t, o)| {
             let xs = x.read(t * TASK_VALUES, o.len() / 2, buf);
+            #[cfg(target_arch = "x86_64")]
+            if crate::simd::has_avx2() && crate::simd::has_f16c() {
+                // SAFETY: the CPU has AVX2 and F16C, checked just above.
+                return unsafe { super::legacy_avx2::f16_run(xs, o) };
+            }
             let mut bad = false;
             let mut h = [half::f16::ZERO; 1024];
             for (xc, oc) in xs.chunks(1024).zip(o.chunks_mut(2048)) {

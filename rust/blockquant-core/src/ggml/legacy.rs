@@ -107,6 +107,8 @@ fn pack_high_bits(q: &Codes) -> [u8; 4] {
 impl Block for Q8_0 {
     const BS: usize = 32;
     const TS: usize = 34;
+    #[cfg(target_arch = "x86_64")]
+    const ENCODE_AVX2: Option<super::EncodeRun> = Some(super::legacy_avx2::q8_0_run);
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
         let m = abs_max_bits(x);
@@ -383,6 +385,8 @@ fn write_q5_1(d: f32, mn: f32, q: &Codes, out: &mut [u8]) {
 impl Block for Q4_0 {
     const BS: usize = 32;
     const TS: usize = 18;
+    #[cfg(target_arch = "x86_64")]
+    const ENCODE_AVX2: Option<super::EncodeRun> = Some(super::legacy_avx2::q4_0_run);
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
         let mut q = [0i32; 32];
@@ -413,6 +417,8 @@ impl Block for Q4_0 {
 impl Block for Q4_1 {
     const BS: usize = 32;
     const TS: usize = 20;
+    #[cfg(target_arch = "x86_64")]
+    const ENCODE_AVX2: Option<super::EncodeRun> = Some(super::legacy_avx2::q4_1_run);
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
         let mut q = [0i32; 32];
@@ -440,6 +446,8 @@ impl Block for Q4_1 {
 impl Block for Q5_0 {
     const BS: usize = 32;
     const TS: usize = 22;
+    #[cfg(target_arch = "x86_64")]
+    const ENCODE_AVX2: Option<super::EncodeRun> = Some(super::legacy_avx2::q5_0_run);
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
         let mut q = [0i32; 32];
@@ -466,6 +474,8 @@ impl Block for Q5_0 {
 impl Block for Q5_1 {
     const BS: usize = 32;
     const TS: usize = 24;
+    #[cfg(target_arch = "x86_64")]
+    const ENCODE_AVX2: Option<super::EncodeRun> = Some(super::legacy_avx2::q5_1_run);
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
         let mut q = [0i32; 32];

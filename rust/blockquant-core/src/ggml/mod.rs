@@ -26,6 +26,8 @@ use crate::simd::avx2_dispatch;
 // The types gguf-py quantizes, whose rules these follow bit for bit.
 mod float;
 mod legacy;
+#[cfg(target_arch = "x86_64")]
+mod legacy_avx2;
 mod mxfp4;
 mod ternary;
 // The types whose quantizers are blockquant's own searches (gguf-py only dequantizes them).
@@ -344,7 +346,15 @@ trait Block: Copy + Default + Send + Sync {
     }
     /// Dequantize one block.
     fn decode(b: &[u8], out: &mut [f32]);
+    /// A hand-written run for CPUs with AVX2 and F16C, where the compiled portable run falls
+    /// short of the memory's pace; the same bytes.
+    #[cfg(target_arch = "x86_64")]
+    const ENCODE_AVX2: Option<EncodeRun> = None;
 }
+
+/// A run of whole blocks: values in, bytes out; true when a value is a NaN or infinity.
+#[cfg(target_arch = "x86_64")]
+type EncodeRun = unsafe fn(&[f32], &mut [u8]) -> bool;
 
 fn encode_all<B: Block>(x: Input<'_>, out: &mut [u8]) -> bool {
     let blocks_per_task = (TASK_VALUES / B::BS).max(1);
@@ -353,9 +363,21 @@ fn encode_all<B: Block>(x: Input<'_>, out: &mut [u8]) -> bool {
         .map_init(Vec::new, |buf, (t, o)| {
             let start = t * blocks_per_task * B::BS;
             let xs = x.read(start, o.len() / B::TS * B::BS, buf);
-            encode_run(B::default(), xs, o)
+            encode_run_best::<B>(xs, o)
         })
         .reduce(|| false, |a, b| a | b)
+}
+
+/// The type's hand-written AVX2 run where it has one and the CPU runs it, else [`encode_run`].
+fn encode_run_best<B: Block>(xs: &[f32], out: &mut [u8]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(run) = B::ENCODE_AVX2 {
+        if crate::simd::has_avx2() && crate::simd::has_f16c() {
+            // SAFETY: the CPU has AVX2 and F16C, checked just above.
+            return unsafe { run(xs, out) };
+        }
+    }
+    encode_run(B::default(), xs, out)
 }
 
 avx2_dispatch! {

@@ -361,18 +361,38 @@ fn f64_to_f16_rounds_once_to_nearest_even() {
     assert_eq!(f64_to_f16_bits(-0.0), 0x8000);
 }
 
-/// Every type, quantized then dequantized on a run of many blocks: the AVX2 build of the
-/// runs against the portable one, bit for bit (random bytes for dequantize, NaNs included).
+/// Every type, quantized then dequantized on a run of many blocks: the AVX2 builds of the
+/// runs (the compiled portable code and the hand-written kernels) against the portable one,
+/// bit for bit (random bytes for dequantize, NaNs included); a run ending in a part group;
+/// a NaN or infinity anywhere reported by each.
 #[test]
 fn avx2_runs_match_portable_runs() {
     fn check<B: Block>(ty: GgmlType, rng: &mut Rng) {
         let n = 64 * 256;
         let x: Vec<f32> = (0..n / 64).flat_map(|_| block(rng, 64)).collect();
+        // Whole groups, then 3 blocks past them.
+        for len in [n, (GROUP * 7 + 3) * B::BS.max(8)] {
+            let (x, nb) = (&x[..len], len / B::BS);
+            let (mut a, mut b) = (vec![0u8; nb * B::TS], vec![1u8; nb * B::TS]);
+            let mut c = vec![2u8; nb * B::TS];
+            assert!(!encode_run_best::<B>(x, &mut a));
+            assert!(!encode_run(B::default(), x, &mut c));
+            assert!(!encode_run_portable(B::default(), x, &mut b));
+            assert_eq!(a, b, "{ty} quantize, {len} values");
+            assert_eq!(c, b, "{ty} quantize, {len} values");
+            let mut y = x.to_vec();
+            for _ in 0..20 {
+                let at = rng.below(len);
+                y[at] = [f32::NAN, f32::INFINITY, -f32::INFINITY][rng.below(3)];
+                assert!(encode_run_best::<B>(&y, &mut a), "{ty} non-finite at {at}");
+                assert!(
+                    encode_run(B::default(), &y, &mut a),
+                    "{ty} non-finite at {at}"
+                );
+                y[at] = x[at];
+            }
+        }
         let nb = n / B::BS;
-        let (mut a, mut b) = (vec![0u8; nb * B::TS], vec![1u8; nb * B::TS]);
-        assert!(!encode_run(B::default(), &x, &mut a));
-        assert!(!encode_run_portable(B::default(), &x, &mut b));
-        assert_eq!(a, b, "{ty} quantize");
         let bytes: Vec<u8> = (0..nb * B::TS).map(|_| rng.byte()).collect();
         let (mut fa, mut fb) = (vec![0f32; n], vec![1f32; n]);
         decode_run(B::default(), &bytes, &mut fa);
@@ -392,6 +412,51 @@ fn avx2_runs_match_portable_runs() {
     check::<MXFP4>(GgmlType::MXFP4, &mut rng);
     check::<TQ1_0>(GgmlType::TQ1_0, &mut rng);
     check::<TQ2_0>(GgmlType::TQ2_0, &mut rng);
+}
+
+/// F16C's conversion (the AVX2 F16 run and the scales of the hand-written kernels) against the
+/// portable float16 cast, on a sweep of every finite magnitude and around the rounding edges;
+/// and the F16 run against the portable one.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn f16c_matches_the_portable_cast() {
+    use super::legacy_avx2::{f16_lanes, f16_run};
+    if !(crate::simd::has_avx2() && crate::simd::has_f16c()) {
+        return;
+    }
+    let dense = (0x3300_0000u32..0x3900_0000).step_by(5);
+    let top = 0x4770_0000u32..0x4780_0000;
+    let bits: Vec<u32> = (0..0x7F80_0000u32)
+        .step_by(97)
+        .chain(dense)
+        .chain(top)
+        .collect();
+    let mut lanes = [0f32; GROUP];
+    for chunk in bits.chunks(GROUP / 2) {
+        for (j, &b) in chunk.iter().enumerate() {
+            lanes[2 * j] = f32::from_bits(b);
+            lanes[2 * j + 1] = -f32::from_bits(b);
+        }
+        // SAFETY: the CPU has AVX2 and F16C, checked above.
+        let got = unsafe { f16_lanes(&lanes) };
+        for (v, g) in lanes.iter().zip(got) {
+            assert_eq!(g, f32_to_f16(*v), "{v:e}");
+        }
+    }
+    let mut rng = Rng::new(15);
+    let x: Vec<f32> = (0..1001).flat_map(|_| block(&mut rng, 8)).collect();
+    let (mut a, mut b) = (vec![0u8; x.len() * 2], vec![1u8; x.len() * 2]);
+    // SAFETY: as above.
+    assert!(!unsafe { f16_run(&x, &mut a) });
+    assert!(!encode_run_portable(F16, &x, &mut b));
+    assert_eq!(a, b);
+    let mut y = x.clone();
+    for at in [0, 9, x.len() - 1] {
+        y[at] = f32::NAN;
+        // SAFETY: as above.
+        assert!(unsafe { f16_run(&y, &mut a) }, "NaN at {at}");
+        y[at] = x[at];
+    }
 }
 
 #[test]
