@@ -109,6 +109,8 @@ impl Block for Q8_0 {
     const TS: usize = 34;
     #[cfg(target_arch = "x86_64")]
     const ENCODE_AVX2: Option<super::EncodeRun> = Some(super::legacy_avx2::q8_0_run);
+    #[cfg(target_arch = "x86_64")]
+    const DECODE_AVX2: Option<super::DecodeRun> = Some(super::legacy_avx2::q8_0_decode);
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
         let m = abs_max_bits(x);
@@ -387,6 +389,8 @@ impl Block for Q4_0 {
     const TS: usize = 18;
     #[cfg(target_arch = "x86_64")]
     const ENCODE_AVX2: Option<super::EncodeRun> = Some(super::legacy_avx2::q4_0_run);
+    #[cfg(target_arch = "x86_64")]
+    const DECODE_AVX2: Option<super::DecodeRun> = Some(super::legacy_avx2::q4_0_decode);
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
         let mut q = [0i32; 32];
@@ -419,6 +423,8 @@ impl Block for Q4_1 {
     const TS: usize = 20;
     #[cfg(target_arch = "x86_64")]
     const ENCODE_AVX2: Option<super::EncodeRun> = Some(super::legacy_avx2::q4_1_run);
+    #[cfg(target_arch = "x86_64")]
+    const DECODE_AVX2: Option<super::DecodeRun> = Some(super::legacy_avx2::q4_1_decode);
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
         let mut q = [0i32; 32];
@@ -448,6 +454,8 @@ impl Block for Q5_0 {
     const TS: usize = 22;
     #[cfg(target_arch = "x86_64")]
     const ENCODE_AVX2: Option<super::EncodeRun> = Some(super::legacy_avx2::q5_0_run);
+    #[cfg(target_arch = "x86_64")]
+    const DECODE_AVX2: Option<super::DecodeRun> = Some(super::legacy_avx2::q5_0_decode);
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
         let mut q = [0i32; 32];
@@ -476,6 +484,8 @@ impl Block for Q5_1 {
     const TS: usize = 24;
     #[cfg(target_arch = "x86_64")]
     const ENCODE_AVX2: Option<super::EncodeRun> = Some(super::legacy_avx2::q5_1_run);
+    #[cfg(target_arch = "x86_64")]
+    const DECODE_AVX2: Option<super::DecodeRun> = Some(super::legacy_avx2::q5_1_decode);
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
         let mut q = [0i32; 32];

@@ -388,6 +388,108 @@ pub(super) unsafe fn f16_run(xs: &[f32], out: &mut [u8]) -> bool {
     bad
 }
 
+// ---------------------------------------------------------------------------------------------
+// Dequantization: codes widened to i32 lanes, converted, scaled. The scale is converted by the
+// portable `f16_to_f32` (F16C would quiet a signalling NaN, and numpy's cast does not).
+
+/// The dequantizing runs: each block by `$block`, which returns false for a block it leaves
+/// to the portable `decode` (compiled here for AVX2).
+macro_rules! decode_run {
+    ($name:ident, $ty:ty, $block:expr) => {
+        #[target_feature(enable = "avx2,f16c")]
+        pub(super) unsafe fn $name(blocks: &[u8], out: &mut [f32]) {
+            type B = $ty;
+            for (b, o) in blocks.chunks_exact(B::TS).zip(out.chunks_exact_mut(B::BS)) {
+                if !$block(b.as_ptr(), o.as_mut_ptr()) {
+                    B::decode(b, o);
+                }
+            }
+        }
+    };
+}
+
+decode_run!(q8_0_decode, super::legacy::Q8_0, q8_0_block);
+decode_run!(q4_0_decode, super::legacy::Q4_0, signed_block::<false>);
+decode_run!(q5_0_decode, super::legacy::Q5_0, signed_block::<true>);
+decode_run!(q4_1_decode, super::legacy::Q4_1, min_block::<false>);
+decode_run!(q5_1_decode, super::legacy::Q5_1, min_block::<true>);
+
+#[inline(always)]
+unsafe fn scale_at(b: *const u8) -> f32 {
+    super::f16_to_f32(u16::from_le_bytes(*(b as *const [u8; 2])))
+}
+
+#[inline(always)]
+unsafe fn q8_0_block(b: *const u8, o: *mut f32) -> bool {
+    let d = _mm256_set1_ps(scale_at(b));
+    for k in 0..4 {
+        let q = _mm_loadl_epi64(b.add(2 + 8 * k) as *const __m128i);
+        let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+        _mm256_storeu_ps(o.add(8 * k), _mm256_mul_ps(v, d));
+    }
+    true
+}
+
+/// A block's 32 codes from its nibbles at `b` (and with `Q5` its fifth bits, the
+/// little-endian u32 before them), eight a vector.
+#[inline(always)]
+unsafe fn codes<const Q5: bool>(b: *const u8) -> [__m256i; 4] {
+    let (qh, nib) = if Q5 {
+        (u32::from_le_bytes(*(b as *const [u8; 4])), b.add(4))
+    } else {
+        (0, b)
+    };
+    let bytes = _mm_loadu_si128(nib as *const __m128i);
+    let low = _mm_set1_epi8(0x0F);
+    let first = _mm_and_si128(bytes, low);
+    let second = _mm_and_si128(_mm_srli_epi16::<4>(bytes), low);
+    let mut q = [
+        _mm256_cvtepu8_epi32(first),
+        _mm256_cvtepu8_epi32(_mm_srli_si128::<8>(first)),
+        _mm256_cvtepu8_epi32(second),
+        _mm256_cvtepu8_epi32(_mm_srli_si128::<8>(second)),
+    ];
+    if Q5 {
+        let qh = _mm256_set1_epi32(qh as i32);
+        for (k, c) in q.iter_mut().enumerate() {
+            let at = 8 * k as i32;
+            let shift =
+                _mm256_setr_epi32(at, at + 1, at + 2, at + 3, at + 4, at + 5, at + 6, at + 7);
+            let bit = _mm256_and_si256(_mm256_srlv_epi32(qh, shift), _mm256_set1_epi32(1));
+            *c = _mm256_or_si256(*c, _mm256_slli_epi32::<4>(bit));
+        }
+    }
+    q
+}
+
+/// Q4_0 / Q5_0: d · (q − 8 or 16).
+#[inline(always)]
+unsafe fn signed_block<const Q5: bool>(b: *const u8, o: *mut f32) -> bool {
+    let d = _mm256_set1_ps(scale_at(b));
+    let offset = _mm256_set1_epi32(if Q5 { 16 } else { 8 });
+    for (k, c) in codes::<Q5>(b.add(2)).into_iter().enumerate() {
+        let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(c, offset));
+        _mm256_storeu_ps(o.add(8 * k), _mm256_mul_ps(d, v));
+    }
+    true
+}
+
+/// Q4_1 / Q5_1: d · q + m; a block whose d or m is NaN left to the portable code, which picks
+/// the NaN numpy returns.
+#[inline(always)]
+unsafe fn min_block<const Q5: bool>(b: *const u8, o: *mut f32) -> bool {
+    let (d, m) = (scale_at(b), scale_at(b.add(2)));
+    if d.is_nan() || m.is_nan() {
+        return false;
+    }
+    let (d, m) = (_mm256_set1_ps(d), _mm256_set1_ps(m));
+    for (k, c) in codes::<Q5>(b.add(4)).into_iter().enumerate() {
+        let v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(c));
+        _mm256_storeu_ps(o.add(8 * k), _mm256_add_ps(v, m));
+    }
+    true
+}
+
 /// F16C's conversion of eight values, for the tests' sweep against [`super::f32_to_f16`].
 #[cfg(test)]
 #[target_feature(enable = "avx2,f16c")]

@@ -350,11 +350,16 @@ trait Block: Copy + Default + Send + Sync {
     /// short of the memory's pace; the same bytes.
     #[cfg(target_arch = "x86_64")]
     const ENCODE_AVX2: Option<EncodeRun> = None;
+    /// The same for dequantizing.
+    #[cfg(target_arch = "x86_64")]
+    const DECODE_AVX2: Option<DecodeRun> = None;
 }
 
 /// A run of whole blocks: values in, bytes out; true when a value is a NaN or infinity.
 #[cfg(target_arch = "x86_64")]
 type EncodeRun = unsafe fn(&[f32], &mut [u8]) -> bool;
+#[cfg(target_arch = "x86_64")]
+type DecodeRun = unsafe fn(&[u8], &mut [f32]);
 
 fn encode_all<B: Block>(x: Input<'_>, out: &mut [u8]) -> bool {
     let blocks_per_task = (TASK_VALUES / B::BS).max(1);
@@ -437,7 +442,19 @@ fn decode_all<B: Block>(blocks: &[u8], out: &mut [f32]) {
     let blocks_per_task = (TASK_VALUES / B::BS).max(1);
     out.par_chunks_mut(blocks_per_task * B::BS)
         .zip(blocks.par_chunks(blocks_per_task * B::TS))
-        .for_each(|(o, b)| decode_run(B::default(), b, o));
+        .for_each(|(o, b)| decode_run_best::<B>(b, o));
+}
+
+/// The type's hand-written AVX2 run where it has one and the CPU runs it, else [`decode_run`].
+fn decode_run_best<B: Block>(blocks: &[u8], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(run) = B::DECODE_AVX2 {
+        if crate::simd::has_avx2() && crate::simd::has_f16c() {
+            // SAFETY: the CPU has AVX2 and F16C, checked just above.
+            return unsafe { run(blocks, out) };
+        }
+    }
+    decode_run(B::default(), blocks, out)
 }
 
 avx2_dispatch! {

@@ -395,10 +395,13 @@ fn avx2_runs_match_portable_runs() {
         let nb = n / B::BS;
         let bytes: Vec<u8> = (0..nb * B::TS).map(|_| rng.byte()).collect();
         let (mut fa, mut fb) = (vec![0f32; n], vec![1f32; n]);
+        let mut fc = vec![2f32; n];
         decode_run(B::default(), &bytes, &mut fa);
+        decode_run_best::<B>(&bytes, &mut fc);
         decode_run_portable(B::default(), &bytes, &mut fb);
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&fa), bits(&fb), "{ty} dequantize");
+        assert_eq!(bits(&fc), bits(&fb), "{ty} dequantize");
     }
     let mut rng = Rng::new(14);
     check::<F32>(GgmlType::F32, &mut rng);
