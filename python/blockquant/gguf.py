@@ -16,7 +16,7 @@ float16 array for F32 and F16, as gguf-py). :func:`dequantize` returns what
 The types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4, TQ1_0, TQ2_0, and F32, F16, BF16. These are
 ggml's rules, not blockquant's schemes (Q8_0 divides by the unrounded amax/127 and stores the
 scale as f16 afterwards, Q4_0 maps the largest-magnitude value to -8, MXFP4 takes its scale
-from a float32 log2); the kernels are in ``rust/blockquant-core/src/ggml.rs``.
+from a float32 log2); the kernels are in ``rust/blockquant-core/src/ggml/``.
 
 The K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K: super-blocks of 256), IQ4_NL (blocks of 32),
 IQ4_XS (256) and NVFP4 (64) are written in ggml's byte layouts, and :func:`dequantize` reads

@@ -1,0 +1,545 @@
+//! ggml's block types, bit for bit: the tensor formats llama.cpp keeps in GGUF files.
+//!
+//! The rules are gguf-py's (`gguf.quants`), whose bytes are ggml's C reference quantizers' for
+//! these types. They are not blockquant's own (SPEC §3–§5): Q8_0 multiplies by 1/d with the
+//! unrounded d = amax/127 and stores f16(d) afterwards; Q4_0/Q5_0 take a signed scale that maps
+//! the block's largest-magnitude value to the most negative code; Q4_1/Q5_1 carry the block
+//! minimum; MXFP4 takes the OCP scale from a float32 `log2` and rounds ties toward the smaller
+//! magnitude. Each value goes through the same f32 operations in the same order as gguf-py's
+//! numpy code (no fused multiply-add, no reassociation), so the bytes agree exactly.
+//!
+//! Two corners follow gguf-py's numpy arithmetic on x86-64 rather than a rule of ggml's own:
+//! a code whose f32 value is NaN or out of range (only in a block whose 1/d overflows, i.e. a
+//! block of tiny subnormals) is numpy's cast, the low byte of `cvttss2si`; and the sign of a
+//! zero block minimum or maximum (Q4_1/Q5_1) is the one numpy's vectorized reduction returns.
+//!
+//! A tensor is rows of `row_len` values, each a whole number of blocks, so in memory it is one
+//! run of blocks: the kernels work on runs of blocks, split across the bounded pool.
+
+use rayon::prelude::*;
+
+use crate::error::{QuantError, Result};
+use crate::input::Input;
+use crate::pool;
+use crate::simd::avx2_dispatch;
+
+// The types gguf-py quantizes, whose rules these follow bit for bit.
+mod float;
+mod legacy;
+#[cfg(target_arch = "x86_64")]
+mod legacy_avx2;
+mod mxfp4;
+mod ternary;
+// The types whose quantizers are blockquant's own searches (gguf-py only dequantizes them).
+mod codebook;
+mod kquants;
+mod search;
+
+use float::{encode_f16, encode_f16_from_f64, BF16, F16, F32};
+// The float16 conversions every block type's scales go through.
+use float::{f16_bits, f16_to_f32, f16_value, f32_to_f16};
+use legacy::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use mxfp4::MXFP4;
+use ternary::{TQ1_0, TQ2_0};
+
+/// A ggml tensor type this module reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum GgmlType {
+    F32,
+    F16,
+    BF16,
+    Q8_0,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    MXFP4,
+    TQ1_0,
+    TQ2_0,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    IQ4_NL,
+    IQ4_XS,
+    NVFP4,
+}
+
+impl GgmlType {
+    /// Every type, pass-through ones first.
+    pub const ALL: [Self; 19] = [
+        Self::F32,
+        Self::F16,
+        Self::BF16,
+        Self::Q8_0,
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q5_0,
+        Self::Q5_1,
+        Self::MXFP4,
+        Self::TQ1_0,
+        Self::TQ2_0,
+        Self::Q2_K,
+        Self::Q3_K,
+        Self::Q4_K,
+        Self::Q5_K,
+        Self::Q6_K,
+        Self::IQ4_NL,
+        Self::IQ4_XS,
+        Self::NVFP4,
+    ];
+
+    /// ggml's name (`GGMLQuantizationType.name` in gguf-py).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "F32",
+            Self::F16 => "F16",
+            Self::BF16 => "BF16",
+            Self::Q8_0 => "Q8_0",
+            Self::Q4_0 => "Q4_0",
+            Self::Q4_1 => "Q4_1",
+            Self::Q5_0 => "Q5_0",
+            Self::Q5_1 => "Q5_1",
+            Self::MXFP4 => "MXFP4",
+            Self::TQ1_0 => "TQ1_0",
+            Self::TQ2_0 => "TQ2_0",
+            Self::Q2_K => "Q2_K",
+            Self::Q3_K => "Q3_K",
+            Self::Q4_K => "Q4_K",
+            Self::Q5_K => "Q5_K",
+            Self::Q6_K => "Q6_K",
+            Self::IQ4_NL => "IQ4_NL",
+            Self::IQ4_XS => "IQ4_XS",
+            Self::NVFP4 => "NVFP4",
+        }
+    }
+
+    /// The type of ggml's name (exact spelling), if it is one of these.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.name() == name)
+    }
+
+    /// The number GGUF files store for the type (`enum ggml_type`).
+    pub fn id(self) -> u32 {
+        match self {
+            Self::F32 => 0,
+            Self::F16 => 1,
+            Self::Q4_0 => 2,
+            Self::Q4_1 => 3,
+            Self::Q5_0 => 6,
+            Self::Q5_1 => 7,
+            Self::Q8_0 => 8,
+            Self::BF16 => 30,
+            Self::TQ1_0 => 34,
+            Self::TQ2_0 => 35,
+            Self::MXFP4 => 39,
+            Self::Q2_K => 10,
+            Self::Q3_K => 11,
+            Self::Q4_K => 12,
+            Self::Q5_K => 13,
+            Self::Q6_K => 14,
+            Self::IQ4_NL => 20,
+            Self::IQ4_XS => 23,
+            Self::NVFP4 => 40,
+        }
+    }
+
+    pub fn from_id(id: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.id() == id)
+    }
+
+    /// Values per block (1 for the float types).
+    pub fn block_size(self) -> usize {
+        match self {
+            Self::F32 | Self::F16 | Self::BF16 => 1,
+            Self::TQ1_0 | Self::TQ2_0 => 256,
+            Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::IQ4_XS => 256,
+            Self::NVFP4 => 64,
+            _ => 32,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn type_size(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 | Self::BF16 => 2,
+            Self::Q8_0 => 34,
+            Self::Q4_0 => 18,
+            Self::Q4_1 => 20,
+            Self::Q5_0 => 22,
+            Self::Q5_1 => 24,
+            Self::MXFP4 => 17,
+            Self::TQ1_0 => 54,
+            Self::TQ2_0 => 66,
+            Self::Q2_K => 84,
+            Self::Q3_K => 110,
+            Self::Q4_K => 144,
+            Self::Q5_K => 176,
+            Self::Q6_K => 210,
+            Self::IQ4_NL => 18,
+            Self::IQ4_XS => 136,
+            Self::NVFP4 => 36,
+        }
+    }
+
+    /// Bytes of a row of `row_len` values; a `LayoutError` when the row is not whole blocks.
+    pub fn row_bytes(self, row_len: usize) -> Result<usize> {
+        let bs = self.block_size();
+        if row_len % bs != 0 {
+            return Err(QuantError::Layout(format!(
+                "a row of {row_len} values is not a whole number of {} blocks of {bs}",
+                self.name()
+            )));
+        }
+        Ok(row_len / bs * self.type_size())
+    }
+
+    /// Values in a row of `row_bytes` bytes; a `LayoutError` when they are not whole blocks.
+    pub fn row_len(self, row_bytes: usize) -> Result<usize> {
+        let ts = self.type_size();
+        if row_bytes % ts != 0 {
+            return Err(QuantError::Layout(format!(
+                "a row of {row_bytes} bytes is not a whole number of {} blocks of {ts} bytes",
+                self.name()
+            )));
+        }
+        Ok(row_bytes / ts * self.block_size())
+    }
+}
+
+impl std::fmt::Display for GgmlType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Quantize `x` (rows of `row_len` values, C order) to `ty`'s blocks in `out`
+/// (`x.len() / row_len` rows of [`GgmlType::row_bytes`] bytes). A row that is not whole blocks
+/// is a `Layout` error, a NaN or infinity a `NonFinite` one naming the first (`out` is then
+/// unspecified). Runs in the bounded pool.
+///
+/// # Panics
+/// When `out` does not have the length the rows need.
+pub fn quantize(ty: GgmlType, x: Input<'_>, row_len: usize, out: &mut [u8]) -> Result<()> {
+    ty.row_bytes(row_len)?;
+    if x.len() % ty.block_size() != 0 {
+        return Err(QuantError::Layout(format!(
+            "{} values are not whole rows of {row_len}",
+            x.len()
+        )));
+    }
+    assert_eq!(
+        out.len(),
+        x.len() / ty.block_size() * ty.type_size(),
+        "output length"
+    );
+    let bad = pool::install(|| match ty {
+        GgmlType::F32 => encode_all::<F32>(x, out),
+        GgmlType::F16 => match x {
+            // gguf-py casts float64 to float16 directly, not through float32.
+            Input::F64(x64) => encode_f16_from_f64(x64, out),
+            _ => encode_f16(x, out),
+        },
+        GgmlType::BF16 => encode_all::<BF16>(x, out),
+        GgmlType::Q8_0 => encode_all::<Q8_0>(x, out),
+        GgmlType::Q4_0 => encode_all::<Q4_0>(x, out),
+        GgmlType::Q4_1 => encode_all::<Q4_1>(x, out),
+        GgmlType::Q5_0 => encode_all::<Q5_0>(x, out),
+        GgmlType::Q5_1 => encode_all::<Q5_1>(x, out),
+        GgmlType::MXFP4 => encode_all::<MXFP4>(x, out),
+        GgmlType::TQ1_0 => encode_all::<TQ1_0>(x, out),
+        GgmlType::TQ2_0 => encode_all::<TQ2_0>(x, out),
+        GgmlType::Q2_K => encode_all::<kquants::Q2_K>(x, out),
+        GgmlType::Q3_K => encode_all::<kquants::Q3_K>(x, out),
+        GgmlType::Q4_K => encode_all::<kquants::Q4_K>(x, out),
+        GgmlType::Q5_K => encode_all::<kquants::Q5_K>(x, out),
+        GgmlType::Q6_K => encode_all::<kquants::Q6_K>(x, out),
+        GgmlType::IQ4_NL => encode_all::<codebook::IQ4_NL>(x, out),
+        GgmlType::IQ4_XS => encode_all::<codebook::IQ4_XS>(x, out),
+        GgmlType::NVFP4 => encode_all::<codebook::NVFP4>(x, out),
+    });
+    if bad {
+        return Err(first_non_finite(x));
+    }
+    Ok(())
+}
+
+/// Dequantize `blocks` (whole blocks of `ty`) into `out` (`block_size` values a block). Every
+/// byte pattern decodes (a NaN or infinite scale gives NaN or infinite values, as in gguf-py).
+/// Runs in the bounded pool.
+///
+/// # Panics
+/// When `blocks` is not whole blocks or `out` has the wrong length.
+pub fn dequantize(ty: GgmlType, blocks: &[u8], out: &mut [f32]) {
+    assert_eq!(blocks.len() % ty.type_size(), 0, "whole blocks");
+    assert_eq!(
+        out.len(),
+        blocks.len() / ty.type_size() * ty.block_size(),
+        "output length"
+    );
+    pool::install(|| match ty {
+        GgmlType::F32 => decode_all::<F32>(blocks, out),
+        GgmlType::F16 => decode_all::<F16>(blocks, out),
+        GgmlType::BF16 => decode_all::<BF16>(blocks, out),
+        GgmlType::Q8_0 => decode_all::<Q8_0>(blocks, out),
+        GgmlType::Q4_0 => decode_all::<Q4_0>(blocks, out),
+        GgmlType::Q4_1 => decode_all::<Q4_1>(blocks, out),
+        GgmlType::Q5_0 => decode_all::<Q5_0>(blocks, out),
+        GgmlType::Q5_1 => decode_all::<Q5_1>(blocks, out),
+        GgmlType::MXFP4 => decode_all::<MXFP4>(blocks, out),
+        GgmlType::TQ1_0 => decode_all::<TQ1_0>(blocks, out),
+        GgmlType::TQ2_0 => decode_all::<TQ2_0>(blocks, out),
+        GgmlType::Q2_K => decode_all::<kquants::Q2_K>(blocks, out),
+        GgmlType::Q3_K => decode_all::<kquants::Q3_K>(blocks, out),
+        GgmlType::Q4_K => decode_all::<kquants::Q4_K>(blocks, out),
+        GgmlType::Q5_K => decode_all::<kquants::Q5_K>(blocks, out),
+        GgmlType::Q6_K => decode_all::<kquants::Q6_K>(blocks, out),
+        GgmlType::IQ4_NL => decode_all::<codebook::IQ4_NL>(blocks, out),
+        GgmlType::IQ4_XS => decode_all::<codebook::IQ4_XS>(blocks, out),
+        GgmlType::NVFP4 => decode_all::<codebook::NVFP4>(blocks, out),
+    })
+}
+
+fn first_non_finite(x: Input<'_>) -> QuantError {
+    const STEP: usize = 1 << 14;
+    let mut buf = Vec::new();
+    for start in (0..x.len()).step_by(STEP) {
+        let len = STEP.min(x.len() - start);
+        let chunk = x.read(start, len, &mut buf);
+        if let Some(i) = chunk.iter().position(|v| !v.is_finite()) {
+            return QuantError::NonFinite {
+                index: start + i,
+                value: chunk[i],
+            };
+        }
+    }
+    unreachable!("a non-finite value was seen")
+}
+
+// ---------------------------------------------------------------------------------------------
+// The drivers: runs of blocks on the pool, each run compiled once portably and once for AVX2.
+
+/// Values per task: small tensors stay on one thread.
+const TASK_VALUES: usize = 1 << 16;
+
+/// One ggml block type: `BS` values ↔ `TS` bytes.
+trait Block: Copy + Default + Send + Sync {
+    const BS: usize;
+    const TS: usize;
+    /// Quantize one block; true when it holds a NaN or infinity (`out` is then unspecified).
+    fn encode(x: &[f32], out: &mut [u8]) -> bool;
+    /// Quantize [`GROUP`] blocks. A type whose per-block scale arithmetic (divisions, scale
+    /// conversion) is a long dependency chain does it for the group at once, in vector lanes.
+    #[inline(always)]
+    fn encode_group(x: &[f32], out: &mut [u8]) -> bool {
+        let mut bad = false;
+        // An opaque trip count: unrolled, the blocks get vectorized across one another (one
+        // lane a block, every value gathered and scattered one at a time).
+        for g in 0..std::hint::black_box(GROUP) {
+            let o = &mut out[g * Self::TS..(g + 1) * Self::TS];
+            bad |= Self::encode(&x[g * Self::BS..(g + 1) * Self::BS], o);
+        }
+        bad
+    }
+    /// Dequantize one block.
+    fn decode(b: &[u8], out: &mut [f32]);
+    /// A hand-written run for CPUs with AVX2 and F16C, where the compiled portable run falls
+    /// short of the memory's pace; the same bytes.
+    #[cfg(target_arch = "x86_64")]
+    const ENCODE_AVX2: Option<EncodeRun> = None;
+    /// The same for dequantizing.
+    #[cfg(target_arch = "x86_64")]
+    const DECODE_AVX2: Option<DecodeRun> = None;
+}
+
+/// A run of whole blocks: values in, bytes out; true when a value is a NaN or infinity.
+#[cfg(target_arch = "x86_64")]
+type EncodeRun = unsafe fn(&[f32], &mut [u8]) -> bool;
+#[cfg(target_arch = "x86_64")]
+type DecodeRun = unsafe fn(&[u8], &mut [f32]);
+
+fn encode_all<B: Block>(x: Input<'_>, out: &mut [u8]) -> bool {
+    let blocks_per_task = (TASK_VALUES / B::BS).max(1);
+    out.par_chunks_mut(blocks_per_task * B::TS)
+        .enumerate()
+        .map_init(Vec::new, |buf, (t, o)| {
+            let start = t * blocks_per_task * B::BS;
+            let xs = x.read(start, o.len() / B::TS * B::BS, buf);
+            encode_run_best::<B>(xs, o)
+        })
+        .reduce(|| false, |a, b| a | b)
+}
+
+/// The type's hand-written AVX2 run where it has one and the CPU runs it, else [`encode_run`].
+fn encode_run_best<B: Block>(xs: &[f32], out: &mut [u8]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(run) = B::ENCODE_AVX2 {
+        if crate::simd::has_avx2() && crate::simd::has_f16c() {
+            // SAFETY: the CPU has AVX2 and F16C, checked just above.
+            return unsafe { run(xs, out) };
+        }
+    }
+    encode_run(B::default(), xs, out)
+}
+
+avx2_dispatch! {
+    // `block` only names the type for the macro's call.
+    fn encode_run[B: Block](block: B, xs: &[f32], out: &mut [u8]) -> bool => encode_run_portable;
+}
+
+#[inline(always)]
+fn encode_run_portable<B: Block>(_: B, xs: &[f32], out: &mut [u8]) -> bool {
+    let mut bad = false;
+    let groups = xs.len() / (GROUP * B::BS);
+    let (xg, x_rest) = xs.split_at(groups * GROUP * B::BS);
+    let (og, o_rest) = out.split_at_mut(groups * GROUP * B::TS);
+    for (x, o) in xg
+        .chunks_exact(GROUP * B::BS)
+        .zip(og.chunks_exact_mut(GROUP * B::TS))
+    {
+        prefetch(x.as_ptr().wrapping_add(PREFETCH_AHEAD), GROUP * B::BS);
+        bad |= B::encode_group(x, o);
+    }
+    for (x, o) in x_rest
+        .chunks_exact(B::BS)
+        .zip(o_rest.chunks_exact_mut(B::TS))
+    {
+        bad |= B::encode(x, o);
+    }
+    bad
+}
+
+/// Blocks a [`Block::encode_group`] call takes: eight f32 lanes of AVX2.
+const GROUP: usize = 8;
+
+/// How far ahead of the group being quantized its input is fetched into cache, in values.
+/// The quantizers read much more than they write, and on one thread the hardware prefetcher
+/// alone leaves them waiting on memory.
+const PREFETCH_AHEAD: usize = 2048;
+
+/// Ask for the cache lines of `len` f32 values from `p` (which may lie past the end of the
+/// input: a prefetch never faults).
+#[inline(always)]
+fn prefetch(p: *const f32, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for i in (0..len).step_by(16) {
+        // SAFETY: _mm_prefetch only hints the cache (SSE, in every x86-64 CPU); it reads
+        // nothing and never faults, whatever the address. The pointer is not dereferenced.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                p.wrapping_add(i) as *const i8
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, len);
+}
+
+fn decode_all<B: Block>(blocks: &[u8], out: &mut [f32]) {
+    let blocks_per_task = (TASK_VALUES / B::BS).max(1);
+    out.par_chunks_mut(blocks_per_task * B::BS)
+        .zip(blocks.par_chunks(blocks_per_task * B::TS))
+        .for_each(|(o, b)| decode_run_best::<B>(b, o));
+}
+
+/// The type's hand-written AVX2 run where it has one and the CPU runs it, else [`decode_run`].
+fn decode_run_best<B: Block>(blocks: &[u8], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(run) = B::DECODE_AVX2 {
+        if crate::simd::has_avx2() && crate::simd::has_f16c() {
+            // SAFETY: the CPU has AVX2 and F16C, checked just above.
+            return unsafe { run(blocks, out) };
+        }
+    }
+    decode_run(B::default(), blocks, out)
+}
+
+avx2_dispatch! {
+    fn decode_run[B: Block](block: B, blocks: &[u8], out: &mut [f32]) => decode_run_portable;
+}
+
+#[inline(always)]
+fn decode_run_portable<B: Block>(_: B, blocks: &[u8], out: &mut [f32]) {
+    for (b, o) in blocks.chunks_exact(B::TS).zip(out.chunks_exact_mut(B::BS)) {
+        if B::BS == 1 {
+            B::decode(b, o);
+        } else {
+            // An opaque block: a block's loops are fully unrolled, and LLVM would then
+            // vectorize the loop over blocks, one lane a block, shuffling every value.
+            B::decode(std::hint::black_box(b), o);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Arithmetic shared by the block types.
+
+/// The bits of |x| at or above this are an infinity or NaN.
+const INF_BITS: u32 = 0x7F80_0000;
+
+/// The largest |x| of a block, as bits: for non-negative floats the order of the bits is the
+/// order of the values, and an integer max sees NaN too (at or above [`INF_BITS`]).
+/// Eight lanes a step, spelled out: left to itself LLVM vectorizes a group of blocks across
+/// blocks (one lane a block), gathering every value with scalar inserts.
+#[inline(always)]
+fn abs_max_bits(x: &[f32]) -> u32 {
+    let mut acc = [0u32; 8];
+    for c in x.chunks_exact(8) {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a = (*a).max(v.to_bits() & 0x7FFF_FFFF);
+        }
+    }
+    acc.into_iter().fold(0, u32::max)
+}
+
+/// `v` truncated toward zero, for a `v` its caller has shown to be finite and of magnitude below
+/// 2^24 (each call says why). One `cvttps2dq` per eight values, where Rust's saturating `as`
+/// (which must handle NaN and overflow) becomes scalar code.
+#[inline(always)]
+fn trunc_small(v: f32) -> i32 {
+    debug_assert!(v.abs() < 16_777_216.0, "{v}");
+    // SAFETY: callers pass finite values of magnitude < 2^24, inside i32's range, as
+    // `to_int_unchecked` requires (debug builds check it above).
+    unsafe { v.to_int_unchecked::<i32>() }
+}
+
+/// Round half away from zero (gguf-py's `np_roundf`, C's `roundf`) for a finite |v| < 2^23:
+/// trunc(v ± 0.49999997), which equals `roundf` on every finite f32 (checked over all of them
+/// when this was written; the tests check a sweep): the add rounds a true half up to the next
+/// integer and anything less stays below it.
+#[inline(always)]
+fn round_away(v: f32) -> i32 {
+    trunc_small(v + f32::from_bits(0x3EFF_FFFF).copysign(v))
+}
+
+/// 1/d, or 0 for d = 0 (`np.where(d == 0, 0, 1 / d)`).
+#[inline(always)]
+fn inverse(d: f32) -> f32 {
+    if d == 0.0 {
+        0.0
+    } else {
+        1.0 / d
+    }
+}
+
+/// Codes as the encoders compute them: i32 lanes until they are packed (narrowing early makes
+/// LLVM shuffle single bytes).
+type Codes = [i32; 32];
+
+/// Element j and j + 16 share byte j: low nibble, high nibble (bits above 4 are dropped).
+#[inline(always)]
+fn pack_nibbles(q: &Codes, out: &mut [u8]) {
+    let mut both = [0i32; 16];
+    for (j, b) in both.iter_mut().enumerate() {
+        *b = (q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4);
+    }
+    for (o, &b) in out.iter_mut().zip(&both) {
+        *o = b as u8;
+    }
+}
+
+#[cfg(test)]
+mod tests;
