@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import blockquant as bq
+from blockquant import _native
 import blockquant.reference as ref
 from blockquant.scheme import QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype
 
@@ -20,6 +21,7 @@ RNG = np.random.default_rng(41)
 Q4_BOOKS = {
     "nf4": bq.codebooks.NF4,
     "iq4nl": bq.codebooks.IQ4_NL,
+    "bq4": bq.codebooks.BQ4,
     "shuffled": np.array([3, -7, 0.5, 6, -0.25, 2, -3, 1, -1, 0.75, 4, -5, 1e-3, -2, 5, 0],
                          np.float32),
     "wide": np.array([2.0**k * (-1) ** k for k in range(-20, 40, 4)] + [0.0], np.float32),
@@ -166,7 +168,7 @@ def test_native_storage_is_uint8_indices():
 
 # -- the scheme value ------------------------------------------------------------------------
 def test_codebooks_are_read_only_float32():
-    for book in (bq.codebooks.NF4, bq.codebooks.IQ4_NL):
+    for book in (bq.codebooks.NF4, bq.codebooks.IQ4_NL, bq.codebooks.BQ4):
         assert book.dtype == np.float32 and book.shape == (16,)
         with pytest.raises(ValueError):
             book[0] = 0
@@ -276,3 +278,43 @@ def test_mse_threads_do_not_change_the_bits():
             _same(bq.quantize(x, s, calibration="mse"), want)
     finally:
         bq.set_num_threads(n if n != bq.get_num_threads() else 0)
+
+
+def test_core_names_the_same_codebooks():
+    # The core keeps its own copy of the named codebooks (for its messages): the same bits.
+    for name, book in bq.codebooks.NAMED.items():
+        core = _native.Scheme(value="Q4F", store="native", dim=0, mode="Lookup",
+                              codebook=book.tolist())
+        assert f"codebook={name}" in repr(core)
+        nudged = book.copy()
+        nudged[3] = np.nextafter(nudged[3], np.float32(0))
+        core = _native.Scheme(value="Q4F", store="native", dim=0, mode="Lookup",
+                              codebook=nudged.tolist())
+        assert f"codebook={name}" not in repr(core)
+
+
+def _lloyd_step(x, scheme):
+    """One Lloyd-Max step under `scheme`'s own (searched) scales: each entry moves to the
+    e²-weighted centroid of the values quantized to it, in units of their block's scale."""
+    qt = bq.quantize(x, scheme)
+    e = np.repeat(qt.scales.astype(np.float64) * qt.global_scale, 16, axis=-1)
+    idx = qt.values.ravel().astype(np.intp)
+    num = np.bincount(idx, weights=(e * x).ravel(), minlength=16)
+    den = np.bincount(idx, weights=(e * e).ravel(), minlength=16)
+    cb = num / den
+    return cb / np.abs(cb).max()
+
+
+def test_bq4_is_the_lloyd_max_grid_its_docs_describe():
+    # BQ4 is (to its 4 decimals, within a step of convergence) a fixed point of the Lloyd-Max
+    # step on normal data under the bq4_block16 preset's scales, and beats NF4 there.
+    x = np.random.default_rng(7).standard_normal((256, 1536)).astype(np.float32)
+    base = bq.presets.bq4_block16().with_store(S.Native)
+    moved = _lloyd_step(x, base)
+    assert np.abs(moved - bq.codebooks.BQ4).max() < 0.01
+
+    def sqnr(scheme):
+        y = bq.quantize(x, scheme).dequantize()
+        return 10 * np.log10(np.sum(x.astype(np.float64) ** 2) / np.sum((x - y) ** 2.0))
+
+    assert sqnr(base) > sqnr(base.with_codebook(bq.codebooks.NF4)) + 0.3

@@ -17,6 +17,7 @@ PRESET_TEXT = {
     "nvfp4": "e2m1/packed_native0/block16:ue4m3+tensor:f32",
     "int4_block16": "q4f/packed_u32_0/block16:ue4m3+tensor:f32",
     "nf4_block16": "q4f/packed_u32_0/block16:ue4m3+tensor:f32/lookup:nf4",
+    "bq4_block16": "q4f/packed_u32_0/block16:ue4m3+tensor:f32/lookup:bq4",
     "bitnet": "q2s/packed_u32_0/tensor:f32",
 }
 

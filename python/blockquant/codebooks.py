@@ -15,7 +15,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["NF4", "IQ4_NL", "NAMED", "name_of"]
+__all__ = ["NF4", "IQ4_NL", "BQ4", "NAMED", "name_of"]
 
 
 def _frozen(values: Tuple[float, ...]) -> np.ndarray:
@@ -40,8 +40,18 @@ IQ4_NL = _frozen((
     1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0,
 ))
 
+#: blockquant's 4-bit codebook: the Lloyd-Max grid for normally distributed weights under the
+#: scales of the ``bq4_block16`` preset (one UE4M3 scale per 16 under an f32 tensor scale,
+#: searched, rounded to nearest), started from NF4 and fitted on synthetic normal samples only,
+#: entries rounded to 4 decimals; ``benches/codebook.py`` re-derives it. Like NF4 it is lopsided
+#: (8 negative entries, 8 non-negative), but its ends are wider apart and it has no exact 0.
+BQ4 = _frozen((
+    -0.9937, -0.7543, -0.5738, -0.4299, -0.3083, -0.2008, -0.1026, -0.0104,
+    0.0791, 0.1694, 0.2635, 0.3654, 0.4805, 0.6194, 0.8036, 1.0,
+))
+
 #: The names the scheme text uses (``.../lookup:nf4``), in the order they are documented.
-NAMED: Dict[str, np.ndarray] = {"nf4": NF4, "iq4nl": IQ4_NL}
+NAMED: Dict[str, np.ndarray] = {"nf4": NF4, "iq4nl": IQ4_NL, "bq4": BQ4}
 
 
 def name_of(codebook: Tuple[float, ...]) -> Optional[str]:

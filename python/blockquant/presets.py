@@ -20,6 +20,7 @@ __all__ = [
     "int4_block32",
     "int4_block16",
     "nf4_block16",
+    "bq4_block16",
     "mxfp8",
     "mxfp4",
     "nvfp4",
@@ -71,6 +72,15 @@ def nf4_block16() -> QuantScheme:
     return int4_block16().with_codebook(codebooks.NF4)
 
 
+def bq4_block16() -> QuantScheme:
+    """The most signal at 4.5 bits per value: int4_block16's scales with blockquant's own
+    codebook :data:`codebooks.BQ4` (Lloyd-Max for normally distributed weights under exactly
+    these scales). 22.68 dB on all-MiniLM-L6-v2's FFN weights, against 22.45 for NF4's
+    codebook, 21.53 for int4_block16 and ggml Q4_K's 22.42. Safetensors output only (the
+    codebook is not in burn's bytes)."""
+    return int4_block16().with_codebook(codebooks.BQ4)
+
+
 def mxfp8() -> QuantScheme:
     """OCP MX FP8: E4M3 values, one UE8M0 (power of two) scale per 32, by the OCP MX rule."""
     return (
@@ -110,6 +120,7 @@ PRESETS: Dict[str, Callable[[], QuantScheme]] = {
     "int4_block32": int4_block32,
     "int4_block16": int4_block16,
     "nf4_block16": nf4_block16,
+    "bq4_block16": bq4_block16,
     "mxfp8": mxfp8,
     "mxfp4": mxfp4,
     "nvfp4": nvfp4,

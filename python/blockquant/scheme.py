@@ -380,7 +380,7 @@ class QuantScheme:
                     blockAxB..:DTYPE          one scale per block (1 to 5 dims, no leading 1)
                     blockAxB..:DTYPE+tensor:f32   two-level (block dtype f16 or ue4m3)
             DTYPE   f32 f16 bf16 ue8m0 ue4m3
-            CODEBOOK  nf4 | iq4nl | [V,V,...]  (each V the shortest text of its float32,
+            CODEBOOK  nf4 | iq4nl | bq4 | [V,V,...]  (each V the shortest text of its float32,
                       as ``str(numpy.float32(v))`` writes it; a named one by its name)
 
         e.g. ``q4s/packed_native0/block32:f16``, ``e4m3/native/block32x32:ue8m0``,

@@ -40,8 +40,16 @@ pub const IQ4_NL: [f32; 16] = [
     89.0, 113.0,
 ];
 
+/// blockquant's 4-bit codebook: Lloyd-Max for normal weights under the `bq4_block16` preset's
+/// scales (benches/codebook.py derives it; python/blockquant/codebooks.py says how).
+#[allow(clippy::excessive_precision)]
+pub const BQ4: [f32; 16] = [
+    -0.9937, -0.7543, -0.5738, -0.4299, -0.3083, -0.2008, -0.1026, -0.0104, 0.0791, 0.1694,
+    0.2635, 0.3654, 0.4805, 0.6194, 0.8036, 1.0,
+];
+
 /// The named codebooks, by the name the scheme text uses (`.../lookup:nf4`).
-pub const NAMED: [(&str, [f32; 16]); 2] = [("nf4", NF4), ("iq4nl", IQ4_NL)];
+pub const NAMED: [(&str, [f32; 16]); 3] = [("nf4", NF4), ("iq4nl", IQ4_NL), ("bq4", BQ4)];
 
 /// 4 or 16 distinct finite f32 values; entry k is what field k decodes to. Kept as bit
 /// patterns so the scheme stays `Copy`, `Eq` and `Hash`. −0 and +0 are the same value, so a
@@ -178,7 +186,7 @@ fn too_wide(value: &str) -> QuantError {
 }
 
 impl std::fmt::Display for Codebook {
-    /// `nf4`, `iq4nl`, or `[v0,v1,...]` with each value's shortest round-trip text.
+    /// `nf4`, `iq4nl`, `bq4`, or `[v0,v1,...]` with each value's shortest round-trip text.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if let Some(n) = self.name() {
             return f.write_str(n);
