@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import blockquant as bq
-from blockquant import _native
 import blockquant.reference as ref
+from blockquant import _native
 from blockquant.scheme import QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype
 
 V, S, D = QuantValue, QuantStore, ScaleDtype

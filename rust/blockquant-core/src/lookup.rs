@@ -44,8 +44,8 @@ pub const IQ4_NL: [f32; 16] = [
 /// scales (benches/codebook.py derives it; python/blockquant/codebooks.py says how).
 #[allow(clippy::excessive_precision)]
 pub const BQ4: [f32; 16] = [
-    -0.9937, -0.7543, -0.5738, -0.4299, -0.3083, -0.2008, -0.1026, -0.0104, 0.0791, 0.1694,
-    0.2635, 0.3654, 0.4805, 0.6194, 0.8036, 1.0,
+    -0.9937, -0.7543, -0.5738, -0.4299, -0.3083, -0.2008, -0.1026, -0.0104, 0.0791, 0.1694, 0.2635,
+    0.3654, 0.4805, 0.6194, 0.8036, 1.0,
 ];
 
 /// The named codebooks, by the name the scheme text uses (`.../lookup:nf4`).
