@@ -325,7 +325,8 @@ fn check_rounding(layout: &Layout, rounding: Rounding) -> Result<()> {
     Ok(())
 }
 
-fn first_non_finite(x: Input<'_>) -> QuantError {
+/// The first non-finite value of `x` (its flat index), once a kernel has seen one somewhere.
+pub(crate) fn first_non_finite(x: Input<'_>) -> QuantError {
     let mut buf = Vec::new();
     for start in (0..x.len()).step_by(MIN_TASK_ELEMS) {
         let len = MIN_TASK_ELEMS.min(x.len() - start);

@@ -21,6 +21,7 @@ use rayon::prelude::*;
 use crate::error::{QuantError, Result};
 use crate::input::Input;
 use crate::pool;
+use crate::quantize::first_non_finite;
 use crate::simd::avx2_dispatch;
 
 // The types gguf-py quantizes, whose rules these follow bit for bit.
@@ -301,22 +302,6 @@ pub fn dequantize(ty: GgmlType, blocks: &[u8], out: &mut [f32]) {
         GgmlType::IQ4_XS => decode_all::<codebook::IQ4_XS>(blocks, out),
         GgmlType::NVFP4 => decode_all::<codebook::NVFP4>(blocks, out),
     })
-}
-
-fn first_non_finite(x: Input<'_>) -> QuantError {
-    const STEP: usize = 1 << 14;
-    let mut buf = Vec::new();
-    for start in (0..x.len()).step_by(STEP) {
-        let len = STEP.min(x.len() - start);
-        let chunk = x.read(start, len, &mut buf);
-        if let Some(i) = chunk.iter().position(|v| !v.is_finite()) {
-            return QuantError::NonFinite {
-                index: start + i,
-                value: chunk[i],
-            };
-        }
-    }
-    unreachable!("a non-finite value was seen")
 }
 
 // ---------------------------------------------------------------------------------------------
