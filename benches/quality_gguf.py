@@ -19,12 +19,10 @@ from __future__ import annotations
 import argparse
 import ctypes
 import functools
-import json
-import statistics
-import time
 from pathlib import Path
 
 import numpy as np
+from quality import DEFAULT_PATTERN, load_tensors, median_time  # benches/quality.py
 
 import blockquant as bq
 from blockquant import gguf as bg
@@ -33,36 +31,10 @@ TYPES = ["Q8_0", "Q6_K", "Q5_K", "Q4_K", "IQ4_XS", "IQ4_NL", "NVFP4", "Q4_0", "M
          "Q2_K"]
 
 
-def load_tensors(path: Path) -> list[np.ndarray]:
-    """The six FFN output weights, read straight from the safetensors layout (8-byte header
-    length, JSON header, raw little-endian data)."""
-    raw = path.read_bytes()
-    n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + n])
-    dtypes = {"F32": np.float32, "F16": np.float16}
-    out = []
-    for layer in range(6):
-        name = next(k for k in header if k.endswith(f"encoder.layer.{layer}.output.dense.weight"))
-        info = header[name]
-        a, b = info["data_offsets"]
-        arr = np.frombuffer(raw[8 + n + a:8 + n + b], dtypes[info["dtype"]])
-        out.append(arr.reshape(info["shape"]).astype(np.float32))
-    return out
-
-
 def sqnr(xs: list[np.ndarray], ys: list[np.ndarray]) -> float:
     sig = sum(float(np.sum(x.astype(np.float64) ** 2)) for x in xs)
     err = sum(float(np.sum((x.astype(np.float64) - y) ** 2)) for x, y in zip(xs, ys))
     return 10 * np.log10(sig / err)
-
-
-def median_time(fn, repeat: int = 5) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def ggml_quantizer(lib_path: str):
@@ -88,7 +60,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     bq.set_num_threads(args.threads)
-    xs = load_tensors(args.model)
+    xs = [x for _, x in load_tensors(str(args.model), DEFAULT_PATTERN)]
     assert all(x.shape == (384, 1536) for x in xs), [x.shape for x in xs]
     assert 1536 % 256 == 0
     ggml = ggml_quantizer(args.ggml) if args.ggml else None

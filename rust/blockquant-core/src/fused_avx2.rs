@@ -90,10 +90,7 @@ pub(crate) unsafe fn measure_encode_groups<C: Encode>(
         let (run, o) = (&xs[r.clone()], &mut out[r]);
         let e = k.scale(x86::max_abs(run));
         *s = e;
-        bad |= match e {
-            0.0 => encode_run(codec, run, 0.0, o), // the zero rule
-            e => x86::encode_run(codec, run, e, o),
-        };
+        bad |= x86::encode_run_or_zero(codec, run, e, o);
     }
     bad
 }
@@ -114,10 +111,7 @@ unsafe fn group_general<C: Encode>(
     for (j, &e) in sc.iter().enumerate() {
         let r = j * bc..(j + 1) * bc;
         let (run, o) = (&xs[r.clone()], &mut out[r]);
-        bad |= match e {
-            0.0 => encode_run(codec, run, 0.0, o), // the zero rule
-            e => x86::encode_run(codec, run, e, o),
-        };
+        bad |= x86::encode_run_or_zero(codec, run, e, o);
     }
     bad
 }

@@ -365,10 +365,7 @@ unsafe fn encode_range_avx2<C: Encode>(
     for (pos, len, s) in Segments::new(layout, start, out.len()) {
         let (o, i) = (pos - start, pos - x_start);
         let (xs, out) = (&xs[i..i + len], &mut out[o..o + len]);
-        bad |= match effective.get(s) {
-            0.0 => encode_run(codec, xs, 0.0, out), // the zero rule
-            e => crate::simd::x86::encode_run(codec, xs, e, out),
-        };
+        bad |= crate::simd::x86::encode_run_or_zero(codec, xs, effective.get(s), out);
     }
     bad
 }

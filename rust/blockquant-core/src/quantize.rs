@@ -710,10 +710,7 @@ unsafe fn measure_encode_avx2<C: Encode>(
         let e = k.scale(alpha);
         sc[s - p.scale0] = e;
         let o = &mut out[i..i + len];
-        bad |= match e {
-            0.0 => encode_run(codec, run, 0.0, o), // the zero rule
-            e => x86::encode_run(codec, run, e, o),
-        };
+        bad |= x86::encode_run_or_zero(codec, run, e, o);
     }
     bad
 }

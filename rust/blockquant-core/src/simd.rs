@@ -372,6 +372,21 @@ pub(crate) mod x86 {
         _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), exp), exp)
     }
 
+    /// [`encode_run`] for any scale `e`: a zero one (the zero rule, every code that of 0) takes
+    /// the portable loop, which never divides.
+    #[inline(always)]
+    pub(crate) unsafe fn encode_run_or_zero<C: Encode>(
+        codec: C,
+        xs: &[f32],
+        e: f32,
+        out: &mut [u8],
+    ) -> bool {
+        match e {
+            0.0 => crate::pack::encode_run(codec, xs, 0.0, out),
+            e => encode_run(codec, xs, e, out),
+        }
+    }
+
     /// Codes of `xs[i] / e` into `out` (same length), `e` ≠ 0; returns whether any input was
     /// non-finite. The quotient is an IEEE division, or the multiply by an exact reciprocal that
     /// equals it ([`exact_reciprocal`]).
