@@ -127,7 +127,7 @@ unsafe fn group_fast<C: Encode, const V: usize>(
     s0: *mut f32,
     o0: *mut u8,
 ) -> bool {
-    let bits = max_abs_bits_8runs::<V>(x0);
+    let bits = x86::max_abs_bits_8runs::<V>(x0);
     let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF));
     if _mm256_movemask_epi8(non_finite) != 0 {
         return false;
@@ -158,34 +158,6 @@ unsafe fn group_fast<C: Encode, const V: usize>(
         encode_8blocks::<C, V, false>(codec, x0, e, o0);
     }
     true
-}
-
-/// max of the |x| bit patterns of each of eight runs of `8 * V` values from `p`: lane j is run
-/// j's (as i32; the pattern of the float maximum when every value is finite).
-#[inline(always)]
-unsafe fn max_abs_bits_8runs<const V: usize>(p: *const f32) -> __m256i {
-    let abs = _mm256_set1_epi32(0x7FFF_FFFF);
-    let mut m = [_mm256_setzero_si256(); 8];
-    for (j, acc) in m.iter_mut().enumerate() {
-        let run = p.add(j * 8 * V);
-        for t in 0..V {
-            let v = _mm256_and_si256(_mm256_loadu_si256(run.add(8 * t) as *const __m256i), abs);
-            *acc = _mm256_max_epi32(v, *acc);
-        }
-    }
-    // Fold the eight vectors into one of their eight maxima, as `x86::max_abs_8runs`.
-    let pair = |a: __m256i, b: __m256i| {
-        _mm256_max_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b))
-    };
-    let quad = |ab: __m256i, cd: __m256i| {
-        _mm256_max_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd))
-    };
-    let lo = quad(pair(m[0], m[1]), pair(m[2], m[3]));
-    let hi = quad(pair(m[4], m[5]), pair(m[6], m[7]));
-    _mm256_max_epi32(
-        _mm256_permute2x128_si256::<0x20>(lo, hi),
-        _mm256_permute2x128_si256::<0x31>(lo, hi),
-    )
 }
 
 /// Codes of eight blocks of `8 * V` values from `x0` into `o0`: block j's values divided by
@@ -260,9 +232,9 @@ pub(crate) unsafe fn two_level_piece<C: Encode>(
             _mm256_set1_ps(f32::MAX),
         );
         let bits = if bc == 16 {
-            max_abs_bits_8runs::<2>(x0)
+            x86::max_abs_bits_8runs::<2>(x0)
         } else {
-            max_abs_bits_8runs::<4>(x0)
+            x86::max_abs_bits_8runs::<4>(x0)
         };
         let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF));
         bad |= _mm256_movemask_epi8(non_finite) != 0;

@@ -147,6 +147,38 @@ pub(crate) mod x86 {
     /// How far ahead of the values being read the long-run kernels ask for input, in values.
     pub(crate) const PREFETCH_AHEAD: usize = 2048;
 
+    /// max of the |x| bit patterns of each of eight runs of `8 * V` values from `p`: lane j is run
+    /// j's (as i32; the pattern of the float maximum when every value is finite, and above
+    /// every finite one's when the run holds a NaN or infinity).
+    #[inline(always)]
+    pub(crate) unsafe fn max_abs_bits_8runs<const V: usize>(p: *const f32) -> __m256i {
+        let abs = _mm256_set1_epi32(0x7FFF_FFFF);
+        let mut m = [_mm256_setzero_si256(); 8];
+        for (j, acc) in m.iter_mut().enumerate() {
+            let run = p.add(j * 8 * V);
+            for t in 0..V {
+                let v = _mm256_and_si256(_mm256_loadu_si256(run.add(8 * t) as *const __m256i), abs);
+                *acc = _mm256_max_epi32(v, *acc);
+            }
+        }
+        // Fold the eight vectors into one of their eight maxima, as `max_abs_8runs`. (Inner
+        // functions, not closures: a closure is not compiled for AVX2 when it is not inlined.)
+        #[inline(always)]
+        unsafe fn pair(a: __m256i, b: __m256i) -> __m256i {
+            _mm256_max_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b))
+        }
+        #[inline(always)]
+        unsafe fn quad(ab: __m256i, cd: __m256i) -> __m256i {
+            _mm256_max_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd))
+        }
+        let lo = quad(pair(m[0], m[1]), pair(m[2], m[3]));
+        let hi = quad(pair(m[4], m[5]), pair(m[6], m[7]));
+        _mm256_max_epi32(
+            _mm256_permute2x128_si256::<0x20>(lo, hi),
+            _mm256_permute2x128_si256::<0x31>(lo, hi),
+        )
+    }
+
     /// max |x| of each of eight runs of `len` values (a multiple of 8) from `p`, `p + len`, ...:
     /// lane j is run j's. NaNs passed over, as [`max_abs`].
     #[inline(always)]

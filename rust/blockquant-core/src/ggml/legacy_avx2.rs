@@ -24,46 +24,6 @@ unsafe fn abs_bits(p: *const f32) -> __m256i {
     _mm256_and_si256(v, _mm256_set1_epi32(0x7FFF_FFFF))
 }
 
-/// A block's |x| bits folded to eight lanes (integer max: NaN is above every finite value).
-#[inline(always)]
-unsafe fn block_abs_bits(p: *const f32) -> __m256i {
-    let a = _mm256_max_epi32(abs_bits(p), abs_bits(p.add(8)));
-    let b = _mm256_max_epi32(abs_bits(p.add(16)), abs_bits(p.add(24)));
-    _mm256_max_epi32(a, b)
-}
-
-/// Lane g = the largest lane of `v[g]`: eight horizontal maxima as one transposing fold.
-#[inline(always)]
-unsafe fn lane_maxima(v: [__m256i; GROUP]) -> __m256i {
-    // [max(a0, a1), max(a2, a3), max(b0, b1), max(b2, b3)] in each half, as `hadd` pairs sums.
-    #[inline(always)]
-    unsafe fn pair(a: __m256i, b: __m256i) -> __m256i {
-        let (a, b) = (_mm256_castsi256_ps(a), _mm256_castsi256_ps(b));
-        let even = _mm256_shuffle_ps::<0b10_00_10_00>(a, b);
-        let odd = _mm256_shuffle_ps::<0b11_01_11_01>(a, b);
-        _mm256_max_epi32(_mm256_castps_si256(even), _mm256_castps_si256(odd))
-    }
-    // Lane k of each half: v[k]'s (then v[4 + k]'s) maximum over that half.
-    let lo = pair(pair(v[0], v[1]), pair(v[2], v[3]));
-    let hi = pair(pair(v[4], v[5]), pair(v[6], v[7]));
-    _mm256_max_epi32(
-        _mm256_permute2x128_si256::<0x20>(lo, hi),
-        _mm256_permute2x128_si256::<0x31>(lo, hi),
-    )
-}
-
-/// Lane g = block g's largest |x| bits. (Loops rather than closures here and below: a
-/// closure is a function of its own, not compiled for AVX2, that the intrinsics cannot inline
-/// into.)
-#[inline(always)]
-unsafe fn group_abs_bits(x: *const f32) -> __m256i {
-    let mut m = [_mm256_setzero_si256(); GROUP];
-    for (g, mg) in m.iter_mut().enumerate() {
-        *mg = block_abs_bits(x.add(g * BS));
-    }
-    lane_maxima(m)
-}
-
 /// Whether a lane of |x| bits is an infinity or NaN.
 #[inline(always)]
 unsafe fn any_non_finite(m: __m256i) -> bool {
@@ -195,7 +155,7 @@ run!(q5_1_run, super::legacy::Q5_1, min_group::<true>);
 
 #[inline(always)]
 unsafe fn q8_0_group(x: *const f32, out: *mut u8) -> bool {
-    let m = group_abs_bits(x);
+    let m = crate::simd::x86::max_abs_bits_8runs::<{ BS / 8 }>(x);
     if any_non_finite(m) {
         return true;
     }
@@ -251,7 +211,7 @@ unsafe fn signed_group<const Q5: bool>(x: *const f32, out: *mut u8) -> bool {
     } else {
         (18, -8.0, 15)
     };
-    let m = group_abs_bits(x);
+    let m = crate::simd::x86::max_abs_bits_8runs::<{ BS / 8 }>(x);
     if any_non_finite(m) {
         return true;
     }
@@ -330,7 +290,7 @@ unsafe fn min_group<const Q5: bool>(x: *const f32, out: *mut u8) -> bool {
     } else {
         (20, 15.0, 15)
     };
-    let m = group_abs_bits(x);
+    let m = crate::simd::x86::max_abs_bits_8runs::<{ BS / 8 }>(x);
     if any_non_finite(m) {
         return true;
     }
