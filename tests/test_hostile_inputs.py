@@ -347,7 +347,11 @@ _SLOW_DRIVER = textwrap.dedent("""
     real = c.quantize
     def slow(*a, **k):
         sys.stderr.write("started\\n"); sys.stderr.flush()
-        time.sleep(60)
+        # Short sleeps, not one long one: a signal that lands between the write above and the
+        # sleep's system call would otherwise wait for the whole sleep (CPython runs handlers
+        # only between bytecodes or when a call is interrupted), and the test would time out.
+        for _ in range(600):
+            time.sleep(0.1)
         return real(*a, **k)
     c.quantize = slow
     from blockquant.cli import main
