@@ -197,6 +197,33 @@ impl Ctx {
         n
     }
 
+    /// The candidates' scale dtype, its rounding, and (UE8M0 `mx`) the value's emax.
+    pub(crate) fn dtype(&self) -> ScaleDtype {
+        self.dtype
+    }
+
+    pub(crate) fn mode(&self) -> ScaleRounding {
+        self.mode
+    }
+
+    pub(crate) fn emax(&self) -> i32 {
+        self.emax
+    }
+
+    /// Two-level: the per-tensor scale g.
+    pub(crate) fn global(&self) -> Option<f32> {
+        self.global
+    }
+
+    /// How many divisors, and half_range · c_k of divisor k.
+    pub(crate) fn n_divisors(&self) -> usize {
+        self.n_divisors
+    }
+
+    pub(crate) fn denom(&self, k: usize) -> f32 {
+        self.denoms[k]
+    }
+
     /// What values are divided by under stored scale `s`.
     #[inline]
     pub(crate) fn effective(&self, s: f32) -> f32 {
