@@ -147,7 +147,7 @@ unsafe fn lanes<Q: Dequant, const MUL: bool, const W: bool>(
 /// w·(u − q(u))² of eight elements. A function, not a closure: a closure would not inherit
 /// the caller's AVX2 and its intrinsics would stay calls.
 #[inline(always)]
-pub(crate) unsafe fn term<Q: Dequant, const MUL: bool, const W: bool>(
+unsafe fn term<Q: Dequant, const MUL: bool, const W: bool>(
     q: Q,
     x: __m256,
     w: __m256,

@@ -19,7 +19,6 @@ use crate::layout::Layout;
 use crate::scale::ScaleRounding;
 use crate::scheme::ScaleDtype;
 use crate::search::MAX_CANDIDATES;
-use crate::search_avx2::term;
 use crate::search_cands::Ctx;
 use crate::search_values::Dequant;
 use crate::simd::x86;
@@ -132,8 +131,11 @@ pub(crate) unsafe fn search8<Q: Dequant, const V: usize, const W: bool>(
     let n = candidates8(ctx, alpha, &mut cand);
     let (mut best_lo, mut best_hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
     let (mut err_lo, mut err_hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
-    for (k, &stored) in cand[..n].iter().enumerate() {
-        let e = match ctx.global() {
+    // The effective scales, and their sums two candidates at a time (each vector loaded once
+    // for both).
+    let mut eff = [zero; MAX_CANDIDATES];
+    for (e, &stored) in eff.iter_mut().zip(&cand[..n]) {
+        *e = match ctx.global() {
             None => stored,
             // effective_scale in lanes.
             Some(g) => _mm256_min_ps(
@@ -141,13 +143,18 @@ pub(crate) unsafe fn search8<Q: Dequant, const V: usize, const W: bool>(
                 _mm256_set1_ps(f32::MAX),
             ),
         };
-        // A multiply by the reciprocal where it equals the division in all eight lanes
-        // (`simd::exact_reciprocal`: MX scales, all powers of two).
-        let s = if all_exact_reciprocals(e) {
-            sums::<Q, V, W, true>(q, &xt, &wt, _mm256_div_ps(_mm256_set1_ps(1.0), e))
-        } else {
-            sums::<Q, V, W, false>(q, &xt, &wt, e)
-        };
+    }
+    let mut sum = [zero; MAX_CANDIDATES];
+    let mut k = 0;
+    while k + 2 <= n {
+        [sum[k], sum[k + 1]] = sums::<Q, V, W, 2>(q, &xt, &wt, [eff[k], eff[k + 1]]);
+        k += 2;
+    }
+    if k < n {
+        [sum[k]] = sums::<Q, V, W, 1>(q, &xt, &wt, [eff[k]]);
+    }
+    for (k, &stored) in cand[..n].iter().enumerate() {
+        let (e, s) = (eff[k], sum[k]);
         let (lo, hi) = (errors(lo128(e), lo128(s)), errors(hi128(e), hi128(s)));
         let (c_lo, c_hi) = (
             _mm256_cvtps_pd(lo128(stored)),
@@ -207,22 +214,88 @@ unsafe fn all_exact_reciprocals(e: __m256) -> bool {
     _mm256_movemask_epi8(ok) == -1
 }
 
-/// S of each of eight blocks under scales `ev` (lane j block j's; its reciprocals when `MUL`):
-/// block lane l the sum of elements l, l + 8, ... from 0 in order, the lanes combined pairwise.
+/// S of each of eight blocks under each of `N` candidates' scales `e` (lane j block j's):
+/// block lane l the sum of elements l, l + 8, ... from 0 in order, the lanes combined
+/// pairwise. A multiply by the reciprocals where they equal the division in all lanes
+/// (`simd::exact_reciprocal`: MX scales, all powers of two).
 #[inline(always)]
-unsafe fn sums<Q: Dequant, const V: usize, const W: bool, const MUL: bool>(
+unsafe fn sums<Q: Dequant, const V: usize, const W: bool, const N: usize>(
     q: Q,
     xt: &[__m256; 32],
     wt: &[__m256; 32],
-    ev: __m256,
-) -> __m256 {
-    let mut l = [_mm256_setzero_ps(); 8];
-    for (j, acc) in l.iter_mut().enumerate() {
+    e: [__m256; N],
+) -> [__m256; N] {
+    // A loop, not `iter().all`: a closure would not be compiled for AVX2.
+    let mut mul = true;
+    for &e in &e {
+        mul &= all_exact_reciprocals(e);
+    }
+    if mul {
+        let mut r = e;
+        for r in r.iter_mut() {
+            *r = _mm256_div_ps(_mm256_set1_ps(1.0), *r);
+        }
+        sums_by::<Q, V, W, N, true>(q, xt, wt, r)
+    } else {
+        sums_by::<Q, V, W, N, false>(q, xt, wt, e)
+    }
+}
+
+/// [`sums`] with the quotients x / e (x · e when `MUL`), each vector loaded once for the `N`.
+// Index loops over fixed counts: they unroll, and follow the definition's element indices.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn sums_by<Q: Dequant, const V: usize, const W: bool, const N: usize, const MUL: bool>(
+    q: Q,
+    xt: &[__m256; 32],
+    wt: &[__m256; 32],
+    e: [__m256; N],
+) -> [__m256; N] {
+    let mut l = [[_mm256_setzero_ps(); 8]; N];
+    for j in 0..8 {
+        let mut acc = [_mm256_setzero_ps(); N];
         for t in 0..V {
             let i = 8 * t + j;
-            *acc = _mm256_add_ps(*acc, term::<Q, MUL, W>(q, xt[i], wt[i], ev));
+            for c in 0..N {
+                acc[c] = _mm256_add_ps(acc[c], term::<Q, W, MUL>(q, xt[i], wt[i], e[c]));
+            }
+        }
+        for c in 0..N {
+            l[c][j] = acc[c];
         }
     }
+    let mut s = [_mm256_setzero_ps(); N];
+    for c in 0..N {
+        s[c] = combine(&l[c]);
+    }
+    s
+}
+
+/// w·(u − q(u))² of eight elements, u = x / e (x · e when `MUL`).
+#[inline(always)]
+unsafe fn term<Q: Dequant, const W: bool, const MUL: bool>(
+    q: Q,
+    x: __m256,
+    w: __m256,
+    e: __m256,
+) -> __m256 {
+    let u = if MUL {
+        _mm256_mul_ps(x, e)
+    } else {
+        _mm256_div_ps(x, e)
+    };
+    let d = _mm256_sub_ps(u, q.qv8(u));
+    let tt = _mm256_mul_ps(d, d);
+    if W {
+        _mm256_mul_ps(w, tt)
+    } else {
+        tt
+    }
+}
+
+/// Lanes combined pairwise, ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), vector by vector.
+#[inline(always)]
+unsafe fn combine(l: &[__m256; 8]) -> __m256 {
     _mm256_add_ps(
         _mm256_add_ps(_mm256_add_ps(l[0], l[1]), _mm256_add_ps(l[2], l[3])),
         _mm256_add_ps(_mm256_add_ps(l[4], l[5]), _mm256_add_ps(l[6], l[7])),
@@ -350,9 +423,20 @@ unsafe fn ue8m0_value(code: __m256i) -> __m256 {
 /// before it.
 #[inline(always)]
 unsafe fn compact(c: &mut [__m256; MAX_CANDIDATES], n: usize) -> usize {
-    let mut keep = [_mm256_setzero_si256(); MAX_CANDIDATES];
+    // A fixed count, so the loops unroll.
+    match n {
+        11 => compact_n::<11>(c),
+        9 => compact_n::<9>(c),
+        5 => compact_n::<5>(c),
+        _ => n,
+    }
+}
+
+#[inline(always)]
+unsafe fn compact_n<const N: usize>(c: &mut [__m256; MAX_CANDIDATES]) -> usize {
+    let mut keep = [_mm256_setzero_si256(); N];
     let mut all = _mm256_set1_epi32(-1);
-    for k in 1..n {
+    for k in 1..N {
         let same = _mm256_or_si256(
             _mm256_cmpeq_epi32(_mm256_castps_si256(c[k]), _mm256_castps_si256(c[0])),
             _mm256_cmpeq_epi32(_mm256_castps_si256(c[k]), _mm256_castps_si256(c[k - 1])),
@@ -361,26 +445,38 @@ unsafe fn compact(c: &mut [__m256; MAX_CANDIDATES], n: usize) -> usize {
         all = _mm256_and_si256(all, keep[k]);
     }
     if _mm256_movemask_epi8(all) == -1 {
-        return n;
+        return N;
     }
-    // Candidate k goes to slot `count` of its lane (the candidates kept before it), written
-    // where kept; slot 0 stays the first.
-    let mut out = [c[0]; MAX_CANDIDATES];
+    // Candidate k goes to slot pos[k] of its lane (1 + the candidates kept before it) where
+    // kept; slot 0 stays the first, and so do slots no candidate reaches.
+    let mut pos = [_mm256_setzero_si256(); N];
     let mut count = _mm256_set1_epi32(1);
-    for k in 1..n {
-        for (slot, o) in out.iter_mut().enumerate().take(k + 1).skip(1) {
-            let here = _mm256_and_si256(
-                keep[k],
-                _mm256_cmpeq_epi32(count, _mm256_set1_epi32(slot as i32)),
-            );
-            *o = _mm256_blendv_ps(*o, c[k], _mm256_castsi256_ps(here));
-        }
+    for k in 1..N {
+        pos[k] = count;
         count = _mm256_sub_epi32(count, keep[k]);
     }
-    *c = out;
-    let mut counts = [0i32; 8];
-    _mm256_storeu_si256(counts.as_mut_ptr() as *mut __m256i, count);
-    counts.into_iter().max().unwrap_or(1) as usize
+    // Slot by slot, each built in a register and written once (a read-modify-write of a slot
+    // in memory per candidate would become a masked store, slow on some CPUs).
+    let mut out = [c[0]; N];
+    #[allow(clippy::needless_range_loop)]
+    for slot in 1..N {
+        let want = _mm256_set1_epi32(slot as i32);
+        let mut v = c[0];
+        for k in slot..N {
+            let here = _mm256_and_si256(keep[k], _mm256_cmpeq_epi32(pos[k], want));
+            v = _mm256_blendv_ps(v, c[k], _mm256_castsi256_ps(here));
+        }
+        out[slot] = v;
+    }
+    c[..N].copy_from_slice(&out);
+    // The most kept: a horizontal maximum.
+    let m = _mm_max_epi32(
+        _mm256_castsi256_si128(count),
+        _mm256_extracti128_si256::<1>(count),
+    );
+    let m = _mm_max_epi32(m, _mm_shuffle_epi32::<0b01_00_11_10>(m));
+    let m = _mm_max_epi32(m, _mm_shuffle_epi32::<0b10_11_00_01>(m));
+    _mm_cvtsi128_si32(m) as usize
 }
 
 /// The codes of eight blocks of `8 * V` values from `x0` into `o0`, block j's values divided by
