@@ -15,6 +15,11 @@
 //!
 //! Nothing depends on the thread count: blocks are independent, and a per-tensor scale's chunks
 //! are summed in chunk order whichever thread measured them.
+//!
+//! Where the code is: this file walks blocks one at a time (any layout) and, for `quantize`,
+//! hands blocks of 16 or 32 values laid end to end to `search_lanes.rs` (eight blocks in
+//! AVX2 lanes, encoded in the same pass); candidates are in `search_cands.rs`, q(u) per value
+//! kind in `search_values.rs`, the one-block AVX2 sums in `search_avx2.rs`.
 
 use rayon::prelude::*;
 
