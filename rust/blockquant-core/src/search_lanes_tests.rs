@@ -7,7 +7,8 @@ use crate::input::Input;
 use crate::lookup::Codebook;
 use crate::pack::StorageMut;
 use crate::quantize::{effective_scale, encode_values, QuantizeOptions};
-use crate::scheme::{QuantScheme, QuantStore, QuantValue};
+use crate::scale::ScaleRounding;
+use crate::scheme::{QuantScheme, QuantStore, QuantValue, ScaleDtype};
 use crate::search::{search_block_portable, Bufs};
 use crate::search_values::with_dequant;
 
