@@ -74,6 +74,34 @@ def test_core_equals_reference_two_level(value, dtype):
                   ref.quantize(x, s, calibration="mse", scale_rounding=mode, **kw))
 
 
+@pytest.mark.parametrize("value", VALUES, ids=str)
+def test_core_equals_reference_in_groups_of_eight_blocks(value):
+    # Whole blocks of 16 or 32 along rows: the core searches eight blocks at a time and encodes
+    # them in the same pass (a short last group of eight; weights; each store; two-level).
+    x = _data((11, 96))
+    w = RNG.random((11, 96)).astype(np.float32)
+    dtypes = [(ScaleDtype.F16, "up"), (ScaleDtype.F16, "nearest"), (ScaleDtype.UE4M3, "nearest"),
+              (ScaleDtype.UE8M0, "mx"), (ScaleDtype.BF16, "up")]
+    stores = [QuantStore.Native, QuantStore.packed_u32(0), QuantStore.packed_native(0)]
+    for i, (block, (dtype, mode)) in enumerate([(b, d) for b in (16, 32) for d in dtypes]):
+        s = QuantScheme(value, stores[i % 3]).per_block([block], dtype)
+        try:
+            s.layout(x.shape)
+        except bq.QuantError:  # a store this value does not have
+            s = QuantScheme(value, QuantStore.Native).per_block([block], dtype)
+        kws = [{}, {"weights": w}]
+        schemes = [s]
+        if dtype in (ScaleDtype.F16, ScaleDtype.UE4M3):  # the two-level block dtypes
+            schemes.append(s.per_tensor(ScaleDtype.F32))
+        for s in schemes:
+            for kw in kws:
+                _same(bq.quantize(x, s, calibration="mse", scale_rounding=mode, **kw),
+                      ref.quantize(x, s, calibration="mse", scale_rounding=mode, **kw))
+    x16 = x.astype(np.float16)
+    s = QuantScheme(value, QuantStore.Native).per_block([32], ScaleDtype.F16)
+    _same(bq.quantize(x16, s, calibration="mse"), ref.quantize(x16, s, calibration="mse"))
+
+
 def test_large_blocks_are_summed_in_chunks_as_the_reference_does():
     # A per-tensor block and a block longer than one chunk (65536), with weights; float16 input.
     x = RNG.standard_normal((3, 70001)).astype(np.float16)

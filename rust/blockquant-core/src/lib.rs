@@ -30,6 +30,7 @@ pub mod scheme;
 pub mod search;
 mod search_avx2;
 mod search_cands;
+mod search_lanes;
 mod search_values;
 mod simd;
 

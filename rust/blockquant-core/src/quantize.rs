@@ -53,6 +53,8 @@ macro_rules! with_codec {
     }};
 }
 
+pub(crate) use with_codec;
+
 /// Options of a quantize call.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QuantizeOptions {
@@ -265,7 +267,7 @@ fn to_block(s: f32, g: f32) -> f32 {
 
 /// The per-tensor scale g of a two-level scheme from its blocks' amplitudes: it maps the
 /// largest raw block scale onto the block dtype's largest value (1 when all are 0).
-fn derived_global(alpha: &[f32], half_range: f32, dtype: ScaleDtype) -> f32 {
+pub(crate) fn derived_global(alpha: &[f32], half_range: f32, dtype: ScaleDtype) -> f32 {
     let max_raw = alpha.iter().fold(0.0f32, |m, &a| m.max(a)) / half_range;
     if max_raw == 0.0 {
         1.0
@@ -377,6 +379,13 @@ fn quantize_in_pool(
         && crate::simd::has_f16c()
     {
         return quantize_two_level(x, layout, opts, out);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if calibrating
+        && opts.calibration == Calibration::Mse
+        && crate::search::searchable_in_one_pass(layout)
+    {
+        return crate::search::quantize_searched(x, None, layout, opts, None, out);
     }
     let scales = compute_scales(x, layout, opts, explicit)?;
     encode_values(x, layout, scales.effective(), opts.rounding, out)?;
@@ -718,6 +727,46 @@ unsafe fn measure_encode_avx2<C: Encode>(
 /// How far ahead of the block being quantized its input is asked for, in values: on one
 /// thread the hardware prefetcher alone leaves the kernel waiting on memory.
 const PREFETCH_AHEAD: usize = 2048;
+
+/// The one-pass kernels' storage: each piece's codes (one a byte) from `encode_piece(piece, its
+/// values, its scales, its codes)`, then packed into `out` (or written straight, one code a
+/// byte). Returns whether any piece saw a non-finite value.
+pub(crate) fn encode_pieces(
+    x: Input<'_>,
+    layout: &Layout,
+    stored: &mut [f32],
+    out: StorageMut<'_>,
+    encode_piece: impl Fn(&Piece, &[f32], &mut [f32], &mut [u8]) -> bool + Sync,
+) -> bool {
+    let pieces = pieces(layout);
+    let mask = layout
+        .packing
+        .masks_bytes()
+        .then(|| layout.packing.field_mask() as u8);
+    match out {
+        StorageMut::U8(bytes) if layout.packing.per == 1 => {
+            fused_pieces(x, &pieces, stored, bytes, |p, xs, sc, out, _| {
+                let bad = encode_piece(p, xs, sc, out);
+                if let Some(m) = mask {
+                    out.iter_mut().for_each(|c| *c &= m);
+                }
+                bad
+            })
+        }
+        StorageMut::U8(words) => fused_pieces(x, &pieces, stored, words, |p, xs, sc, w, codes| {
+            codes.resize(p.len, 0);
+            let bad = encode_piece(p, xs, sc, codes);
+            pack_last_axis(layout, codes, p.start, p.word0, w);
+            bad
+        }),
+        StorageMut::U32(words) => fused_pieces(x, &pieces, stored, words, |p, xs, sc, w, codes| {
+            codes.resize(p.len, 0);
+            let bad = encode_piece(p, xs, sc, codes);
+            pack_last_axis(layout, codes, p.start, p.word0, w);
+            bad
+        }),
+    }
+}
 
 fn fused_pieces<W: Word>(
     x: Input<'_>,

@@ -15,6 +15,11 @@
 //!
 //! Nothing depends on the thread count: blocks are independent, and a per-tensor scale's chunks
 //! are summed in chunk order whichever thread measured them.
+//!
+//! Where the code is: this file walks blocks one at a time (any layout) and, for `quantize`,
+//! hands blocks of 16 or 32 values laid end to end to `search_lanes.rs` (eight blocks in
+//! AVX2 lanes, encoded in the same pass); candidates are in `search_cands.rs`, q(u) per value
+//! kind in `search_values.rs`, the one-block AVX2 sums in `search_avx2.rs`.
 
 use rayon::prelude::*;
 
@@ -175,7 +180,7 @@ fn block_runs(layout: &Layout, b: usize, mut f: impl FnMut(usize, usize)) {
 
 /// Reusable buffers of one worker.
 #[derive(Default)]
-struct Bufs {
+pub(crate) struct Bufs {
     conv: Vec<f32>,
     xs: Vec<f32>,
     ws: Vec<f32>,
@@ -198,7 +203,7 @@ avx2_dispatch! {
 
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn search_block_portable<Q: Dequant>(
+pub(crate) fn search_block_portable<Q: Dequant>(
     q: Q,
     ctx: &Ctx,
     x: Input<'_>,
@@ -322,6 +327,11 @@ pub fn mse_scales(
         None
     };
     let ctx = Ctx::new(layout, opts.scale_rounding, global);
+    #[cfg(target_arch = "x86_64")]
+    if crate::search_lanes::fits(layout) {
+        let stored = with_dequant!(scheme, |q| lane_scales(q, &ctx, x, weights, layout, &alpha));
+        return Scales::new(stored, global);
+    }
     let stored = with_dequant!(scheme, |q| {
         if layout.per_tensor {
             vec![search_tensor(q, &ctx, x, weights, alpha[0])]
@@ -338,6 +348,92 @@ pub fn mse_scales(
         }
     });
     Scales::new(stored, global)
+}
+
+/// [`mse_scales`]' blocks by the lane kernel ([`crate::search_lanes`]), in parallel tasks of
+/// whole groups of eight blocks (blocks are independent, so the split changes nothing).
+#[cfg(target_arch = "x86_64")]
+fn lane_scales<Q: Dequant>(
+    q: Q,
+    ctx: &Ctx,
+    x: Input<'_>,
+    weights: Option<&[f32]>,
+    layout: &Layout,
+    alpha: &[f32],
+) -> Vec<f32> {
+    let bc = layout.block_cols();
+    let per_task = (MIN_TASK_ELEMS / bc).next_multiple_of(8);
+    let mut stored = vec![0.0f32; layout.num_scales];
+    stored
+        .par_chunks_mut(per_task)
+        .zip(alpha.par_chunks(per_task))
+        .enumerate()
+        .for_each_init(Vec::new, |buf, (i, (sc, a))| {
+            let start = i * per_task * bc;
+            let xs = x.read(start, sc.len() * bc, buf);
+            let ws = weights.map(|w| &w[start..start + xs.len()]);
+            // SAFETY: `fits` checked the CPU has AVX2 and F16C.
+            unsafe { crate::search_lanes::search_run(q, ctx, xs, ws, a, sc) }
+        });
+    stored
+}
+
+/// Whether `quantize` with calibration `mse` takes [`quantize_searched`]: blocks the lane kernel
+/// takes, stored packed along the last axis (or one a byte).
+pub(crate) fn searchable_in_one_pass(layout: &Layout) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::search_lanes::fits(layout) && layout.packing.axis + 1 == layout.rank()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = layout;
+        false
+    }
+}
+
+/// `quantize` with calibration `mse` ([`mse_scales`] + `encode_values`, the same scales and
+/// codes) in one pass over memory where [`searchable_in_one_pass`]: each piece's blocks
+/// measured, searched and encoded while in cache. A two-level scheme measures every block
+/// first, for g.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn quantize_searched(
+    x: Input<'_>,
+    weights: Option<&[f32]>,
+    layout: &Layout,
+    opts: &QuantizeOptions,
+    given_global: Option<f32>,
+    out: StorageMut<'_>,
+) -> Result<Scales> {
+    // What `with_codec!` names.
+    use crate::codec::{minifloat, E2M1Code, FloatCode, IntHalfAway, IntHalfEven, Rounding};
+    use crate::lookup::LookupCode;
+    let scheme = &layout.scheme;
+    let (alpha, global) = if scheme.is_two_level() {
+        let alpha = amplitudes(x, layout, Calibration::MinMax);
+        let g = given_global.unwrap_or_else(|| {
+            crate::quantize::derived_global(&alpha, scheme.half_range(), scheme.scale_dtype())
+        });
+        (Some(alpha), Some(g))
+    } else {
+        (None, None)
+    };
+    let ctx = Ctx::new(layout, opts.scale_rounding, global);
+    let mut stored = vec![0.0f32; layout.num_scales];
+    let bad = with_dequant!(scheme, |q| {
+        crate::quantize::with_codec!(scheme, opts.rounding, |codec| {
+            crate::quantize::encode_pieces(x, layout, &mut stored, out, |p, xs, sc, codes| {
+                let a = alpha.as_ref().map(|a| &a[p.scale0..p.scale0 + p.scales]);
+                let ws = weights.map(|w| &w[p.start..p.start + p.len]);
+                // SAFETY: `searchable_in_one_pass` checked the CPU has AVX2 and F16C.
+                unsafe { crate::search_lanes::search_encode(q, codec, &ctx, xs, ws, a, sc, codes) }
+            })
+        })
+    });
+    if bad {
+        return Err(crate::quantize::first_non_finite(x));
+    }
+    Ok(Scales::new(stored, global))
 }
 
 /// Weights are one finite value ≥ 0 per element.
@@ -392,6 +488,10 @@ pub fn quantize_weighted(
             }
             (Some(g), true) => crate::scale::check_scales(&[g], "the per-tensor scale")?,
             (None, _) => {}
+        }
+        #[cfg(target_arch = "x86_64")]
+        if searchable_in_one_pass(layout) {
+            return quantize_searched(x, Some(weights), layout, opts, ex.global, out);
         }
         let scales = mse_scales(x, Some(weights), layout, opts, ex.global);
         encode_values(x, layout, scales.effective(), opts.rounding, out)?;

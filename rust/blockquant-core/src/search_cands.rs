@@ -197,6 +197,11 @@ impl Ctx {
         n
     }
 
+    /// Two-level: the per-tensor scale g.
+    pub(crate) fn global(&self) -> Option<f32> {
+        self.global
+    }
+
     /// What values are divided by under stored scale `s`.
     #[inline]
     pub(crate) fn effective(&self, s: f32) -> f32 {
@@ -204,5 +209,171 @@ impl Ctx {
             Some(g) => effective_scale(s, g),
             None => s,
         }
+    }
+}
+
+/// The candidates of eight blocks at once, block j in AVX2 lane j (for `search_lanes.rs`).
+#[cfg(target_arch = "x86_64")]
+mod lanes {
+    use std::arch::x86_64::*;
+
+    use super::{Ctx, MAX_CANDIDATES};
+    use crate::scale::ScaleRounding;
+    use crate::scheme::ScaleDtype;
+    use crate::simd::x86;
+
+    impl Ctx {
+        /// The candidate stored scales of eight blocks ([`Ctx::candidates`] in lanes) into
+        /// `out`, in search order; returns how many vectors to try. A lane with fewer distinct
+        /// candidates than that has its first candidate in the spare slots: a repeat has the
+        /// same error, and the first of equals wins, so repeats (here as in
+        /// [`Ctx::candidates`]) never change the pick. F16 and UE4M3 (up or nearest) and UE8M0
+        /// (mx) in vector lanes; other dtypes block by block.
+        #[inline(always)]
+        pub(crate) unsafe fn candidates8(
+            &self,
+            alpha: __m256,
+            out: &mut [__m256; MAX_CANDIDATES],
+        ) -> usize {
+            let up = self.mode == ScaleRounding::Up;
+            match (self.dtype, self.mode) {
+                (ScaleDtype::UE8M0, ScaleRounding::Mx) if self.emax >= 0 => {
+                    // Code 0 is 2^-127, exponent field 0 as well.
+                    let code = _mm256_srli_epi32::<23>(_mm256_castps_si256(x86::mx_scale_8(
+                        alpha, self.emax,
+                    )));
+                    let one = _mm256_set1_epi32(1);
+                    let below = _mm256_sub_epi32(code, one);
+                    let above = _mm256_add_epi32(code, one);
+                    out[0] = ue8m0_value(code);
+                    // Codes outside 0..=254 are dropped: the first candidate instead.
+                    let has_below = _mm256_cmpgt_epi32(code, _mm256_setzero_si256());
+                    let has_above = _mm256_cmpgt_epi32(_mm256_set1_epi32(255), above);
+                    out[1] = _mm256_blendv_ps(
+                        out[0],
+                        ue8m0_value(below),
+                        _mm256_castsi256_ps(has_below),
+                    );
+                    out[2] = _mm256_blendv_ps(
+                        out[0],
+                        ue8m0_value(above),
+                        _mm256_castsi256_ps(has_above),
+                    );
+                    3
+                }
+                (
+                    ScaleDtype::F16 | ScaleDtype::UE4M3,
+                    ScaleRounding::Up | ScaleRounding::Nearest,
+                ) => {
+                    let n = self.n_divisors;
+                    for (k, o) in out[..n].iter_mut().enumerate() {
+                        let mut raw = _mm256_div_ps(alpha, _mm256_set1_ps(self.denoms[k]));
+                        match self.global {
+                            None => {}
+                            Some(0.0) => raw = _mm256_setzero_ps(),
+                            Some(g) => raw = _mm256_div_ps(raw, _mm256_set1_ps(g)),
+                        }
+                        *o = if self.dtype == ScaleDtype::F16 {
+                            x86::round_f16_8(raw, up)
+                        } else {
+                            x86::round_ue4m3_8(raw, up)
+                        };
+                    }
+                    compact(out, n)
+                }
+                _ => {
+                    let mut a = [0.0f32; 8];
+                    _mm256_storeu_ps(a.as_mut_ptr(), alpha);
+                    let mut lanes = [[0.0f32; 8]; MAX_CANDIDATES];
+                    let mut most = 1;
+                    for (j, &aj) in a.iter().enumerate() {
+                        let mut c = [0.0f32; MAX_CANDIDATES];
+                        let m = self.candidates(aj, &mut c);
+                        most = most.max(m);
+                        for (k, lane) in lanes.iter_mut().enumerate() {
+                            lane[j] = if k < m { c[k] } else { c[0] };
+                        }
+                    }
+                    for (o, lane) in out.iter_mut().zip(&lanes) {
+                        *o = _mm256_loadu_ps(lane.as_ptr());
+                    }
+                    most
+                }
+            }
+        }
+    }
+
+    /// UE8M0 codes 0..=254 (i32 lanes) to their values: 2^(c − 127), code 0 the subnormal 2^-127.
+    #[inline(always)]
+    unsafe fn ue8m0_value(code: __m256i) -> __m256 {
+        let normal = _mm256_slli_epi32::<23>(code);
+        let zero = _mm256_cmpeq_epi32(code, _mm256_setzero_si256());
+        _mm256_castsi256_ps(_mm256_blendv_epi8(
+            normal,
+            _mm256_set1_epi32(0x0040_0000),
+            zero,
+        ))
+    }
+
+    /// The first `n` candidate vectors with each lane's repeats dropped (order kept), its spare
+    /// slots holding its first candidate; returns the most any lane keeps. As in
+    /// `Ctx::candidates`, candidates 1.. are monotone, so a repeat equals the first or the one just
+    /// before it.
+    #[inline(always)]
+    unsafe fn compact(c: &mut [__m256; MAX_CANDIDATES], n: usize) -> usize {
+        // A fixed count, so the loops unroll.
+        match n {
+            11 => compact_n::<11>(c),
+            9 => compact_n::<9>(c),
+            5 => compact_n::<5>(c),
+            _ => n,
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn compact_n<const N: usize>(c: &mut [__m256; MAX_CANDIDATES]) -> usize {
+        let mut keep = [_mm256_setzero_si256(); N];
+        let mut all = _mm256_set1_epi32(-1);
+        for k in 1..N {
+            let same = _mm256_or_si256(
+                _mm256_cmpeq_epi32(_mm256_castps_si256(c[k]), _mm256_castps_si256(c[0])),
+                _mm256_cmpeq_epi32(_mm256_castps_si256(c[k]), _mm256_castps_si256(c[k - 1])),
+            );
+            keep[k] = _mm256_andnot_si256(same, _mm256_set1_epi32(-1));
+            all = _mm256_and_si256(all, keep[k]);
+        }
+        if _mm256_movemask_epi8(all) == -1 {
+            return N;
+        }
+        // Candidate k goes to slot pos[k] of its lane (1 + the candidates kept before it) where
+        // kept; slot 0 stays the first, and so do slots no candidate reaches.
+        let mut pos = [_mm256_setzero_si256(); N];
+        let mut count = _mm256_set1_epi32(1);
+        for k in 1..N {
+            pos[k] = count;
+            count = _mm256_sub_epi32(count, keep[k]);
+        }
+        // Slot by slot, each built in a register and written once (a read-modify-write of a slot
+        // in memory per candidate would become a masked store, slow on some CPUs).
+        let mut out = [c[0]; N];
+        #[allow(clippy::needless_range_loop)]
+        for slot in 1..N {
+            let want = _mm256_set1_epi32(slot as i32);
+            let mut v = c[0];
+            for k in slot..N {
+                let here = _mm256_and_si256(keep[k], _mm256_cmpeq_epi32(pos[k], want));
+                v = _mm256_blendv_ps(v, c[k], _mm256_castsi256_ps(here));
+            }
+            out[slot] = v;
+        }
+        c[..N].copy_from_slice(&out);
+        // The most kept: a horizontal maximum.
+        let m = _mm_max_epi32(
+            _mm256_castsi256_si128(count),
+            _mm256_extracti128_si256::<1>(count),
+        );
+        let m = _mm_max_epi32(m, _mm_shuffle_epi32::<0b01_00_11_10>(m));
+        let m = _mm_max_epi32(m, _mm_shuffle_epi32::<0b10_11_00_01>(m));
+        _mm_cvtsi128_si32(m) as usize
     }
 }

@@ -1,0 +1,501 @@
+//! The mse search ([`crate::search`]) of eight blocks at once, block j in AVX2 lane j: for
+//! blocks of 16 or 32 values laid end to end (1-D blocks along the last axis, whole in every
+//! row), the common case, where one block at a time spends as long on its candidates, their
+//! sums and the pick as on its error loop.
+//!
+//! The eight blocks are transposed once (vector i holds element i of each block), so every step
+//! of the definition is a vertical operation on eight blocks: candidate k of each block is lane
+//! j of one vector, a block's lane l sums elements l, l + 8, ... down the vectors, the lanes
+//! combine ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) vector by vector, e²·S is computed in f64 lanes
+//! and the first least error is kept with compares and blends. Same operations in the same
+//! order as the portable search, so the same bits (tested against it).
+
+#![cfg(target_arch = "x86_64")]
+
+use std::arch::x86_64::*;
+
+use crate::codec::Encode;
+use crate::layout::Layout;
+use crate::search::MAX_CANDIDATES;
+use crate::search_cands::Ctx;
+use crate::search_values::Dequant;
+use crate::simd::x86;
+
+/// Whether `layout`'s blocks are whole runs of 16 or 32 values end to end (block b at b · bc),
+/// the lane kernel's case.
+pub(crate) fn fits(layout: &Layout) -> bool {
+    let bc = layout.block_cols();
+    !layout.per_tensor
+        && layout.rows_map_directly()
+        && (bc == 16 || bc == 32)
+        && layout.num_elements > 0
+        && layout.row_len() % bc == 0
+        && crate::simd::has_avx2()
+        && crate::simd::has_f16c()
+}
+
+/// The searched stored scales of the whole blocks of `xs` (each `xs.len() / sc.len()` = 16 or
+/// 32 values, weights `ws` alike) into `sc`, from their amplitudes `alpha` (max |x|, one a
+/// block).
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn search_run<Q: Dequant>(
+    q: Q,
+    ctx: &Ctx,
+    xs: &[f32],
+    ws: Option<&[f32]>,
+    alpha: &[f32],
+    sc: &mut [f32],
+) {
+    let blocks = sc.len();
+    assert!(alpha.len() == blocks && blocks > 0 && ws.is_none_or(|w| w.len() == xs.len()));
+    match (xs.len() / blocks, ws) {
+        (16, None) => run::<Q, 2, false>(q, ctx, xs, None, alpha, sc),
+        (16, Some(w)) => run::<Q, 2, true>(q, ctx, xs, Some(w), alpha, sc),
+        (32, None) => run::<Q, 4, false>(q, ctx, xs, None, alpha, sc),
+        (32, Some(w)) => run::<Q, 4, true>(q, ctx, xs, Some(w), alpha, sc),
+        _ => panic!("blocks of 16 or 32 values"),
+    }
+}
+
+/// [`search_run`] for blocks of `8 * V` values: eight blocks at a time, the last few padded with
+/// empty blocks (amplitude 0: every candidate 0, whatever their sums; their scales dropped).
+#[inline(always)]
+unsafe fn run<Q: Dequant, const V: usize, const W: bool>(
+    q: Q,
+    ctx: &Ctx,
+    xs: &[f32],
+    ws: Option<&[f32]>,
+    alpha: &[f32],
+    sc: &mut [f32],
+) {
+    let bc = 8 * V;
+    let blocks = sc.len();
+    assert_eq!(xs.len(), blocks * bc);
+    let wp = ws.map_or(std::ptr::null(), |w| w.as_ptr());
+    let mut b = 0;
+    while b + 8 <= blocks {
+        // In bounds: blocks b..b + 8 lie within xs (and ws), alpha and sc.
+        let a = _mm256_loadu_ps(alpha.as_ptr().add(b));
+        let w0 = if W { wp.add(b * bc) } else { wp };
+        let s = search8::<Q, V, W>(q, ctx, xs.as_ptr().add(b * bc), w0, a);
+        _mm256_storeu_ps(sc.as_mut_ptr().add(b), s);
+        b += 8;
+    }
+    if b < blocks {
+        let n = blocks - b;
+        let (mut x, mut w) = ([0.0f32; 8 * 32], [0.0f32; 8 * 32]);
+        let mut a = [0.0f32; 8];
+        x[..n * bc].copy_from_slice(&xs[b * bc..]);
+        if let Some(ws) = ws {
+            w[..n * bc].copy_from_slice(&ws[b * bc..]);
+        }
+        a[..n].copy_from_slice(&alpha[b..]);
+        let s = search8::<Q, V, W>(q, ctx, x.as_ptr(), w.as_ptr(), _mm256_loadu_ps(a.as_ptr()));
+        let mut out = [0.0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), s);
+        sc[b..].copy_from_slice(&out[..n]);
+    }
+}
+
+/// The searched stored scales of the eight blocks of `8 * V` values from `x0` (weights from
+/// `w0` when `W`), lane j block j's, from their amplitudes. A function of its own (not inlined
+/// into the drivers) so that everything it inlines is compiled for AVX2 whatever the size of
+/// the caller.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn search8<Q: Dequant, const V: usize, const W: bool>(
+    q: Q,
+    ctx: &Ctx,
+    x0: *const f32,
+    w0: *const f32,
+    alpha: __m256,
+) -> __m256 {
+    let zero = _mm256_setzero_ps();
+    // Vector 8t + l: element 8t + l of each block.
+    let mut xt = [zero; 32];
+    let mut wt = [zero; 32];
+    for t in 0..V {
+        transpose8(x0.add(8 * t), 8 * V, &mut xt[8 * t..8 * t + 8]);
+        if W {
+            transpose8(w0.add(8 * t), 8 * V, &mut wt[8 * t..8 * t + 8]);
+        }
+    }
+    let mut cand = [zero; MAX_CANDIDATES];
+    let n = ctx.candidates8(alpha, &mut cand);
+    let (mut best_lo, mut best_hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+    let (mut err_lo, mut err_hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+    // The effective scales, and their sums two candidates at a time (each vector loaded once
+    // for both).
+    let mut eff = [zero; MAX_CANDIDATES];
+    for (e, &stored) in eff.iter_mut().zip(&cand[..n]) {
+        *e = match ctx.global() {
+            None => stored,
+            // effective_scale in lanes.
+            Some(g) => _mm256_min_ps(
+                _mm256_mul_ps(stored, _mm256_set1_ps(g)),
+                _mm256_set1_ps(f32::MAX),
+            ),
+        };
+    }
+    let mut sum = [zero; MAX_CANDIDATES];
+    let mut k = 0;
+    while k + 2 <= n {
+        [sum[k], sum[k + 1]] = sums::<Q, V, W, 2>(q, &xt, &wt, [eff[k], eff[k + 1]]);
+        k += 2;
+    }
+    if k < n {
+        [sum[k]] = sums::<Q, V, W, 1>(q, &xt, &wt, [eff[k]]);
+    }
+    for (k, &stored) in cand[..n].iter().enumerate() {
+        let (e, s) = (eff[k], sum[k]);
+        let (lo, hi) = (errors(lo128(e), lo128(s)), errors(hi128(e), hi128(s)));
+        let (c_lo, c_hi) = (
+            _mm256_cvtps_pd(lo128(stored)),
+            _mm256_cvtps_pd(hi128(stored)),
+        );
+        if k == 0 {
+            (best_lo, best_hi, err_lo, err_hi) = (c_lo, c_hi, lo, hi);
+        } else {
+            // The first of equals stays: only a strictly smaller error (never a NaN) replaces.
+            let m_lo = _mm256_cmp_pd::<_CMP_LT_OQ>(lo, err_lo);
+            let m_hi = _mm256_cmp_pd::<_CMP_LT_OQ>(hi, err_hi);
+            best_lo = _mm256_blendv_pd(best_lo, c_lo, m_lo);
+            best_hi = _mm256_blendv_pd(best_hi, c_hi, m_hi);
+            err_lo = _mm256_blendv_pd(err_lo, lo, m_lo);
+            err_hi = _mm256_blendv_pd(err_hi, hi, m_hi);
+        }
+    }
+    // f32 → f64 → f32 is exact.
+    _mm256_set_m128(_mm256_cvtpd_ps(best_hi), _mm256_cvtpd_ps(best_lo))
+}
+
+#[inline(always)]
+unsafe fn lo128(v: __m256) -> __m128 {
+    _mm256_castps256_ps128(v)
+}
+
+#[inline(always)]
+unsafe fn hi128(v: __m256) -> __m128 {
+    _mm256_extractf128_ps::<1>(v)
+}
+
+/// e² · S in f64 of four blocks (`search::error`): +inf where e = 0.
+#[inline(always)]
+unsafe fn errors(e: __m128, s: __m128) -> __m256d {
+    let e = _mm256_cvtps_pd(e);
+    let err = _mm256_mul_pd(_mm256_mul_pd(e, e), _mm256_cvtps_pd(s));
+    let zero = _mm256_cmp_pd::<_CMP_EQ_OQ>(e, _mm256_setzero_pd());
+    _mm256_blendv_pd(err, _mm256_set1_pd(f64::INFINITY), zero)
+}
+
+/// Whether every lane of `e` is a power of two 2^k, k in -126..=127 (see
+/// `simd::exact_reciprocal`).
+#[inline(always)]
+unsafe fn all_exact_reciprocals(e: __m256) -> bool {
+    let b = _mm256_castps_si256(e);
+    let exp = _mm256_srli_epi32::<23>(b);
+    let ok = _mm256_and_si256(
+        _mm256_cmpeq_epi32(
+            _mm256_and_si256(b, _mm256_set1_epi32(0x807F_FFFF_u32 as i32)),
+            _mm256_setzero_si256(),
+        ),
+        _mm256_and_si256(
+            _mm256_cmpgt_epi32(exp, _mm256_setzero_si256()),
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(255), exp),
+        ),
+    );
+    _mm256_movemask_epi8(ok) == -1
+}
+
+/// S of each of eight blocks under each of `N` candidates' scales `e` (lane j block j's):
+/// block lane l the sum of elements l, l + 8, ... from 0 in order, the lanes combined
+/// pairwise. A multiply by the reciprocals where they equal the division in all lanes
+/// (`simd::exact_reciprocal`: MX scales, all powers of two).
+#[inline(always)]
+unsafe fn sums<Q: Dequant, const V: usize, const W: bool, const N: usize>(
+    q: Q,
+    xt: &[__m256; 32],
+    wt: &[__m256; 32],
+    e: [__m256; N],
+) -> [__m256; N] {
+    // A loop, not `iter().all`: a closure would not be compiled for AVX2.
+    let mut mul = true;
+    for &e in &e {
+        mul &= all_exact_reciprocals(e);
+    }
+    if mul {
+        let mut r = e;
+        for r in r.iter_mut() {
+            *r = _mm256_div_ps(_mm256_set1_ps(1.0), *r);
+        }
+        sums_by::<Q, V, W, N, true>(q, xt, wt, r)
+    } else {
+        sums_by::<Q, V, W, N, false>(q, xt, wt, e)
+    }
+}
+
+/// [`sums`] with the quotients x / e (x · e when `MUL`), each vector loaded once for the `N`.
+// Index loops over fixed counts: they unroll, and follow the definition's element indices.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn sums_by<Q: Dequant, const V: usize, const W: bool, const N: usize, const MUL: bool>(
+    q: Q,
+    xt: &[__m256; 32],
+    wt: &[__m256; 32],
+    e: [__m256; N],
+) -> [__m256; N] {
+    let mut l = [[_mm256_setzero_ps(); 8]; N];
+    for j in 0..8 {
+        let mut acc = [_mm256_setzero_ps(); N];
+        for t in 0..V {
+            let i = 8 * t + j;
+            for c in 0..N {
+                acc[c] = _mm256_add_ps(acc[c], term::<Q, W, MUL>(q, xt[i], wt[i], e[c]));
+            }
+        }
+        for c in 0..N {
+            l[c][j] = acc[c];
+        }
+    }
+    let mut s = [_mm256_setzero_ps(); N];
+    for c in 0..N {
+        s[c] = combine(&l[c]);
+    }
+    s
+}
+
+/// w·(u − q(u))² of eight elements, u = x / e (x · e when `MUL`).
+#[inline(always)]
+unsafe fn term<Q: Dequant, const W: bool, const MUL: bool>(
+    q: Q,
+    x: __m256,
+    w: __m256,
+    e: __m256,
+) -> __m256 {
+    let u = if MUL {
+        _mm256_mul_ps(x, e)
+    } else {
+        _mm256_div_ps(x, e)
+    };
+    let d = _mm256_sub_ps(u, q.qv8(u));
+    let tt = _mm256_mul_ps(d, d);
+    if W {
+        _mm256_mul_ps(w, tt)
+    } else {
+        tt
+    }
+}
+
+/// Lanes combined pairwise, ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), vector by vector.
+#[inline(always)]
+unsafe fn combine(l: &[__m256; 8]) -> __m256 {
+    _mm256_add_ps(
+        _mm256_add_ps(_mm256_add_ps(l[0], l[1]), _mm256_add_ps(l[2], l[3])),
+        _mm256_add_ps(_mm256_add_ps(l[4], l[5]), _mm256_add_ps(l[6], l[7])),
+    )
+}
+
+/// The 8×8 transpose of the eight vectors at `p`, `p + stride`, ...: out[l] lane j is element l
+/// of the vector j.
+#[inline(always)]
+unsafe fn transpose8(p: *const f32, stride: usize, out: &mut [__m256]) {
+    let r: [__m256; 8] = [
+        _mm256_loadu_ps(p),
+        _mm256_loadu_ps(p.add(stride)),
+        _mm256_loadu_ps(p.add(2 * stride)),
+        _mm256_loadu_ps(p.add(3 * stride)),
+        _mm256_loadu_ps(p.add(4 * stride)),
+        _mm256_loadu_ps(p.add(5 * stride)),
+        _mm256_loadu_ps(p.add(6 * stride)),
+        _mm256_loadu_ps(p.add(7 * stride)),
+    ];
+    // Per 128-bit half: (a0 b0 a1 b1), (a2 b2 a3 b3), then (a0 b0 c0 d0), ... .
+    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+    let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+    let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+    let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+    let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+    let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+    let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+    let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+    out[0] = _mm256_permute2f128_ps::<0x20>(s0, s4);
+    out[1] = _mm256_permute2f128_ps::<0x20>(s1, s5);
+    out[2] = _mm256_permute2f128_ps::<0x20>(s2, s6);
+    out[3] = _mm256_permute2f128_ps::<0x20>(s3, s7);
+    out[4] = _mm256_permute2f128_ps::<0x31>(s0, s4);
+    out[5] = _mm256_permute2f128_ps::<0x31>(s1, s5);
+    out[6] = _mm256_permute2f128_ps::<0x31>(s2, s6);
+    out[7] = _mm256_permute2f128_ps::<0x31>(s3, s7);
+}
+
+/// The codes of eight blocks of `8 * V` values from `x0` into `o0`, block j's values divided by
+/// lane j of `e` (none 0; multiplied by the exact reciprocals when all eight have one),
+/// encoded, packed to bytes in order. Not inlined, as [`search8`]; loops rather than
+/// closures, which would not be compiled for AVX2.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn encode8<C: Encode, const V: usize>(codec: C, x0: *const f32, e: __m256, o0: *mut u8) {
+    let mul = all_exact_reciprocals(e);
+    let d = if mul {
+        _mm256_div_ps(_mm256_set1_ps(1.0), e)
+    } else {
+        e
+    };
+    let mut ds = [0.0f32; 8];
+    _mm256_storeu_ps(ds.as_mut_ptr(), d);
+    // The packs work within 128-bit halves; this puts the dwords back in order.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (j, &dj) in ds.iter().enumerate() {
+        let dv = _mm256_set1_ps(dj);
+        let (x, o) = (x0.add(j * 8 * V), o0.add(j * 8 * V));
+        let mut c = [_mm256_setzero_si256(); V];
+        for (t, ct) in c.iter_mut().enumerate() {
+            let v = _mm256_loadu_ps(x.add(8 * t));
+            *ct = codec.encode8(if mul {
+                _mm256_mul_ps(v, dv)
+            } else {
+                _mm256_div_ps(v, dv)
+            });
+        }
+        let ab = _mm256_packus_epi32(c[0], c[1]);
+        if V == 4 {
+            let cd = _mm256_packus_epi32(c[V - 2], c[V - 1]);
+            let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order);
+            _mm256_storeu_si256(o as *mut __m256i, bytes);
+        } else {
+            let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, ab), order);
+            _mm_storeu_si128(o as *mut __m128i, _mm256_castsi256_si128(bytes));
+        }
+    }
+}
+
+/// The one-pass mse quantize of a piece of whole blocks (`search::quantize_searched`): each
+/// eight blocks' scales searched into `sc` and their codes (one a byte) into `out` while they
+/// are in cache. `alpha`: the blocks' amplitudes (two-level), or None to measure them here.
+/// Returns whether any input was non-finite (then the scales and codes are meaningless).
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn search_encode<Q: Dequant, C: Encode>(
+    q: Q,
+    codec: C,
+    ctx: &Ctx,
+    xs: &[f32],
+    ws: Option<&[f32]>,
+    alpha: Option<&[f32]>,
+    sc: &mut [f32],
+    out: &mut [u8],
+) -> bool {
+    let blocks = sc.len();
+    assert!(blocks > 0 && out.len() == xs.len() && ws.is_none_or(|w| w.len() == xs.len()));
+    assert!(alpha.is_none_or(|a| a.len() == blocks));
+    match (xs.len() / blocks, ws) {
+        (16, None) => piece::<Q, C, 2, false>(q, codec, ctx, xs, None, alpha, sc, out),
+        (16, Some(w)) => piece::<Q, C, 2, true>(q, codec, ctx, xs, Some(w), alpha, sc, out),
+        (32, None) => piece::<Q, C, 4, false>(q, codec, ctx, xs, None, alpha, sc, out),
+        (32, Some(w)) => piece::<Q, C, 4, true>(q, codec, ctx, xs, Some(w), alpha, sc, out),
+        _ => panic!("blocks of 16 or 32 values"),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn piece<Q: Dequant, C: Encode, const V: usize, const W: bool>(
+    q: Q,
+    codec: C,
+    ctx: &Ctx,
+    xs: &[f32],
+    ws: Option<&[f32]>,
+    alpha: Option<&[f32]>,
+    sc: &mut [f32],
+    out: &mut [u8],
+) -> bool {
+    let bc = 8 * V;
+    let blocks = sc.len();
+    assert_eq!(xs.len(), blocks * bc);
+    let wp = ws.map_or(std::ptr::null(), |w| w.as_ptr());
+    let mut bad = false;
+    let mut b = 0;
+    while b + 8 <= blocks {
+        // In bounds: blocks b..b + 8 lie within xs (ws), out, sc (and alpha).
+        let x0 = xs.as_ptr().add(b * bc);
+        x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * bc);
+        let bits = x86::max_abs_bits_8runs::<V>(x0);
+        let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF));
+        bad |= _mm256_movemask_epi8(non_finite) != 0;
+        let a = match alpha {
+            Some(a) => _mm256_loadu_ps(a.as_ptr().add(b)),
+            // A block with a NaN or infinity is measured as 0: the call fails anyway.
+            None => _mm256_castsi256_ps(_mm256_andnot_si256(non_finite, bits)),
+        };
+        let w0 = if W { wp.add(b * bc) } else { wp };
+        let s = search8::<Q, V, W>(q, ctx, x0, w0, a);
+        _mm256_storeu_ps(sc.as_mut_ptr().add(b), s);
+        let e = match ctx.global() {
+            None => s,
+            Some(g) => _mm256_min_ps(
+                _mm256_mul_ps(s, _mm256_set1_ps(g)),
+                _mm256_set1_ps(f32::MAX),
+            ),
+        };
+        let o0 = out.as_mut_ptr().add(b * bc);
+        if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps())) == 0 {
+            encode8::<C, V>(codec, x0, e, o0);
+        } else {
+            // The zero rule (all values to the code of 0, which a codebook may lack) block by
+            // block.
+            let mut es = [0.0f32; 8];
+            _mm256_storeu_ps(es.as_mut_ptr(), e);
+            for (j, &ej) in es.iter().enumerate() {
+                let r = (b + j) * bc..(b + j + 1) * bc;
+                bad |= x86::encode_run_or_zero(codec, &xs[r.clone()], ej, &mut out[r]);
+            }
+        }
+        b += 8;
+    }
+    if b < blocks {
+        let (xs, out) = (&xs[b * bc..], &mut out[b * bc..]);
+        let mut a = [0.0f32; 8];
+        for (j, aj) in a.iter_mut().enumerate().take(blocks - b) {
+            *aj = match alpha {
+                Some(alpha) => alpha[b + j],
+                None => x86::max_abs(&xs[j * bc..(j + 1) * bc]),
+            };
+        }
+        run::<Q, V, W>(
+            q,
+            ctx,
+            xs,
+            ws.map(|w| &w[b * bc..]),
+            &a[..blocks - b],
+            &mut sc[b..],
+        );
+        for (j, &s) in sc[b..].iter().enumerate() {
+            let e = ctx.effective(s);
+            let r = j * bc..(j + 1) * bc;
+            bad |= x86::encode_run_or_zero(codec, &xs[r.clone()], e, &mut out[r]);
+        }
+    }
+    bad
+}
+
+#[cfg(test)]
+#[path = "search_lanes_tests.rs"]
+mod tests;

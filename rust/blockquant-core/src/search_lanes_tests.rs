@@ -1,0 +1,273 @@
+//! Tests of [`crate::search_lanes`]: eight blocks in lanes give the scales of the portable
+//! block-by-block search, and the one-pass quantize the codes of the two-pass one.
+
+use super::*;
+use crate::calibrate::{amplitudes, Calibration};
+use crate::input::Input;
+use crate::lookup::Codebook;
+use crate::pack::StorageMut;
+use crate::quantize::{effective_scale, encode_values, QuantizeOptions};
+use crate::scale::ScaleRounding;
+use crate::scheme::{QuantScheme, QuantStore, QuantValue, ScaleDtype};
+use crate::search::{search_block_portable, Bufs};
+use crate::search_values::with_dequant;
+
+/// A small deterministic generator (xorshift).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.below(1 << 24) as f32 / (1 << 23) as f32) - 1.0
+    }
+}
+
+/// Blocks of `bc` values of mixed magnitudes: zero blocks, subnormal and huge ones, values on
+/// the half steps of power-of-two scales (ties), a lone large value.
+fn blocks(rng: &mut Rng, n: usize, bc: usize) -> Vec<f32> {
+    let mags = [0.0f32, 1e-42, 1e-20, 1e-3, 1.0, 0.37, 300.0, 1e30, 3e38];
+    let mut x = Vec::with_capacity(n);
+    while x.len() < n {
+        let mag = mags[rng.below(mags.len() as u64) as usize];
+        let kind = rng.below(4);
+        for i in 0..bc.min(n - x.len()) {
+            let v = match kind {
+                0 => (rng.below(33) as f32 - 16.0) / 2.0 * mag,
+                1 if i == 3 => 7.0 * mag,
+                _ => rng.unit() * mag,
+            };
+            x.push(if v.is_finite() { v } else { mag });
+        }
+    }
+    x
+}
+
+/// Weights ≥ 0 with zeros (and −0) among them.
+fn weights(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| match rng.below(8) {
+            0 => 0.0,
+            1 => -0.0,
+            _ => rng.below(1000) as f32 / 300.0,
+        })
+        .collect()
+}
+
+/// Schemes of every path of the candidates in lanes (F16, UE4M3, UE8M0 mx) and of the
+/// block-by-block fallback (BF16, F32, UE8M0 up), one- and two-level, with each value kind.
+fn schemes(bc: usize) -> Vec<(QuantScheme, ScaleRounding)> {
+    use ScaleDtype::*;
+    use ScaleRounding::*;
+    let iq4nl = Codebook::new(&crate::lookup::IQ4_NL).unwrap();
+    let one = |v: QuantValue, d: ScaleDtype| {
+        QuantScheme::default()
+            .with_value(v)
+            .with_store(QuantStore::PackedU32(0))
+            .per_block(&[bc], d)
+            .unwrap()
+    };
+    let mut out = Vec::new();
+    for v in [
+        QuantValue::Q4S,
+        QuantValue::Q4F,
+        QuantValue::Q8S,
+        QuantValue::Q2S,
+        QuantValue::E2M1,
+        QuantValue::E4M3,
+    ] {
+        for (d, mode) in [(F16, Up), (F16, Nearest), (UE4M3, Nearest), (UE8M0, Mx)] {
+            out.push((one(v, d), mode));
+        }
+    }
+    out.push((one(QuantValue::Q4S, BF16), Up));
+    out.push((one(QuantValue::Q4S, F32), Nearest));
+    out.push((one(QuantValue::E2M1, UE8M0), Up));
+    out.push((one(QuantValue::Q4F, F16).with_codebook(iq4nl), Nearest));
+    out.push((one(QuantValue::Q4F, UE4M3).with_codebook(iq4nl), Up));
+    for (v, d) in [
+        (QuantValue::E2M1, UE4M3),
+        (QuantValue::Q4F, UE4M3),
+        (QuantValue::Q4S, F16),
+    ] {
+        for mode in [Up, Nearest] {
+            out.push((one(v, d).per_tensor(F32), mode));
+        }
+    }
+    out
+}
+
+/// g of a two-level scheme as the search derives it; None for one level.
+fn global(x: &[f32], layout: &Layout) -> Option<f32> {
+    let s = &layout.scheme;
+    s.is_two_level().then(|| {
+        let a = amplitudes(Input::F32(x), layout, Calibration::MinMax);
+        crate::quantize::derived_global(&a, s.half_range(), s.scale_dtype())
+    })
+}
+
+/// Every block's scale searched the portable way, one block at a time.
+fn portable_scales(
+    x: &[f32],
+    w: Option<&[f32]>,
+    layout: &Layout,
+    mode: ScaleRounding,
+    g: Option<f32>,
+) -> Vec<f32> {
+    let ctx = Ctx::new(layout, mode, g);
+    let alpha = amplitudes(Input::F32(x), layout, Calibration::MinMax);
+    let mut bufs = Bufs::default();
+    with_dequant!(&layout.scheme, |q| (0..layout.num_scales)
+        .map(|b| search_block_portable(q, &ctx, Input::F32(x), w, layout, b, alpha[b], &mut bufs))
+        .collect())
+}
+
+fn assert_bits_eq(a: &[f32], b: &[f32], what: &dyn Fn() -> String) {
+    assert_eq!(a.len(), b.len());
+    if let Some(i) = (0..a.len()).find(|&i| a[i].to_bits() != b[i].to_bits()) {
+        panic!("{}: scale {i}: {:e} vs {:e}", what(), a[i], b[i]);
+    }
+}
+
+/// The lanes' scales are the portable search's, bit for bit: every candidate path, 16 and 32
+/// values a block, weighted or not, whole groups of eight and a short last group.
+#[test]
+fn lane_search_equals_block_search() {
+    if !(crate::simd::has_avx2() && crate::simd::has_f16c()) {
+        return;
+    }
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    for bc in [16, 32] {
+        for (scheme, mode) in schemes(bc) {
+            for shape in [[3, 7 * bc], [1, bc], [2, 8 * bc]] {
+                let layout = Layout::new(&scheme, &shape).unwrap();
+                let n = layout.num_elements;
+                let x = blocks(&mut rng, n, bc);
+                let ws = weights(&mut rng, n);
+                for w in [None, Some(&ws[..])] {
+                    let g = global(&x, &layout);
+                    let ctx = Ctx::new(&layout, mode, g);
+                    let alpha = amplitudes(Input::F32(&x), &layout, Calibration::MinMax);
+                    let mut lanes = vec![0.0f32; layout.num_scales];
+                    with_dequant!(&scheme, |q| unsafe {
+                        // SAFETY: the CPU has AVX2 and F16C, checked above.
+                        search_run(q, &ctx, &x, w, &alpha, &mut lanes)
+                    });
+                    let plain = portable_scales(&x, w, &layout, mode, g);
+                    let what = || format!("{scheme} {mode:?} {shape:?} weighted {}", w.is_some());
+                    assert_bits_eq(&lanes, &plain, &what);
+                }
+            }
+        }
+    }
+}
+
+/// Byte or u32 storage, whichever the layout's words are.
+fn storage<'a>(layout: &Layout, w8: &'a mut [u8], w32: &'a mut [u32]) -> StorageMut<'a> {
+    if layout.packing.word_bytes() == 1 {
+        StorageMut::U8(w8)
+    } else {
+        StorageMut::U32(w32)
+    }
+}
+
+/// `quantize` and `quantize_weighted` with calibration mse in one pass give the scales of the
+/// portable search and the codes `encode_values` gives for them, in each store (taken in turn);
+/// a non-finite value is reported as the two-pass path reports it.
+#[test]
+fn one_pass_search_equals_scales_then_values() {
+    if !(crate::simd::has_avx2() && crate::simd::has_f16c()) {
+        return;
+    }
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let stores = [
+        QuantStore::PackedU32(0),
+        QuantStore::Native,
+        QuantStore::PackedNative(0),
+    ];
+    let mut k = 0;
+    for bc in [16, 32] {
+        for (scheme, mode) in schemes(bc) {
+            let Some(scheme) = (0..3)
+                .map(|i| scheme.with_store(stores[(k + i) % 3]))
+                .find(|s| s.validate().is_ok())
+            else {
+                continue;
+            };
+            k += 1;
+            // Rows of 13 blocks, several to a piece (2^14 values), over more than one piece:
+            // groups of eight straddle rows and each piece ends on a short group.
+            let shape = [2 + (1 << 14) / (13 * bc), 13 * bc];
+            let layout = Layout::new(&scheme, &shape).unwrap();
+            let opts = QuantizeOptions {
+                calibration: Calibration::Mse,
+                scale_rounding: mode,
+                ..Default::default()
+            };
+            let n = layout.num_elements;
+            let x = blocks(&mut rng, n, bc);
+            let ws = weights(&mut rng, n);
+            let words = layout.packing.num_words();
+            for w in [None, Some(&ws[..])] {
+                let what = || format!("{scheme} {mode:?} weighted {}", w.is_some());
+                assert!(crate::search::searchable_in_one_pass(&layout), "{}", what());
+                let g = global(&x, &layout);
+                let plain = portable_scales(&x, w, &layout, mode, g);
+                let eff: Vec<f32> = match g {
+                    Some(g) => plain.iter().map(|&s| effective_scale(s, g)).collect(),
+                    None => plain.clone(),
+                };
+                let (mut w8a, mut w32a) = (vec![0xA5u8; words], vec![0xA5A5u32; words]);
+                let out = storage(&layout, &mut w8a, &mut w32a);
+                encode_values(Input::F32(&x), &layout, &eff, opts.rounding, out).unwrap();
+                // Another fill: a word left unwritten shows.
+                let (mut w8b, mut w32b) = (vec![0x5Au8; words], vec![0x5A5Au32; words]);
+                let out = storage(&layout, &mut w8b, &mut w32b);
+                let xi = Input::F32(&x);
+                let got = match w {
+                    None => crate::quantize::quantize(xi, &layout, &opts, None, out),
+                    Some(w) => crate::search::quantize_weighted(xi, w, &layout, &opts, None, out),
+                }
+                .unwrap();
+                assert_bits_eq(&got.stored, &plain, &what);
+                assert_eq!(got.global, g, "{}", what());
+                let word = |w8: &[u8], w32: &[u32], i: usize| match layout.packing.word_bytes() {
+                    1 => w8[i] as u32,
+                    _ => w32[i],
+                };
+                if let Some(i) = (0..words).find(|&i| word(&w8a, &w32a, i) != word(&w8b, &w32b, i))
+                {
+                    let b = i * layout.packing.per / bc;
+                    panic!(
+                        "word {i}: {:#x} vs {:#x} (block {b}, scale {:e}): {}",
+                        word(&w8a, &w32a, i),
+                        word(&w8b, &w32b, i),
+                        plain[b],
+                        what()
+                    );
+                }
+            }
+            // A NaN or infinity anywhere: the two-pass path's error.
+            for bad in [f32::NAN, f32::INFINITY] {
+                let mut xb = x.clone();
+                xb[n - 5 - k] = bad;
+                let (mut w8, mut w32) = (vec![0u8; words], vec![0u32; words]);
+                let out = storage(&layout, &mut w8, &mut w32);
+                let xb = Input::F32(&xb);
+                let e = crate::quantize::quantize(xb, &layout, &opts, None, out).unwrap_err();
+                assert_eq!(
+                    e.to_string(),
+                    crate::quantize::first_non_finite(xb).to_string()
+                );
+            }
+        }
+    }
+}
