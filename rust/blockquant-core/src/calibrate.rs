@@ -128,9 +128,42 @@ fn max_abs_cols(x: Input<'_>, layout: &Layout, g: usize, k0: usize, out: &mut [f
     });
 }
 
+/// `out[k] = max(out[k], max |x| over block k of cols)`, blocks of `bc` columns: eight whole
+/// blocks at a time in vector lanes when `bc` is a multiple of 8 and the CPU has AVX2 (one
+/// horizontal maximum per block costs more than reading it), else block by block.
+fn max_abs_blocks(cols: &[f32], bc: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if bc % 8 == 0 && crate::simd::has_avx2() {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { max_abs_blocks_8s(cols, bc, out) };
+    }
+    max_abs_blocks_any(cols, bc, out)
+}
+
 avx2_dispatch! {
-    /// `out[k] = max(out[k], max |x| over block k of cols)`, blocks of `bc` columns.
-    fn max_abs_blocks[](cols: &[f32], bc: usize, out: &mut [f32]) => max_abs_blocks_portable;
+    fn max_abs_blocks_any[](cols: &[f32], bc: usize, out: &mut [f32]) => max_abs_blocks_portable;
+}
+
+/// [`max_abs_blocks`] for `bc` a multiple of 8: groups of eight whole blocks by
+/// `x86::max_abs_8runs` (the same maxima as [`max_abs_portable`], NaNs passed over alike), the
+/// rest (and a partial last block) by the portable loop.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn max_abs_blocks_8s(cols: &[f32], bc: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let groups = (cols.len() / bc).min(out.len()) / 8;
+    for g in 0..groups {
+        // In bounds: blocks 8g..8g + 8 are whole within cols and out.
+        let p = cols.as_ptr().add(g * 8 * bc);
+        crate::simd::x86::prefetch(p.wrapping_add(crate::simd::x86::PREFETCH_AHEAD), 8 * bc);
+        let m = crate::simd::x86::max_abs_8runs(p, bc);
+        let o = out.as_mut_ptr().add(g * 8);
+        // `max(m, old)` keeps old where m is NaN (never: NaNs were passed over) and takes m
+        // where it is larger, as the portable `if m > a { m } else { a }`.
+        _mm256_storeu_ps(o, _mm256_max_ps(m, _mm256_loadu_ps(o)));
+    }
+    let done = groups * 8;
+    max_abs_blocks_portable(&cols[(done * bc).min(cols.len())..], bc, &mut out[done..]);
 }
 
 #[inline(always)]
@@ -531,6 +564,32 @@ mod tests {
                 }
                 let (a, b) = (max_abs(&xs), max_abs_portable(&xs));
                 assert_eq!(a.to_bits(), b.to_bits(), "len {len} {special:?}");
+            }
+        }
+    }
+
+    /// Block maxima eight blocks at a time against the block-by-block loop: block widths that
+    /// are and are not multiples of 8, a partial last block, group counts around 8, NaNs
+    /// (passed over), infinities, −0, and earlier maxima in `out` (rows of a 2-D block).
+    #[test]
+    fn max_abs_blocks_matches_portable() {
+        let mut rng = crate::pack::tests::Rng::new(23);
+        for bc in [8, 16, 24, 32, 12] {
+            for blocks in [1, 7, 8, 9, 16, 17, 40] {
+                for cut in [0, 1, bc - 1] {
+                    let len = blocks * bc - cut;
+                    let mut xs: Vec<f32> = (0..len).map(|_| rng.unit() * 4.0).collect();
+                    for v in [f32::NAN, f32::INFINITY, -0.0, -1e-42] {
+                        let i = rng.below(len);
+                        xs[i] = v;
+                    }
+                    let init: Vec<f32> = (0..blocks).map(|_| rng.unit().abs() * 3.0).collect();
+                    let (mut a, mut b) = (init.clone(), init);
+                    max_abs_blocks(&xs, bc, &mut a);
+                    max_abs_blocks_portable(&xs, bc, &mut b);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&a), bits(&b), "bc {bc} blocks {blocks} cut {cut}");
+                }
             }
         }
     }

@@ -198,7 +198,8 @@ unsafe fn encode_8blocks<C: Encode, const V: usize, const MUL: bool>(
 }
 
 /// Pass 2 of a two-level scheme on a piece of whole blocks of 16 or 32 values: block scales
-/// b_i from the amplitudes `alpha` (into `sc`), each block's values against
+/// b_i from the amplitudes `sc` holds on entry (replaced by the b_i, in place: no second
+/// array of the grid's size), each block's values against
 /// e_i = min(b_i × g, f32::MAX) (codes into `out`, one a byte). Returns whether any input was
 /// non-finite.
 ///
@@ -209,23 +210,22 @@ pub(crate) unsafe fn two_level_piece<C: Encode>(
     codec: C,
     k: &FusedKernel<'_>,
     g: f32,
-    alpha: &[f32],
     xs: &[f32],
     sc: &mut [f32],
     out: &mut [u8],
 ) -> bool {
     let bc = k.layout.block_cols();
     let blocks = xs.len() / bc;
-    assert!(blocks * bc == xs.len() && sc.len() == blocks && alpha.len() == blocks);
+    assert!(blocks * bc == xs.len() && sc.len() == blocks);
     assert!(out.len() == xs.len() && (bc == 16 || bc == 32));
     let mut bad = false;
     let mut b = 0;
     while b + 8 <= blocks {
-        // In bounds: blocks b..b + 8 lie within alpha, sc, xs and out.
+        // In bounds: blocks b..b + 8 lie within sc, xs and out.
         let x0 = xs.as_ptr().add(b * bc);
         let o0 = out.as_mut_ptr().add(b * bc);
         x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * bc);
-        let bs = two_level_scales8(k, g, _mm256_loadu_ps(alpha.as_ptr().add(b)));
+        let bs = two_level_scales8(k, g, _mm256_loadu_ps(sc.as_ptr().add(b)));
         _mm256_storeu_ps(sc.as_mut_ptr().add(b), bs);
         let e = _mm256_min_ps(
             _mm256_mul_ps(bs, _mm256_set1_ps(g)),
@@ -249,7 +249,7 @@ pub(crate) unsafe fn two_level_piece<C: Encode>(
     }
     for j in b..blocks {
         let r = j * bc..(j + 1) * bc;
-        sc[j] = k.two_level_scale(alpha[j], g);
+        sc[j] = k.two_level_scale(sc[j], g);
         let e = crate::quantize::effective_scale(sc[j], g);
         bad |= encode_run(codec, &xs[r.clone()], e, &mut out[r]);
     }

@@ -425,7 +425,8 @@ fn quantize_two_level(
     opts: &QuantizeOptions,
     out: StorageMut<'_>,
 ) -> Result<Scales> {
-    let alpha = amplitudes(x, layout, Calibration::MinMax);
+    // The amplitudes, turned into the stored block scales in place by pass 2.
+    let mut stored = amplitudes(x, layout, Calibration::MinMax);
     let k = FusedKernel {
         layout,
         opts,
@@ -433,14 +434,12 @@ fn quantize_two_level(
         half_range: layout.scheme.half_range(),
         emax: layout.scheme.mx_emax(),
     };
-    let g = derived_global(&alpha, k.half_range, k.dtype);
-    let mut stored = vec![0.0f32; layout.num_scales];
+    let g = derived_global(&stored, k.half_range, k.dtype);
     let pieces = pieces(layout);
     let bad = with_codec!(&layout.scheme, opts.rounding, |codec| {
-        let encode = |p: &Piece, xs: &[f32], sc: &mut [f32], codes: &mut [u8]| {
-            let a = &alpha[p.scale0..p.scale0 + p.scales];
+        let encode = |_: &Piece, xs: &[f32], sc: &mut [f32], codes: &mut [u8]| {
             // SAFETY: the caller checked the CPU has AVX2 and F16C.
-            unsafe { crate::fused_avx2::two_level_piece(codec, &k, g, a, xs, sc, codes) }
+            unsafe { crate::fused_avx2::two_level_piece(codec, &k, g, xs, sc, codes) }
         };
         match out {
             StorageMut::U8(words) if layout.packing.per == 1 => {
