@@ -247,10 +247,10 @@ pub(crate) unsafe fn two_level_piece<C: Encode>(
         }
         b += 8;
     }
-    for j in b..blocks {
+    for (j, s) in sc.iter_mut().enumerate().skip(b) {
         let r = j * bc..(j + 1) * bc;
-        sc[j] = k.two_level_scale(sc[j], g);
-        let e = crate::quantize::effective_scale(sc[j], g);
+        *s = k.two_level_scale(*s, g);
+        let e = crate::quantize::effective_scale(*s, g);
         bad |= encode_run(codec, &xs[r.clone()], e, &mut out[r]);
     }
     bad
