@@ -181,14 +181,23 @@ pub fn check_stored(layout: &Layout, stored: &[f32], global: Option<f32>) -> Res
 /// where the CPU converts them in hardware.
 fn first_unrepresentable(dtype: ScaleDtype, scales: &[f32]) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
-    if dtype == ScaleDtype::F16 && crate::simd::has_avx2() && crate::simd::has_f16c() {
-        // SAFETY: the CPU has AVX2 and F16C, checked just above.
-        let whole = unsafe { crate::simd::x86::f16_prefix_len(scales) };
-        return (scales[whole..]
-            .iter()
-            .position(|&s| !dtype.is_representable(s)))
-        .map(|i| whole + i);
+    if crate::simd::has_avx2() {
+        use crate::simd::x86;
+        // SAFETY: the CPU has AVX2 (and F16C for float16), checked here.
+        let whole = unsafe {
+            match dtype {
+                ScaleDtype::F16 if crate::simd::has_f16c() => x86::f16_prefix_len(scales),
+                ScaleDtype::UE4M3 => x86::ue4m3_prefix_len(scales),
+                ScaleDtype::UE8M0 => x86::ue8m0_prefix_len(scales),
+                _ => 0,
+            }
+        };
+        return first_unrepresentable_portable(dtype, &scales[whole..]).map(|i| whole + i);
     }
+    first_unrepresentable_portable(dtype, scales)
+}
+
+fn first_unrepresentable_portable(dtype: ScaleDtype, scales: &[f32]) -> Option<usize> {
     scales.iter().position(|&s| !dtype.is_representable(s))
 }
 
@@ -1548,6 +1557,68 @@ mod tests {
                 }
                 let want = v.iter().position(|&s| !ScaleDtype::F16.is_representable(s));
                 assert_eq!(first_unrepresentable(ScaleDtype::F16, &v), want, "{v:?}");
+            }
+        }
+    }
+
+    /// The UE4M3 and UE8M0 vector checks against one at a time: good and bad scales at every
+    /// position around the groups of eight, and eight copies of each of a sweep of f32 bit
+    /// patterns (every sign, exponent and many mantissas; NaNs, infinities, subnormals).
+    #[test]
+    fn first_unrepresentable_ue4m3_ue8m0_match_one_at_a_time() {
+        let cases: [(ScaleDtype, &[f32], &[f32]); 2] = [
+            (
+                ScaleDtype::UE4M3,
+                &[
+                    0.0,
+                    -0.0,
+                    448.0,
+                    1.0 / 512.0,
+                    0.015625,
+                    1.125,
+                    240.0,
+                    7.0 / 512.0,
+                ],
+                &[f32::NAN, f32::INFINITY, -1.0, 449.0, 1.0625, 1e-4, 480.0],
+            ),
+            (
+                ScaleDtype::UE8M0,
+                &[
+                    1.0,
+                    0.5,
+                    2f32.powi(127),
+                    2f32.powi(-126),
+                    2f32.powi(-127),
+                    1024.0,
+                ],
+                &[
+                    0.0,
+                    -0.0,
+                    f32::NAN,
+                    f32::INFINITY,
+                    -1.0,
+                    3.0,
+                    2f32.powi(-128),
+                    1.5,
+                ],
+            ),
+        ];
+        let mut rng = Rng::new(15);
+        for (dtype, good, bad) in cases {
+            for len in [0, 7, 8, 9, 40] {
+                for pos in 0..=len {
+                    let mut v: Vec<f32> = (0..len).map(|_| rng.pick(good)).collect();
+                    if pos < len {
+                        v[pos] = rng.pick(bad);
+                    }
+                    let want = v.iter().position(|&s| !dtype.is_representable(s));
+                    assert_eq!(first_unrepresentable(dtype, &v), want, "{dtype} {v:?}");
+                }
+            }
+            for bits in (0..=u32::MAX).step_by(4099) {
+                let s = f32::from_bits(bits);
+                let want = (!dtype.is_representable(s)).then_some(0);
+                assert_eq!(first_unrepresentable(dtype, &[s; 8]), want, "{dtype} {s:e}");
             }
         }
     }

@@ -288,6 +288,59 @@ pub(crate) mod x86 {
         i
     }
 
+    /// [`f16_prefix_len`] for UE4M3 scales (NVFP4's): the same test with the vector rounding.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn ue4m3_prefix_len(scales: &[f32]) -> usize {
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+        let mut i = 0;
+        // i + 8 <= len: the load is in bounds.
+        while i + 8 <= scales.len() {
+            let v = _mm256_loadu_ps(scales.as_ptr().add(i));
+            let a = _mm256_and_ps(v, abs);
+            // NaN fails both compares; an infinity or a value past 448 rounds to 448.
+            let ok = _mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_GE_OQ>(v, _mm256_setzero_ps()),
+                _mm256_cmp_ps::<_CMP_EQ_OQ>(round_ue4m3_8(a, false), a),
+            );
+            if _mm256_movemask_ps(ok) != 0xFF {
+                break;
+            }
+            i += 8;
+        }
+        i
+    }
+
+    /// [`f16_prefix_len`] for UE8M0 scales (the MX formats'): the values are 2^k, k in
+    /// -127..=127, so a test of the bits: a normal power of two (mantissa and sign 0, exponent
+    /// field 1..=254), or 2^-127 (the subnormal 0x0040_0000). No zero.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn ue8m0_prefix_len(scales: &[f32]) -> usize {
+        let mut i = 0;
+        // i + 8 <= len: the load is in bounds.
+        while i + 8 <= scales.len() {
+            let b = _mm256_loadu_si256(scales.as_ptr().add(i) as *const __m256i);
+            let exp = _mm256_srli_epi32::<23>(b);
+            let pow2 = _mm256_and_si256(
+                _mm256_cmpeq_epi32(
+                    _mm256_and_si256(b, _mm256_set1_epi32(0x807F_FFFF_u32 as i32)),
+                    _mm256_setzero_si256(),
+                ),
+                _mm256_and_si256(
+                    _mm256_cmpgt_epi32(exp, _mm256_setzero_si256()),
+                    _mm256_cmpgt_epi32(_mm256_set1_epi32(255), exp),
+                ),
+            );
+            let ok = _mm256_or_si256(pow2, _mm256_cmpeq_epi32(b, _mm256_set1_epi32(0x0040_0000)));
+            if _mm256_movemask_epi8(ok) != -1 {
+                break;
+            }
+            i += 8;
+        }
+        i
+    }
+
     /// The OCP MX scale (SPEC §4 `mx`) of eight amplitudes as f32: 2^(floor(log2 α) − emax)
     /// within [2^-127, 2^127], for `emax` ≥ 0 (so a subnormal or zero α gives 2^-127, as
     /// `scale::mx_scale_code`). An infinite α gives 2^127; a NaN is never passed in (the max
@@ -310,14 +363,39 @@ pub(crate) mod x86 {
         ))
     }
 
-    /// `out[i] = dec.decode(codes[i]) * e` (same length), eight at a time.
+    /// `out[i] = dec.decode(codes[i]) * e` (same length), eight at a time. With `STREAM` the
+    /// stores from the first 16-byte boundary on are non-temporal (see
+    /// `pack::STREAM_MIN_BYTES`); the caller then ends its task with an `_mm_sfence`.
     #[inline(always)]
-    pub(crate) unsafe fn decode_run<D: Decode>(dec: D, codes: &[u8], e: f32, out: &mut [f32]) {
+    pub(crate) unsafe fn decode_run<D: Decode, const STREAM: bool>(
+        dec: D,
+        codes: &[u8],
+        e: f32,
+        out: &mut [f32],
+    ) {
         let n = codes.len();
         assert_eq!(out.len(), n, "outputs of a run");
         let ev = _mm256_set1_ps(e);
         let (src, dst) = (codes.as_ptr(), out.as_mut_ptr());
         let mut i = 0;
+        if STREAM {
+            // Up to a 16-byte boundary one at a time, then aligned 16-byte stores that skip the
+            // cache (no read of the lines first: the output is written, never read, here).
+            // 16 bytes rather than 32: numpy's large arrays are 16-byte aligned, not 32.
+            let head = (dst.align_offset(16)).min(n);
+            for (y, &c) in out[..head].iter_mut().zip(&codes[..head]) {
+                *y = dec.decode(c) * e;
+            }
+            i = head;
+            // i + 8 <= n: in bounds; dst + i is 16-byte aligned (i - head a multiple of 8).
+            while i + 8 <= n {
+                let fields = _mm256_cvtepu8_epi32(_mm_loadl_epi64(src.add(i) as *const __m128i));
+                let v = _mm256_mul_ps(dec.decode8(fields), ev);
+                _mm_stream_ps(dst.add(i), _mm256_castps256_ps128(v));
+                _mm_stream_ps(dst.add(i + 4), _mm256_extractf128_ps::<1>(v));
+                i += 8;
+            }
+        }
         // i + 8 <= n = codes.len() = out.len(): loads and stores in bounds.
         while i + 8 <= n {
             let fields = _mm256_cvtepu8_epi32(_mm_loadl_epi64(src.add(i) as *const __m128i));
