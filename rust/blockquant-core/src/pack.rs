@@ -345,13 +345,18 @@ pub fn encode_range_f32<C: Encode>(
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx2() {
         // SAFETY: the CPU has AVX2, checked just above.
-        return unsafe { encode_range_avx2(codec, xs, x_start, layout, effective, start, out) };
+        return unsafe {
+            encode_range_avx2(codec, xs, x_start, layout, effective, start, out, false)
+        };
     }
     encode_range_portable(codec, xs, x_start, layout, effective, start, out)
 }
 
+/// `stream`: `out` is the final storage, written with non-temporal stores (see
+/// `simd::x86::encode_run`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn encode_range_avx2<C: Encode>(
     codec: C,
     xs: &[f32],
@@ -360,12 +365,13 @@ unsafe fn encode_range_avx2<C: Encode>(
     effective: ScaleSlice<'_>,
     start: usize,
     out: &mut [u8],
+    stream: bool,
 ) -> bool {
     let mut bad = false;
     for (pos, len, s) in Segments::new(layout, start, out.len()) {
         let (o, i) = (pos - start, pos - x_start);
         let (xs, out) = (&xs[i..i + len], &mut out[o..o + len]);
-        bad |= crate::simd::x86::encode_run_or_zero(codec, xs, effective.get(s), out);
+        bad |= crate::simd::x86::encode_run_or_zero(codec, xs, effective.get(s), out, stream);
     }
     bad
 }
@@ -428,6 +434,20 @@ pub fn encode_bytes<C: Encode>(
     start: usize,
     out: &mut [u8],
 ) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if let Input::F32(xs) = x.input {
+        // Large final storage that is not read back (masked) here: past the cache.
+        let large = layout.num_elements >= crate::simd::x86::STREAM_MIN_BYTES;
+        if large && !layout.packing.masks_bytes() && crate::simd::has_avx2() {
+            // SAFETY: the CPU has AVX2, checked just above.
+            let bad =
+                unsafe { encode_range_avx2(codec, xs, x.start, layout, sc, start, out, true) };
+            // SAFETY: SSE is part of x86-64. The non-temporal stores are weakly ordered: done
+            // before the task says it is done.
+            unsafe { std::arch::x86_64::_mm_sfence() };
+            return bad;
+        }
+    }
     let bad = encode_range(codec, x, layout, sc, start, out);
     if layout.packing.masks_bytes() {
         let mask = layout.packing.field_mask() as u8;
@@ -648,7 +668,7 @@ unsafe fn decode_range_f32_avx2<D: Decode>(
     codes: &[u8],
     out: &mut [f32],
 ) {
-    if layout.num_elements * 4 >= STREAM_MIN_BYTES {
+    if layout.num_elements * 4 >= crate::simd::x86::STREAM_MIN_BYTES {
         decode_range_f32_avx2_with::<D, true>(dec, layout, effective, start, codes, out);
         // The non-temporal stores are weakly ordered: done before the task says it is done.
         std::arch::x86_64::_mm_sfence();
@@ -656,13 +676,6 @@ unsafe fn decode_range_f32_avx2<D: Decode>(
         decode_range_f32_avx2_with::<D, false>(dec, layout, effective, start, codes, out);
     }
 }
-
-/// Outputs of at least this many bytes are written with non-temporal stores: a store that
-/// misses the cache otherwise reads its line first, a third memory pass (a 16 Mi float32
-/// dequantize moves 16 + 64 + 64 MiB instead of 16 + 64), and an output this large does not
-/// stay in the last-level cache for its reader anyway. Smaller ones go through the cache, where
-/// the caller will likely read them.
-const STREAM_MIN_BYTES: usize = 16 << 20;
 
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
@@ -1639,6 +1652,25 @@ pub(crate) mod tests {
                 );
                 assert_eq!(bad_simd, bad_port);
                 assert_eq!(bad_port, xs.iter().any(|v| !v.is_finite()));
+                // The non-temporal stores of large final storage, at each offset from a
+                // 16-byte boundary (only an aligned run streams).
+                #[cfg(target_arch = "x86_64")]
+                if crate::simd::has_avx2() {
+                    for off in 0..4 {
+                        let mut buf = vec![0xAAu8; end - start + 32];
+                        let at = buf.as_ptr().align_offset(16) + off;
+                        let out = &mut buf[at..at + end - start];
+                        // SAFETY: the CPU has AVX2, checked just above.
+                        let bad = unsafe {
+                            let b =
+                                encode_range_avx2(codec, xs, start, &layout, sc, start, out, true);
+                            std::arch::x86_64::_mm_sfence();
+                            b
+                        };
+                        assert_eq!(&out[..], &port[..], "streamed, offset {off}");
+                        assert_eq!(bad, bad_port);
+                    }
+                }
                 for (k, (&xv, &c)) in xs.iter().zip(&port).enumerate() {
                     let e = eff[grid_index(&layout, start + k)];
                     if e == 0.0 || !(xv / e).is_nan() {

@@ -442,6 +442,7 @@ fn quantize_two_level(
         dtype: layout.scheme.scale_dtype(),
         half_range: layout.scheme.half_range(),
         emax: layout.scheme.mx_emax(),
+        stream: false,
     };
     let g = derived_global(&stored, k.half_range, k.dtype);
     let pieces = pieces(layout);
@@ -571,12 +572,21 @@ fn fused_with<C: Encode>(
 ) -> (Vec<f32>, bool) {
     let mut stored = vec![0.0f32; layout.num_scales];
     let pieces = pieces(layout);
+    // Codes one a byte, unmasked, straight into large final storage: past the cache. (With
+    // per > 1 the kernel writes a code buffer, which must stay in cache for the packing.)
+    #[cfg(target_arch = "x86_64")]
+    let stream = layout.packing.per == 1
+        && !layout.packing.masks_bytes()
+        && layout.num_elements >= crate::simd::x86::STREAM_MIN_BYTES;
+    #[cfg(not(target_arch = "x86_64"))]
+    let stream = false;
     let k = FusedKernel {
         layout,
         opts,
         dtype: layout.scheme.scale_dtype(),
         half_range: layout.scheme.half_range(),
         emax: layout.scheme.mx_emax(),
+        stream,
     };
     let mask = layout
         .packing
@@ -586,6 +596,12 @@ fn fused_with<C: Encode>(
         StorageMut::U8(bytes) if layout.packing.per == 1 => {
             fused_pieces(x, &pieces, &mut stored, bytes, |p, xs, sc, out, _| {
                 let bad = measure_encode(codec, &k, p, xs, sc, out);
+                #[cfg(target_arch = "x86_64")]
+                if k.stream {
+                    // SAFETY: SSE is part of x86-64. The non-temporal stores are weakly
+                    // ordered: done before the task says it is done.
+                    unsafe { std::arch::x86_64::_mm_sfence() };
+                }
                 if let Some(m) = mask {
                     out.iter_mut().for_each(|c| *c &= m);
                 }
@@ -619,6 +635,9 @@ pub(crate) struct FusedKernel<'a> {
     pub(crate) dtype: ScaleDtype,
     pub(crate) half_range: f32,
     pub(crate) emax: i32,
+    /// The codes go straight into large final storage: non-temporal stores (the caller ends
+    /// each piece with an `_mm_sfence`).
+    pub(crate) stream: bool,
 }
 
 impl FusedKernel<'_> {
@@ -718,7 +737,7 @@ unsafe fn measure_encode_avx2<C: Encode>(
         let e = k.scale(alpha);
         sc[s - p.scale0] = e;
         let o = &mut out[i..i + len];
-        bad |= x86::encode_run_or_zero(codec, run, e, o);
+        bad |= x86::encode_run_or_zero(codec, run, e, o, k.stream);
     }
     bad
 }
@@ -1248,12 +1267,13 @@ mod tests {
     #[test]
     fn measure_encode_avx2_build_matches_portable() {
         fn check<C: Encode>(codec: C, x: &[f32], layout: &Layout, opts: &QuantizeOptions) {
-            let k = FusedKernel {
+            let mut k = FusedKernel {
                 layout,
                 opts,
                 dtype: layout.scheme.scale_dtype(),
                 half_range: layout.scheme.half_range(),
                 emax: layout.scheme.mx_emax(),
+                stream: false,
             };
             for p in pieces(layout) {
                 let xs = &x[p.start..p.start + p.len];
@@ -1269,6 +1289,18 @@ mod tests {
                 assert_eq!(a, b, "scales: {}", ctx());
                 assert_eq!(c1, c2, "codes: {}", ctx());
                 assert_eq!(b1, b2, "non-finite: {}", ctx());
+                // With the non-temporal stores of large storage: the same codes.
+                #[cfg(target_arch = "x86_64")]
+                {
+                    k.stream = true;
+                    let mut c3 = vec![3u8; p.len];
+                    let b3 = measure_encode(codec, &k, &p, xs, &mut s1, &mut c3);
+                    // SAFETY: SSE is part of x86-64.
+                    unsafe { std::arch::x86_64::_mm_sfence() };
+                    k.stream = false;
+                    assert_eq!(c3, c2, "streamed codes: {}", ctx());
+                    assert_eq!(b3, b2, "streamed non-finite: {}", ctx());
+                }
             }
         }
         let mut rng = Rng::new(12);

@@ -365,7 +365,7 @@ pub(crate) mod x86 {
 
     /// `out[i] = dec.decode(codes[i]) * e` (same length), eight at a time. With `STREAM` the
     /// stores from the first 16-byte boundary on are non-temporal (see
-    /// `pack::STREAM_MIN_BYTES`); the caller then ends its task with an `_mm_sfence`.
+    /// [`STREAM_MIN_BYTES`]); the caller then ends its task with an `_mm_sfence`.
     #[inline(always)]
     pub(crate) unsafe fn decode_run<D: Decode, const STREAM: bool>(
         dec: D,
@@ -483,36 +483,59 @@ pub(crate) mod x86 {
     }
 
     /// [`encode_run`] for any scale `e`: a zero one (the zero rule, every code that of 0) takes
-    /// the portable loop, which never divides.
+    /// the portable loop, which never divides. `stream`: see [`encode_run`].
     #[inline(always)]
     pub(crate) unsafe fn encode_run_or_zero<C: Encode>(
         codec: C,
         xs: &[f32],
         e: f32,
         out: &mut [u8],
+        stream: bool,
     ) -> bool {
         match e {
             0.0 => crate::pack::encode_run(codec, xs, 0.0, out),
-            e => encode_run(codec, xs, e, out),
+            e => encode_run(codec, xs, e, out, stream),
         }
     }
 
     /// Codes of `xs[i] / e` into `out` (same length), `e` ≠ 0; returns whether any input was
     /// non-finite. The quotient is an IEEE division, or the multiply by an exact reciprocal that
-    /// equals it ([`exact_reciprocal`]).
+    /// equals it ([`exact_reciprocal`]). With `stream` (`out` is the caller's final, large
+    /// storage, see [`STREAM_MIN_BYTES`]) the 32-code stores are non-temporal where `out` is
+    /// 16-byte aligned; the task then ends with an `_mm_sfence`.
     #[inline(always)]
     pub(crate) unsafe fn encode_run<C: Encode>(
         codec: C,
         xs: &[f32],
         e: f32,
         out: &mut [u8],
+        stream: bool,
     ) -> bool {
+        let stream = stream && (out.as_ptr() as usize) % 16 == 0;
         // A run longer than a block group is read straight from memory: ask ahead for it.
         match (exact_reciprocal(e), xs.len() > 256) {
-            (Some(r), false) => encode_run_with::<C, true, false>(codec, xs, r, out),
-            (Some(r), true) => encode_run_with::<C, true, true>(codec, xs, r, out),
-            (None, false) => encode_run_with::<C, false, false>(codec, xs, e, out),
-            (None, true) => encode_run_with::<C, false, true>(codec, xs, e, out),
+            (Some(r), false) => encode_run_with::<C, true, false>(codec, xs, r, out, stream),
+            (Some(r), true) => encode_run_with::<C, true, true>(codec, xs, r, out, stream),
+            (None, false) => encode_run_with::<C, false, false>(codec, xs, e, out, stream),
+            (None, true) => encode_run_with::<C, false, true>(codec, xs, e, out, stream),
+        }
+    }
+
+    /// Outputs (quantized codes, dequantized values) of at least this many bytes are written
+    /// with non-temporal stores: a store that misses the cache otherwise reads its line first,
+    /// a third memory pass (a 16 Mi float32 dequantize moves 16 + 64 + 64 MiB instead of
+    /// 16 + 64), and an output this large does not stay in the last-level cache for its reader
+    /// anyway. Smaller ones go through the cache, where the caller will likely read them.
+    pub(crate) const STREAM_MIN_BYTES: usize = 16 << 20;
+
+    /// 32 bytes to `p`: non-temporal (two 16-byte halves; `p` 16-byte aligned) or not.
+    #[inline(always)]
+    pub(crate) unsafe fn store32(p: *mut u8, v: __m256i, stream: bool) {
+        if stream {
+            _mm_stream_si128(p as *mut __m128i, _mm256_castsi256_si128(v));
+            _mm_stream_si128(p.add(16) as *mut __m128i, _mm256_extracti128_si256::<1>(v));
+        } else {
+            _mm256_storeu_si256(p as *mut __m256i, v);
         }
     }
 
@@ -539,6 +562,7 @@ pub(crate) mod x86 {
         xs: &[f32],
         d: f32,
         out: &mut [u8],
+        stream: bool,
     ) -> bool {
         let n = xs.len();
         assert_eq!(out.len(), n, "codes of a run");
@@ -563,7 +587,8 @@ pub(crate) mod x86 {
             let ab = _mm256_packus_epi32(c0, c1);
             let cd = _mm256_packus_epi32(c2, c3);
             let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order);
-            _mm256_storeu_si256(dst.add(i) as *mut __m256i, bytes);
+            // dst + i is 16-byte aligned when `stream` (dst is, and i is a multiple of 32).
+            store32(dst.add(i), bytes, stream);
             i += 32;
         }
         while i + 8 <= n {
