@@ -696,8 +696,13 @@ unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
     if whole_blocks {
         // Every block a whole run and the grid row-major over them: block k of the range has
         // scale start / bc + k, no segment walk needed.
+        let eff = &effective[start / bc..start / bc + out.len() / bc];
+        if bc % 8 == 0 && (!STREAM || (out.as_ptr() as usize) % 16 == 0) {
+            // Blocks of whole vectors: one loop, no per-block run set-up.
+            return crate::simd::x86::decode_blocks_8s::<D, STREAM>(dec, codes, eff, bc, out);
+        }
         let blocks = codes.chunks_exact(bc).zip(out.chunks_exact_mut(bc));
-        for ((c, o), &e) in blocks.zip(&effective[start / bc..]) {
+        for ((c, o), &e) in blocks.zip(eff) {
             crate::simd::x86::decode_run::<D, STREAM>(dec, c, e, o);
         }
         return;

@@ -407,6 +407,39 @@ pub(crate) mod x86 {
         }
     }
 
+    /// [`decode_run`] of whole blocks of `bc` values (a multiple of 8), block k against
+    /// `eff[k]`: `codes` and `out` hold `eff.len()` blocks. With `STREAM`, `out` is 16-byte
+    /// aligned (so is every eight values' start) and the stores are non-temporal.
+    #[inline(always)]
+    pub(crate) unsafe fn decode_blocks_8s<D: Decode, const STREAM: bool>(
+        dec: D,
+        codes: &[u8],
+        eff: &[f32],
+        bc: usize,
+        out: &mut [f32],
+    ) {
+        let n = eff.len() * bc;
+        assert!(
+            bc % 8 == 0 && codes.len() == n && out.len() == n,
+            "whole blocks"
+        );
+        let (src, dst) = (codes.as_ptr(), out.as_mut_ptr());
+        for (k, &e) in eff.iter().enumerate() {
+            let ev = _mm256_set1_ps(e);
+            // k * bc + t + 8 <= n: loads and stores in bounds.
+            for t in (k * bc..(k + 1) * bc).step_by(8) {
+                let fields = _mm256_cvtepu8_epi32(_mm_loadl_epi64(src.add(t) as *const __m128i));
+                let v = _mm256_mul_ps(dec.decode8(fields), ev);
+                if STREAM {
+                    _mm_stream_ps(dst.add(t), _mm256_castps256_ps128(v));
+                    _mm_stream_ps(dst.add(t + 4), _mm256_extractf128_ps::<1>(v));
+                } else {
+                    _mm256_storeu_ps(dst.add(t), v);
+                }
+            }
+        }
+    }
+
     /// Pack 4- or 2-bit fields (the low bits of each code byte) 32 codes at a time into
     /// `out`, the first code in the low bits of each byte (SPEC §8); returns how many codes
     /// were packed (a multiple of 32: the caller packs the rest). `out` must hold
