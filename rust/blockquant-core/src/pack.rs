@@ -371,6 +371,12 @@ unsafe fn encode_range_avx2<C: Encode>(
     for (pos, len, s) in Segments::new(layout, start, out.len()) {
         let (o, i) = (pos - start, pos - x_start);
         let (xs, out) = (&xs[i..i + len], &mut out[o..o + len]);
+        if len <= 256 {
+            // Short runs (blocks of a 2-D grid) follow each other in memory: ask ahead for
+            // the input, as a long run does for itself.
+            let ahead = xs.as_ptr().wrapping_add(crate::simd::x86::PREFETCH_AHEAD);
+            crate::simd::x86::prefetch(ahead, len);
+        }
         bad |= crate::simd::x86::encode_run_or_zero(codec, xs, effective.get(s), out, stream);
     }
     bad
