@@ -223,6 +223,14 @@ fn unpack_fields<W: Word>(line: &[W], first: usize, codes: &mut [u8], per: usize
             crate::simd::x86::unpack_nibbles(&bytes[first / 2..], codes)
         };
         (first + done, &mut codes[done..])
+    } else if W::BITS as usize / per == 2 && first % 4 == 0 && crate::simd::has_avx2() {
+        // SAFETY: as above, 2-bit fields: field f of the line is bits 2·(f % 4) of byte f / 4.
+        let done = unsafe {
+            let bytes =
+                std::slice::from_raw_parts(line.as_ptr() as *const u8, std::mem::size_of_val(line));
+            crate::simd::x86::unpack_crumbs(&bytes[first / 4..], codes)
+        };
+        (first + done, &mut codes[done..])
     } else {
         (first, codes)
     };

@@ -508,6 +508,41 @@ pub(crate) mod x86 {
         chunks * 32
     }
 
+    /// Unpack 2-bit fields (four a byte, the first in the low bits) 32 at a time from `bytes`
+    /// into `codes`; returns how many were unpacked (a multiple of 32, within both slices: the
+    /// caller unpacks the rest). Each byte is copied to four output bytes, and output byte j
+    /// keeps bits 2·(j % 4) of its copy: shifts of 16-bit lanes move those bits to the bottom
+    /// of the same byte (a shift by at most 6 keeps them there), and a mask per position picks
+    /// the right shift.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn unpack_crumbs(bytes: &[u8], codes: &mut [u8]) -> usize {
+        let chunks = (codes.len() / 32).min(bytes.len() / 8);
+        let spread = _mm256_setr_epi8(
+            0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, //
+            4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7,
+        );
+        let at = |k: i32| _mm256_set1_epi32(3 << (8 * k));
+        let (m0, m1, m2, m3) = (at(0), at(1), at(2), at(3));
+        for k in 0..chunks {
+            // 8 bytes in, 32 codes out: both in bounds for k < chunks.
+            let b = _mm256_set1_epi64x((bytes.as_ptr().add(8 * k) as *const i64).read_unaligned());
+            let r = _mm256_shuffle_epi8(b, spread);
+            let c = _mm256_or_si256(
+                _mm256_or_si256(
+                    _mm256_and_si256(r, m0),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(r), m1),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(r), m2),
+                    _mm256_and_si256(_mm256_srli_epi16::<6>(r), m3),
+                ),
+            );
+            _mm256_storeu_si256(codes.as_mut_ptr().add(32 * k) as *mut __m256i, c);
+        }
+        chunks * 32
+    }
+
     /// Lanes whose f32 is an infinity or a NaN, as all-ones i32 lanes.
     #[inline(always)]
     unsafe fn non_finite8(v: __m256) -> __m256i {
