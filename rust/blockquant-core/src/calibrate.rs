@@ -27,6 +27,10 @@ pub enum Calibration {
 /// Work per rayon task, in elements: small arrays stay on one thread.
 pub(crate) const MIN_TASK_ELEMS: usize = 1 << 16;
 
+/// Tasks [`amplitudes`] aims for at least (a few per thread, so a slow thread is waited for
+/// briefly), before cutting grid rows into column ranges.
+const TASKS_WANTED: usize = 16;
+
 /// α for every block of `layout` (one value for per-tensor).
 pub fn amplitudes(x: Input<'_>, layout: &Layout, calibration: Calibration) -> Vec<f32> {
     if layout.per_tensor {
@@ -41,7 +45,15 @@ pub fn amplitudes(x: Input<'_>, layout: &Layout, calibration: Calibration) -> Ve
     let rows_per_block: usize = layout.block[..layout.rank() - 1].iter().product();
     let elems_per_grid_row = rows_per_block * layout.row_len();
     let grid_rows_per_task = (MIN_TASK_ELEMS / elems_per_grid_row.max(1)).max(1);
-    let cols_per_task = (MIN_TASK_ELEMS / (rows_per_block * bc).max(1)).max(1);
+    // A grid row is split along its columns only as far as it takes to give the threads work:
+    // a narrow task of a 2-D block reads every row of it in short strided pieces, which the
+    // hardware prefetcher follows badly (block[128, 128]: 2 KiB a row a task).
+    let grid_rows = layout.num_scales / gc;
+    let splits = (TASKS_WANTED.div_ceil(grid_rows.max(1))).min(gc);
+    let min_cols = (MIN_TASK_ELEMS / (rows_per_block * bc).max(1)).max(1);
+    // At most 2^19 values of a row a task (a non-f32 input is converted a row piece at a time).
+    let max_cols = ((8 * MIN_TASK_ELEMS) / bc.max(1)).max(min_cols);
+    let cols_per_task = gc.div_ceil(splits).clamp(min_cols, max_cols);
     alpha
         .par_chunks_mut(gc)
         .with_min_len(grid_rows_per_task)
@@ -128,9 +140,42 @@ fn max_abs_cols(x: Input<'_>, layout: &Layout, g: usize, k0: usize, out: &mut [f
     });
 }
 
+/// `out[k] = max(out[k], max |x| over block k of cols)`, blocks of `bc` columns: eight whole
+/// blocks at a time in vector lanes when `bc` is a multiple of 8 and the CPU has AVX2 (one
+/// horizontal maximum per block costs more than reading it), else block by block.
+fn max_abs_blocks(cols: &[f32], bc: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if bc % 8 == 0 && crate::simd::has_avx2() {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { max_abs_blocks_8s(cols, bc, out) };
+    }
+    max_abs_blocks_any(cols, bc, out)
+}
+
 avx2_dispatch! {
-    /// `out[k] = max(out[k], max |x| over block k of cols)`, blocks of `bc` columns.
-    fn max_abs_blocks[](cols: &[f32], bc: usize, out: &mut [f32]) => max_abs_blocks_portable;
+    fn max_abs_blocks_any[](cols: &[f32], bc: usize, out: &mut [f32]) => max_abs_blocks_portable;
+}
+
+/// [`max_abs_blocks`] for `bc` a multiple of 8: groups of eight whole blocks by
+/// `x86::max_abs_8runs` (the same maxima as [`max_abs_portable`], NaNs passed over alike), the
+/// rest (and a partial last block) by the portable loop.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn max_abs_blocks_8s(cols: &[f32], bc: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let groups = (cols.len() / bc).min(out.len()) / 8;
+    for g in 0..groups {
+        // In bounds: blocks 8g..8g + 8 are whole within cols and out.
+        let p = cols.as_ptr().add(g * 8 * bc);
+        crate::simd::x86::prefetch(p.wrapping_add(crate::simd::x86::PREFETCH_AHEAD), 8 * bc);
+        let m = crate::simd::x86::max_abs_8runs(p, bc);
+        let o = out.as_mut_ptr().add(g * 8);
+        // `max(m, old)` keeps old where m is NaN (never: NaNs were passed over) and takes m
+        // where it is larger, as the portable `if m > a { m } else { a }`.
+        _mm256_storeu_ps(o, _mm256_max_ps(m, _mm256_loadu_ps(o)));
+    }
+    let done = groups * 8;
+    max_abs_blocks_portable(&cols[(done * bc).min(cols.len())..], bc, &mut out[done..]);
 }
 
 #[inline(always)]
@@ -352,44 +397,31 @@ impl ExactSum {
     /// less than 2^16 · 2^(E+1) = 2^(T+30), so every partial sum of them is exact in f64, in
     /// any order: they are summed in eight f64 lanes, and the total (exact) added as one
     /// entry. The few smaller ones (and nothing else) go through the per-exponent entries.
+    ///
+    /// Done a sub-chunk of [`SUB_CHUNK`] values at a time: while one is summed (from cache,
+    /// compute-bound), the next is asked for from memory, so the max pass over it, which waits
+    /// on memory, finds it in cache.
     fn add_chunk(&mut self, xs: &[f32]) {
         assert!(xs.len() <= 1 << 16, "a chunk of at most 2^16 values");
+        let mut rest = xs;
+        while !rest.is_empty() {
+            let (sub, next) = rest.split_at(rest.len().min(SUB_CHUNK));
+            self.add_sub_chunk(sub, next);
+            rest = next;
+        }
+    }
+
+    /// [`ExactSum::add_chunk`] of one sub-chunk; the start of `next` is prefetched meanwhile.
+    fn add_sub_chunk(&mut self, xs: &[f32], next: &[f32]) {
         let max = max_abs(xs);
         if max == 0.0 || !max.is_finite() {
             return self.add_all(xs); // all zero, or a non-finite value (rejected later)
         }
         // Biased exponents: T = max(E − 13, −126), so that 2^(T−23) is an entry's unit.
         let t = ((max.to_bits() >> 23) as i32 - 13).max(1) as u32;
-        let mut lanes = [0.0f64; 8];
-        let mut chunks = xs.chunks_exact(8);
-        for c in &mut chunks {
-            let mut small = false;
-            for (l, &x) in lanes.iter_mut().zip(c) {
-                let b = x.to_bits() & 0x7FFF_FFFF;
-                let e = b >> 23;
-                let big = e >= t && e != 255; // a NaN (max passes over it) is skipped below
-                *l += if big { f32::from_bits(b) as f64 } else { 0.0 };
-                small |= !big;
-            }
-            if small {
-                for &x in c {
-                    let e = (x.to_bits() & 0x7FFF_FFFF) >> 23;
-                    if e < t || e == 255 {
-                        self.add_all(std::slice::from_ref(&x));
-                    }
-                }
-            }
-        }
-        for &x in chunks.remainder() {
-            let e = (x.to_bits() & 0x7FFF_FFFF) >> 23;
-            if e >= t && e != 255 {
-                lanes[0] += x.abs() as f64;
-            } else {
-                self.add_all(std::slice::from_ref(&x));
-            }
-        }
-        let total: f64 = lanes.iter().sum(); // exact, as every partial sum
-                                             // total = M · 2^(T−23) with M < 2^53: entry T (biased) holds units of 2^(T−150).
+        // Every partial sum is exact, so the order (lanes, vectors) does not matter.
+        let total = big_sum(xs, t, self, &next[..next.len().min(SUB_CHUNK)]);
+        // total = M · 2^(T−23) with M < 2^53: entry T (biased) holds units of 2^(T−150).
         let units = total * 2f64.powi(150 - t as i32);
         debug_assert!(units.fract() == 0.0 && units < 2f64.powi(53));
         self.by_exp[t as usize] += units as u64;
@@ -415,6 +447,110 @@ impl ExactSum {
         }
         big_to_f64(&big, -149)
     }
+}
+
+/// Values of a sub-chunk of [`ExactSum::add_chunk`]: 64 KiB, half of a core's L2 with the
+/// next one coming in.
+const SUB_CHUNK: usize = 1 << 14;
+
+/// The f64 sum of the |x| of biased exponent `t` or more (and finite) in `xs`; every other
+/// value goes into `small`'s per-exponent entries. See [`ExactSum::add_chunk`].
+/// `ahead`'s cache lines are asked for meanwhile (the AVX2 build).
+fn big_sum(xs: &[f32], t: u32, small: &mut ExactSum, ahead: &[f32]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2() {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { big_sum_avx2(xs, t, small, ahead) };
+    }
+    let _ = ahead;
+    big_sum_portable(xs, t, small)
+}
+
+#[inline(always)]
+fn big_sum_portable(xs: &[f32], t: u32, small: &mut ExactSum) -> f64 {
+    let mut lanes = [0.0f64; 8];
+    let mut chunks = xs.chunks_exact(8);
+    for c in &mut chunks {
+        let mut any_small = false;
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            let b = x.to_bits() & 0x7FFF_FFFF;
+            let e = b >> 23;
+            let big = e >= t && e != 255; // a NaN (max passes over it) is skipped below
+            *l += if big { f32::from_bits(b) as f64 } else { 0.0 };
+            any_small |= !big;
+        }
+        if any_small {
+            small_ones(c, t, small);
+        }
+    }
+    let rest = chunks.remainder();
+    small_ones(rest, t, small);
+    for &x in rest {
+        let e = (x.to_bits() & 0x7FFF_FFFF) >> 23;
+        if e >= t && e != 255 {
+            lanes[0] += x.abs() as f64;
+        }
+    }
+    lanes.iter().sum()
+}
+
+/// The values of `xs` below exponent `t` (or non-finite) into `small`'s entries.
+#[inline(always)]
+fn small_ones(xs: &[f32], t: u32, small: &mut ExactSum) {
+    for &x in xs {
+        let e = (x.to_bits() & 0x7FFF_FFFF) >> 23;
+        if e < t || e == 255 {
+            small.add_all(std::slice::from_ref(&x));
+        }
+    }
+}
+
+/// [`big_sum_portable`] sixteen values a step: the big ones' |x| widened to f64 in four
+/// accumulators, the rare step with another value finishing those eight one at a time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn big_sum_avx2(xs: &[f32], t: u32, small: &mut ExactSum, ahead: &[f32]) -> f64 {
+    use std::arch::x86_64::*;
+    let abs = _mm256_set1_epi32(0x7FFF_FFFF);
+    let below = _mm256_set1_epi32(((t << 23) - 1) as i32); // t ≥ 1
+    let inf = _mm256_set1_epi32(0x7F80_0000);
+    // Eight values: their big lanes as f64 into two accumulators; false if any is small.
+    #[inline(always)]
+    unsafe fn step(p: *const f32, m: [__m256i; 3], acc: &mut [__m256d; 2]) -> bool {
+        let bits = _mm256_and_si256(_mm256_loadu_si256(p as *const __m256i), m[0]);
+        let big = _mm256_and_si256(
+            _mm256_cmpgt_epi32(bits, m[1]),
+            _mm256_cmpgt_epi32(m[2], bits),
+        );
+        let v = _mm256_castsi256_ps(_mm256_and_si256(bits, big));
+        acc[0] = _mm256_add_pd(acc[0], _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+        acc[1] = _mm256_add_pd(acc[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)));
+        _mm256_movemask_ps(_mm256_castsi256_ps(big)) == 0xFF
+    }
+    let m = [abs, below, inf];
+    // Named accumulators (an indexed array of them lives on the stack, one store a step).
+    let (mut a, mut b) = ([_mm256_setzero_pd(); 2], [_mm256_setzero_pd(); 2]);
+    let (n, p) = (xs.len(), xs.as_ptr());
+    // One line of `ahead` (16 values) per 16 values here: as long as `xs` when it is as long.
+    let lines = ahead.len().div_ceil(16);
+    let mut i = 0;
+    // i + 16 <= n: loads in bounds; i / 16 < lines: the prefetched address within `ahead`.
+    while i + 16 <= n {
+        if i / 16 < lines {
+            _mm_prefetch::<{ _MM_HINT_T0 }>(ahead.as_ptr().add(i) as *const i8);
+        }
+        if !step(p.add(i), m, &mut a) {
+            small_ones(&xs[i..i + 8], t, small);
+        }
+        if !step(p.add(i + 8), m, &mut b) {
+            small_ones(&xs[i + 8..i + 16], t, small);
+        }
+        i += 16;
+    }
+    let s = _mm256_add_pd(_mm256_add_pd(a[0], a[1]), _mm256_add_pd(b[0], b[1]));
+    let mut l = [0.0f64; 4];
+    _mm256_storeu_pd(l.as_mut_ptr(), s);
+    l.iter().sum::<f64>() + big_sum_portable(&xs[i..], t, small)
 }
 
 fn add_shifted(big: &mut [u64; LIMBS], m: u64, shift: usize) {
@@ -531,6 +667,57 @@ mod tests {
                 }
                 let (a, b) = (max_abs(&xs), max_abs_portable(&xs));
                 assert_eq!(a.to_bits(), b.to_bits(), "len {len} {special:?}");
+            }
+        }
+    }
+
+    /// The AVX2 sum of the big values against the portable loop, small and non-finite values
+    /// mixed in at every position of a vector, and ragged tails.
+    #[test]
+    fn big_sum_matches_portable() {
+        let mut rng = crate::pack::tests::Rng::new(24);
+        for len in [0, 7, 8, 9, 64, 1000, 1 << 16] {
+            let mut xs: Vec<f32> = (0..len).map(|_| rng.unit() * 3.0).collect();
+            for (k, v) in [1e-9, f32::NAN, -1e-30, f32::INFINITY, 0.0]
+                .into_iter()
+                .enumerate()
+            {
+                if len > k * 3 {
+                    let i = rng.below(len);
+                    xs[i] = v;
+                }
+            }
+            let t = 129 - 13;
+            let (mut a, mut b) = (ExactSum::default(), ExactSum::default());
+            let sa = big_sum(&xs, t, &mut a, &xs);
+            let sb = big_sum_portable(&xs, t, &mut b);
+            assert_eq!(sa.to_bits(), sb.to_bits(), "len {len}");
+            assert_eq!(a.by_exp[..], b.by_exp[..], "len {len}");
+        }
+    }
+
+    /// Block maxima eight blocks at a time against the block-by-block loop: block widths that
+    /// are and are not multiples of 8, a partial last block, group counts around 8, NaNs
+    /// (passed over), infinities, −0, and earlier maxima in `out` (rows of a 2-D block).
+    #[test]
+    fn max_abs_blocks_matches_portable() {
+        let mut rng = crate::pack::tests::Rng::new(23);
+        for bc in [8, 16, 24, 32, 12] {
+            for blocks in [1, 7, 8, 9, 16, 17, 40] {
+                for cut in [0, 1, bc - 1] {
+                    let len = blocks * bc - cut;
+                    let mut xs: Vec<f32> = (0..len).map(|_| rng.unit() * 4.0).collect();
+                    for v in [f32::NAN, f32::INFINITY, -0.0, -1e-42] {
+                        let i = rng.below(len);
+                        xs[i] = v;
+                    }
+                    let init: Vec<f32> = (0..blocks).map(|_| rng.unit().abs() * 3.0).collect();
+                    let (mut a, mut b) = (init.clone(), init);
+                    max_abs_blocks(&xs, bc, &mut a);
+                    max_abs_blocks_portable(&xs, bc, &mut b);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&a), bits(&b), "bc {bc} blocks {blocks} cut {cut}");
+                }
             }
         }
     }

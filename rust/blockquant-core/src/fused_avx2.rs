@@ -90,7 +90,7 @@ pub(crate) unsafe fn measure_encode_groups<C: Encode>(
         let (run, o) = (&xs[r.clone()], &mut out[r]);
         let e = k.scale(x86::max_abs(run));
         *s = e;
-        bad |= x86::encode_run_or_zero(codec, run, e, o);
+        bad |= x86::encode_run_or_zero(codec, run, e, o, k.stream);
     }
     bad
 }
@@ -111,7 +111,7 @@ unsafe fn group_general<C: Encode>(
     for (j, &e) in sc.iter().enumerate() {
         let r = j * bc..(j + 1) * bc;
         let (run, o) = (&xs[r.clone()], &mut out[r]);
-        bad |= x86::encode_run_or_zero(codec, run, e, o);
+        bad |= x86::encode_run_or_zero(codec, run, e, o, k.stream);
     }
     bad
 }
@@ -151,23 +151,28 @@ unsafe fn group_fast<C: Encode, const V: usize>(
             _mm256_cmpgt_epi32(_mm256_set1_epi32(255), exp),
         ),
     );
+    // Non-temporal stores need 16-byte alignment (numpy's storage has it; a block of 16 or
+    // 32 codes keeps it).
+    let stream = k.stream && (o0 as usize) % 16 == 0;
     if _mm256_movemask_epi8(pow2) == -1 {
         let r = _mm256_div_ps(_mm256_set1_ps(1.0), e);
-        encode_8blocks::<C, V, true>(codec, x0, r, o0);
+        encode_8blocks::<C, V, true>(codec, x0, r, o0, stream);
     } else {
-        encode_8blocks::<C, V, false>(codec, x0, e, o0);
+        encode_8blocks::<C, V, false>(codec, x0, e, o0, stream);
     }
     true
 }
 
 /// Codes of eight blocks of `8 * V` values from `x0` into `o0`: block j's values divided by
-/// lane j of `d` (multiplied by it when `MUL`), encoded, packed to bytes in order.
+/// lane j of `d` (multiplied by it when `MUL`), encoded, packed to bytes in order; stored
+/// non-temporally with `stream` (`o0` 16-byte aligned).
 #[inline(always)]
 unsafe fn encode_8blocks<C: Encode, const V: usize, const MUL: bool>(
     codec: C,
     x0: *const f32,
     d: __m256,
     o0: *mut u8,
+    stream: bool,
 ) {
     let mut ds = [0.0f32; 8];
     _mm256_storeu_ps(ds.as_mut_ptr(), d);
@@ -188,17 +193,22 @@ unsafe fn encode_8blocks<C: Encode, const V: usize, const MUL: bool>(
             let ab = _mm256_packus_epi32(c[0], c[1]);
             let cd = _mm256_packus_epi32(c[2], c[3]);
             let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order);
-            _mm256_storeu_si256(o as *mut __m256i, bytes);
+            x86::store32(o, bytes, stream);
         } else {
             let ab = _mm256_packus_epi32(c[0], c[1]);
             let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, ab), order);
-            _mm_storeu_si128(o as *mut __m128i, _mm256_castsi256_si128(bytes));
+            if stream {
+                _mm_stream_si128(o as *mut __m128i, _mm256_castsi256_si128(bytes));
+            } else {
+                _mm_storeu_si128(o as *mut __m128i, _mm256_castsi256_si128(bytes));
+            }
         }
     }
 }
 
 /// Pass 2 of a two-level scheme on a piece of whole blocks of 16 or 32 values: block scales
-/// b_i from the amplitudes `alpha` (into `sc`), each block's values against
+/// b_i from the amplitudes `sc` holds on entry (replaced by the b_i, in place: no second
+/// array of the grid's size), each block's values against
 /// e_i = min(b_i × g, f32::MAX) (codes into `out`, one a byte). Returns whether any input was
 /// non-finite.
 ///
@@ -209,23 +219,22 @@ pub(crate) unsafe fn two_level_piece<C: Encode>(
     codec: C,
     k: &FusedKernel<'_>,
     g: f32,
-    alpha: &[f32],
     xs: &[f32],
     sc: &mut [f32],
     out: &mut [u8],
 ) -> bool {
     let bc = k.layout.block_cols();
     let blocks = xs.len() / bc;
-    assert!(blocks * bc == xs.len() && sc.len() == blocks && alpha.len() == blocks);
+    assert!(blocks * bc == xs.len() && sc.len() == blocks);
     assert!(out.len() == xs.len() && (bc == 16 || bc == 32));
     let mut bad = false;
     let mut b = 0;
     while b + 8 <= blocks {
-        // In bounds: blocks b..b + 8 lie within alpha, sc, xs and out.
+        // In bounds: blocks b..b + 8 lie within sc, xs and out.
         let x0 = xs.as_ptr().add(b * bc);
         let o0 = out.as_mut_ptr().add(b * bc);
         x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * bc);
-        let bs = two_level_scales8(k, g, _mm256_loadu_ps(alpha.as_ptr().add(b)));
+        let bs = two_level_scales8(k, g, _mm256_loadu_ps(sc.as_ptr().add(b)));
         _mm256_storeu_ps(sc.as_mut_ptr().add(b), bs);
         let e = _mm256_min_ps(
             _mm256_mul_ps(bs, _mm256_set1_ps(g)),
@@ -247,10 +256,10 @@ pub(crate) unsafe fn two_level_piece<C: Encode>(
         }
         b += 8;
     }
-    for j in b..blocks {
+    for (j, s) in sc.iter_mut().enumerate().skip(b) {
         let r = j * bc..(j + 1) * bc;
-        sc[j] = k.two_level_scale(alpha[j], g);
-        let e = crate::quantize::effective_scale(sc[j], g);
+        *s = k.two_level_scale(*s, g);
+        let e = crate::quantize::effective_scale(*s, g);
         bad |= encode_run(codec, &xs[r.clone()], e, &mut out[r]);
     }
     bad

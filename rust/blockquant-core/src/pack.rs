@@ -223,6 +223,14 @@ fn unpack_fields<W: Word>(line: &[W], first: usize, codes: &mut [u8], per: usize
             crate::simd::x86::unpack_nibbles(&bytes[first / 2..], codes)
         };
         (first + done, &mut codes[done..])
+    } else if W::BITS as usize / per == 2 && first % 4 == 0 && crate::simd::has_avx2() {
+        // SAFETY: as above, 2-bit fields: field f of the line is bits 2·(f % 4) of byte f / 4.
+        let done = unsafe {
+            let bytes =
+                std::slice::from_raw_parts(line.as_ptr() as *const u8, std::mem::size_of_val(line));
+            crate::simd::x86::unpack_crumbs(&bytes[first / 4..], codes)
+        };
+        (first + done, &mut codes[done..])
     } else {
         (first, codes)
     };
@@ -345,13 +353,18 @@ pub fn encode_range_f32<C: Encode>(
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx2() {
         // SAFETY: the CPU has AVX2, checked just above.
-        return unsafe { encode_range_avx2(codec, xs, x_start, layout, effective, start, out) };
+        return unsafe {
+            encode_range_avx2(codec, xs, x_start, layout, effective, start, out, false)
+        };
     }
     encode_range_portable(codec, xs, x_start, layout, effective, start, out)
 }
 
+/// `stream`: `out` is the final storage, written with non-temporal stores (see
+/// `simd::x86::encode_run`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn encode_range_avx2<C: Encode>(
     codec: C,
     xs: &[f32],
@@ -360,12 +373,19 @@ unsafe fn encode_range_avx2<C: Encode>(
     effective: ScaleSlice<'_>,
     start: usize,
     out: &mut [u8],
+    stream: bool,
 ) -> bool {
     let mut bad = false;
     for (pos, len, s) in Segments::new(layout, start, out.len()) {
         let (o, i) = (pos - start, pos - x_start);
         let (xs, out) = (&xs[i..i + len], &mut out[o..o + len]);
-        bad |= crate::simd::x86::encode_run_or_zero(codec, xs, effective.get(s), out);
+        if len <= 256 {
+            // Short runs (blocks of a 2-D grid) follow each other in memory: ask ahead for
+            // the input, as a long run does for itself.
+            let ahead = xs.as_ptr().wrapping_add(crate::simd::x86::PREFETCH_AHEAD);
+            crate::simd::x86::prefetch(ahead, len);
+        }
+        bad |= crate::simd::x86::encode_run_or_zero(codec, xs, effective.get(s), out, stream);
     }
     bad
 }
@@ -428,6 +448,20 @@ pub fn encode_bytes<C: Encode>(
     start: usize,
     out: &mut [u8],
 ) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if let Input::F32(xs) = x.input {
+        // Large final storage that is not read back (masked) here: past the cache.
+        let large = layout.num_elements >= crate::simd::x86::STREAM_MIN_BYTES;
+        if large && !layout.packing.masks_bytes() && crate::simd::has_avx2() {
+            // SAFETY: the CPU has AVX2, checked just above.
+            let bad =
+                unsafe { encode_range_avx2(codec, xs, x.start, layout, sc, start, out, true) };
+            // SAFETY: SSE is part of x86-64. The non-temporal stores are weakly ordered: done
+            // before the task says it is done.
+            unsafe { std::arch::x86_64::_mm_sfence() };
+            return bad;
+        }
+    }
     let bad = encode_range(codec, x, layout, sc, start, out);
     if layout.packing.masks_bytes() {
         let mask = layout.packing.field_mask() as u8;
@@ -648,6 +682,25 @@ unsafe fn decode_range_f32_avx2<D: Decode>(
     codes: &[u8],
     out: &mut [f32],
 ) {
+    if layout.num_elements * 4 >= crate::simd::x86::STREAM_MIN_BYTES {
+        decode_range_f32_avx2_with::<D, true>(dec, layout, effective, start, codes, out);
+        // The non-temporal stores are weakly ordered: done before the task says it is done.
+        std::arch::x86_64::_mm_sfence();
+    } else {
+        decode_range_f32_avx2_with::<D, false>(dec, layout, effective, start, codes, out);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
+    dec: D,
+    layout: &Layout,
+    effective: &[f32],
+    start: usize,
+    codes: &[u8],
+    out: &mut [f32],
+) {
     let bc = layout.block_cols();
     let whole_blocks = !layout.per_tensor
         && layout.rows_map_directly()
@@ -657,15 +710,21 @@ unsafe fn decode_range_f32_avx2<D: Decode>(
     if whole_blocks {
         // Every block a whole run and the grid row-major over them: block k of the range has
         // scale start / bc + k, no segment walk needed.
+        let eff = &effective[start / bc..start / bc + out.len() / bc];
+        if bc % 8 == 0 && (!STREAM || (out.as_ptr() as usize) % 16 == 0) {
+            // Blocks of whole vectors: one loop, no per-block run set-up.
+            return crate::simd::x86::decode_blocks_8s::<D, STREAM>(dec, codes, eff, bc, out);
+        }
         let blocks = codes.chunks_exact(bc).zip(out.chunks_exact_mut(bc));
-        for ((c, o), &e) in blocks.zip(&effective[start / bc..]) {
-            crate::simd::x86::decode_run(dec, c, e, o);
+        for ((c, o), &e) in blocks.zip(eff) {
+            crate::simd::x86::decode_run::<D, STREAM>(dec, c, e, o);
         }
         return;
     }
     for (pos, len, s) in Segments::new(layout, start, out.len()) {
         let o = pos - start;
-        crate::simd::x86::decode_run(dec, &codes[o..o + len], effective[s], &mut out[o..o + len]);
+        let (c, y) = (&codes[o..o + len], &mut out[o..o + len]);
+        crate::simd::x86::decode_run::<D, STREAM>(dec, c, effective[s], y);
     }
 }
 
@@ -1612,6 +1671,25 @@ pub(crate) mod tests {
                 );
                 assert_eq!(bad_simd, bad_port);
                 assert_eq!(bad_port, xs.iter().any(|v| !v.is_finite()));
+                // The non-temporal stores of large final storage, at each offset from a
+                // 16-byte boundary (only an aligned run streams).
+                #[cfg(target_arch = "x86_64")]
+                if crate::simd::has_avx2() {
+                    for off in 0..4 {
+                        let mut buf = vec![0xAAu8; end - start + 32];
+                        let at = buf.as_ptr().align_offset(16) + off;
+                        let out = &mut buf[at..at + end - start];
+                        // SAFETY: the CPU has AVX2, checked just above.
+                        let bad = unsafe {
+                            let b =
+                                encode_range_avx2(codec, xs, start, &layout, sc, start, out, true);
+                            std::arch::x86_64::_mm_sfence();
+                            b
+                        };
+                        assert_eq!(&out[..], &port[..], "streamed, offset {off}");
+                        assert_eq!(bad, bad_port);
+                    }
+                }
                 for (k, (&xv, &c)) in xs.iter().zip(&port).enumerate() {
                     let e = eff[grid_index(&layout, start + k)];
                     if e == 0.0 || !(xv / e).is_nan() {
@@ -1702,6 +1780,33 @@ pub(crate) mod tests {
         }
     }
 
+    /// The non-temporal stores (taken for large outputs only) against the portable loop, the
+    /// output at each 4-byte offset from a 16-byte boundary, from the start and mid-range.
+    fn compare_decode_streaming<D: Decode>(dec: D, layout: &Layout, eff: &[f32], codes: &[u8]) {
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd::has_avx2() {
+            let len = codes.len();
+            for (start, end) in [(0, len), (len / 3 + 1, len - len / 5)] {
+                let mut port = vec![0.0f32; end - start];
+                decode_range_portable(dec, layout, eff, start, &codes[start..end], &mut port);
+                for off in 0..4 {
+                    let mut buf = vec![0.0f32; end - start + 8];
+                    let at = buf.as_ptr().align_offset(16) + off;
+                    let out = &mut buf[at..at + end - start];
+                    // SAFETY: the CPU has AVX2, checked just above.
+                    unsafe {
+                        let c = &codes[start..end];
+                        decode_range_f32_avx2_with::<D, true>(dec, layout, eff, start, c, out);
+                        std::arch::x86_64::_mm_sfence();
+                    }
+                    let a: Vec<u64> = out.iter().map(|v| v.key()).collect();
+                    let b: Vec<u64> = port.iter().map(|v| v.key()).collect();
+                    assert_eq!(a, b, "streamed, range {start}..{end}, offset {off}");
+                }
+            }
+        }
+    }
+
     fn compare_decode<D: Decode>(dec: D, value: QuantValue, native: bool, seed: u64) {
         let mut rng = Rng::new(seed);
         // Whole blocks of a row (the no-walk path) and ragged ones.
@@ -1729,6 +1834,7 @@ pub(crate) mod tests {
             compare_decode_as::<D, f64>(dec, &layout, &eff, &codes);
             compare_decode_as::<D, F16Bits>(dec, &layout, &eff, &codes);
             compare_decode_as::<D, BF16Bits>(dec, &layout, &eff, &codes);
+            compare_decode_streaming(dec, &layout, &eff, &codes);
             // And the f32 result against SPEC §7, for the fields that are codes.
             let mut y = vec![0.0f32; codes.len()];
             decode_range(dec, &layout, &eff, 0, &codes, &mut y);

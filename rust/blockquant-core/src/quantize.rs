@@ -183,14 +183,23 @@ pub fn check_stored(layout: &Layout, stored: &[f32], global: Option<f32>) -> Res
 /// where the CPU converts them in hardware.
 fn first_unrepresentable(dtype: ScaleDtype, scales: &[f32]) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
-    if dtype == ScaleDtype::F16 && crate::simd::has_avx2() && crate::simd::has_f16c() {
-        // SAFETY: the CPU has AVX2 and F16C, checked just above.
-        let whole = unsafe { crate::simd::x86::f16_prefix_len(scales) };
-        return (scales[whole..]
-            .iter()
-            .position(|&s| !dtype.is_representable(s)))
-        .map(|i| whole + i);
+    if crate::simd::has_avx2() {
+        use crate::simd::x86;
+        // SAFETY: the CPU has AVX2 (and F16C for float16), checked here.
+        let whole = unsafe {
+            match dtype {
+                ScaleDtype::F16 if crate::simd::has_f16c() => x86::f16_prefix_len(scales),
+                ScaleDtype::UE4M3 => x86::ue4m3_prefix_len(scales),
+                ScaleDtype::UE8M0 => x86::ue8m0_prefix_len(scales),
+                _ => 0,
+            }
+        };
+        return first_unrepresentable_portable(dtype, &scales[whole..]).map(|i| whole + i);
     }
+    first_unrepresentable_portable(dtype, scales)
+}
+
+fn first_unrepresentable_portable(dtype: ScaleDtype, scales: &[f32]) -> Option<usize> {
     scales.iter().position(|&s| !dtype.is_representable(s))
 }
 
@@ -434,22 +443,22 @@ fn quantize_two_level(
     opts: &QuantizeOptions,
     out: StorageMut<'_>,
 ) -> Result<Scales> {
-    let alpha = amplitudes(x, layout, Calibration::MinMax);
+    // The amplitudes, turned into the stored block scales in place by pass 2.
+    let mut stored = amplitudes(x, layout, Calibration::MinMax);
     let k = FusedKernel {
         layout,
         opts,
         dtype: layout.scheme.scale_dtype(),
         half_range: layout.scheme.half_range(),
         emax: layout.scheme.mx_emax(),
+        stream: false,
     };
-    let g = derived_global(&alpha, k.half_range, k.dtype);
-    let mut stored = vec![0.0f32; layout.num_scales];
+    let g = derived_global(&stored, k.half_range, k.dtype);
     let pieces = pieces(layout);
     let bad = with_codec!(&layout.scheme, opts.rounding, |codec| {
-        let encode = |p: &Piece, xs: &[f32], sc: &mut [f32], codes: &mut [u8]| {
-            let a = &alpha[p.scale0..p.scale0 + p.scales];
+        let encode = |_: &Piece, xs: &[f32], sc: &mut [f32], codes: &mut [u8]| {
             // SAFETY: the caller checked the CPU has AVX2 and F16C.
-            unsafe { crate::fused_avx2::two_level_piece(codec, &k, g, a, xs, sc, codes) }
+            unsafe { crate::fused_avx2::two_level_piece(codec, &k, g, xs, sc, codes) }
         };
         match out {
             StorageMut::U8(words) if layout.packing.per == 1 => {
@@ -572,12 +581,21 @@ fn fused_with<C: Encode>(
 ) -> (Vec<f32>, bool) {
     let mut stored = vec![0.0f32; layout.num_scales];
     let pieces = pieces(layout);
+    // Codes one a byte, unmasked, straight into large final storage: past the cache. (With
+    // per > 1 the kernel writes a code buffer, which must stay in cache for the packing.)
+    #[cfg(target_arch = "x86_64")]
+    let stream = layout.packing.per == 1
+        && !layout.packing.masks_bytes()
+        && layout.num_elements >= crate::simd::x86::STREAM_MIN_BYTES;
+    #[cfg(not(target_arch = "x86_64"))]
+    let stream = false;
     let k = FusedKernel {
         layout,
         opts,
         dtype: layout.scheme.scale_dtype(),
         half_range: layout.scheme.half_range(),
         emax: layout.scheme.mx_emax(),
+        stream,
     };
     let mask = layout
         .packing
@@ -587,6 +605,12 @@ fn fused_with<C: Encode>(
         StorageMut::U8(bytes) if layout.packing.per == 1 => {
             fused_pieces(x, &pieces, &mut stored, bytes, |p, xs, sc, out, _| {
                 let bad = measure_encode(codec, &k, p, xs, sc, out);
+                #[cfg(target_arch = "x86_64")]
+                if k.stream {
+                    // SAFETY: SSE is part of x86-64. The non-temporal stores are weakly
+                    // ordered: done before the task says it is done.
+                    unsafe { std::arch::x86_64::_mm_sfence() };
+                }
                 if let Some(m) = mask {
                     out.iter_mut().for_each(|c| *c &= m);
                 }
@@ -620,6 +644,9 @@ pub(crate) struct FusedKernel<'a> {
     pub(crate) dtype: ScaleDtype,
     pub(crate) half_range: f32,
     pub(crate) emax: i32,
+    /// The codes go straight into large final storage: non-temporal stores (the caller ends
+    /// each piece with an `_mm_sfence`).
+    pub(crate) stream: bool,
 }
 
 impl FusedKernel<'_> {
@@ -719,7 +746,7 @@ unsafe fn measure_encode_avx2<C: Encode>(
         let e = k.scale(alpha);
         sc[s - p.scale0] = e;
         let o = &mut out[i..i + len];
-        bad |= x86::encode_run_or_zero(codec, run, e, o);
+        bad |= x86::encode_run_or_zero(codec, run, e, o, k.stream);
     }
     bad
 }
@@ -1289,12 +1316,13 @@ mod tests {
     #[test]
     fn measure_encode_avx2_build_matches_portable() {
         fn check<C: Encode>(codec: C, x: &[f32], layout: &Layout, opts: &QuantizeOptions) {
-            let k = FusedKernel {
+            let mut k = FusedKernel {
                 layout,
                 opts,
                 dtype: layout.scheme.scale_dtype(),
                 half_range: layout.scheme.half_range(),
                 emax: layout.scheme.mx_emax(),
+                stream: false,
             };
             for p in pieces(layout) {
                 let xs = &x[p.start..p.start + p.len];
@@ -1310,6 +1338,18 @@ mod tests {
                 assert_eq!(a, b, "scales: {}", ctx());
                 assert_eq!(c1, c2, "codes: {}", ctx());
                 assert_eq!(b1, b2, "non-finite: {}", ctx());
+                // With the non-temporal stores of large storage: the same codes.
+                #[cfg(target_arch = "x86_64")]
+                {
+                    k.stream = true;
+                    let mut c3 = vec![3u8; p.len];
+                    let b3 = measure_encode(codec, &k, &p, xs, &mut s1, &mut c3);
+                    // SAFETY: SSE is part of x86-64.
+                    unsafe { std::arch::x86_64::_mm_sfence() };
+                    k.stream = false;
+                    assert_eq!(c3, c2, "streamed codes: {}", ctx());
+                    assert_eq!(b3, b2, "streamed non-finite: {}", ctx());
+                }
             }
         }
         let mut rng = Rng::new(12);
@@ -1598,6 +1638,68 @@ mod tests {
                 }
                 let want = v.iter().position(|&s| !ScaleDtype::F16.is_representable(s));
                 assert_eq!(first_unrepresentable(ScaleDtype::F16, &v), want, "{v:?}");
+            }
+        }
+    }
+
+    /// The UE4M3 and UE8M0 vector checks against one at a time: good and bad scales at every
+    /// position around the groups of eight, and eight copies of each of a sweep of f32 bit
+    /// patterns (every sign, exponent and many mantissas; NaNs, infinities, subnormals).
+    #[test]
+    fn first_unrepresentable_ue4m3_ue8m0_match_one_at_a_time() {
+        let cases: [(ScaleDtype, &[f32], &[f32]); 2] = [
+            (
+                ScaleDtype::UE4M3,
+                &[
+                    0.0,
+                    -0.0,
+                    448.0,
+                    1.0 / 512.0,
+                    0.015625,
+                    1.125,
+                    240.0,
+                    7.0 / 512.0,
+                ],
+                &[f32::NAN, f32::INFINITY, -1.0, 449.0, 1.0625, 1e-4, 480.0],
+            ),
+            (
+                ScaleDtype::UE8M0,
+                &[
+                    1.0,
+                    0.5,
+                    2f32.powi(127),
+                    2f32.powi(-126),
+                    2f32.powi(-127),
+                    1024.0,
+                ],
+                &[
+                    0.0,
+                    -0.0,
+                    f32::NAN,
+                    f32::INFINITY,
+                    -1.0,
+                    3.0,
+                    2f32.powi(-128),
+                    1.5,
+                ],
+            ),
+        ];
+        let mut rng = Rng::new(15);
+        for (dtype, good, bad) in cases {
+            for len in [0, 7, 8, 9, 40] {
+                for pos in 0..=len {
+                    let mut v: Vec<f32> = (0..len).map(|_| rng.pick(good)).collect();
+                    if pos < len {
+                        v[pos] = rng.pick(bad);
+                    }
+                    let want = v.iter().position(|&s| !dtype.is_representable(s));
+                    assert_eq!(first_unrepresentable(dtype, &v), want, "{dtype} {v:?}");
+                }
+            }
+            for bits in (0..=u32::MAX).step_by(4099) {
+                let s = f32::from_bits(bits);
+                let want = (!dtype.is_representable(s)).then_some(0);
+                assert_eq!(first_unrepresentable(dtype, &[s; 8]), want, "{dtype} {s:e}");
             }
         }
     }

@@ -288,6 +288,59 @@ pub(crate) mod x86 {
         i
     }
 
+    /// [`f16_prefix_len`] for UE4M3 scales (NVFP4's): the same test with the vector rounding.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn ue4m3_prefix_len(scales: &[f32]) -> usize {
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+        let mut i = 0;
+        // i + 8 <= len: the load is in bounds.
+        while i + 8 <= scales.len() {
+            let v = _mm256_loadu_ps(scales.as_ptr().add(i));
+            let a = _mm256_and_ps(v, abs);
+            // NaN fails both compares; an infinity or a value past 448 rounds to 448.
+            let ok = _mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_GE_OQ>(v, _mm256_setzero_ps()),
+                _mm256_cmp_ps::<_CMP_EQ_OQ>(round_ue4m3_8(a, false), a),
+            );
+            if _mm256_movemask_ps(ok) != 0xFF {
+                break;
+            }
+            i += 8;
+        }
+        i
+    }
+
+    /// [`f16_prefix_len`] for UE8M0 scales (the MX formats'): the values are 2^k, k in
+    /// -127..=127, so a test of the bits: a normal power of two (mantissa and sign 0, exponent
+    /// field 1..=254), or 2^-127 (the subnormal 0x0040_0000). No zero.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn ue8m0_prefix_len(scales: &[f32]) -> usize {
+        let mut i = 0;
+        // i + 8 <= len: the load is in bounds.
+        while i + 8 <= scales.len() {
+            let b = _mm256_loadu_si256(scales.as_ptr().add(i) as *const __m256i);
+            let exp = _mm256_srli_epi32::<23>(b);
+            let pow2 = _mm256_and_si256(
+                _mm256_cmpeq_epi32(
+                    _mm256_and_si256(b, _mm256_set1_epi32(0x807F_FFFF_u32 as i32)),
+                    _mm256_setzero_si256(),
+                ),
+                _mm256_and_si256(
+                    _mm256_cmpgt_epi32(exp, _mm256_setzero_si256()),
+                    _mm256_cmpgt_epi32(_mm256_set1_epi32(255), exp),
+                ),
+            );
+            let ok = _mm256_or_si256(pow2, _mm256_cmpeq_epi32(b, _mm256_set1_epi32(0x0040_0000)));
+            if _mm256_movemask_epi8(ok) != -1 {
+                break;
+            }
+            i += 8;
+        }
+        i
+    }
+
     /// The OCP MX scale (SPEC §4 `mx`) of eight amplitudes as f32: 2^(floor(log2 α) − emax)
     /// within [2^-127, 2^127], for `emax` ≥ 0 (so a subnormal or zero α gives 2^-127, as
     /// `scale::mx_scale_code`). An infinite α gives 2^127; a NaN is never passed in (the max
@@ -310,14 +363,39 @@ pub(crate) mod x86 {
         ))
     }
 
-    /// `out[i] = dec.decode(codes[i]) * e` (same length), eight at a time.
+    /// `out[i] = dec.decode(codes[i]) * e` (same length), eight at a time. With `STREAM` the
+    /// stores from the first 16-byte boundary on are non-temporal (see
+    /// [`STREAM_MIN_BYTES`]); the caller then ends its task with an `_mm_sfence`.
     #[inline(always)]
-    pub(crate) unsafe fn decode_run<D: Decode>(dec: D, codes: &[u8], e: f32, out: &mut [f32]) {
+    pub(crate) unsafe fn decode_run<D: Decode, const STREAM: bool>(
+        dec: D,
+        codes: &[u8],
+        e: f32,
+        out: &mut [f32],
+    ) {
         let n = codes.len();
         assert_eq!(out.len(), n, "outputs of a run");
         let ev = _mm256_set1_ps(e);
         let (src, dst) = (codes.as_ptr(), out.as_mut_ptr());
         let mut i = 0;
+        if STREAM {
+            // Up to a 16-byte boundary one at a time, then aligned 16-byte stores that skip the
+            // cache (no read of the lines first: the output is written, never read, here).
+            // 16 bytes rather than 32: numpy's large arrays are 16-byte aligned, not 32.
+            let head = (dst.align_offset(16)).min(n);
+            for (y, &c) in out[..head].iter_mut().zip(&codes[..head]) {
+                *y = dec.decode(c) * e;
+            }
+            i = head;
+            // i + 8 <= n: in bounds; dst + i is 16-byte aligned (i - head a multiple of 8).
+            while i + 8 <= n {
+                let fields = _mm256_cvtepu8_epi32(_mm_loadl_epi64(src.add(i) as *const __m128i));
+                let v = _mm256_mul_ps(dec.decode8(fields), ev);
+                _mm_stream_ps(dst.add(i), _mm256_castps256_ps128(v));
+                _mm_stream_ps(dst.add(i + 4), _mm256_extractf128_ps::<1>(v));
+                i += 8;
+            }
+        }
         // i + 8 <= n = codes.len() = out.len(): loads and stores in bounds.
         while i + 8 <= n {
             let fields = _mm256_cvtepu8_epi32(_mm_loadl_epi64(src.add(i) as *const __m128i));
@@ -326,6 +404,39 @@ pub(crate) mod x86 {
         }
         for (y, &c) in out[i..].iter_mut().zip(&codes[i..]) {
             *y = dec.decode(c) * e;
+        }
+    }
+
+    /// [`decode_run`] of whole blocks of `bc` values (a multiple of 8), block k against
+    /// `eff[k]`: `codes` and `out` hold `eff.len()` blocks. With `STREAM`, `out` is 16-byte
+    /// aligned (so is every eight values' start) and the stores are non-temporal.
+    #[inline(always)]
+    pub(crate) unsafe fn decode_blocks_8s<D: Decode, const STREAM: bool>(
+        dec: D,
+        codes: &[u8],
+        eff: &[f32],
+        bc: usize,
+        out: &mut [f32],
+    ) {
+        let n = eff.len() * bc;
+        assert!(
+            bc % 8 == 0 && codes.len() == n && out.len() == n,
+            "whole blocks"
+        );
+        let (src, dst) = (codes.as_ptr(), out.as_mut_ptr());
+        for (k, &e) in eff.iter().enumerate() {
+            let ev = _mm256_set1_ps(e);
+            // k * bc + t + 8 <= n: loads and stores in bounds.
+            for t in (k * bc..(k + 1) * bc).step_by(8) {
+                let fields = _mm256_cvtepu8_epi32(_mm_loadl_epi64(src.add(t) as *const __m128i));
+                let v = _mm256_mul_ps(dec.decode8(fields), ev);
+                if STREAM {
+                    _mm_stream_ps(dst.add(t), _mm256_castps256_ps128(v));
+                    _mm_stream_ps(dst.add(t + 4), _mm256_extractf128_ps::<1>(v));
+                } else {
+                    _mm256_storeu_ps(dst.add(t), v);
+                }
+            }
         }
     }
 
@@ -397,6 +508,41 @@ pub(crate) mod x86 {
         chunks * 32
     }
 
+    /// Unpack 2-bit fields (four a byte, the first in the low bits) 32 at a time from `bytes`
+    /// into `codes`; returns how many were unpacked (a multiple of 32, within both slices: the
+    /// caller unpacks the rest). Each byte is copied to four output bytes, and output byte j
+    /// keeps bits 2·(j % 4) of its copy: shifts of 16-bit lanes move those bits to the bottom
+    /// of the same byte (a shift by at most 6 keeps them there), and a mask per position picks
+    /// the right shift.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn unpack_crumbs(bytes: &[u8], codes: &mut [u8]) -> usize {
+        let chunks = (codes.len() / 32).min(bytes.len() / 8);
+        let spread = _mm256_setr_epi8(
+            0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, //
+            4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7,
+        );
+        let at = |k: i32| _mm256_set1_epi32(3 << (8 * k));
+        let (m0, m1, m2, m3) = (at(0), at(1), at(2), at(3));
+        for k in 0..chunks {
+            // 8 bytes in, 32 codes out: both in bounds for k < chunks.
+            let b = _mm256_set1_epi64x((bytes.as_ptr().add(8 * k) as *const i64).read_unaligned());
+            let r = _mm256_shuffle_epi8(b, spread);
+            let c = _mm256_or_si256(
+                _mm256_or_si256(
+                    _mm256_and_si256(r, m0),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(r), m1),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(r), m2),
+                    _mm256_and_si256(_mm256_srli_epi16::<6>(r), m3),
+                ),
+            );
+            _mm256_storeu_si256(codes.as_mut_ptr().add(32 * k) as *mut __m256i, c);
+        }
+        chunks * 32
+    }
+
     /// Lanes whose f32 is an infinity or a NaN, as all-ones i32 lanes.
     #[inline(always)]
     unsafe fn non_finite8(v: __m256) -> __m256i {
@@ -405,36 +551,59 @@ pub(crate) mod x86 {
     }
 
     /// [`encode_run`] for any scale `e`: a zero one (the zero rule, every code that of 0) takes
-    /// the portable loop, which never divides.
+    /// the portable loop, which never divides. `stream`: see [`encode_run`].
     #[inline(always)]
     pub(crate) unsafe fn encode_run_or_zero<C: Encode>(
         codec: C,
         xs: &[f32],
         e: f32,
         out: &mut [u8],
+        stream: bool,
     ) -> bool {
         match e {
             0.0 => crate::pack::encode_run(codec, xs, 0.0, out),
-            e => encode_run(codec, xs, e, out),
+            e => encode_run(codec, xs, e, out, stream),
         }
     }
 
     /// Codes of `xs[i] / e` into `out` (same length), `e` ≠ 0; returns whether any input was
     /// non-finite. The quotient is an IEEE division, or the multiply by an exact reciprocal that
-    /// equals it ([`exact_reciprocal`]).
+    /// equals it ([`exact_reciprocal`]). With `stream` (`out` is the caller's final, large
+    /// storage, see [`STREAM_MIN_BYTES`]) the 32-code stores are non-temporal where `out` is
+    /// 16-byte aligned; the task then ends with an `_mm_sfence`.
     #[inline(always)]
     pub(crate) unsafe fn encode_run<C: Encode>(
         codec: C,
         xs: &[f32],
         e: f32,
         out: &mut [u8],
+        stream: bool,
     ) -> bool {
+        let stream = stream && (out.as_ptr() as usize) % 16 == 0;
         // A run longer than a block group is read straight from memory: ask ahead for it.
         match (exact_reciprocal(e), xs.len() > 256) {
-            (Some(r), false) => encode_run_with::<C, true, false>(codec, xs, r, out),
-            (Some(r), true) => encode_run_with::<C, true, true>(codec, xs, r, out),
-            (None, false) => encode_run_with::<C, false, false>(codec, xs, e, out),
-            (None, true) => encode_run_with::<C, false, true>(codec, xs, e, out),
+            (Some(r), false) => encode_run_with::<C, true, false>(codec, xs, r, out, stream),
+            (Some(r), true) => encode_run_with::<C, true, true>(codec, xs, r, out, stream),
+            (None, false) => encode_run_with::<C, false, false>(codec, xs, e, out, stream),
+            (None, true) => encode_run_with::<C, false, true>(codec, xs, e, out, stream),
+        }
+    }
+
+    /// Outputs (quantized codes, dequantized values) of at least this many bytes are written
+    /// with non-temporal stores: a store that misses the cache otherwise reads its line first,
+    /// a third memory pass (a 16 Mi float32 dequantize moves 16 + 64 + 64 MiB instead of
+    /// 16 + 64), and an output this large does not stay in the last-level cache for its reader
+    /// anyway. Smaller ones go through the cache, where the caller will likely read them.
+    pub(crate) const STREAM_MIN_BYTES: usize = 16 << 20;
+
+    /// 32 bytes to `p`: non-temporal (two 16-byte halves; `p` 16-byte aligned) or not.
+    #[inline(always)]
+    pub(crate) unsafe fn store32(p: *mut u8, v: __m256i, stream: bool) {
+        if stream {
+            _mm_stream_si128(p as *mut __m128i, _mm256_castsi256_si128(v));
+            _mm_stream_si128(p.add(16) as *mut __m128i, _mm256_extracti128_si256::<1>(v));
+        } else {
+            _mm256_storeu_si256(p as *mut __m256i, v);
         }
     }
 
@@ -461,6 +630,7 @@ pub(crate) mod x86 {
         xs: &[f32],
         d: f32,
         out: &mut [u8],
+        stream: bool,
     ) -> bool {
         let n = xs.len();
         assert_eq!(out.len(), n, "codes of a run");
@@ -485,7 +655,8 @@ pub(crate) mod x86 {
             let ab = _mm256_packus_epi32(c0, c1);
             let cd = _mm256_packus_epi32(c2, c3);
             let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order);
-            _mm256_storeu_si256(dst.add(i) as *mut __m256i, bytes);
+            // dst + i is 16-byte aligned when `stream` (dst is, and i is a multiple of 32).
+            store32(dst.add(i), bytes, stream);
             i += 32;
         }
         while i + 8 <= n {
