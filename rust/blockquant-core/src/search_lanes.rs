@@ -465,7 +465,7 @@ unsafe fn piece<Q: Dequant, C: Encode, const V: usize, const W: bool>(
             _mm256_storeu_ps(es.as_mut_ptr(), e);
             for (j, &ej) in es.iter().enumerate() {
                 let r = (b + j) * bc..(b + j + 1) * bc;
-                bad |= x86::encode_run_or_zero(codec, &xs[r.clone()], ej, &mut out[r]);
+                bad |= x86::encode_run_or_zero(codec, &xs[r.clone()], ej, &mut out[r], false);
             }
         }
         b += 8;
@@ -490,7 +490,7 @@ unsafe fn piece<Q: Dequant, C: Encode, const V: usize, const W: bool>(
         for (j, &s) in sc[b..].iter().enumerate() {
             let e = ctx.effective(s);
             let r = j * bc..(j + 1) * bc;
-            bad |= x86::encode_run_or_zero(codec, &xs[r.clone()], e, &mut out[r]);
+            bad |= x86::encode_run_or_zero(codec, &xs[r.clone()], e, &mut out[r], false);
         }
     }
     bad
