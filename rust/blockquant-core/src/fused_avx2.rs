@@ -139,18 +139,7 @@ unsafe fn group_fast<C: Encode, const V: usize>(
     _mm256_storeu_ps(s0, e);
     // A multiply by the reciprocal when it equals the division for all eight (MX scales, all
     // powers of two): see `simd::exact_reciprocal`. Same test, in lanes.
-    let eb = _mm256_castps_si256(e);
-    let exp = _mm256_srli_epi32::<23>(eb);
-    let pow2 = _mm256_and_si256(
-        _mm256_cmpeq_epi32(
-            _mm256_and_si256(eb, _mm256_set1_epi32(0x807F_FFFF_u32 as i32)),
-            _mm256_setzero_si256(),
-        ),
-        _mm256_and_si256(
-            _mm256_cmpgt_epi32(exp, _mm256_setzero_si256()),
-            _mm256_cmpgt_epi32(_mm256_set1_epi32(255), exp),
-        ),
-    );
+    let pow2 = x86::exact_reciprocal_lanes(e);
     // Non-temporal stores need 16-byte alignment (numpy's storage has it; a block of 16 or
     // 32 codes keeps it).
     let stream = k.stream && (o0 as usize) % 16 == 0;

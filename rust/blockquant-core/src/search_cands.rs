@@ -245,18 +245,18 @@ mod lanes {
                     let one = _mm256_set1_epi32(1);
                     let below = _mm256_sub_epi32(code, one);
                     let above = _mm256_add_epi32(code, one);
-                    out[0] = ue8m0_value(code);
+                    out[0] = x86::ue8m0_value8(code);
                     // Codes outside 0..=254 are dropped: the first candidate instead.
                     let has_below = _mm256_cmpgt_epi32(code, _mm256_setzero_si256());
                     let has_above = _mm256_cmpgt_epi32(_mm256_set1_epi32(255), above);
                     out[1] = _mm256_blendv_ps(
                         out[0],
-                        ue8m0_value(below),
+                        x86::ue8m0_value8(below),
                         _mm256_castsi256_ps(has_below),
                     );
                     out[2] = _mm256_blendv_ps(
                         out[0],
-                        ue8m0_value(above),
+                        x86::ue8m0_value8(above),
                         _mm256_castsi256_ps(has_above),
                     );
                     3
@@ -301,18 +301,6 @@ mod lanes {
                 }
             }
         }
-    }
-
-    /// UE8M0 codes 0..=254 (i32 lanes) to their values: 2^(c − 127), code 0 the subnormal 2^-127.
-    #[inline(always)]
-    unsafe fn ue8m0_value(code: __m256i) -> __m256 {
-        let normal = _mm256_slli_epi32::<23>(code);
-        let zero = _mm256_cmpeq_epi32(code, _mm256_setzero_si256());
-        _mm256_castsi256_ps(_mm256_blendv_epi8(
-            normal,
-            _mm256_set1_epi32(0x0040_0000),
-            zero,
-        ))
     }
 
     /// The first `n` candidate vectors with each lane's repeats dropped (order kept), its spare

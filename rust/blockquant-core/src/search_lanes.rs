@@ -197,19 +197,7 @@ unsafe fn errors(e: __m128, s: __m128) -> __m256d {
 /// `simd::exact_reciprocal`).
 #[inline(always)]
 unsafe fn all_exact_reciprocals(e: __m256) -> bool {
-    let b = _mm256_castps_si256(e);
-    let exp = _mm256_srli_epi32::<23>(b);
-    let ok = _mm256_and_si256(
-        _mm256_cmpeq_epi32(
-            _mm256_and_si256(b, _mm256_set1_epi32(0x807F_FFFF_u32 as i32)),
-            _mm256_setzero_si256(),
-        ),
-        _mm256_and_si256(
-            _mm256_cmpgt_epi32(exp, _mm256_setzero_si256()),
-            _mm256_cmpgt_epi32(_mm256_set1_epi32(255), exp),
-        ),
-    );
-    _mm256_movemask_epi8(ok) == -1
+    _mm256_movemask_epi8(x86::exact_reciprocal_lanes(e)) == -1
 }
 
 /// S of each of eight blocks under each of `N` candidates' scales `e` (lane j block j's):

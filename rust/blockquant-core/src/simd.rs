@@ -264,52 +264,51 @@ pub(crate) mod x86 {
         )
     }
 
-    /// How many leading scales, in whole groups of eight, are all float16 values (finite,
-    /// ≥ 0, −0 included, exactly representable): the caller checks from there one at a time.
-    #[inline]
-    #[target_feature(enable = "avx2,f16c")]
-    pub(crate) unsafe fn f16_prefix_len(scales: &[f32]) -> usize {
-        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
-        let mut i = 0;
-        // i + 8 <= len: the load is in bounds.
-        while i + 8 <= scales.len() {
-            let v = _mm256_loadu_ps(scales.as_ptr().add(i));
-            let a = _mm256_and_ps(v, abs);
-            // NaN fails both compares; an infinity rounds to 65504; −0 passes as 0.
-            let ok = _mm256_and_ps(
-                _mm256_cmp_ps::<_CMP_GE_OQ>(v, _mm256_setzero_ps()),
-                _mm256_cmp_ps::<_CMP_EQ_OQ>(round_f16_8(a, false), a),
-            );
-            if _mm256_movemask_ps(ok) != 0xFF {
-                break;
+    /// One `*_prefix_len`: the leading scales, in whole groups of eight, that are finite, ≥ 0
+    /// (−0 included) and unchanged by `$round` (exactly representable). A macro rather than a
+    /// function taking the rounding: a closure argument is not reliably inlined into AVX2 code.
+    macro_rules! exact_prefix_len {
+        ($(#[$doc:meta])* $name:ident, $features:literal, $round:ident) => {
+            $(#[$doc])*
+            #[inline]
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn $name(scales: &[f32]) -> usize {
+                let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+                let mut i = 0;
+                // i + 8 <= len: the load is in bounds.
+                while i + 8 <= scales.len() {
+                    let v = _mm256_loadu_ps(scales.as_ptr().add(i));
+                    let a = _mm256_and_ps(v, abs);
+                    // NaN fails both compares; an infinity or a value past the largest rounds
+                    // to the largest, so it fails the second.
+                    let ok = _mm256_and_ps(
+                        _mm256_cmp_ps::<_CMP_GE_OQ>(v, _mm256_setzero_ps()),
+                        _mm256_cmp_ps::<_CMP_EQ_OQ>($round(a, false), a),
+                    );
+                    if _mm256_movemask_ps(ok) != 0xFF {
+                        break;
+                    }
+                    i += 8;
+                }
+                i
             }
-            i += 8;
-        }
-        i
+        };
     }
 
-    /// [`f16_prefix_len`] for UE4M3 scales (NVFP4's): the same test with the vector rounding.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    pub(crate) unsafe fn ue4m3_prefix_len(scales: &[f32]) -> usize {
-        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
-        let mut i = 0;
-        // i + 8 <= len: the load is in bounds.
-        while i + 8 <= scales.len() {
-            let v = _mm256_loadu_ps(scales.as_ptr().add(i));
-            let a = _mm256_and_ps(v, abs);
-            // NaN fails both compares; an infinity or a value past 448 rounds to 448.
-            let ok = _mm256_and_ps(
-                _mm256_cmp_ps::<_CMP_GE_OQ>(v, _mm256_setzero_ps()),
-                _mm256_cmp_ps::<_CMP_EQ_OQ>(round_ue4m3_8(a, false), a),
-            );
-            if _mm256_movemask_ps(ok) != 0xFF {
-                break;
-            }
-            i += 8;
-        }
-        i
-    }
+    exact_prefix_len!(
+        /// How many leading scales, in whole groups of eight, are all float16 values (finite,
+        /// ≥ 0, −0 included, exactly representable): the caller checks from there one at a
+        /// time. The CPU must have F16C too.
+        f16_prefix_len,
+        "avx2,f16c",
+        round_f16_8
+    );
+    exact_prefix_len!(
+        /// [`f16_prefix_len`] for UE4M3 scales (NVFP4's): the same test with the vector rounding.
+        ue4m3_prefix_len,
+        "avx2",
+        round_ue4m3_8
+    );
 
     /// [`f16_prefix_len`] for UE8M0 scales (the MX formats'): the values are 2^k, k in
     /// -127..=127, so a test of the bits: a normal power of two (mantissa and sign 0, exponent
@@ -320,18 +319,9 @@ pub(crate) mod x86 {
         let mut i = 0;
         // i + 8 <= len: the load is in bounds.
         while i + 8 <= scales.len() {
-            let b = _mm256_loadu_si256(scales.as_ptr().add(i) as *const __m256i);
-            let exp = _mm256_srli_epi32::<23>(b);
-            let pow2 = _mm256_and_si256(
-                _mm256_cmpeq_epi32(
-                    _mm256_and_si256(b, _mm256_set1_epi32(0x807F_FFFF_u32 as i32)),
-                    _mm256_setzero_si256(),
-                ),
-                _mm256_and_si256(
-                    _mm256_cmpgt_epi32(exp, _mm256_setzero_si256()),
-                    _mm256_cmpgt_epi32(_mm256_set1_epi32(255), exp),
-                ),
-            );
+            let v = _mm256_loadu_ps(scales.as_ptr().add(i));
+            let pow2 = exact_reciprocal_lanes(v);
+            let b = _mm256_castps_si256(v);
             let ok = _mm256_or_si256(pow2, _mm256_cmpeq_epi32(b, _mm256_set1_epi32(0x0040_0000)));
             if _mm256_movemask_epi8(ok) != -1 {
                 break;
@@ -339,6 +329,24 @@ pub(crate) mod x86 {
             i += 8;
         }
         i
+    }
+
+    /// [`super::exact_reciprocal`]'s test in lanes: all ones where the lane of `e` is a power
+    /// of two 2^k, k in -126..=127 (dividing by it equals multiplying by 2^-k).
+    #[inline(always)]
+    pub(crate) unsafe fn exact_reciprocal_lanes(e: __m256) -> __m256i {
+        let b = _mm256_castps_si256(e);
+        let exp = _mm256_srli_epi32::<23>(b);
+        _mm256_and_si256(
+            _mm256_cmpeq_epi32(
+                _mm256_and_si256(b, _mm256_set1_epi32(0x807F_FFFF_u32 as i32)),
+                _mm256_setzero_si256(),
+            ),
+            _mm256_and_si256(
+                _mm256_cmpgt_epi32(exp, _mm256_setzero_si256()),
+                _mm256_cmpgt_epi32(_mm256_set1_epi32(255), exp),
+            ),
+        )
     }
 
     /// The OCP MX scale (SPEC §4 `mx`) of eight amplitudes as f32: 2^(floor(log2 α) − emax)
@@ -353,9 +361,15 @@ pub(crate) mod x86 {
             _mm256_max_epi32(code, _mm256_setzero_si256()),
             _mm256_set1_epi32(254),
         );
+        ue8m0_value8(code)
+    }
+
+    /// UE8M0 codes 0..=254 (i32 lanes) to their values: 2^(c − 127), code 0 the subnormal
+    /// 2^-127 (bit 22 alone).
+    #[inline(always)]
+    pub(crate) unsafe fn ue8m0_value8(code: __m256i) -> __m256 {
         let normal = _mm256_slli_epi32::<23>(code);
         let zero = _mm256_cmpeq_epi32(code, _mm256_setzero_si256());
-        // Code 0 is 2^-127, a subnormal: bit 22.
         _mm256_castsi256_ps(_mm256_blendv_epi8(
             normal,
             _mm256_set1_epi32(0x0040_0000),
