@@ -154,9 +154,10 @@ unsafe fn group_fast<C: Encode, const V: usize>(
 
 /// Codes of eight blocks of `8 * V` values from `x0` into `o0`: block j's values divided by
 /// lane j of `d` (multiplied by it when `MUL`), encoded, packed to bytes in order; stored
-/// non-temporally with `stream` (`o0` 16-byte aligned).
+/// non-temporally with `stream` (`o0` 16-byte aligned). Loops, not closures: a closure is not
+/// reliably inlined into the AVX2 caller (the lane search calls this too).
 #[inline(always)]
-unsafe fn encode_8blocks<C: Encode, const V: usize, const MUL: bool>(
+pub(crate) unsafe fn encode_8blocks<C: Encode, const V: usize, const MUL: bool>(
     codec: C,
     x0: *const f32,
     d: __m256,
@@ -170,17 +171,18 @@ unsafe fn encode_8blocks<C: Encode, const V: usize, const MUL: bool>(
     for (j, &dj) in ds.iter().enumerate() {
         let dv = _mm256_set1_ps(dj);
         let (x, o) = (x0.add(j * 8 * V), o0.add(j * 8 * V));
-        let c: [__m256i; V] = std::array::from_fn(|t| {
+        let mut c = [_mm256_setzero_si256(); V];
+        for (t, ct) in c.iter_mut().enumerate() {
             let v = _mm256_loadu_ps(x.add(8 * t));
-            codec.encode8(if MUL {
+            *ct = codec.encode8(if MUL {
                 _mm256_mul_ps(v, dv)
             } else {
                 _mm256_div_ps(v, dv)
-            })
-        });
+            });
+        }
         if V == 4 {
             let ab = _mm256_packus_epi32(c[0], c[1]);
-            let cd = _mm256_packus_epi32(c[2], c[3]);
+            let cd = _mm256_packus_epi32(c[V - 2], c[V - 1]);
             let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order);
             x86::store32(o, bytes, stream);
         } else {

@@ -330,45 +330,18 @@ unsafe fn transpose8(p: *const f32, stride: usize, out: &mut [__m256]) {
 }
 
 /// The codes of eight blocks of `8 * V` values from `x0` into `o0`, block j's values divided by
-/// lane j of `e` (none 0; multiplied by the exact reciprocals when all eight have one),
-/// encoded, packed to bytes in order. Not inlined, as [`search8`]; loops rather than
-/// closures, which would not be compiled for AVX2.
+/// lane j of `e` (none 0; multiplied by the exact reciprocals when all eight have one): the
+/// fused kernel's `encode_8blocks`, with cached stores. Not inlined, as [`search8`].
 ///
 /// # Safety
 /// The CPU must have AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn encode8<C: Encode, const V: usize>(codec: C, x0: *const f32, e: __m256, o0: *mut u8) {
-    let mul = all_exact_reciprocals(e);
-    let d = if mul {
-        _mm256_div_ps(_mm256_set1_ps(1.0), e)
+    if all_exact_reciprocals(e) {
+        let r = _mm256_div_ps(_mm256_set1_ps(1.0), e);
+        crate::fused_avx2::encode_8blocks::<C, V, true>(codec, x0, r, o0, false);
     } else {
-        e
-    };
-    let mut ds = [0.0f32; 8];
-    _mm256_storeu_ps(ds.as_mut_ptr(), d);
-    // The packs work within 128-bit halves; this puts the dwords back in order.
-    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (j, &dj) in ds.iter().enumerate() {
-        let dv = _mm256_set1_ps(dj);
-        let (x, o) = (x0.add(j * 8 * V), o0.add(j * 8 * V));
-        let mut c = [_mm256_setzero_si256(); V];
-        for (t, ct) in c.iter_mut().enumerate() {
-            let v = _mm256_loadu_ps(x.add(8 * t));
-            *ct = codec.encode8(if mul {
-                _mm256_mul_ps(v, dv)
-            } else {
-                _mm256_div_ps(v, dv)
-            });
-        }
-        let ab = _mm256_packus_epi32(c[0], c[1]);
-        if V == 4 {
-            let cd = _mm256_packus_epi32(c[V - 2], c[V - 1]);
-            let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order);
-            _mm256_storeu_si256(o as *mut __m256i, bytes);
-        } else {
-            let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, ab), order);
-            _mm_storeu_si128(o as *mut __m128i, _mm256_castsi256_si128(bytes));
-        }
+        crate::fused_avx2::encode_8blocks::<C, V, false>(codec, x0, e, o0, false);
     }
 }
 
