@@ -21,6 +21,8 @@ pub mod input;
 pub mod layout;
 pub mod lookup;
 pub mod minifloat;
+#[cfg(target_arch = "x86_64")]
+mod nvfp4_avx2;
 pub mod options;
 pub mod pack;
 pub mod pool;

@@ -387,7 +387,12 @@ fn quantize_in_pool(
         && crate::simd::has_avx2()
         && crate::simd::has_f16c()
     {
-        return quantize_two_level(x, layout, opts, out);
+        return match out {
+            StorageMut::U8(words) if crate::nvfp4_avx2::applies(layout) => {
+                crate::nvfp4_avx2::quantize_nvfp4(x, layout, opts, words)
+            }
+            out => quantize_two_level(x, layout, opts, out),
+        };
     }
     #[cfg(target_arch = "x86_64")]
     if calibrating
@@ -510,7 +515,7 @@ pub(crate) struct Piece {
     words: usize,
 }
 
-fn pieces(layout: &Layout) -> Vec<Piece> {
+pub(crate) fn pieces(layout: &Layout) -> Vec<Piece> {
     let n = layout.row_len();
     let (bc, gc) = (layout.block_cols(), layout.grid_cols());
     let (per, nw) = (layout.packing.per, layout.packing.words_axis);
@@ -795,7 +800,7 @@ pub(crate) fn encode_pieces(
     }
 }
 
-fn fused_pieces<W: Word>(
+pub(crate) fn fused_pieces<W: Word>(
     x: Input<'_>,
     pieces: &[Piece],
     stored: &mut [f32],
