@@ -15,7 +15,22 @@ fn avx2() -> bool {
     crate::simd::has_avx2() && crate::simd::has_f16c()
 }
 
-/// [`e2m1_codes8`] against `E2M1Code::encode` on the f32 patterns `first, first + step, ...`
+/// Eight E2M1 codes by the kernel's two steps: [`e2m1_magnitudes8`], then [`sign_bits`] (on a
+/// group of four vectors: the same eight repeated).
+#[target_feature(enable = "avx2")]
+unsafe fn codes8(q: __m256) -> __m256i {
+    let mag = e2m1_magnitudes8(q);
+    let bytes = _mm256_packus_epi16(_mm256_packus_epi32(mag, mag), _mm256_packus_epi32(mag, mag));
+    let bytes = _mm256_or_si256(bytes, sign_bits(&[q; 4]));
+    // Lane j's byte is byte j of the low 128 bits... in pack order: (0..4 of a, 0..4 of b,
+    // ...) then (4..8 of a, ...): bytes 0..4 and 16..20.
+    let mut b = [0u8; 32];
+    _mm256_storeu_si256(b.as_mut_ptr() as *mut __m256i, bytes);
+    let lanes: [i32; 8] = std::array::from_fn(|j| b[if j < 4 { j } else { 12 + j }] as i32);
+    _mm256_loadu_si256(lanes.as_ptr() as *const __m256i)
+}
+
+/// The kernel's E2M1 rounding against `E2M1Code::encode` on the f32 patterns `first, first + step, ...`
 /// (NaNs skipped: pass 2 never sees one); returns the first disagreement.
 fn codes_mismatch(first: u64, step: u64, count: u64) -> Option<(u32, u32, u8)> {
     #[target_feature(enable = "avx2")]
@@ -28,7 +43,7 @@ fn codes_mismatch(first: u64, step: u64, count: u64) -> Option<(u32, u32, u8)> {
                 *l = if f32::from_bits(b).is_nan() { 0 } else { b };
             }
             let v = _mm256_loadu_ps(lanes.as_ptr() as *const f32);
-            _mm256_storeu_si256(got.as_mut_ptr() as *mut __m256i, e2m1_codes8(v));
+            _mm256_storeu_si256(got.as_mut_ptr() as *mut __m256i, codes8(v));
             for (&b, &g) in lanes.iter().zip(&got) {
                 let want = E2M1Code.encode(f32::from_bits(b));
                 if g != want as u32 {
@@ -45,7 +60,7 @@ fn codes_mismatch(first: u64, step: u64, count: u64) -> Option<(u32, u32, u8)> {
 fn assert_codes(first: u64, step: u64, count: u64) {
     if let Some((b, got, want)) = codes_mismatch(first, step, count) {
         panic!(
-            "{:e} ({b:#010x}): e2m1_codes8 {got:#x}, encode {want:#x}",
+            "{:e} ({b:#010x}): codes8 {got:#x}, encode {want:#x}",
             f32::from_bits(b)
         );
     }
@@ -54,7 +69,7 @@ fn assert_codes(first: u64, step: u64, count: u64) {
 /// Every E2M1 midpoint (ties: the even code wins), the values, ±0, subnormals, huge values
 /// and infinities, in both signs, each against SPEC's oracle too.
 #[test]
-fn e2m1_codes8_on_ties_and_edges() {
+fn e2m1_codes_on_ties_and_edges() {
     if !avx2() {
         return;
     }
@@ -102,7 +117,7 @@ fn e2m1_codes8_on_ties_and_edges() {
         // SAFETY: the CPU has AVX2, checked above; the chunk holds eight values.
         unsafe {
             let v = _mm256_loadu_ps(chunk.as_ptr());
-            _mm256_storeu_si256(got.as_mut_ptr() as *mut __m256i, e2m1_codes8(v));
+            _mm256_storeu_si256(got.as_mut_ptr() as *mut __m256i, codes8(v));
         }
         for (&x, &g) in chunk.iter().zip(&got) {
             let want = oracle::encode(QuantValue::E2M1, Rounding::HalfEven, x);
@@ -115,7 +130,7 @@ fn e2m1_codes8_on_ties_and_edges() {
 /// A sweep over all bit patterns (every 8191st) and every pattern near each midpoint and
 /// stretch boundary.
 #[test]
-fn e2m1_codes8_on_a_sweep() {
+fn e2m1_codes_on_a_sweep() {
     if !avx2() {
         return;
     }
@@ -131,7 +146,7 @@ fn e2m1_codes8_on_a_sweep() {
 /// `cargo test --release -p blockquant-core -- --ignored every_f32`.
 #[test]
 #[ignore]
-fn e2m1_codes8_on_every_f32() {
+fn e2m1_codes_on_every_f32() {
     if avx2() {
         assert_codes(0, 1, 1u64 << 32);
     }

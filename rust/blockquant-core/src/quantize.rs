@@ -800,7 +800,7 @@ pub(crate) fn encode_pieces(
     }
 }
 
-pub(crate) fn fused_pieces<W: Word>(
+fn fused_pieces<W: Word>(
     x: Input<'_>,
     pieces: &[Piece],
     stored: &mut [f32],
