@@ -25,6 +25,8 @@ pub mod minifloat;
 mod nvfp4_avx2;
 pub mod options;
 pub mod pack;
+#[cfg(target_arch = "x86_64")]
+mod pack2_avx2;
 pub mod pool;
 pub mod quantize;
 pub mod scale;
