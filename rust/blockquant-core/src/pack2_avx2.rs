@@ -92,6 +92,8 @@ pub(crate) unsafe fn encode_64s<C: Encode>(codec: C, xs: &[f32], e: f32, out: &m
     for r in 0..runs {
         // In bounds: values 64r..64r + 64 of xs, bytes 16r..16r + 16 of out.
         let p = xs.as_ptr().add(64 * r);
+        // As the general path's long runs: one thread alone otherwise waits on memory.
+        crate::simd::x86::prefetch(p.wrapping_add(crate::simd::x86::PREFETCH_AHEAD), 64);
         let mut half = [_mm256_setzero_si256(); 2];
         for (h, hv) in half.iter_mut().enumerate() {
             let mut c = [_mm256_setzero_si256(); 4];
