@@ -116,18 +116,22 @@ impl Scales {
         let Some(g) = self.global else {
             return &self.stored;
         };
-        // In the bounded pool like every other parallel loop: rayon's global pool would add
-        // threads `set_num_threads` does not bound, and has none in a forked child (a hang).
-        self.two_level_effective.get_or_init(|| {
-            pool::install(|| {
-                self.stored
-                    .par_iter()
-                    .with_min_len(MIN_TASK_ELEMS)
-                    .map(|&b| effective_scale(b, g))
-                    .collect()
-            })
-        })
+        self.two_level_effective
+            .get_or_init(|| effective_scales(&self.stored, g))
     }
+}
+
+/// A two-level scheme's effective scales b_i × g ([`effective_scale`]) of stored ones.
+pub fn effective_scales(stored: &[f32], g: f32) -> Vec<f32> {
+    // In the bounded pool like every other parallel loop: rayon's global pool would add
+    // threads `set_num_threads` does not bound, and has none in a forked child (a hang).
+    pool::install(|| {
+        stored
+            .par_iter()
+            .with_min_len(MIN_TASK_ELEMS)
+            .map(|&b| effective_scale(b, g))
+            .collect()
+    })
 }
 
 /// e = b × g (one f32 multiply). Capped at f32::MAX: only Q2 values of magnitude near f32::MAX
@@ -363,6 +367,54 @@ pub fn quantize(
     pool::install(|| quantize_in_pool(x, layout, opts, explicit, out))
 }
 
+/// [`quantize`], its stored scales written into `scales` (the grid's size, C order) instead of
+/// a new vector; returns the two-level global scale. The one-pass kernel writes them there
+/// directly: a fresh grid-sized vector costs its page faults on every call, and the copy into
+/// the caller's array another pass (together about a sixth of a block-32 int8 quantize).
+/// On an error, `out` and `scales` may be partly written.
+pub fn quantize_into(
+    x: Input<'_>,
+    layout: &Layout,
+    opts: &QuantizeOptions,
+    explicit: Option<ExplicitScales<'_>>,
+    out: StorageMut<'_>,
+    scales: &mut [f32],
+) -> Result<Option<f32>> {
+    if scales.len() != layout.num_scales {
+        return Err(QuantError::Layout(format!(
+            "{} scales given for a grid of {}",
+            scales.len(),
+            layout.num_scales
+        )));
+    }
+    pool::install(|| {
+        if one_pass(layout, opts, explicit) {
+            check_options(layout, opts)?;
+            quantize_fused(x, layout, opts, out, scales)?;
+            return Ok(None);
+        }
+        let sc = quantize_in_pool(x, layout, opts, explicit, out)?;
+        scales.copy_from_slice(&sc.stored);
+        Ok(sc.global)
+    })
+}
+
+/// The options' checks against the scheme, before anything is written.
+fn check_options(layout: &Layout, opts: &QuantizeOptions) -> Result<()> {
+    layout
+        .scheme
+        .scale_dtype()
+        .check_rounding(opts.scale_rounding)?;
+    check_rounding(layout, opts.rounding)
+}
+
+/// Whether [`quantize_in_pool`] takes the one-pass kernel (after its checks).
+fn one_pass(layout: &Layout, opts: &QuantizeOptions, explicit: Option<ExplicitScales<'_>>) -> bool {
+    let calibrating = explicit.is_none_or(|e| e.scales.is_none() && e.global.is_none());
+    // The mse search reads each block many times on its own; the one-pass kernel is minmax's.
+    calibrating && opts.calibration != Calibration::Mse && fusable(layout)
+}
+
 fn quantize_in_pool(
     x: Input<'_>,
     layout: &Layout,
@@ -370,16 +422,13 @@ fn quantize_in_pool(
     explicit: Option<ExplicitScales<'_>>,
     out: StorageMut<'_>,
 ) -> Result<Scales> {
-    layout
-        .scheme
-        .scale_dtype()
-        .check_rounding(opts.scale_rounding)?;
-    check_rounding(layout, opts.rounding)?;
-    let calibrating = explicit.is_none_or(|e| e.scales.is_none() && e.global.is_none());
-    // The mse search reads each block many times on its own; the one-pass kernel is minmax's.
-    if calibrating && opts.calibration != Calibration::Mse && fusable(layout) {
-        return quantize_fused(x, layout, opts, out);
+    check_options(layout, opts)?;
+    if one_pass(layout, opts, explicit) {
+        let mut stored = vec![0.0f32; layout.num_scales];
+        quantize_fused(x, layout, opts, out, &mut stored)?;
+        return Ok(Scales::new(stored, None));
     }
+    let calibrating = explicit.is_none_or(|e| e.scales.is_none() && e.global.is_none());
     #[cfg(target_arch = "x86_64")]
     if calibrating
         && opts.calibration == Calibration::MinMax
@@ -562,19 +611,21 @@ fn lcm(a: usize, b: usize) -> usize {
     a / x * b
 }
 
+/// The one-pass kernel: codes into `out`, every stored scale into `stored` (the grid's size).
 fn quantize_fused(
     x: Input<'_>,
     layout: &Layout,
     opts: &QuantizeOptions,
     out: StorageMut<'_>,
-) -> Result<Scales> {
-    let (stored, bad) = with_codec!(&layout.scheme, opts.rounding, |codec| {
-        fused_with(codec, x, layout, opts, out)
+    stored: &mut [f32],
+) -> Result<()> {
+    let bad = with_codec!(&layout.scheme, opts.rounding, |codec| {
+        fused_with(codec, x, layout, opts, out, stored)
     });
     if bad {
         return Err(first_non_finite(x));
     }
-    Ok(Scales::new(stored, None))
+    Ok(())
 }
 
 fn fused_with<C: Encode>(
@@ -583,8 +634,9 @@ fn fused_with<C: Encode>(
     layout: &Layout,
     opts: &QuantizeOptions,
     out: StorageMut<'_>,
-) -> (Vec<f32>, bool) {
-    let mut stored = vec![0.0f32; layout.num_scales];
+    stored: &mut [f32],
+) -> bool {
+    assert_eq!(stored.len(), layout.num_scales);
     let pieces = pieces(layout);
     // Codes one a byte, unmasked, straight into large final storage: past the cache. (With
     // per > 1 the kernel writes a code buffer, which must stay in cache for the packing.)
@@ -606,9 +658,9 @@ fn fused_with<C: Encode>(
         .packing
         .masks_bytes()
         .then(|| layout.packing.field_mask() as u8);
-    let bad = match out {
+    match out {
         StorageMut::U8(bytes) if layout.packing.per == 1 => {
-            fused_pieces(x, &pieces, &mut stored, bytes, |p, xs, sc, out, _| {
+            fused_pieces(x, &pieces, stored, bytes, |p, xs, sc, out, _| {
                 let bad = measure_encode(codec, &k, p, xs, sc, out);
                 #[cfg(target_arch = "x86_64")]
                 if k.stream {
@@ -622,24 +674,19 @@ fn fused_with<C: Encode>(
                 bad
             })
         }
-        StorageMut::U8(words) => {
-            fused_pieces(x, &pieces, &mut stored, words, |p, xs, sc, w, codes| {
-                codes.resize(p.len, 0);
-                let bad = measure_encode(codec, &k, p, xs, sc, codes);
-                pack_last_axis(layout, codes, p.start, p.word0, w);
-                bad
-            })
-        }
-        StorageMut::U32(words) => {
-            fused_pieces(x, &pieces, &mut stored, words, |p, xs, sc, w, codes| {
-                codes.resize(p.len, 0);
-                let bad = measure_encode(codec, &k, p, xs, sc, codes);
-                pack_last_axis(layout, codes, p.start, p.word0, w);
-                bad
-            })
-        }
-    };
-    (stored, bad)
+        StorageMut::U8(words) => fused_pieces(x, &pieces, stored, words, |p, xs, sc, w, codes| {
+            codes.resize(p.len, 0);
+            let bad = measure_encode(codec, &k, p, xs, sc, codes);
+            pack_last_axis(layout, codes, p.start, p.word0, w);
+            bad
+        }),
+        StorageMut::U32(words) => fused_pieces(x, &pieces, stored, words, |p, xs, sc, w, codes| {
+            codes.resize(p.len, 0);
+            let bad = measure_encode(codec, &k, p, xs, sc, codes);
+            pack_last_axis(layout, codes, p.start, p.word0, w);
+            bad
+        }),
+    }
 }
 
 /// What the one-pass kernel needs to turn a block's α into its stored scale.
@@ -1012,8 +1059,10 @@ mod tests {
             layout.shape
         );
         let mut w = Words::filled(layout, 0x5A5A_5A5A);
-        let scales = quantize_fused(x, layout, opts, w.as_mut()).unwrap();
-        (scales, w)
+        // Garbage (a NaN) in every scale: the kernel must write each one.
+        let mut stored = vec![f32::from_bits(0x7FC0_5A5A); layout.num_scales];
+        quantize_fused(x, layout, opts, w.as_mut(), &mut stored).unwrap();
+        (Scales::new(stored, None), w)
     }
 
     fn assert_same(x: Input<'_>, layout: &Layout, opts: &QuantizeOptions) {
@@ -1096,6 +1145,54 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// `quantize_into` writes every stored scale into the caller's slice (garbage before), the
+    /// same as `quantize`'s, on the one-pass path and the others (per-tensor, two-level), and
+    /// refuses a slice of the wrong length.
+    #[test]
+    fn quantize_into_fills_the_callers_scales() {
+        let mut rng = Rng::new(12);
+        let x = tensor(&mut rng, 3 * 64);
+        let opts = QuantizeOptions::default();
+        let schemes = [
+            one_level(QuantValue::Q8S, QuantStore::Native, 32, ScaleDtype::F16),
+            one_level(
+                QuantValue::Q4S,
+                QuantStore::PackedU32(0),
+                16,
+                ScaleDtype::BF16,
+            ),
+            QuantScheme::default(),
+            one_level(
+                QuantValue::E2M1,
+                QuantStore::PackedU32(0),
+                16,
+                ScaleDtype::UE4M3,
+            )
+            .per_tensor(ScaleDtype::F32),
+        ];
+        for scheme in schemes {
+            let layout = Layout::new(&scheme, &[3, 64]).unwrap();
+            let mut w1 = Words::new(&layout);
+            let want = quantize(Input::F32(&x), &layout, &opts, None, w1.as_mut()).unwrap();
+            let mut w2 = Words::filled(&layout, 0x5A5A_5A5A);
+            let mut got = vec![f32::from_bits(0x7FC0_5A5A); layout.num_scales];
+            let g = quantize_into(Input::F32(&x), &layout, &opts, None, w2.as_mut(), &mut got);
+            assert_eq!(g.unwrap(), want.global, "{scheme}");
+            assert_eq!(got, want.stored, "{scheme}");
+            assert!(w1 == w2, "{scheme}");
+            let mut short = vec![0.0; layout.num_scales - 1];
+            let err = quantize_into(
+                Input::F32(&x),
+                &layout,
+                &opts,
+                None,
+                w2.as_mut(),
+                &mut short,
+            );
+            assert!(matches!(err, Err(QuantError::Layout(_))), "{scheme}");
         }
     }
 
@@ -1210,7 +1307,9 @@ mod tests {
             .unwrap();
             let opts = QuantizeOptions::default();
             let mut w = Words::new(&layout);
-            let fused = quantize_fused(Input::F32(&x), &layout, &opts, w.as_mut()).unwrap_err();
+            let mut stored = vec![0.0; layout.num_scales];
+            let fused = quantize_fused(Input::F32(&x), &layout, &opts, w.as_mut(), &mut stored)
+                .unwrap_err();
             let scales = compute_scales(Input::F32(&x), &layout, &opts, None).unwrap();
             let two = encode_values(
                 Input::F32(&x),

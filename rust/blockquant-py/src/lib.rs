@@ -530,20 +530,19 @@ fn quantize<'py>(
             }
         };
         // The scales' borrow is taken before anything is written, so an unwriteable or
-        // overlapping scales array is refused with the values untouched.
-        let mut scales_rw = match &scales_out {
-            Some(arr) => {
-                let rw = arr.try_readwrite().map_err(|e| {
-                    PyValueError::new_err(format!("out scales must be writeable: {e}"))
-                })?;
-                if !rw.is_c_contiguous() {
-                    return Err(PyValueError::new_err("out scales must be C-contiguous"));
-                }
-                Some(rw)
-            }
-            None => None,
+        // overlapping scales array is refused with the values untouched. Without `out`, a fresh
+        // array: the core writes every stored scale straight into either.
+        let scales = match scales_out {
+            Some(arr) => arr,
+            None => new_array::<f32>(py, &layout.grid)?,
         };
-        let sc = with_input(x, kind, |xs| {
+        let mut scales_rw = scales
+            .try_readwrite()
+            .map_err(|e| PyValueError::new_err(format!("out scales must be writeable: {e}")))?;
+        let sc = scales_rw
+            .as_slice_mut()
+            .map_err(|_| PyValueError::new_err("out scales must be C-contiguous"))?;
+        let global = with_input(x, kind, |xs| {
             with_storage_mut(&storage, &layout, |out| {
                 pool::install(|| match w {
                     Some(w) => blockquant_core::search::quantize_weighted(
@@ -553,23 +552,18 @@ fn quantize<'py>(
                         &opts,
                         Some(explicit),
                         out,
-                    ),
-                    None => q::quantize(xs, &layout, &opts, Some(explicit), out),
+                    )
+                    .map(|s| {
+                        sc.copy_from_slice(&s.stored);
+                        s.global
+                    }),
+                    None => q::quantize_into(xs, &layout, &opts, Some(explicit), out, sc),
                 })
             })
         })?
         .map_err(to_py)?;
-        let scales = match (scales_out, scales_rw.as_mut()) {
-            (Some(arr), Some(rw)) => {
-                rw.as_slice_mut()
-                    .expect("checked C-contiguous")
-                    .copy_from_slice(&sc.stored);
-                arr
-            }
-            _ => f32_array(py, &sc.stored, &layout.grid)?,
-        };
         drop(scales_rw);
-        Ok((storage, scales, sc.global))
+        Ok((storage, scales, global))
     })
 }
 
@@ -625,8 +619,12 @@ fn dequantize<'py>(
 ) -> PyResult<Bound<'py, PyUntypedArray>> {
     guarded(|| {
         let layout = layout(scheme, &shape)?;
-        let sc = stored_scales(&layout, &scales, global_scale)?;
-        let eff = sc.effective();
+        let given = contiguous(&scales, "scales")?;
+        q::check_stored(&layout, given, global_scale).map_err(to_py)?;
+        // One-level: the caller's scales as they are (a copy of the grid on every call would
+        // cost its page faults and a pass); two-level: b_i × g.
+        let two_level = global_scale.map(|g| q::effective_scales(given, g));
+        let eff = two_level.as_deref().unwrap_or(given);
         let run = |out: Output<'_>| {
             with_storage(values, &layout, |st| {
                 pool::install(|| q::dequantize(&layout, st, eff, out))
@@ -762,7 +760,7 @@ fn check_parts<'py>(
                 scales.shape()
             )));
         }
-        stored_scales(&layout, &scales, global_scale)?;
+        q::check_stored(&layout, contiguous(&scales, "scales")?, global_scale).map_err(to_py)?;
         with_storage(values, &layout, |st| pack::check_storage(&layout, st))?.map_err(to_py)
     })
 }
