@@ -256,19 +256,21 @@ unsafe fn encode_8blocks<const V: usize>(x0: *const f32, e: __m256, o0: *mut u8)
 }
 
 /// The whole quantize of an NVFP4-like call ([`applies`]): pass 1, g from the largest
-/// amplitude, pass 2 into `words`. A non-finite input is refused after pass 1, `words`
-/// untouched.
+/// amplitude, pass 2 into `words`, the block scales into `stored` (the grid's size: the
+/// caller's array or a new vector); returns g. A non-finite input is refused after pass 1,
+/// `words` untouched (`stored` then holds amplitudes).
 pub(crate) fn quantize_nvfp4(
     x: Input<'_>,
     layout: &Layout,
     opts: &crate::quantize::QuantizeOptions,
     words: &mut [u8],
-) -> crate::Result<crate::quantize::Scales> {
-    use crate::quantize::{derived_global, first_non_finite, pieces, Scales};
+    stored: &mut [f32],
+) -> crate::Result<f32> {
+    use crate::quantize::{derived_global, first_non_finite, pieces};
+    assert_eq!(stored.len(), layout.num_scales, "scale count");
     let pieces = pieces(layout);
-    // Every element is written by pass 1 (the pieces tile the blocks).
-    let mut stored = vec![0.0f32; layout.num_scales];
-    let top = amplitudes(x, layout, &pieces, &mut stored);
+    // Every scale is written by pass 1 (the pieces tile the blocks).
+    let top = amplitudes(x, layout, &pieces, stored);
     if top > f32::MAX.to_bits() {
         return Err(first_non_finite(x));
     }
@@ -285,7 +287,7 @@ pub(crate) fn quantize_nvfp4(
     // Hand each piece its scales and bytes; the last pieces first: pass 1 just read them, so
     // the end of a tensor larger than the cache is still in it.
     let mut work = Vec::with_capacity(pieces.len());
-    let (mut sc_rest, mut w_rest) = (&mut stored[..], words);
+    let (mut sc_rest, mut w_rest) = (stored, words);
     for p in &pieces {
         let (sc, sr) = std::mem::take(&mut sc_rest).split_at_mut(p.scales);
         let (w, wr) = std::mem::take(&mut w_rest).split_at_mut(p.len / 2);
@@ -299,7 +301,7 @@ pub(crate) fn quantize_nvfp4(
             // SAFETY: `applies` checked the CPU has AVX2 and F16C; pass 1 found every value finite.
             unsafe { encode_piece(&k, g, xs, sc, w) };
         });
-    Ok(Scales::new(stored, Some(g)))
+    Ok(g)
 }
 
 #[cfg(test)]

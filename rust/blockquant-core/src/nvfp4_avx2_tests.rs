@@ -183,8 +183,9 @@ fn kernel(x: Input<'_>, layout: &Layout, opts: &QuantizeOptions) -> crate::Resul
     let Words::U8(bytes) = &mut w else {
         unreachable!("E2M1 two a byte is u8 storage")
     };
-    let s = crate::pool::install(|| quantize_nvfp4(x, layout, opts, bytes))?;
-    Ok((s, w))
+    let mut stored = vec![0.0; layout.num_scales];
+    let g = crate::pool::install(|| quantize_nvfp4(x, layout, opts, bytes, &mut stored))?;
+    Ok((Scales::new(stored, Some(g)), w))
 }
 
 fn assert_same(x: &[f32], shape: &[usize], bc: usize, opts: &QuantizeOptions, what: &str) {
@@ -311,7 +312,10 @@ fn nvfp4_kernel_refuses_non_finite_unchanged() {
             unreachable!()
         };
         let opts = QuantizeOptions::default();
-        let got = crate::pool::install(|| quantize_nvfp4(Input::F32(&x), &layout, &opts, bytes));
+        let mut stored = vec![0.0; layout.num_scales];
+        let got = crate::pool::install(|| {
+            quantize_nvfp4(Input::F32(&x), &layout, &opts, bytes, &mut stored)
+        });
         match got {
             Err(QuantError::NonFinite { index, value }) => {
                 assert_eq!(index, first);

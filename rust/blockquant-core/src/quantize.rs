@@ -377,7 +377,7 @@ pub fn quantize_into(
     layout: &Layout,
     opts: &QuantizeOptions,
     explicit: Option<ExplicitScales<'_>>,
-    out: StorageMut<'_>,
+    mut out: StorageMut<'_>,
     scales: &mut [f32],
 ) -> Result<Option<f32>> {
     if scales.len() != layout.num_scales {
@@ -392,6 +392,12 @@ pub fn quantize_into(
             check_options(layout, opts)?;
             quantize_fused(x, layout, opts, out, scales)?;
             return Ok(None);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let (true, StorageMut::U8(words)) = (nvfp4_path(layout, opts, explicit), &mut out) {
+            check_options(layout, opts)?;
+            let g = crate::nvfp4_avx2::quantize_nvfp4(x, layout, opts, words, scales)?;
+            return Ok(Some(g));
         }
         let sc = quantize_in_pool(x, layout, opts, explicit, out)?;
         scales.copy_from_slice(&sc.stored);
@@ -413,6 +419,21 @@ fn one_pass(layout: &Layout, opts: &QuantizeOptions, explicit: Option<ExplicitSc
     let calibrating = explicit.is_none_or(|e| e.scales.is_none() && e.global.is_none());
     // The mse search reads each block many times on its own; the one-pass kernel is minmax's.
     calibrating && opts.calibration != Calibration::Mse && fusable(layout)
+}
+
+/// Whether [`quantize_in_pool`] takes `nvfp4_avx2`'s kernel (after its checks; the storage is
+/// then u8).
+#[cfg(target_arch = "x86_64")]
+fn nvfp4_path(
+    layout: &Layout,
+    opts: &QuantizeOptions,
+    explicit: Option<ExplicitScales<'_>>,
+) -> bool {
+    let calibrating = explicit.is_none_or(|e| e.scales.is_none() && e.global.is_none());
+    calibrating
+        && opts.calibration == Calibration::MinMax
+        && two_level_fusable(layout)
+        && crate::nvfp4_avx2::applies(layout)
 }
 
 fn quantize_in_pool(
@@ -438,7 +459,9 @@ fn quantize_in_pool(
     {
         return match out {
             StorageMut::U8(words) if crate::nvfp4_avx2::applies(layout) => {
-                crate::nvfp4_avx2::quantize_nvfp4(x, layout, opts, words)
+                let mut stored = vec![0.0f32; layout.num_scales];
+                let g = crate::nvfp4_avx2::quantize_nvfp4(x, layout, opts, words, &mut stored)?;
+                Ok(Scales::new(stored, Some(g)))
             }
             out => quantize_two_level(x, layout, opts, out),
         };
