@@ -259,7 +259,7 @@ pub(crate) unsafe fn two_level_piece<C: Encode>(
 /// Block scales b_i of eight two-level blocks from their amplitudes: UE4M3 (NVFP4) and F16 in
 /// vector lanes, g = 0 one at a time as the scalar path.
 #[inline(always)]
-unsafe fn two_level_scales8(k: &FusedKernel<'_>, g: f32, alpha: __m256) -> __m256 {
+pub(crate) unsafe fn two_level_scales8(k: &FusedKernel<'_>, g: f32, alpha: __m256) -> __m256 {
     let mode = k.opts.scale_rounding;
     let s = || {
         _mm256_div_ps(

@@ -21,8 +21,12 @@ pub mod input;
 pub mod layout;
 pub mod lookup;
 pub mod minifloat;
+#[cfg(target_arch = "x86_64")]
+mod nvfp4_avx2;
 pub mod options;
 pub mod pack;
+#[cfg(target_arch = "x86_64")]
+mod pack2_avx2;
 pub mod pool;
 pub mod quantize;
 pub mod scale;

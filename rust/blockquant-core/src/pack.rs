@@ -524,6 +524,16 @@ fn pack_words<C: Encode, W: Word>(
     out: &mut [W],
 ) -> bool {
     let words_per_task = (MIN_TASK_ELEMS / layout.packing.per).max(1);
+    #[cfg(target_arch = "x86_64")]
+    if crate::pack2_avx2::applies(layout, &x, &sc) {
+        return out
+            .par_chunks_mut(words_per_task)
+            .enumerate()
+            .map(|(ci, words)| {
+                crate::pack2_avx2::encode_words(codec, x, layout, sc, ci * words_per_task, words)
+            })
+            .reduce(|| false, |a, b| a | b);
+    }
     out.par_chunks_mut(words_per_task)
         .enumerate()
         .map(|(ci, words)| encode_words_last_axis(codec, x, layout, sc, ci * words_per_task, words))

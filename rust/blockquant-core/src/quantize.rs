@@ -377,7 +377,7 @@ pub fn quantize_into(
     layout: &Layout,
     opts: &QuantizeOptions,
     explicit: Option<ExplicitScales<'_>>,
-    out: StorageMut<'_>,
+    mut out: StorageMut<'_>,
     scales: &mut [f32],
 ) -> Result<Option<f32>> {
     if scales.len() != layout.num_scales {
@@ -392,6 +392,12 @@ pub fn quantize_into(
             check_options(layout, opts)?;
             quantize_fused(x, layout, opts, out, scales)?;
             return Ok(None);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let (true, StorageMut::U8(words)) = (nvfp4_path(layout, opts, explicit), &mut out) {
+            check_options(layout, opts)?;
+            let g = crate::nvfp4_avx2::quantize_nvfp4(x, layout, opts, words, scales)?;
+            return Ok(Some(g));
         }
         let sc = quantize_in_pool(x, layout, opts, explicit, out)?;
         scales.copy_from_slice(&sc.stored);
@@ -423,6 +429,21 @@ fn tiles(layout: &Layout, opts: &QuantizeOptions) -> bool {
     return false;
 }
 
+/// Whether [`quantize_in_pool`] takes `nvfp4_avx2`'s kernel (after its checks; the storage is
+/// then u8).
+#[cfg(target_arch = "x86_64")]
+fn nvfp4_path(
+    layout: &Layout,
+    opts: &QuantizeOptions,
+    explicit: Option<ExplicitScales<'_>>,
+) -> bool {
+    let calibrating = explicit.is_none_or(|e| e.scales.is_none() && e.global.is_none());
+    calibrating
+        && opts.calibration == Calibration::MinMax
+        && two_level_fusable(layout)
+        && crate::nvfp4_avx2::applies(layout)
+}
+
 fn quantize_in_pool(
     x: Input<'_>,
     layout: &Layout,
@@ -444,7 +465,14 @@ fn quantize_in_pool(
         && crate::simd::has_avx2()
         && crate::simd::has_f16c()
     {
-        return quantize_two_level(x, layout, opts, out);
+        return match out {
+            StorageMut::U8(words) if crate::nvfp4_avx2::applies(layout) => {
+                let mut stored = vec![0.0f32; layout.num_scales];
+                let g = crate::nvfp4_avx2::quantize_nvfp4(x, layout, opts, words, &mut stored)?;
+                Ok(Scales::new(stored, Some(g)))
+            }
+            out => quantize_two_level(x, layout, opts, out),
+        };
     }
     #[cfg(target_arch = "x86_64")]
     if calibrating
@@ -567,7 +595,7 @@ pub(crate) struct Piece {
     words: usize,
 }
 
-fn pieces(layout: &Layout) -> Vec<Piece> {
+pub(crate) fn pieces(layout: &Layout) -> Vec<Piece> {
     let n = layout.row_len();
     let (bc, gc) = (layout.block_cols(), layout.grid_cols());
     let (per, nw) = (layout.packing.per, layout.packing.words_axis);

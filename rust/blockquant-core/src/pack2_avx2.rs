@@ -1,0 +1,132 @@
+//! 2-bit codes under one per-tensor scale, packed along the last axis (BitNet's ternary Q2S,
+//! 16 a u32 word), on AVX2: each value divided by the scale, encoded by the codec
+//! and packed in registers straight into the words, 64 values (16 bytes) at a time. The
+//! general path writes the codes to a buffer, then packs them from there into zeroed words;
+//! this is the same arithmetic (tested against it) without that buffer and second pass.
+
+use std::arch::x86_64::*;
+
+use crate::codec::Encode;
+use crate::input::{Input, Window};
+use crate::layout::Layout;
+use crate::pack::{encode_words_last_axis, ScaleSlice, Word};
+
+/// Whether [`encode_words`] takes this call: f32 input, one scale for the tensor (not 0: the
+/// zero rule stays with the general path), 2-bit fields filling their words, packed along the
+/// last axis.
+pub(crate) fn applies(layout: &Layout, x: &Window<'_>, sc: &ScaleSlice<'_>) -> bool {
+    let p = &layout.packing;
+    matches!(x.input, Input::F32(_))
+        && layout.num_scales == 1
+        && sc.scales.len() == 1
+        && sc.scales[0] != 0.0
+        && p.field_bits == 2
+        && p.per * 2 == p.word_bits as usize
+        && !p.swapped
+        && crate::simd::has_avx2()
+}
+
+/// The words `[w0, w0 + words.len())` of the tensor ([`applies`]): whole runs of 64 values of
+/// a line by [`encode_64s`], the rest of the line by the general path. Returns whether any
+/// input was non-finite.
+pub(crate) fn encode_words<C: Encode, W: Word>(
+    codec: C,
+    x: Window<'_>,
+    layout: &Layout,
+    sc: ScaleSlice<'_>,
+    w0: usize,
+    words: &mut [W],
+) -> bool {
+    let Input::F32(xs) = x.input else {
+        unreachable!("applies() checked the input is f32")
+    };
+    let p = &layout.packing;
+    let (per, nw, n_axis) = (p.per, p.words_axis, p.n_axis);
+    let e = sc.scales[0];
+    let w_end = w0 + words.len();
+    let mut bad = false;
+    let mut w = w0;
+    while w < w_end {
+        let (line, wi) = (w / nw, w % nw);
+        let take = (w_end - w).min(nw - wi);
+        let e0 = line * n_axis + wi * per;
+        let e1 = (line * n_axis + (wi + take) * per).min((line + 1) * n_axis);
+        // Whole words only: a run of 64 values is 64 / per of them (per = 4 or 16).
+        let runs = (e1 - e0) / 64;
+        let done = runs * 64 / per;
+        let mine = &mut words[w - w0..w - w0 + done];
+        // SAFETY: the words' memory seen as bytes (u8 and u32 have no invalid bit patterns;
+        // u32 words are little-endian, the packed bytes' order), and `applies` checked the CPU
+        // has AVX2.
+        bad |= unsafe {
+            let bytes = std::slice::from_raw_parts_mut(
+                mine.as_mut_ptr() as *mut u8,
+                std::mem::size_of_val(mine),
+            );
+            encode_64s(codec, &xs[e0 - x.start..e0 - x.start + runs * 64], e, bytes)
+        };
+        if done < take {
+            let rest = &mut words[w - w0 + done..w - w0 + take];
+            bad |= encode_words_last_axis(codec, x, layout, sc, w + done, rest);
+        }
+        w += take;
+    }
+    bad
+}
+
+/// Codes of `xs` (a multiple of 64 values) against the scale `e` (not 0), four 2-bit fields a
+/// byte (the first in the low bits, SPEC §8) into `out` (`xs.len() / 4` bytes). Returns whether
+/// any value was non-finite.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn encode_64s<C: Encode>(codec: C, xs: &[f32], e: f32, out: &mut [u8]) -> bool {
+    let runs = xs.len() / 64;
+    assert!(runs * 64 == xs.len() && out.len() == runs * 16);
+    let dv = _mm256_set1_ps(e);
+    let abs = _mm256_set1_epi32(0x7FFF_FFFF);
+    // The packs work within 128-bit halves; this puts the dwords back in order.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let mut top = _mm256_setzero_si256();
+    for r in 0..runs {
+        // In bounds: values 64r..64r + 64 of xs, bytes 16r..16r + 16 of out.
+        let p = xs.as_ptr().add(64 * r);
+        // As the general path's long runs: one thread alone otherwise waits on memory.
+        crate::simd::x86::prefetch(p.wrapping_add(crate::simd::x86::PREFETCH_AHEAD), 64);
+        let mut half = [_mm256_setzero_si256(); 2];
+        for (h, hv) in half.iter_mut().enumerate() {
+            let mut c = [_mm256_setzero_si256(); 4];
+            for (t, ct) in c.iter_mut().enumerate() {
+                let v = _mm256_loadu_ps(p.add(32 * h + 8 * t));
+                // Largest |x| pattern: past f32::MAX's exactly when a value is not finite.
+                top = _mm256_max_epi32(top, _mm256_and_si256(_mm256_castps_si256(v), abs));
+                *ct = codec.encode8(_mm256_div_ps(v, dv));
+            }
+            // 32 code bytes in order: each dword holds four consecutive codes.
+            let ab = _mm256_packus_epi32(c[0], c[1]);
+            let cd = _mm256_packus_epi32(c[2], c[3]);
+            let codes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order);
+            // Fold each dword's four 2-bit fields into its low byte: byte 1 onto bits 2..3 of
+            // byte 0 (and byte 3 onto byte 2), then byte 2 onto bits 4..7.
+            let d = _mm256_and_si256(codes, _mm256_set1_epi8(3));
+            let d = _mm256_or_si256(d, _mm256_srli_epi32::<6>(d));
+            let d = _mm256_or_si256(d, _mm256_srli_epi32::<12>(d));
+            *hv = _mm256_and_si256(d, _mm256_set1_epi32(0xFF));
+        }
+        // Sixteen bytes (dwords' low bytes) in order: the packs interleave the halves' dwords
+        // by 128-bit lane, the permute takes them back.
+        let z = _mm256_packus_epi32(half[0], half[1]);
+        let z = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(z, z), order);
+        _mm_storeu_si128(
+            out.as_mut_ptr().add(16 * r) as *mut __m128i,
+            _mm256_castsi256_si128(z),
+        );
+    }
+    let over = _mm256_cmpgt_epi32(top, _mm256_set1_epi32(0x7F7F_FFFF));
+    _mm256_movemask_epi8(over) != 0
+}
+
+#[cfg(test)]
+#[path = "pack2_avx2_tests.rs"]
+mod tests;
