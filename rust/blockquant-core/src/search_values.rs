@@ -146,18 +146,34 @@ impl Dequant for crate::lookup::NearestEntry {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn qv8(&self, u: __m256) -> __m256 {
-        // The thresholds u reaches counted (each passed mask is −1); the count picks the sorted
-        // entry with two in-register permutes (each reads the low three bits), chosen by bit 3:
-        // the entry `value`'s select chain ends on (NaN padding thresholds are never passed).
-        let (thresholds, sorted) = self.parts();
-        let mut rank = _mm256_setzero_si256();
-        for &t in thresholds {
-            let ge = _mm256_cmp_ps::<_CMP_GE_OQ>(u, _mm256_set1_ps(t));
-            rank = _mm256_sub_epi32(rank, _mm256_castps_si256(ge));
+        // The rank by binary search ([`crate::lookup::SearchTree`]): three compares give the
+        // top two bits, then two levels of one permute and one compare; the running index
+        // holds −p, p the rank's bits so far. (Macros, not closures: a closure would not be
+        // compiled for AVX2.)
+        let t = self.tree();
+        macro_rules! ge {
+            ($th:expr) => {
+                _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(u, $th))
+            };
         }
-        let lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(sorted.as_ptr()), rank);
-        let hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(sorted.as_ptr().add(8)), rank);
-        let upper = _mm256_cmpgt_epi32(rank, _mm256_set1_epi32(7));
+        macro_rules! pick {
+            ($table:expr, $i:expr) => {
+                _mm256_permutevar8x32_ps(_mm256_loadu_ps($table.as_ptr()), $i)
+            };
+        }
+        macro_rules! step {
+            ($i:expr, $m:expr) => {
+                _mm256_add_epi32(_mm256_add_epi32($i, $i), $m)
+            };
+        }
+        let upper = ge!(_mm256_set1_ps(t.top[1]));
+        let i2 = _mm256_add_epi32(
+            _mm256_add_epi32(ge!(_mm256_set1_ps(t.top[0])), upper),
+            ge!(_mm256_set1_ps(t.top[2])),
+        );
+        let i3 = step!(i2, ge!(pick!(t.l3, i2)));
+        let i4 = step!(i3, ge!(pick!(t.l4, i3)));
+        let (lo, hi) = (pick!(t.lo, i4), pick!(t.hi, i4));
         _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(upper))
     }
 }
