@@ -338,10 +338,16 @@ pub(crate) struct SearchTree {
     pub l4: [f32; 8],
     pub lo: [f32; 8],
     pub hi: [f32; 8],
+    /// The thresholds and the sorted entries by rank (the lane search's brackets), NaN past
+    /// the last threshold.
+    pub thresholds: [f32; MAX_ENTRIES],
+    pub sorted: [f32; MAX_ENTRIES],
+    /// n − 3: the highest rank a bracket of three entries starts at (negative: none fits).
+    pub bracket_max: i32,
 }
 
 impl SearchTree {
-    fn new(thresholds: &[f32; MAX_ENTRIES - 1], sorted: &[f32; MAX_ENTRIES]) -> Self {
+    fn new(thresholds: &[f32; MAX_ENTRIES - 1], sorted: &[f32; MAX_ENTRIES], n: usize) -> Self {
         let slot = |p: usize| (8 - p % 8) % 8;
         let mut tree = Self {
             top: [thresholds[3], thresholds[7], thresholds[11]],
@@ -349,6 +355,9 @@ impl SearchTree {
             l4: [f32::NAN; 8],
             lo: [f32::NAN; 8],
             hi: [f32::NAN; 8],
+            thresholds: std::array::from_fn(|j| thresholds.get(j).copied().unwrap_or(f32::NAN)),
+            sorted: *sorted,
+            bracket_max: n as i32 - 3,
         };
         for p in 0..4 {
             tree.l3[slot(p)] = thresholds[4 * p + 1];
@@ -379,7 +388,7 @@ impl NearestEntry {
         Self {
             thresholds: code.thresholds,
             sorted,
-            tree: SearchTree::new(&code.thresholds, &sorted),
+            tree: SearchTree::new(&code.thresholds, &sorted, cb.len()),
         }
     }
 
