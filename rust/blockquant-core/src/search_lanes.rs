@@ -13,6 +13,7 @@
 #![cfg(target_arch = "x86_64")]
 
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 use crate::codec::Encode;
 use crate::layout::Layout;
@@ -145,7 +146,9 @@ pub(crate) unsafe fn search8<Q: Dequant, const V: usize, const W: bool>(
     let mut sum = [zero; MAX_CANDIDATES];
     // A codebook's q(u) from each input's bracket where every input has one (the usual case),
     // else by its search.
-    let mut br = [Bracket8::zero(); 32];
+    // (Uninitialized: filling 32 brackets would cost as much as a candidate's sums; only
+    // the first 8 * V are written, and read only after.)
+    let mut br = [const { MaybeUninit::<Bracket8>::uninit() }; 32];
     if Q::BRACKETS && brackets::<Q, V>(q, &xt, &eff[..n], &mut br) {
         all_sums::<Q, V, W, true>(q, &xt, &wt, &br, &eff[..n], &mut sum);
     } else {
@@ -181,7 +184,7 @@ unsafe fn all_sums<Q: Dequant, const V: usize, const W: bool, const B: bool>(
     q: Q,
     xt: &[__m256; 32],
     wt: &[__m256; 32],
-    br: &[Bracket8; 32],
+    br: &[MaybeUninit<Bracket8>; 32],
     eff: &[__m256],
     sum: &mut [__m256; MAX_CANDIDATES],
 ) {
@@ -205,7 +208,7 @@ unsafe fn brackets<Q: Dequant, const V: usize>(
     q: Q,
     xt: &[__m256; 32],
     eff: &[__m256],
-    br: &mut [Bracket8; 32],
+    br: &mut [MaybeUninit<Bracket8>; 32],
 ) -> bool {
     let mut e_hi = eff[0];
     for &e in &eff[1..] {
@@ -220,7 +223,7 @@ unsafe fn brackets<Q: Dequant, const V: usize>(
     for i in 0..8 * V {
         let (a, b) = (_mm256_div_ps(xt[i], e_hi), _mm256_div_ps(xt[i], e_lo));
         let (bracket, f) = q.bracket8(_mm256_min_ps(a, b), _mm256_max_ps(a, b));
-        br[i] = bracket;
+        br[i].write(bracket);
         far = _mm256_or_ps(far, f);
     }
     _mm256_testz_ps(far, far) == 1
@@ -261,7 +264,7 @@ unsafe fn sums<Q: Dequant, const V: usize, const W: bool, const B: bool, const N
     q: Q,
     xt: &[__m256; 32],
     wt: &[__m256; 32],
-    br: &[Bracket8; 32],
+    br: &[MaybeUninit<Bracket8>; 32],
     e: [__m256; N],
 ) -> [__m256; N] {
     // A loop, not `iter().all`: a closure would not be compiled for AVX2.
@@ -295,7 +298,7 @@ unsafe fn sums_by<
     q: Q,
     xt: &[__m256; 32],
     wt: &[__m256; 32],
-    br: &[Bracket8; 32],
+    br: &[MaybeUninit<Bracket8>; 32],
     e: [__m256; N],
 ) -> [__m256; N] {
     let mut l = [[_mm256_setzero_ps(); 8]; N];
@@ -319,13 +322,13 @@ unsafe fn sums_by<
 }
 
 /// w·(u − q(u))² of eight elements, u = x / e (x · e when `MUL`), q(u) from x's bracket
-/// when `B`.
+/// when `B` (then `br` must be written).
 #[inline(always)]
 unsafe fn term<Q: Dequant, const W: bool, const B: bool, const MUL: bool>(
     q: Q,
     x: __m256,
     w: __m256,
-    br: &Bracket8,
+    br: &MaybeUninit<Bracket8>,
     e: __m256,
 ) -> __m256 {
     let u = if MUL {
@@ -333,7 +336,15 @@ unsafe fn term<Q: Dequant, const W: bool, const B: bool, const MUL: bool>(
     } else {
         _mm256_div_ps(x, e)
     };
-    let d = _mm256_sub_ps(u, if B { br.qv8(u) } else { q.qv8(u) });
+    // SAFETY (B): `brackets` wrote the bracket of every input vector the sums read.
+    let d = _mm256_sub_ps(
+        u,
+        if B {
+            br.assume_init_ref().qv8(u)
+        } else {
+            q.qv8(u)
+        },
+    );
     let tt = _mm256_mul_ps(d, d);
     if W {
         _mm256_mul_ps(w, tt)

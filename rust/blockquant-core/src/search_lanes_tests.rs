@@ -297,7 +297,7 @@ unsafe fn both_sums(
             })
             .collect::<Vec<_>>()
     };
-    let mut br = [Bracket8::zero(); 32];
+    let mut br = [const { std::mem::MaybeUninit::<Bracket8>::uninit() }; 32];
     let mut searched = [zero; MAX_CANDIDATES];
     all_sums::<_, 4, false, false>(q, &xt, &wt, &br, &e, &mut searched);
     let bracketed = brackets::<_, 4>(q, &xt, &e, &mut br).then(|| {

@@ -60,18 +60,6 @@ pub(crate) struct Bracket8 {
 
 #[cfg(target_arch = "x86_64")]
 impl Bracket8 {
-    /// # Safety
-    /// The CPU must support AVX.
-    #[inline(always)]
-    pub(crate) unsafe fn zero() -> Self {
-        let z = _mm256_setzero_ps();
-        Self {
-            a: z,
-            b: z,
-            v: [z; 3],
-        }
-    }
-
     /// q(u) of each lane, u within the bracket.
     ///
     /// # Safety
