@@ -315,6 +315,60 @@ impl crate::codec::Encode for LookupCode {
 pub struct NearestEntry {
     thresholds: [f32; MAX_ENTRIES - 1],
     sorted: [f32; MAX_ENTRIES],
+    tree: SearchTree,
+}
+
+/// The thresholds as a binary search, for eight lanes at once (the search's AVX2 `qv8`): the
+/// rank r = Σ (u ≥ t_j) found two bits at a time, then one bit at a time. The top two bits are
+/// p = (u ≥ t_3) + (u ≥ t_7) + (u ≥ t_11) (three compares, no dependency between them); then
+/// b1 = (u ≥ t_{4p+1}) and b0 = (u ≥ t_{2p'}) with p' = 2p + b1, and r = 2p' + b0. That is the
+/// count because the thresholds rise strictly (t_j ≤ s_{j+1} < t_{j+1}: an entry is its own
+/// nearest) and the NaN padding, which no compare passes, comes last.
+///
+/// A level's thresholds fit one register, indexed by the prefix as the compares leave it: a
+/// passed compare is −1, so the running index is −p, whose low three bits (all a permute reads)
+/// are (−p) & 7. Slot (−p) & 7 of a table therefore holds prefix p's threshold; `lo` and `hi`
+/// hold sorted entry r at slot (−r) & 7, for r < 8 and r ≥ 8 (chosen by u ≥ t_7). Unreached
+/// slots are NaN.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SearchTree {
+    /// t_3, t_7, t_11.
+    pub top: [f32; 3],
+    pub l3: [f32; 8],
+    pub l4: [f32; 8],
+    pub lo: [f32; 8],
+    pub hi: [f32; 8],
+    /// The thresholds and the sorted entries by rank (the lane search's brackets), NaN past
+    /// the last threshold.
+    pub thresholds: [f32; MAX_ENTRIES],
+    pub sorted: [f32; MAX_ENTRIES],
+    /// n − 3: the highest rank a bracket of three entries starts at (negative: none fits).
+    pub bracket_max: i32,
+}
+
+impl SearchTree {
+    fn new(thresholds: &[f32; MAX_ENTRIES - 1], sorted: &[f32; MAX_ENTRIES], n: usize) -> Self {
+        let slot = |p: usize| (8 - p % 8) % 8;
+        let mut tree = Self {
+            top: [thresholds[3], thresholds[7], thresholds[11]],
+            l3: [f32::NAN; 8],
+            l4: [f32::NAN; 8],
+            lo: [f32::NAN; 8],
+            hi: [f32::NAN; 8],
+            thresholds: std::array::from_fn(|j| thresholds.get(j).copied().unwrap_or(f32::NAN)),
+            sorted: *sorted,
+            bracket_max: n as i32 - 3,
+        };
+        for p in 0..4 {
+            tree.l3[slot(p)] = thresholds[4 * p + 1];
+        }
+        for p in 0..8 {
+            tree.l4[slot(p)] = thresholds[2 * p];
+            tree.lo[slot(p)] = sorted[p];
+            tree.hi[slot(p)] = sorted[8 + p];
+        }
+        tree
+    }
 }
 
 impl NearestEntry {
@@ -327,15 +381,20 @@ impl NearestEntry {
                 0.0
             }
         });
+        // The binary search relies on thresholds that rise, NaN padding last.
+        let n = cb.len() - 1;
+        debug_assert!(code.thresholds[..n].windows(2).all(|w| w[0] < w[1]));
+        debug_assert!(code.thresholds[n..].iter().all(|t| t.is_nan()));
         Self {
             thresholds: code.thresholds,
             sorted,
+            tree: SearchTree::new(&code.thresholds, &sorted, cb.len()),
         }
     }
 
-    /// The thresholds and the sorted entries (the search's AVX2 loop reads them).
-    pub(crate) fn parts(&self) -> (&[f32; MAX_ENTRIES - 1], &[f32; MAX_ENTRIES]) {
-        (&self.thresholds, &self.sorted)
+    /// The binary-search tables (the search's AVX2 `qv8` reads them).
+    pub(crate) fn tree(&self) -> &SearchTree {
+        &self.tree
     }
 
     /// codebook[encode(u)], bit for bit: the thresholds rise, so the last one passed names the

@@ -13,12 +13,13 @@
 #![cfg(target_arch = "x86_64")]
 
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
 use crate::codec::Encode;
 use crate::layout::Layout;
 use crate::search::MAX_CANDIDATES;
 use crate::search_cands::Ctx;
-use crate::search_values::Dequant;
+use crate::search_values::{Bracket8, Dequant};
 use crate::simd::x86;
 
 /// Whether `layout`'s blocks are whole runs of 16 or 32 values end to end (block b at b · bc),
@@ -143,13 +144,15 @@ pub(crate) unsafe fn search8<Q: Dequant, const V: usize, const W: bool>(
         };
     }
     let mut sum = [zero; MAX_CANDIDATES];
-    let mut k = 0;
-    while k + 2 <= n {
-        [sum[k], sum[k + 1]] = sums::<Q, V, W, 2>(q, &xt, &wt, [eff[k], eff[k + 1]]);
-        k += 2;
-    }
-    if k < n {
-        [sum[k]] = sums::<Q, V, W, 1>(q, &xt, &wt, [eff[k]]);
+    // A codebook's q(u) from each input's bracket where every input has one (the usual case),
+    // else by its search.
+    // (Uninitialized: filling 32 brackets would cost as much as a candidate's sums; only
+    // the first 8 * V are written, and read only after.)
+    let mut br = [const { MaybeUninit::<Bracket8>::uninit() }; 32];
+    if Q::BRACKETS && brackets::<Q, V>(q, &xt, &eff[..n], &mut br) {
+        all_sums::<Q, V, W, true>(q, &xt, &wt, &br, &eff[..n], &mut sum);
+    } else {
+        all_sums::<Q, V, W, false>(q, &xt, &wt, &br, &eff[..n], &mut sum);
     }
     for (k, &stored) in cand[..n].iter().enumerate() {
         let (e, s) = (eff[k], sum[k]);
@@ -172,6 +175,58 @@ pub(crate) unsafe fn search8<Q: Dequant, const V: usize, const W: bool>(
     }
     // f32 → f64 → f32 is exact.
     _mm256_set_m128(_mm256_cvtpd_ps(best_hi), _mm256_cvtpd_ps(best_lo))
+}
+
+/// The sums of every candidate (`eff`, effective scales) into `sum`, two candidates at a time
+/// (each vector loaded once for both); q(u) from the brackets `br` when `B`.
+#[inline(always)]
+unsafe fn all_sums<Q: Dequant, const V: usize, const W: bool, const B: bool>(
+    q: Q,
+    xt: &[__m256; 32],
+    wt: &[__m256; 32],
+    br: &[MaybeUninit<Bracket8>; 32],
+    eff: &[__m256],
+    sum: &mut [__m256; MAX_CANDIDATES],
+) {
+    let n = eff.len();
+    let mut k = 0;
+    while k + 2 <= n {
+        [sum[k], sum[k + 1]] = sums::<Q, V, W, B, 2>(q, xt, wt, br, [eff[k], eff[k + 1]]);
+        k += 2;
+    }
+    if k < n {
+        [sum[k]] = sums::<Q, V, W, B, 1>(q, xt, wt, br, [eff[k]]);
+    }
+}
+
+/// Each input vector's [`Bracket8`] over every candidate's u (the candidates `eff`, of which
+/// the largest and the smallest non-zero give each lane's extreme quotients: division rounds
+/// monotonically, so every other quotient lies between them; a zero scale's sums are never
+/// used). False if some lane of some input has none.
+#[inline(always)]
+unsafe fn brackets<Q: Dequant, const V: usize>(
+    q: Q,
+    xt: &[__m256; 32],
+    eff: &[__m256],
+    br: &mut [MaybeUninit<Bracket8>; 32],
+) -> bool {
+    let mut e_hi = eff[0];
+    for &e in &eff[1..] {
+        e_hi = _mm256_max_ps(e_hi, e);
+    }
+    let mut e_lo = e_hi;
+    for &e in eff {
+        let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps());
+        e_lo = _mm256_min_ps(e_lo, _mm256_blendv_ps(e, e_hi, zero));
+    }
+    let mut far = _mm256_setzero_ps();
+    for i in 0..8 * V {
+        let (a, b) = (_mm256_div_ps(xt[i], e_hi), _mm256_div_ps(xt[i], e_lo));
+        let (bracket, f) = q.bracket8(_mm256_min_ps(a, b), _mm256_max_ps(a, b));
+        br[i].write(bracket);
+        far = _mm256_or_ps(far, f);
+    }
+    _mm256_testz_ps(far, far) == 1
 }
 
 #[inline(always)]
@@ -205,10 +260,11 @@ unsafe fn all_exact_reciprocals(e: __m256) -> bool {
 /// pairwise. A multiply by the reciprocals where they equal the division in all lanes
 /// (`simd::exact_reciprocal`: MX scales, all powers of two).
 #[inline(always)]
-unsafe fn sums<Q: Dequant, const V: usize, const W: bool, const N: usize>(
+unsafe fn sums<Q: Dequant, const V: usize, const W: bool, const B: bool, const N: usize>(
     q: Q,
     xt: &[__m256; 32],
     wt: &[__m256; 32],
+    br: &[MaybeUninit<Bracket8>; 32],
     e: [__m256; N],
 ) -> [__m256; N] {
     // A loop, not `iter().all`: a closure would not be compiled for AVX2.
@@ -221,9 +277,9 @@ unsafe fn sums<Q: Dequant, const V: usize, const W: bool, const N: usize>(
         for r in r.iter_mut() {
             *r = _mm256_div_ps(_mm256_set1_ps(1.0), *r);
         }
-        sums_by::<Q, V, W, N, true>(q, xt, wt, r)
+        sums_by::<Q, V, W, B, N, true>(q, xt, wt, br, r)
     } else {
-        sums_by::<Q, V, W, N, false>(q, xt, wt, e)
+        sums_by::<Q, V, W, B, N, false>(q, xt, wt, br, e)
     }
 }
 
@@ -231,10 +287,18 @@ unsafe fn sums<Q: Dequant, const V: usize, const W: bool, const N: usize>(
 // Index loops over fixed counts: they unroll, and follow the definition's element indices.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn sums_by<Q: Dequant, const V: usize, const W: bool, const N: usize, const MUL: bool>(
+unsafe fn sums_by<
+    Q: Dequant,
+    const V: usize,
+    const W: bool,
+    const B: bool,
+    const N: usize,
+    const MUL: bool,
+>(
     q: Q,
     xt: &[__m256; 32],
     wt: &[__m256; 32],
+    br: &[MaybeUninit<Bracket8>; 32],
     e: [__m256; N],
 ) -> [__m256; N] {
     let mut l = [[_mm256_setzero_ps(); 8]; N];
@@ -243,7 +307,7 @@ unsafe fn sums_by<Q: Dequant, const V: usize, const W: bool, const N: usize, con
         for t in 0..V {
             let i = 8 * t + j;
             for c in 0..N {
-                acc[c] = _mm256_add_ps(acc[c], term::<Q, W, MUL>(q, xt[i], wt[i], e[c]));
+                acc[c] = _mm256_add_ps(acc[c], term::<Q, W, B, MUL>(q, xt[i], wt[i], &br[i], e[c]));
             }
         }
         for c in 0..N {
@@ -257,12 +321,14 @@ unsafe fn sums_by<Q: Dequant, const V: usize, const W: bool, const N: usize, con
     s
 }
 
-/// w·(u − q(u))² of eight elements, u = x / e (x · e when `MUL`).
+/// w·(u − q(u))² of eight elements, u = x / e (x · e when `MUL`), q(u) from x's bracket
+/// when `B` (then `br` must be written).
 #[inline(always)]
-unsafe fn term<Q: Dequant, const W: bool, const MUL: bool>(
+unsafe fn term<Q: Dequant, const W: bool, const B: bool, const MUL: bool>(
     q: Q,
     x: __m256,
     w: __m256,
+    br: &MaybeUninit<Bracket8>,
     e: __m256,
 ) -> __m256 {
     let u = if MUL {
@@ -270,7 +336,15 @@ unsafe fn term<Q: Dequant, const W: bool, const MUL: bool>(
     } else {
         _mm256_div_ps(x, e)
     };
-    let d = _mm256_sub_ps(u, q.qv8(u));
+    // SAFETY (B): `brackets` wrote the bracket of every input vector the sums read.
+    let d = _mm256_sub_ps(
+        u,
+        if B {
+            br.assume_init_ref().qv8(u)
+        } else {
+            q.qv8(u)
+        },
+    );
     let tt = _mm256_mul_ps(d, d);
     if W {
         _mm256_mul_ps(w, tt)

@@ -271,3 +271,137 @@ fn one_pass_search_equals_scales_then_values() {
         }
     }
 }
+
+/// Sums of every candidate of eight blocks of 32 by both ways of q(u): from each input's
+/// bracket (None when some lane has none) and by the codebook's search.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn both_sums(
+    q: crate::lookup::NearestEntry,
+    x: &[f32; 256],
+    eff: &[[f32; 8]],
+) -> (Option<Vec<[f32; 8]>>, Vec<[f32; 8]>) {
+    let zero = _mm256_setzero_ps();
+    let mut xt = [zero; 32];
+    for t in 0..4 {
+        transpose8(x.as_ptr().add(8 * t), 32, &mut xt[8 * t..8 * t + 8]);
+    }
+    let wt = [zero; 32];
+    let e: Vec<__m256> = eff.iter().map(|e| _mm256_loadu_ps(e.as_ptr())).collect();
+    let out = |s: &[__m256; MAX_CANDIDATES]| {
+        s[..e.len()]
+            .iter()
+            .map(|v| {
+                let mut a = [0.0f32; 8];
+                _mm256_storeu_ps(a.as_mut_ptr(), *v);
+                a
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut br = [const { std::mem::MaybeUninit::<Bracket8>::uninit() }; 32];
+    let mut searched = [zero; MAX_CANDIDATES];
+    all_sums::<_, 4, false, false>(q, &xt, &wt, &br, &e, &mut searched);
+    let bracketed = brackets::<_, 4>(q, &xt, &e, &mut br).then(|| {
+        let mut s = [zero; MAX_CANDIDATES];
+        all_sums::<_, 4, false, true>(q, &xt, &wt, &br, &e, &mut s);
+        out(&s)
+    });
+    (bracketed, out(&searched))
+}
+
+/// q(u) from the brackets gives the searched q(u)'s sums bit for bit: shipped and user
+/// codebooks of 16 and 4 entries, inputs on the thresholds of some candidate (ties) and beside
+/// them, zero blocks and zero scales, candidates close together (brackets hold) and far apart
+/// (some lane has none: the caller searches; both cases must occur).
+#[test]
+fn bracketed_sums_equal_searched_sums() {
+    use crate::lookup::NearestEntry;
+    if !(crate::simd::has_avx2() && crate::simd::has_f16c()) {
+        return;
+    }
+    let books: [&[f32]; 6] = [
+        &crate::lookup::IQ4_NL,
+        &crate::lookup::NF4,
+        &crate::lookup::BQ4,
+        &[1.5, -0.25, 0.0, -3.0],
+        &[-1.0, 1.0, 0.5, -0.5],
+        &[
+            0.1, -7.0, 3.0, 2.5, -0.1, 6.0, -2.0, 1.0, -1.0, 0.75, 4.0, -5.0, 1e-30, -1e30, 2e30,
+            -0.0,
+        ],
+    ];
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    for book in books {
+        let cb = Codebook::new(book).unwrap();
+        let q = NearestEntry::new(&cb);
+        let mids: Vec<f32> = (0..cb.len())
+            .flat_map(|i| (0..cb.len()).map(move |j| (i, j)))
+            .map(|(i, j)| ((cb.get(i) as f64 + cb.get(j) as f64) / 2.0) as f32)
+            .collect();
+        let (mut held, mut fell) = (0, 0);
+        for trial in 0..300 {
+            // Candidates 27/32 .. 37/32 of a scale per lane, or (every third trial) spread
+            // over a factor up to 16; lane 5 all zero scales some trials.
+            let spread = if trial % 3 == 0 {
+                1.0 + rng.below(15) as f32
+            } else {
+                0.37
+            };
+            let base: [f32; 8] = std::array::from_fn(|_| 2f32.powi(rng.below(20) as i32 - 10));
+            let n = 1 + rng.below(MAX_CANDIDATES as u64) as usize;
+            let eff: Vec<[f32; 8]> = (0..n)
+                .map(|k| {
+                    std::array::from_fn(|l| {
+                        let f = 1.0 + spread * (k as f32 / MAX_CANDIDATES as f32 - 0.15);
+                        let e = half::f16::from_f32(base[l] * f).to_f32();
+                        if l == 5 && trial % 4 == 0 {
+                            0.0
+                        } else {
+                            e
+                        }
+                    })
+                })
+                .collect();
+            let x: [f32; 256] = std::array::from_fn(|i| {
+                let (lane, k) = (i / 32, rng.below(n as u64) as usize);
+                let e = eff[k][lane];
+                let m = mids[rng.below(mids.len() as u64) as usize];
+                match rng.below(5) {
+                    _ if lane == 2 && trial % 5 == 0 => 0.0,
+                    0 => m * e,
+                    1 => f32::from_bits(
+                        (m * e)
+                            .to_bits()
+                            .wrapping_add(rng.below(3) as u32)
+                            .wrapping_sub(1),
+                    ),
+                    2 => -m * e,
+                    _ => rng.unit() * e * cb.half_range() * 1.2,
+                }
+            });
+            let x = x.map(|v| if v.is_finite() { v } else { 0.0 });
+            // SAFETY: the CPU has AVX2 and F16C, checked above.
+            let (bracketed, searched) = unsafe { both_sums(q, &x, &eff) };
+            match bracketed {
+                Some(b) => {
+                    held += 1;
+                    for (k, (a, s)) in b.iter().zip(&searched).enumerate() {
+                        for l in 0..8 {
+                            let zero_scale = eff[k][l] == 0.0;
+                            assert!(
+                                zero_scale || a[l].to_bits() == s[l].to_bits(),
+                                "{cb} trial {trial} candidate {k} lane {l}: {:e} vs {:e}",
+                                a[l],
+                                s[l]
+                            );
+                        }
+                    }
+                }
+                None => fell += 1,
+            }
+        }
+        assert!(
+            held > 0 && fell > 0,
+            "{cb}: {held} bracketed, {fell} searched"
+        );
+    }
+}

@@ -175,6 +175,106 @@ fn vector_value_functions_equal_scalar_ones() {
     check(MiniQ::new(QuantValue::E5M2), 1e6);
 }
 
+/// Codebooks for the Lookup tests: every shipped one, user ones of 16 and 4 entries (unsorted,
+/// with −0, entries far apart whose midpoints round in f64, ±a pairs whose tie goes to +a).
+fn test_codebooks() -> Vec<Codebook> {
+    let mut books: Vec<Codebook> = crate::lookup::NAMED
+        .iter()
+        .map(|(_, v)| Codebook::new(v).unwrap())
+        .collect();
+    for v in [
+        &[1.5, -0.25, 0.0, -3.0][..],
+        &[-1.0, 1.0, 0.5, -0.5],
+        &[2.0, 2f32.powi(-60), -3.0, -1e-40],
+        &[
+            0.1, -7.0, 3.0, 2.5, -0.1, 6.0, -2.0, 1.0, -1.0, 0.75, 4.0, -5.0, 1e-30, -1e30, 2e30,
+            -0.0,
+        ],
+    ] {
+        books.push(Codebook::new(v).unwrap());
+    }
+    books
+}
+
+/// u where the nearest entry changes, and around them: each midpoint of two entries (as f32)
+/// and its neighbours up to 2 ulps away, each entry, ±0, the smallest and largest f32s, ±inf.
+fn probes_at_thresholds(cb: &Codebook) -> Vec<f32> {
+    let step = |x: f32, up: bool| {
+        let b = x.to_bits() as i64 + if (x >= 0.0) == up { 1 } else { -1 };
+        if x == 0.0 {
+            if up {
+                f32::from_bits(1)
+            } else {
+                -f32::from_bits(1)
+            }
+        } else {
+            f32::from_bits(b as u32)
+        }
+    };
+    let mut us = vec![
+        0.0f32,
+        -0.0,
+        1e-45,
+        -1e-45,
+        1e-38,
+        -1e-38,
+        f32::MAX,
+        f32::MIN,
+    ];
+    us.extend([f32::INFINITY, f32::NEG_INFINITY]);
+    for i in 0..cb.len() {
+        us.push(cb.get(i));
+        for j in 0..cb.len() {
+            let m = ((cb.get(i) as f64 + cb.get(j) as f64) / 2.0) as f32;
+            let (mut lo, mut hi) = (m, m);
+            us.push(m);
+            for _ in 0..2 {
+                lo = step(lo, false);
+                hi = step(hi, true);
+                us.extend([lo, hi]);
+            }
+        }
+    }
+    us
+}
+
+/// The codebook's AVX2 q(u) (a binary search) equals its scalar one (a select per threshold)
+/// and the decoded code (the codec's count of thresholds) exactly at every threshold and a few
+/// ulps either side, in every lane position.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn codebook_vector_value_is_the_decoded_code_at_thresholds() {
+    use crate::codec::Encode;
+    use crate::lookup::LookupCode;
+    use std::arch::x86_64::*;
+    if !crate::simd::has_avx2() {
+        return;
+    }
+    #[target_feature(enable = "avx2")]
+    unsafe fn eight(q: NearestEntry, u: &[f32; 8]) -> [f32; 8] {
+        let mut o = [0.0f32; 8];
+        _mm256_storeu_ps(o.as_mut_ptr(), q.qv8(_mm256_loadu_ps(u.as_ptr())));
+        o
+    }
+    for cb in test_codebooks() {
+        let (q, code) = (NearestEntry::new(&cb), LookupCode::new(&cb));
+        let us = probes_at_thresholds(&cb);
+        for shift in 0..8 {
+            for c in us[shift.min(us.len())..].chunks(8) {
+                let mut u = [0.0f32; 8];
+                u[..c.len()].copy_from_slice(c);
+                // SAFETY: AVX2 checked above.
+                let v = unsafe { eight(q, &u) };
+                for i in 0..8 {
+                    let want = cb.get(code.encode(u[i]) as usize);
+                    assert_eq!(q.qv(u[i]).to_bits(), want.to_bits(), "{cb} at {:e}", u[i]);
+                    assert_eq!(v[i].to_bits(), want.to_bits(), "{cb} at {:e}", u[i]);
+                }
+            }
+        }
+    }
+}
+
 /// A value type without a vector form: `qv8` is the default, lane by lane.
 #[derive(Clone, Copy)]
 struct Halves;

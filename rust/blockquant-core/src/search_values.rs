@@ -26,6 +26,49 @@ pub(crate) trait Dequant: Copy + Send + Sync {
         _mm256_storeu_ps(a.as_mut_ptr(), u);
         _mm256_loadu_ps(a.map(|v| self.qv(v)).as_ptr())
     }
+
+    /// Whether [`Dequant::bracket8`] narrows q (codebooks), for the lane search to use.
+    const BRACKETS: bool = false;
+
+    /// For eight lanes whose u all lie in [lo, hi] (one lane's u under every candidate scale),
+    /// the [`Bracket8`] that gives each lane's q(u) from two compares, and a mask of the lanes
+    /// where it would not (u may cross more than two thresholds: the caller must use `qv8`).
+    /// Called only when [`Dequant::BRACKETS`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn bracket8(&self, lo: __m256, hi: __m256) -> (Bracket8, __m256) {
+        let _ = (lo, hi);
+        unreachable!("bracket8 of a value type without brackets")
+    }
+}
+
+/// Three consecutive sorted entries v[0] < v[1] < v[2] of a codebook, per lane, and the two
+/// thresholds between them, a < b: for a u whose entry is among the three,
+/// q(u) = u ≥ b ? v[2] : u ≥ a ? v[1] : v[0] (the thresholds rise, so u ≥ b implies u ≥ a).
+/// The lane search brackets each input once, then pays two compares and two blends per
+/// candidate instead of a search.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(crate) struct Bracket8 {
+    pub a: __m256,
+    pub b: __m256,
+    pub v: [__m256; 3],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Bracket8 {
+    /// q(u) of each lane, u within the bracket.
+    ///
+    /// # Safety
+    /// The CPU must support AVX.
+    #[inline(always)]
+    pub(crate) unsafe fn qv8(&self, u: __m256) -> __m256 {
+        let q = _mm256_blendv_ps(self.v[0], self.v[1], _mm256_cmp_ps::<_CMP_GE_OQ>(u, self.a));
+        _mm256_blendv_ps(q, self.v[2], _mm256_cmp_ps::<_CMP_GE_OQ>(u, self.b))
+    }
 }
 
 /// Integer values, either rounding: half away from zero and half to even differ only at a tie,
@@ -146,19 +189,94 @@ impl Dequant for crate::lookup::NearestEntry {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn qv8(&self, u: __m256) -> __m256 {
-        // The thresholds u reaches counted (each passed mask is −1); the count picks the sorted
-        // entry with two in-register permutes (each reads the low three bits), chosen by bit 3:
-        // the entry `value`'s select chain ends on (NaN padding thresholds are never passed).
-        let (thresholds, sorted) = self.parts();
-        let mut rank = _mm256_setzero_si256();
-        for &t in thresholds {
-            let ge = _mm256_cmp_ps::<_CMP_GE_OQ>(u, _mm256_set1_ps(t));
-            rank = _mm256_sub_epi32(rank, _mm256_castps_si256(ge));
+        // The rank by binary search ([`crate::lookup::SearchTree`]): three compares give the
+        // top two bits, then two levels of one permute and one compare; the running index
+        // holds −p, p the rank's bits so far. (Macros, not closures: a closure would not be
+        // compiled for AVX2.)
+        let t = self.tree();
+        macro_rules! ge {
+            ($th:expr) => {
+                _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(u, $th))
+            };
         }
-        let lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(sorted.as_ptr()), rank);
-        let hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(sorted.as_ptr().add(8)), rank);
-        let upper = _mm256_cmpgt_epi32(rank, _mm256_set1_epi32(7));
+        macro_rules! pick {
+            ($table:expr, $i:expr) => {
+                _mm256_permutevar8x32_ps(_mm256_loadu_ps($table.as_ptr()), $i)
+            };
+        }
+        macro_rules! step {
+            ($i:expr, $m:expr) => {
+                _mm256_add_epi32(_mm256_add_epi32($i, $i), $m)
+            };
+        }
+        let upper = ge!(_mm256_set1_ps(t.top[1]));
+        let i2 = _mm256_add_epi32(
+            _mm256_add_epi32(ge!(_mm256_set1_ps(t.top[0])), upper),
+            ge!(_mm256_set1_ps(t.top[2])),
+        );
+        let i3 = step!(i2, ge!(pick!(t.l3, i2)));
+        let i4 = step!(i3, ge!(pick!(t.l4, i3)));
+        let (lo, hi) = (pick!(t.lo, i4), pick!(t.hi, i4));
         _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(upper))
+    }
+
+    const BRACKETS: bool = true;
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn bracket8(&self, lo: __m256, hi: __m256) -> (Bracket8, __m256) {
+        // The rank r of lo (u ≥ lo, so every rank is ≥ r) by the same search as `qv8`, moved
+        // down to at most n − 3 so that r + 2 is an entry; the bracket is entries r..r + 2. It
+        // holds every u ≤ hi unless hi passes t_{r+2} (the NaN past the last never is).
+        let t = self.tree();
+        macro_rules! ge {
+            ($th:expr) => {
+                _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(lo, $th))
+            };
+        }
+        macro_rules! pick {
+            ($table:expr, $i:expr) => {
+                _mm256_permutevar8x32_ps(_mm256_loadu_ps($table.as_ptr()), $i)
+            };
+        }
+        macro_rules! step {
+            ($i:expr, $m:expr) => {
+                _mm256_add_epi32(_mm256_add_epi32($i, $i), $m)
+            };
+        }
+        let i2 = _mm256_add_epi32(
+            _mm256_add_epi32(ge!(_mm256_set1_ps(t.top[0])), ge!(_mm256_set1_ps(t.top[1]))),
+            ge!(_mm256_set1_ps(t.top[2])),
+        );
+        let i3 = step!(i2, ge!(pick!(t.l3, i2)));
+        let i4 = step!(i3, ge!(pick!(t.l4, i3)));
+        let r = _mm256_min_epi32(
+            _mm256_sub_epi32(_mm256_setzero_si256(), i4),
+            _mm256_set1_epi32(t.bracket_max),
+        );
+        // Slot k of a 16-entry table: the low three bits pick within a half, bit 3 the half.
+        macro_rules! at {
+            ($table:expr, $k:expr) => {{
+                let k = $k;
+                let upper = _mm256_castsi256_ps(_mm256_cmpgt_epi32(k, _mm256_set1_epi32(7)));
+                let lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps($table.as_ptr()), k);
+                let hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps($table.as_ptr().add(8)), k);
+                _mm256_blendv_ps(lo, hi, upper)
+            }};
+        }
+        let r1 = _mm256_add_epi32(r, _mm256_set1_epi32(1));
+        let r2 = _mm256_add_epi32(r, _mm256_set1_epi32(2));
+        let bracket = Bracket8 {
+            a: at!(t.thresholds, r),
+            b: at!(t.thresholds, r1),
+            v: [at!(t.sorted, r), at!(t.sorted, r1), at!(t.sorted, r2)],
+        };
+        // Too few entries for a bracket (bracket_max < 0): every lane falls back.
+        let far = _mm256_or_ps(
+            _mm256_cmp_ps::<_CMP_GE_OQ>(hi, at!(t.thresholds, r2)),
+            _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_setzero_si256(), r)),
+        );
+        (bracket, far)
     }
 }
 
