@@ -37,8 +37,6 @@ mod search_cands;
 mod search_lanes;
 mod search_values;
 mod simd;
-#[cfg(target_arch = "x86_64")]
-mod tiles;
 
 pub use calibrate::Calibration;
 pub use codec::Rounding;

@@ -418,15 +418,7 @@ fn check_options(layout: &Layout, opts: &QuantizeOptions) -> Result<()> {
 fn one_pass(layout: &Layout, opts: &QuantizeOptions, explicit: Option<ExplicitScales<'_>>) -> bool {
     let calibrating = explicit.is_none_or(|e| e.scales.is_none() && e.global.is_none());
     // The mse search reads each block many times on its own; the one-pass kernel is minmax's.
-    calibrating && opts.calibration != Calibration::Mse && (fusable(layout) || tiles(layout, opts))
-}
-
-/// Blocks over rows, one code a byte: the banded one-pass kernel ([`crate::tiles`]).
-fn tiles(layout: &Layout, opts: &QuantizeOptions) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return crate::tiles::fits(layout, opts);
-    #[cfg(not(target_arch = "x86_64"))]
-    return false;
+    calibrating && opts.calibration != Calibration::Mse && fusable(layout)
 }
 
 /// Whether [`quantize_in_pool`] takes `nvfp4_avx2`'s kernel (after its checks; the storage is
@@ -668,6 +660,7 @@ fn fused_with<C: Encode>(
     stored: &mut [f32],
 ) -> bool {
     assert_eq!(stored.len(), layout.num_scales);
+    let pieces = pieces(layout);
     // Codes one a byte, unmasked, straight into large final storage: past the cache. (With
     // per > 1 the kernel writes a code buffer, which must stay in cache for the packing.)
     #[cfg(target_arch = "x86_64")]
@@ -684,14 +677,6 @@ fn fused_with<C: Encode>(
         emax: layout.scheme.mx_emax(),
         stream,
     };
-    #[cfg(target_arch = "x86_64")]
-    let out = match out {
-        StorageMut::U8(bytes) if crate::tiles::fits(layout, opts) => {
-            return crate::tiles::quantize_tiles(codec, x, &k, bytes, stored);
-        }
-        out => out,
-    };
-    let pieces = pieces(layout);
     let mask = layout
         .packing
         .masks_bytes()
@@ -983,7 +968,7 @@ pub fn round_scales(
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     //! The one-pass kernel against the two-pass one (what `quantize` runs when it does not
     //! fuse), `measure_piece`'s AVX2 build against its portable one, and quantize → dequantize
     //! against a scalar reading of SPEC §3–§7.
@@ -1014,7 +999,7 @@ pub(crate) mod tests {
     /// Runs of 1 to 80 values sharing a magnitude, from all-zero (zero rule) and subnormal to
     /// near f32::MAX, with edges sprinkled in; some runs mix 1e30 and 1e-30 (absmean's exact
     /// sum). Finite only.
-    pub(crate) fn tensor(rng: &mut Rng, n: usize) -> Vec<f32> {
+    fn tensor(rng: &mut Rng, n: usize) -> Vec<f32> {
         let mags = [0.0, 1e-42, 1e-20, 1e-3, 1.0, 0.5, 300.0, 1e5, 1e30, 3e38];
         let mut x = Vec::with_capacity(n);
         while x.len() < n {
@@ -1035,7 +1020,7 @@ pub(crate) mod tests {
     }
 
     /// The same values in each input dtype (saturated to its range: no overflow to inf).
-    pub(crate) struct Inputs {
+    struct Inputs {
         f32: Vec<f32>,
         f16: Vec<u16>,
         bf16: Vec<u16>,
@@ -1043,7 +1028,7 @@ pub(crate) mod tests {
     }
 
     impl Inputs {
-        pub(crate) fn new(x: Vec<f32>) -> Self {
+        fn new(x: Vec<f32>) -> Self {
             let f16 = x
                 .iter()
                 .map(|&v| half::f16::from_f32(v.clamp(-65504.0, 65504.0)).to_bits())
@@ -1071,7 +1056,7 @@ pub(crate) mod tests {
                 f64,
             }
         }
-        pub(crate) fn get(&self, k: usize) -> Input<'_> {
+        fn get(&self, k: usize) -> Input<'_> {
             match k % 4 {
                 0 => Input::F32(&self.f32),
                 1 => Input::F16(&self.f16),
@@ -1082,11 +1067,7 @@ pub(crate) mod tests {
     }
 
     /// Scales then values, in two passes over memory.
-    pub(crate) fn two_pass(
-        x: Input<'_>,
-        layout: &Layout,
-        opts: &QuantizeOptions,
-    ) -> (Scales, Words) {
+    fn two_pass(x: Input<'_>, layout: &Layout, opts: &QuantizeOptions) -> (Scales, Words) {
         let scales = compute_scales(x, layout, opts, None).unwrap();
         let mut w = Words::filled(layout, 0xA5A5_A5A5);
         encode_values(x, layout, scales.effective(), opts.rounding, w.as_mut()).unwrap();
