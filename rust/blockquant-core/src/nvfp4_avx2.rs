@@ -274,14 +274,7 @@ pub(crate) fn quantize_nvfp4(
     if top > f32::MAX.to_bits() {
         return Err(first_non_finite(x));
     }
-    let k = FusedKernel {
-        layout,
-        opts,
-        dtype: layout.scheme.scale_dtype(),
-        half_range: layout.scheme.half_range(),
-        emax: layout.scheme.mx_emax(),
-        stream: false,
-    };
+    let k = FusedKernel::new(layout, opts, false);
     // The largest amplitude stands for all of them (g depends on the maximum alone).
     let g = derived_global(&[f32::from_bits(top)], k.half_range, k.dtype);
     // Hand each piece its scales and bytes; the last pieces first: pass 1 just read them, so

@@ -522,14 +522,7 @@ fn quantize_two_level(
 ) -> Result<Scales> {
     // The amplitudes, turned into the stored block scales in place by pass 2.
     let mut stored = amplitudes(x, layout, Calibration::MinMax);
-    let k = FusedKernel {
-        layout,
-        opts,
-        dtype: layout.scheme.scale_dtype(),
-        half_range: layout.scheme.half_range(),
-        emax: layout.scheme.mx_emax(),
-        stream: false,
-    };
+    let k = FusedKernel::new(layout, opts, false);
     let g = derived_global(&stored, k.half_range, k.dtype);
     let pieces = pieces(layout);
     let bad = with_codec!(&layout.scheme, opts.rounding, |codec| {
@@ -669,14 +662,7 @@ fn fused_with<C: Encode>(
         && layout.num_elements >= crate::simd::x86::STREAM_MIN_BYTES;
     #[cfg(not(target_arch = "x86_64"))]
     let stream = false;
-    let k = FusedKernel {
-        layout,
-        opts,
-        dtype: layout.scheme.scale_dtype(),
-        half_range: layout.scheme.half_range(),
-        emax: layout.scheme.mx_emax(),
-        stream,
-    };
+    let k = FusedKernel::new(layout, opts, stream);
     let mask = layout
         .packing
         .masks_bytes()
@@ -724,7 +710,18 @@ pub(crate) struct FusedKernel<'a> {
     pub(crate) stream: bool,
 }
 
-impl FusedKernel<'_> {
+impl<'a> FusedKernel<'a> {
+    pub(crate) fn new(layout: &'a Layout, opts: &'a QuantizeOptions, stream: bool) -> Self {
+        Self {
+            layout,
+            opts,
+            dtype: layout.scheme.scale_dtype(),
+            half_range: layout.scheme.half_range(),
+            emax: layout.scheme.mx_emax(),
+            stream,
+        }
+    }
+
     /// A two-level block's stored scale b from its amplitude, under the per-tensor scale g (as
     /// `compute_scales`).
     #[inline(always)]
@@ -1443,14 +1440,7 @@ mod tests {
     #[test]
     fn measure_encode_avx2_build_matches_portable() {
         fn check<C: Encode>(codec: C, x: &[f32], layout: &Layout, opts: &QuantizeOptions) {
-            let mut k = FusedKernel {
-                layout,
-                opts,
-                dtype: layout.scheme.scale_dtype(),
-                half_range: layout.scheme.half_range(),
-                emax: layout.scheme.mx_emax(),
-                stream: false,
-            };
+            let mut k = FusedKernel::new(layout, opts, false);
             for p in pieces(layout) {
                 let xs = &x[p.start..p.start + p.len];
                 let (mut s1, mut s2) = (vec![-1.0f32; p.scales], vec![-2.0f32; p.scales]);

@@ -189,34 +189,10 @@ impl Dequant for crate::lookup::NearestEntry {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn qv8(&self, u: __m256) -> __m256 {
-        // The rank by binary search ([`crate::lookup::SearchTree`]): three compares give the
-        // top two bits, then two levels of one permute and one compare; the running index
-        // holds −p, p the rank's bits so far. (Macros, not closures: a closure would not be
-        // compiled for AVX2.)
         let t = self.tree();
-        macro_rules! ge {
-            ($th:expr) => {
-                _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(u, $th))
-            };
-        }
-        macro_rules! pick {
-            ($table:expr, $i:expr) => {
-                _mm256_permutevar8x32_ps(_mm256_loadu_ps($table.as_ptr()), $i)
-            };
-        }
-        macro_rules! step {
-            ($i:expr, $m:expr) => {
-                _mm256_add_epi32(_mm256_add_epi32($i, $i), $m)
-            };
-        }
-        let upper = ge!(_mm256_set1_ps(t.top[1]));
-        let i2 = _mm256_add_epi32(
-            _mm256_add_epi32(ge!(_mm256_set1_ps(t.top[0])), upper),
-            ge!(_mm256_set1_ps(t.top[2])),
-        );
-        let i3 = step!(i2, ge!(pick!(t.l3, i2)));
-        let i4 = step!(i3, ge!(pick!(t.l4, i3)));
-        let (lo, hi) = (pick!(t.lo, i4), pick!(t.hi, i4));
+        let (i4, upper) = neg_rank8(t, u);
+        let lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(t.lo.as_ptr()), i4);
+        let hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(t.hi.as_ptr()), i4);
         _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(upper))
     }
 
@@ -229,27 +205,7 @@ impl Dequant for crate::lookup::NearestEntry {
         // down to at most n − 3 so that r + 2 is an entry; the bracket is entries r..r + 2. It
         // holds every u ≤ hi unless hi passes t_{r+2} (the NaN past the last never is).
         let t = self.tree();
-        macro_rules! ge {
-            ($th:expr) => {
-                _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(lo, $th))
-            };
-        }
-        macro_rules! pick {
-            ($table:expr, $i:expr) => {
-                _mm256_permutevar8x32_ps(_mm256_loadu_ps($table.as_ptr()), $i)
-            };
-        }
-        macro_rules! step {
-            ($i:expr, $m:expr) => {
-                _mm256_add_epi32(_mm256_add_epi32($i, $i), $m)
-            };
-        }
-        let i2 = _mm256_add_epi32(
-            _mm256_add_epi32(ge!(_mm256_set1_ps(t.top[0])), ge!(_mm256_set1_ps(t.top[1]))),
-            ge!(_mm256_set1_ps(t.top[2])),
-        );
-        let i3 = step!(i2, ge!(pick!(t.l3, i2)));
-        let i4 = step!(i3, ge!(pick!(t.l4, i3)));
+        let (i4, _) = neg_rank8(t, lo);
         let r = _mm256_min_epi32(
             _mm256_sub_epi32(_mm256_setzero_si256(), i4),
             _mm256_set1_epi32(t.bracket_max),
@@ -278,6 +234,35 @@ impl Dequant for crate::lookup::NearestEntry {
         );
         (bracket, far)
     }
+}
+
+/// The rank of each lane of `u` among a codebook's thresholds (how many it reaches), negated,
+/// by binary search ([`crate::lookup::SearchTree`]): three compares give the top two bits, then
+/// two levels of one permute and one compare; the running index holds −p, p the rank's bits so
+/// far. Also the top bit's mask (rank ≥ 8). Shared by the value and the bracket search, so both
+/// take the same compares.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn neg_rank8(t: &crate::lookup::SearchTree, u: __m256) -> (__m256i, __m256i) {
+    // Macros, not closures: a closure would not be compiled for AVX2.
+    macro_rules! ge {
+        ($th:expr) => {
+            _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(u, $th))
+        };
+    }
+    macro_rules! step {
+        ($i:expr, $table:expr) => {{
+            let i = $i;
+            let th = _mm256_permutevar8x32_ps(_mm256_loadu_ps($table.as_ptr()), i);
+            _mm256_add_epi32(_mm256_add_epi32(i, i), ge!(th))
+        }};
+    }
+    let upper = ge!(_mm256_set1_ps(t.top[1]));
+    let i2 = _mm256_add_epi32(
+        _mm256_add_epi32(ge!(_mm256_set1_ps(t.top[0])), upper),
+        ge!(_mm256_set1_ps(t.top[2])),
+    );
+    (step!(step!(i2, t.l3), t.l4), upper)
 }
 
 /// Runs `$body` with `$q` bound to the [`Dequant`] of `$scheme`'s value, or its codebook (the
