@@ -525,18 +525,15 @@ fn pack_words<C: Encode, W: Word>(
 ) -> bool {
     let words_per_task = (MIN_TASK_ELEMS / layout.packing.per).max(1);
     #[cfg(target_arch = "x86_64")]
-    if crate::pack2_avx2::applies(layout, &x, &sc) {
-        return out
-            .par_chunks_mut(words_per_task)
-            .enumerate()
-            .map(|(ci, words)| {
-                crate::pack2_avx2::encode_words(codec, x, layout, sc, ci * words_per_task, words)
-            })
-            .reduce(|| false, |a, b| a | b);
-    }
+    let fill = match crate::pack2_avx2::applies(layout, &x, &sc) {
+        true => crate::pack2_avx2::encode_words::<C, W>,
+        false => encode_words_last_axis::<C, W>,
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let fill = encode_words_last_axis::<C, W>;
     out.par_chunks_mut(words_per_task)
         .enumerate()
-        .map(|(ci, words)| encode_words_last_axis(codec, x, layout, sc, ci * words_per_task, words))
+        .map(|(ci, words)| fill(codec, x, layout, sc, ci * words_per_task, words))
         .reduce(|| false, |a, b| a | b)
 }
 

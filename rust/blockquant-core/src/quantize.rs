@@ -364,7 +364,14 @@ pub fn quantize(
     explicit: Option<ExplicitScales<'_>>,
     out: StorageMut<'_>,
 ) -> Result<Scales> {
-    pool::install(|| quantize_in_pool(x, layout, opts, explicit, out))
+    pool::install(|| {
+        // Untouched (so never faulted in) when no direct kernel takes the call.
+        let mut stored = vec![0.0f32; layout.num_scales];
+        match quantize_direct(x, layout, opts, explicit, out, &mut stored)? {
+            Direct::Done(global) => Ok(Scales::new(stored, global)),
+            Direct::Declined(out) => quantize_in_pool(x, layout, opts, explicit, out),
+        }
+    })
 }
 
 /// [`quantize`], its stored scales written into `scales` (the grid's size, C order) instead of
@@ -377,7 +384,7 @@ pub fn quantize_into(
     layout: &Layout,
     opts: &QuantizeOptions,
     explicit: Option<ExplicitScales<'_>>,
-    mut out: StorageMut<'_>,
+    out: StorageMut<'_>,
     scales: &mut [f32],
 ) -> Result<Option<f32>> {
     if scales.len() != layout.num_scales {
@@ -387,22 +394,48 @@ pub fn quantize_into(
             layout.num_scales
         )));
     }
-    pool::install(|| {
-        if one_pass(layout, opts, explicit) {
-            check_options(layout, opts)?;
-            quantize_fused(x, layout, opts, out, scales)?;
-            return Ok(None);
-        }
+    pool::install(
+        || match quantize_direct(x, layout, opts, explicit, out, scales)? {
+            Direct::Done(global) => Ok(global),
+            Direct::Declined(out) => {
+                let sc = quantize_in_pool(x, layout, opts, explicit, out)?;
+                scales.copy_from_slice(&sc.stored);
+                Ok(sc.global)
+            }
+        },
+    )
+}
+
+/// What [`quantize_direct`] did: quantized (the global scale, two-level), or left the call
+/// (storage untouched) to [`quantize_in_pool`].
+enum Direct<'a> {
+    Done(Option<f32>),
+    Declined(StorageMut<'a>),
+}
+
+/// The kernels that write the stored scales straight into `scales` (the grid's size): the
+/// one-pass kernel and NVFP4's. The options are checked first either way.
+fn quantize_direct<'a>(
+    x: Input<'_>,
+    layout: &Layout,
+    opts: &QuantizeOptions,
+    explicit: Option<ExplicitScales<'_>>,
+    out: StorageMut<'a>,
+    scales: &mut [f32],
+) -> Result<Direct<'a>> {
+    check_options(layout, opts)?;
+    if one_pass(layout, opts, explicit) {
+        quantize_fused(x, layout, opts, out, scales)?;
+        return Ok(Direct::Done(None));
+    }
+    match out {
         #[cfg(target_arch = "x86_64")]
-        if let (true, StorageMut::U8(words)) = (nvfp4_path(layout, opts, explicit), &mut out) {
-            check_options(layout, opts)?;
+        StorageMut::U8(words) if nvfp4_path(layout, opts, explicit) => {
             let g = crate::nvfp4_avx2::quantize_nvfp4(x, layout, opts, words, scales)?;
-            return Ok(Some(g));
+            Ok(Direct::Done(Some(g)))
         }
-        let sc = quantize_in_pool(x, layout, opts, explicit, out)?;
-        scales.copy_from_slice(&sc.stored);
-        Ok(sc.global)
-    })
+        out => Ok(Direct::Declined(out)),
+    }
 }
 
 /// The options' checks against the scheme, before anything is written.
@@ -414,15 +447,14 @@ fn check_options(layout: &Layout, opts: &QuantizeOptions) -> Result<()> {
     check_rounding(layout, opts.rounding)
 }
 
-/// Whether [`quantize_in_pool`] takes the one-pass kernel (after its checks).
+/// Whether [`quantize_direct`] takes the one-pass kernel.
 fn one_pass(layout: &Layout, opts: &QuantizeOptions, explicit: Option<ExplicitScales<'_>>) -> bool {
     let calibrating = explicit.is_none_or(|e| e.scales.is_none() && e.global.is_none());
     // The mse search reads each block many times on its own; the one-pass kernel is minmax's.
     calibrating && opts.calibration != Calibration::Mse && fusable(layout)
 }
 
-/// Whether [`quantize_in_pool`] takes `nvfp4_avx2`'s kernel (after its checks; the storage is
-/// then u8).
+/// Whether [`quantize_direct`] takes `nvfp4_avx2`'s kernel (when the storage is u8).
 #[cfg(target_arch = "x86_64")]
 fn nvfp4_path(
     layout: &Layout,
@@ -436,6 +468,8 @@ fn nvfp4_path(
         && crate::nvfp4_avx2::applies(layout)
 }
 
+/// The kernels that compute the scales on their own (after [`quantize_direct`] declined; the
+/// options are checked).
 fn quantize_in_pool(
     x: Input<'_>,
     layout: &Layout,
@@ -443,12 +477,6 @@ fn quantize_in_pool(
     explicit: Option<ExplicitScales<'_>>,
     out: StorageMut<'_>,
 ) -> Result<Scales> {
-    check_options(layout, opts)?;
-    if one_pass(layout, opts, explicit) {
-        let mut stored = vec![0.0f32; layout.num_scales];
-        quantize_fused(x, layout, opts, out, &mut stored)?;
-        return Ok(Scales::new(stored, None));
-    }
     let calibrating = explicit.is_none_or(|e| e.scales.is_none() && e.global.is_none());
     #[cfg(target_arch = "x86_64")]
     if calibrating
@@ -457,14 +485,7 @@ fn quantize_in_pool(
         && crate::simd::has_avx2()
         && crate::simd::has_f16c()
     {
-        return match out {
-            StorageMut::U8(words) if crate::nvfp4_avx2::applies(layout) => {
-                let mut stored = vec![0.0f32; layout.num_scales];
-                let g = crate::nvfp4_avx2::quantize_nvfp4(x, layout, opts, words, &mut stored)?;
-                Ok(Scales::new(stored, Some(g)))
-            }
-            out => quantize_two_level(x, layout, opts, out),
-        };
+        return quantize_two_level(x, layout, opts, out);
     }
     #[cfg(target_arch = "x86_64")]
     if calibrating
