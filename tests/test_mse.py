@@ -120,6 +120,26 @@ def test_large_blocks_are_summed_in_chunks_as_the_reference_does():
     _same(*with_threads)
 
 
+def test_candidates_whose_reciprocal_overflows_lose():
+    # Q8S, half range 127: at amplitude 127 * 2^-128 minmax's scale is 2^-128, whose f32
+    # reciprocal overflows (error +inf), while the candidates at 62/64 and 63/64 of the range
+    # (larger scales) stay finite, so one of them wins; a block of subnormals far below has
+    # every candidate +inf and keeps minmax's. Lanes (blocks of 32) and the block walk (8).
+    tiny = np.float32(2.0**-128)
+    for block in (32, 8):
+        x = RNG.uniform(-1, 1, (4, 64)).astype(np.float32) * (np.float32(127) * tiny)
+        x[:, ::block] = np.float32(127) * tiny
+        x[1] *= np.float32(1e-6)
+        s = _one_level(QuantValue.Q8S, ScaleDtype.F32, [block])
+        qt = bq.quantize(x, s, calibration="mse")
+        _same(qt, ref.quantize(x, s, calibration="mse"))
+        mm = bq.quantize(x, s).scales.ravel()
+        got = qt.scales.ravel()
+        first = slice(0, 64 // block)
+        assert np.all(got[first] > mm[first]) and np.all(np.isfinite(1 / got[first]))
+        assert np.array_equal(got[64 // block : 128 // block], mm[64 // block : 128 // block])
+
+
 def test_ties_keep_the_first_candidate():
     # An all-zero block and a block of one value: every candidate's error ties or minmax is exact.
     s = _one_level(QuantValue.Q8S, ScaleDtype.F32, [4])
@@ -130,9 +150,10 @@ def test_ties_keep_the_first_candidate():
 
 
 def _error(x, e, value):
+    # The search's own measure (docs/format.md): u = x · (1/e), the f32 reciprocal.
     if e == 0:
         return np.inf
-    u = (x / np.float32(e)).astype(np.float32)
+    u = (x * (np.float32(1) / np.float32(e))).astype(np.float32)
     q = np.clip(np.sign(u) * np.floor(np.abs(u) + np.float32(0.5)), value.qmin, value.qmax)
     return float(e) ** 2 * float(((u - q) ** 2).sum())
 

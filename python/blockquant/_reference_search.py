@@ -7,9 +7,11 @@ Per block, the stored scale of least squared error among fixed candidates around
   the scale dtype with the call's ``scale_rounding`` (a Lookup scheme: half_range is the
   codebook's max |c_k|, and q(u) its entry nearest to u). UE8M0 instead takes the code minmax would
   store and its neighbours (code - 1, code + 1), dropping any outside 0..254;
-- a candidate of effective scale e != 0 has error e² * S (float64), S = sum(w * (u - q(u))²),
-  u = x / e the float32 division of quantize and q(u) the value it quantizes to; the terms and
-  the sums within a chunk are float32. A zero scale (it would zero the block) has error +inf;
+- a candidate of effective scale e has error e² * S (float64), S = sum(w * (u - q(u))²),
+  u = x * r with r = 1 / e the float32 reciprocal (a multiply, not quantize's division: the
+  search's own definition, within an ulp of it), and q(u) the value u quantizes to; the terms
+  and the sums within a chunk are float32. A scale whose reciprocal overflows (e = 0, which
+  would zero the block, or e <= 2^-128) has error +inf;
 - S runs over the block's elements in row-major in-block order (partial blocks: the elements
   that exist, no gaps), cut into chunks of ``CHUNK``; within a chunk, element i adds into lane
   i % 8 in order, lanes combine as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) in float32, and the chunk
@@ -86,13 +88,16 @@ def _decoded(x_s: np.ndarray, scheme: QuantScheme, rounding: str) -> np.ndarray:
 
 def _errors(rows, wrows, e, scheme, rounding, present=None) -> np.ndarray:
     """Each block's error (float64) under effective scales ``e`` (one per block): e² · S,
-    S = sum(w * (u - q(u))²), u = x / e; +inf where e = 0. ``present`` (a mask like ``rows``)
-    marks the elements a partial block has: the padding adds nothing (for a codebook without
-    0, a padded 0 would otherwise count)."""
-    col = e[:, None]
+    S = sum(w * (u - q(u))²), u = x * (1 / e); +inf where 1 / e overflows. ``present`` (a mask
+    like ``rows``) marks the elements a partial block has: the padding adds nothing (for a
+    codebook without 0, a padded 0 would otherwise count)."""
+    with np.errstate(divide="ignore", over="ignore"):
+        r = (np.float32(1) / e).astype(np.float32)
+    live = np.isfinite(r)
+    col = r[:, None]
     u = np.zeros(rows.shape, dtype=np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
-        np.divide(rows, col, out=u, where=col != 0)
+        np.multiply(rows, col, out=u, where=live[:, None])
         t = u - _decoded(u, scheme, rounding)
         term = t * t
         if wrows is not None:
@@ -114,7 +119,7 @@ def _errors(rows, wrows, e, scheme, rounding, present=None) -> np.ndarray:
     total = np.add.accumulate(per_chunk.astype(np.float64), axis=1)[:, -1]
     e64 = e.astype(np.float64)
     with np.errstate(invalid="ignore"):
-        return np.where(e == 0, np.inf, (e64 * e64) * total)
+        return np.where(live, (e64 * e64) * total, np.inf)
 
 
 def mse_scales(x1, scheme: QuantScheme, rounding: str, scale_rounding: str, given_g, w1):

@@ -7,16 +7,16 @@
 
 use std::arch::x86_64::*;
 
+use crate::search::reciprocal;
 use crate::search::MAX_CANDIDATES;
 use crate::search_values::Dequant;
-use crate::simd::exact_reciprocal;
 
 /// Candidate slots, rounded up to whole groups of eight for [`combine8`].
 const SLOTS: usize = MAX_CANDIDATES.div_ceil(8) * 8;
 
 /// For each effective scale `eff[j]`, Σ w·(u − q(u))² over one chunk (≤ CHUNK elements), element
-/// i into lane i % 8, the lanes combined pairwise, into `sums[j]`. A zero scale's sum is
-/// meaningless (the caller's error is +inf for it).
+/// i into lane i % 8, the lanes combined pairwise, into `sums[j]`. The sum of a scale whose
+/// reciprocal overflows is meaningless (the caller's error is +inf for it).
 ///
 /// # Safety
 /// The CPU must support AVX2.
@@ -53,13 +53,9 @@ pub(crate) unsafe fn chunk_sums_inline<Q: Dequant>(
         (16, None) => fixed::<Q, 2>(q, xs, &eff[..k], &mut acc),
         _ => {
             for (a, &e) in acc.iter_mut().zip(&eff[..k]) {
-                // A power of two divides exactly as its reciprocal multiplies, the cheaper
-                // instruction.
-                *a = match (exact_reciprocal(e), ws) {
-                    (Some(r), None) => lanes::<Q, true, false>(q, xs, None, r),
-                    (Some(r), Some(w)) => lanes::<Q, true, true>(q, xs, Some(w), r),
-                    (None, None) => lanes::<Q, false, false>(q, xs, None, e),
-                    (None, Some(w)) => lanes::<Q, false, true>(q, xs, Some(w), e),
+                *a = match ws {
+                    None => lanes::<Q, false>(q, xs, None, reciprocal(e)),
+                    Some(w) => lanes::<Q, true>(q, xs, Some(w), reciprocal(e)),
                 };
             }
         }
@@ -83,33 +79,18 @@ unsafe fn fixed<Q: Dequant, const N: usize>(q: Q, xs: &[f32], eff: &[f32], acc: 
     let zero = _mm256_setzero_ps();
     for (a, &e) in acc.iter_mut().zip(eff) {
         let mut s = zero;
-        match exact_reciprocal(e) {
-            Some(r) => {
-                let rv = _mm256_set1_ps(r);
-                for &xv in &x {
-                    s = _mm256_add_ps(s, term::<Q, true, false>(q, xv, zero, rv));
-                }
-            }
-            None => {
-                let ev = _mm256_set1_ps(e);
-                for &xv in &x {
-                    s = _mm256_add_ps(s, term::<Q, false, false>(q, xv, zero, ev));
-                }
-            }
+        let rv = _mm256_set1_ps(reciprocal(e));
+        for &xv in &x {
+            s = _mm256_add_ps(s, term::<Q, false>(q, xv, zero, rv));
         }
         *a = s;
     }
 }
 
-/// The eight lanes of Σ w·(u − q(u))², u = x / e (`MUL`: x · e, e the exact reciprocal).
+/// The eight lanes of Σ w·(u − q(u))², u = x · r.
 #[inline(always)]
-unsafe fn lanes<Q: Dequant, const MUL: bool, const W: bool>(
-    q: Q,
-    xs: &[f32],
-    ws: Option<&[f32]>,
-    e: f32,
-) -> __m256 {
-    let ev = _mm256_set1_ps(e);
+unsafe fn lanes<Q: Dequant, const W: bool>(q: Q, xs: &[f32], ws: Option<&[f32]>, r: f32) -> __m256 {
+    let rv = _mm256_set1_ps(r);
     let wp = ws.map_or(std::ptr::null(), |w| w.as_ptr());
     let n = xs.len();
     let full = n / 8 * 8;
@@ -122,7 +103,7 @@ unsafe fn lanes<Q: Dequant, const MUL: bool, const W: bool>(
         } else {
             _mm256_setzero_ps()
         };
-        acc = _mm256_add_ps(acc, term::<Q, MUL, W>(q, x, w, ev));
+        acc = _mm256_add_ps(acc, term::<Q, W>(q, x, w, rv));
         i += 8;
     }
     if full < n {
@@ -138,26 +119,17 @@ unsafe fn lanes<Q: Dequant, const MUL: bool, const W: bool>(
         } else {
             _mm256_setzero_ps()
         };
-        let t = _mm256_and_ps(term::<Q, MUL, W>(q, x, w, ev), _mm256_castsi256_ps(live));
+        let t = _mm256_and_ps(term::<Q, W>(q, x, w, rv), _mm256_castsi256_ps(live));
         acc = _mm256_add_ps(acc, t);
     }
     acc
 }
 
-/// w·(u − q(u))² of eight elements. A function, not a closure: a closure would not inherit
-/// the caller's AVX2 and its intrinsics would stay calls.
+/// w·(u − q(u))² of eight elements, u = x · r. A function, not a closure: a closure would not
+/// inherit the caller's AVX2 and its intrinsics would stay calls.
 #[inline(always)]
-unsafe fn term<Q: Dequant, const MUL: bool, const W: bool>(
-    q: Q,
-    x: __m256,
-    w: __m256,
-    ev: __m256,
-) -> __m256 {
-    let u = if MUL {
-        _mm256_mul_ps(x, ev)
-    } else {
-        _mm256_div_ps(x, ev)
-    };
+unsafe fn term<Q: Dequant, const W: bool>(q: Q, x: __m256, w: __m256, rv: __m256) -> __m256 {
+    let u = _mm256_mul_ps(x, rv);
     let t = _mm256_sub_ps(u, q.qv8(u));
     let tt = _mm256_mul_ps(t, t);
     if W {

@@ -143,20 +143,27 @@ pub(crate) unsafe fn search8<Q: Dequant, const V: usize, const W: bool>(
             ),
         };
     }
+    // The reciprocals the quotients multiply by (`search::reciprocal`).
+    let mut rec = [zero; MAX_CANDIDATES];
+    for (r, &e) in rec.iter_mut().zip(&eff[..n]) {
+        *r = _mm256_div_ps(_mm256_set1_ps(1.0), e);
+    }
     let mut sum = [zero; MAX_CANDIDATES];
     // A codebook's q(u) from each input's bracket where every input has one (the usual case),
     // else by its search.
     // (Uninitialized: filling 32 brackets would cost as much as a candidate's sums; only
     // the first 8 * V are written, and read only after.)
     let mut br = [const { MaybeUninit::<Bracket8>::uninit() }; 32];
-    if Q::BRACKETS && brackets::<Q, V>(q, &xt, &eff[..n], &mut br) {
-        all_sums::<Q, V, W, true>(q, &xt, &wt, &br, &eff[..n], &mut sum);
+    if Q::BRACKETS && brackets::<Q, V>(q, &xt, &rec[..n], &mut br) {
+        all_sums::<Q, V, W, true>(q, &xt, &wt, &br, &rec[..n], &mut sum);
     } else {
-        all_sums::<Q, V, W, false>(q, &xt, &wt, &br, &eff[..n], &mut sum);
+        all_sums::<Q, V, W, false>(q, &xt, &wt, &br, &rec[..n], &mut sum);
     }
     for (k, &stored) in cand[..n].iter().enumerate() {
         let (e, s) = (eff[k], sum[k]);
-        let (lo, hi) = (errors(lo128(e), lo128(s)), errors(hi128(e), hi128(s)));
+        let inf = _mm256_cmp_ps::<_CMP_EQ_OQ>(rec[k], _mm256_set1_ps(f32::INFINITY));
+        let lo = errors(lo128(e), lo128(s), lo128(inf));
+        let hi = errors(hi128(e), hi128(s), hi128(inf));
         let (c_lo, c_hi) = (
             _mm256_cvtps_pd(lo128(stored)),
             _mm256_cvtps_pd(hi128(stored)),
@@ -177,51 +184,52 @@ pub(crate) unsafe fn search8<Q: Dequant, const V: usize, const W: bool>(
     _mm256_set_m128(_mm256_cvtpd_ps(best_hi), _mm256_cvtpd_ps(best_lo))
 }
 
-/// The sums of every candidate (`eff`, effective scales) into `sum`, two candidates at a time
-/// (each vector loaded once for both); q(u) from the brackets `br` when `B`.
+/// The sums of every candidate (`rec`, the reciprocals of their effective scales) into `sum`,
+/// two candidates at a time (each vector loaded once for both); q(u) from the brackets `br`
+/// when `B`.
 #[inline(always)]
 unsafe fn all_sums<Q: Dequant, const V: usize, const W: bool, const B: bool>(
     q: Q,
     xt: &[__m256; 32],
     wt: &[__m256; 32],
     br: &[MaybeUninit<Bracket8>; 32],
-    eff: &[__m256],
+    rec: &[__m256],
     sum: &mut [__m256; MAX_CANDIDATES],
 ) {
-    let n = eff.len();
+    let n = rec.len();
     let mut k = 0;
     while k + 2 <= n {
-        [sum[k], sum[k + 1]] = sums::<Q, V, W, B, 2>(q, xt, wt, br, [eff[k], eff[k + 1]]);
+        [sum[k], sum[k + 1]] = sums::<Q, V, W, B, 2>(q, xt, wt, br, [rec[k], rec[k + 1]]);
         k += 2;
     }
     if k < n {
-        [sum[k]] = sums::<Q, V, W, B, 1>(q, xt, wt, br, [eff[k]]);
+        [sum[k]] = sums::<Q, V, W, B, 1>(q, xt, wt, br, [rec[k]]);
     }
 }
 
-/// Each input vector's [`Bracket8`] over every candidate's u (the candidates `eff`, of which
-/// the largest and the smallest non-zero give each lane's extreme quotients: division rounds
-/// monotonically, so every other quotient lies between them; a zero scale's sums are never
-/// used). False if some lane of some input has none.
+/// Each input vector's [`Bracket8`] over every candidate's u (the candidates' reciprocals
+/// `rec`, of which the smallest and the largest finite give each lane's extreme quotients:
+/// multiplication rounds monotonically, so every other quotient lies between them; an infinite
+/// one's sums are never used). False if some lane of some input has none.
 #[inline(always)]
 unsafe fn brackets<Q: Dequant, const V: usize>(
     q: Q,
     xt: &[__m256; 32],
-    eff: &[__m256],
+    rec: &[__m256],
     br: &mut [MaybeUninit<Bracket8>; 32],
 ) -> bool {
-    let mut e_hi = eff[0];
-    for &e in &eff[1..] {
-        e_hi = _mm256_max_ps(e_hi, e);
+    let mut r_lo = rec[0];
+    for &r in &rec[1..] {
+        r_lo = _mm256_min_ps(r_lo, r);
     }
-    let mut e_lo = e_hi;
-    for &e in eff {
-        let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps());
-        e_lo = _mm256_min_ps(e_lo, _mm256_blendv_ps(e, e_hi, zero));
+    let mut r_hi = r_lo;
+    for &r in rec {
+        let inf = _mm256_cmp_ps::<_CMP_EQ_OQ>(r, _mm256_set1_ps(f32::INFINITY));
+        r_hi = _mm256_max_ps(r_hi, _mm256_blendv_ps(r, r_lo, inf));
     }
     let mut far = _mm256_setzero_ps();
     for i in 0..8 * V {
-        let (a, b) = (_mm256_div_ps(xt[i], e_hi), _mm256_div_ps(xt[i], e_lo));
+        let (a, b) = (_mm256_mul_ps(xt[i], r_lo), _mm256_mul_ps(xt[i], r_hi));
         let (bracket, f) = q.bracket8(_mm256_min_ps(a, b), _mm256_max_ps(a, b));
         br[i].write(bracket);
         far = _mm256_or_ps(far, f);
@@ -239,13 +247,14 @@ unsafe fn hi128(v: __m256) -> __m128 {
     _mm256_extractf128_ps::<1>(v)
 }
 
-/// e² · S in f64 of four blocks (`search::error`): +inf where e = 0.
+/// e² · S in f64 of four blocks (`search::error`): +inf where `inf` (the reciprocal
+/// overflowed).
 #[inline(always)]
-unsafe fn errors(e: __m128, s: __m128) -> __m256d {
+unsafe fn errors(e: __m128, s: __m128, inf: __m128) -> __m256d {
     let e = _mm256_cvtps_pd(e);
     let err = _mm256_mul_pd(_mm256_mul_pd(e, e), _mm256_cvtps_pd(s));
-    let zero = _mm256_cmp_pd::<_CMP_EQ_OQ>(e, _mm256_setzero_pd());
-    _mm256_blendv_pd(err, _mm256_set1_pd(f64::INFINITY), zero)
+    // f32 → f64 of an all-ones pattern (a NaN) keeps the sign bit blendv reads.
+    _mm256_blendv_pd(err, _mm256_set1_pd(f64::INFINITY), _mm256_cvtps_pd(inf))
 }
 
 /// Whether every lane of `e` is a power of two 2^k, k in -126..=127 (see
@@ -255,51 +264,18 @@ unsafe fn all_exact_reciprocals(e: __m256) -> bool {
     _mm256_movemask_epi8(x86::exact_reciprocal_lanes(e)) == -1
 }
 
-/// S of each of eight blocks under each of `N` candidates' scales `e` (lane j block j's):
+/// S of each of eight blocks under each of `N` candidates' reciprocals `r` (lane j block j's):
 /// block lane l the sum of elements l, l + 8, ... from 0 in order, the lanes combined
-/// pairwise. A multiply by the reciprocals where they equal the division in all lanes
-/// (`simd::exact_reciprocal`: MX scales, all powers of two).
+/// pairwise, each vector loaded once for the `N`.
+// Index loops over fixed counts: they unroll, and follow the definition's element indices.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn sums<Q: Dequant, const V: usize, const W: bool, const B: bool, const N: usize>(
     q: Q,
     xt: &[__m256; 32],
     wt: &[__m256; 32],
     br: &[MaybeUninit<Bracket8>; 32],
-    e: [__m256; N],
-) -> [__m256; N] {
-    // A loop, not `iter().all`: a closure would not be compiled for AVX2.
-    let mut mul = true;
-    for &e in &e {
-        mul &= all_exact_reciprocals(e);
-    }
-    if mul {
-        let mut r = e;
-        for r in r.iter_mut() {
-            *r = _mm256_div_ps(_mm256_set1_ps(1.0), *r);
-        }
-        sums_by::<Q, V, W, B, N, true>(q, xt, wt, br, r)
-    } else {
-        sums_by::<Q, V, W, B, N, false>(q, xt, wt, br, e)
-    }
-}
-
-/// [`sums`] with the quotients x / e (x · e when `MUL`), each vector loaded once for the `N`.
-// Index loops over fixed counts: they unroll, and follow the definition's element indices.
-#[allow(clippy::needless_range_loop)]
-#[inline(always)]
-unsafe fn sums_by<
-    Q: Dequant,
-    const V: usize,
-    const W: bool,
-    const B: bool,
-    const N: usize,
-    const MUL: bool,
->(
-    q: Q,
-    xt: &[__m256; 32],
-    wt: &[__m256; 32],
-    br: &[MaybeUninit<Bracket8>; 32],
-    e: [__m256; N],
+    r: [__m256; N],
 ) -> [__m256; N] {
     let mut l = [[_mm256_setzero_ps(); 8]; N];
     for j in 0..8 {
@@ -307,7 +283,7 @@ unsafe fn sums_by<
         for t in 0..V {
             let i = 8 * t + j;
             for c in 0..N {
-                acc[c] = _mm256_add_ps(acc[c], term::<Q, W, B, MUL>(q, xt[i], wt[i], &br[i], e[c]));
+                acc[c] = _mm256_add_ps(acc[c], term::<Q, W, B>(q, xt[i], wt[i], &br[i], r[c]));
             }
         }
         for c in 0..N {
@@ -321,21 +297,17 @@ unsafe fn sums_by<
     s
 }
 
-/// w·(u − q(u))² of eight elements, u = x / e (x · e when `MUL`), q(u) from x's bracket
-/// when `B` (then `br` must be written).
+/// w·(u − q(u))² of eight elements, u = x · r, q(u) from x's bracket when `B` (then `br`
+/// must be written).
 #[inline(always)]
-unsafe fn term<Q: Dequant, const W: bool, const B: bool, const MUL: bool>(
+unsafe fn term<Q: Dequant, const W: bool, const B: bool>(
     q: Q,
     x: __m256,
     w: __m256,
     br: &MaybeUninit<Bracket8>,
-    e: __m256,
+    r: __m256,
 ) -> __m256 {
-    let u = if MUL {
-        _mm256_mul_ps(x, e)
-    } else {
-        _mm256_div_ps(x, e)
-    };
+    let u = _mm256_mul_ps(x, r);
     // SAFETY (B): `brackets` wrote the bracket of every input vector the sums read.
     let d = _mm256_sub_ps(
         u,
