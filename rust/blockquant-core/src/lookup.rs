@@ -338,16 +338,20 @@ pub(crate) struct SearchTree {
     pub l4: [f32; 8],
     pub lo: [f32; 8],
     pub hi: [f32; 8],
-    /// The thresholds and the sorted entries by rank (the lane search's brackets), NaN past
-    /// the last threshold.
-    pub thresholds: [f32; MAX_ENTRIES],
-    pub sorted: [f32; MAX_ENTRIES],
+    /// The stored field of each sorted rank ([`LookupCode`]'s `perm`), for codes taken from
+    /// the brackets.
+    pub fields: [i32; MAX_ENTRIES],
+    /// The bracket that starts at rank r, by r: thresholds t_r, t_{r+1}, t_{r+2} (the last to
+    /// tell whether the bracket holds) and sorted entries s_r, s_{r+1}, s_{r+2}; NaN past the
+    /// end. Tables by r itself, so that one index (and one half mask) serves all six lookups.
+    pub bracket: [[f32; MAX_ENTRIES]; 6],
     /// n − 3: the highest rank a bracket of three entries starts at (negative: none fits).
     pub bracket_max: i32,
 }
 
 impl SearchTree {
-    fn new(thresholds: &[f32; MAX_ENTRIES - 1], sorted: &[f32; MAX_ENTRIES], n: usize) -> Self {
+    fn new(code: &LookupCode, sorted: &[f32; MAX_ENTRIES], n: usize) -> Self {
+        let thresholds = &code.thresholds;
         let slot = |p: usize| (8 - p % 8) % 8;
         let mut tree = Self {
             top: [thresholds[3], thresholds[7], thresholds[11]],
@@ -355,8 +359,14 @@ impl SearchTree {
             l4: [f32::NAN; 8],
             lo: [f32::NAN; 8],
             hi: [f32::NAN; 8],
-            thresholds: std::array::from_fn(|j| thresholds.get(j).copied().unwrap_or(f32::NAN)),
-            sorted: *sorted,
+            fields: code.perm.map(i32::from),
+            bracket: std::array::from_fn(|k| {
+                let (table, shift): (&[f32], usize) = match k {
+                    0..=2 => (thresholds, k),
+                    _ => (&sorted[..n], k - 3),
+                };
+                std::array::from_fn(|r| table.get(r + shift).copied().unwrap_or(f32::NAN))
+            }),
             bracket_max: n as i32 - 3,
         };
         for p in 0..4 {
@@ -388,7 +398,7 @@ impl NearestEntry {
         Self {
             thresholds: code.thresholds,
             sorted,
-            tree: SearchTree::new(&code.thresholds, &sorted, cb.len()),
+            tree: SearchTree::new(&code, &sorted, cb.len()),
         }
     }
 

@@ -266,18 +266,29 @@ mod lanes {
                     ScaleRounding::Up | ScaleRounding::Nearest,
                 ) => {
                     let n = self.n_divisors;
-                    for (k, o) in out[..n].iter_mut().enumerate() {
-                        let mut raw = _mm256_div_ps(alpha, _mm256_set1_ps(self.denoms[k]));
-                        match self.global {
-                            None => {}
-                            Some(0.0) => raw = _mm256_setzero_ps(),
-                            Some(g) => raw = _mm256_div_ps(raw, _mm256_set1_ps(g)),
-                        }
-                        *o = if self.dtype == ScaleDtype::F16 {
-                            x86::round_f16_8(raw, up)
-                        } else {
-                            x86::round_ue4m3_8(raw, up)
+                    // The global scale's case outside the loop: the compiler would otherwise
+                    // divide by g in every iteration and select, which doubles the divisions
+                    // of one-level schemes.
+                    macro_rules! fill {
+                        (|$raw:ident| $to_block:expr) => {
+                            for (k, o) in out[..n].iter_mut().enumerate() {
+                                let $raw = _mm256_div_ps(alpha, _mm256_set1_ps(self.denoms[k]));
+                                let raw = $to_block;
+                                *o = if self.dtype == ScaleDtype::F16 {
+                                    x86::round_f16_8(raw, up)
+                                } else {
+                                    x86::round_ue4m3_8(raw, up)
+                                };
+                            }
                         };
+                    }
+                    match self.global {
+                        None => fill!(|raw| raw),
+                        Some(0.0) => fill!(|raw| {
+                            let _ = raw;
+                            _mm256_setzero_ps()
+                        }),
+                        Some(g) => fill!(|raw| _mm256_div_ps(raw, _mm256_set1_ps(g))),
                     }
                     compact(out, n)
                 }

@@ -101,10 +101,33 @@ unsafe fn run<Q: Dequant, const V: usize, const W: bool>(
     }
 }
 
+/// One group of eight blocks in the search: the inputs (and weights) transposed, vector
+/// 8t + l holding element 8t + l of each block, and, where every input has one, their brackets
+/// (codebooks), which the encode after the search reuses.
+pub(crate) struct Group {
+    xt: [__m256; 32],
+    wt: [__m256; 32],
+    // Uninitialized: filling 32 brackets would cost as much as a candidate's sums; only the
+    // first 8 * V are written, and read only after.
+    br: [MaybeUninit<Bracket8>; 32],
+    bracketed: bool,
+}
+
+impl Group {
+    pub(crate) fn new() -> Self {
+        // SAFETY: all-zero bits are valid vectors.
+        let zero = unsafe { std::mem::zeroed::<__m256>() };
+        Self {
+            xt: [zero; 32],
+            wt: [zero; 32],
+            br: [const { MaybeUninit::uninit() }; 32],
+            bracketed: false,
+        }
+    }
+}
+
 /// The searched stored scales of the eight blocks of `8 * V` values from `x0` (weights from
-/// `w0` when `W`), lane j block j's, from their amplitudes. A function of its own (not inlined
-/// into the drivers) so that everything it inlines is compiled for AVX2 whatever the size of
-/// the caller.
+/// `w0` when `W`), lane j block j's, from their amplitudes.
 ///
 /// # Safety
 /// The CPU must have AVX2 and F16C.
@@ -116,10 +139,31 @@ pub(crate) unsafe fn search8<Q: Dequant, const V: usize, const W: bool>(
     w0: *const f32,
     alpha: __m256,
 ) -> __m256 {
+    search8_in::<Q, V, W>(q, ctx, x0, w0, alpha, &mut Group::new())
+}
+
+/// [`search8`], leaving the group's transposed inputs and brackets in `g`. A function of its
+/// own (not inlined into the drivers) so that everything it inlines is compiled for AVX2
+/// whatever the size of the caller.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn search8_in<Q: Dequant, const V: usize, const W: bool>(
+    q: Q,
+    ctx: &Ctx,
+    x0: *const f32,
+    w0: *const f32,
+    alpha: __m256,
+    g: &mut Group,
+) -> __m256 {
     let zero = _mm256_setzero_ps();
-    // Vector 8t + l: element 8t + l of each block.
-    let mut xt = [zero; 32];
-    let mut wt = [zero; 32];
+    let Group {
+        xt,
+        wt,
+        br,
+        bracketed,
+    } = g;
     for t in 0..V {
         transpose8(x0.add(8 * t), 8 * V, &mut xt[8 * t..8 * t + 8]);
         if W {
@@ -151,13 +195,11 @@ pub(crate) unsafe fn search8<Q: Dequant, const V: usize, const W: bool>(
     let mut sum = [zero; MAX_CANDIDATES];
     // A codebook's q(u) from each input's bracket where every input has one (the usual case),
     // else by its search.
-    // (Uninitialized: filling 32 brackets would cost as much as a candidate's sums; only
-    // the first 8 * V are written, and read only after.)
-    let mut br = [const { MaybeUninit::<Bracket8>::uninit() }; 32];
-    if Q::BRACKETS && brackets::<Q, V>(q, &xt, &rec[..n], &mut br) {
-        all_sums::<Q, V, W, true>(q, &xt, &wt, &br, &rec[..n], &mut sum);
+    *bracketed = Q::BRACKETS && brackets::<Q, V>(q, xt, &rec[..n], br);
+    if *bracketed {
+        all_sums::<Q, V, W, true>(q, xt, wt, br, alpha, &rec[..n], &mut sum);
     } else {
-        all_sums::<Q, V, W, false>(q, &xt, &wt, &br, &rec[..n], &mut sum);
+        all_sums::<Q, V, W, false>(q, xt, wt, br, alpha, &rec[..n], &mut sum);
     }
     for (k, &stored) in cand[..n].iter().enumerate() {
         let (e, s) = (eff[k], sum[k]);
@@ -193,17 +235,34 @@ unsafe fn all_sums<Q: Dequant, const V: usize, const W: bool, const B: bool>(
     xt: &[__m256; 32],
     wt: &[__m256; 32],
     br: &[MaybeUninit<Bracket8>; 32],
+    alpha: __m256,
     rec: &[__m256],
     sum: &mut [__m256; MAX_CANDIDATES],
 ) {
+    // Whether a candidate's quotients all stay inside the value range (|x · r| ≤ α · r, as
+    // multiplication rounds monotonically), where q(u) needs no clamp.
+    macro_rules! inside {
+        ($r:expr) => {
+            q.inside8(_mm256_mul_ps(alpha, $r))
+        };
+    }
     let n = rec.len();
     let mut k = 0;
     while k + 2 <= n {
-        [sum[k], sum[k + 1]] = sums::<Q, V, W, B, 2>(q, xt, wt, br, [rec[k], rec[k + 1]]);
+        let r = [rec[k], rec[k + 1]];
+        [sum[k], sum[k + 1]] = if inside!(r[0]) && inside!(r[1]) {
+            sums::<Q, V, W, B, 2, true>(q, xt, wt, br, r)
+        } else {
+            sums::<Q, V, W, B, 2, false>(q, xt, wt, br, r)
+        };
         k += 2;
     }
     if k < n {
-        [sum[k]] = sums::<Q, V, W, B, 1>(q, xt, wt, br, [rec[k]]);
+        [sum[k]] = if inside!(rec[k]) {
+            sums::<Q, V, W, B, 1, true>(q, xt, wt, br, [rec[k]])
+        } else {
+            sums::<Q, V, W, B, 1, false>(q, xt, wt, br, [rec[k]])
+        };
     }
 }
 
@@ -211,6 +270,13 @@ unsafe fn all_sums<Q: Dequant, const V: usize, const W: bool, const B: bool>(
 /// `rec`, of which the smallest and the largest finite give each lane's extreme quotients:
 /// multiplication rounds monotonically, so every other quotient lies between them; an infinite
 /// one's sums are never used). False if some lane of some input has none.
+///
+/// The range is widened so that the bracket also holds the quotient x / e that quantizing
+/// divides out for the winner ([`codes_from_brackets`]): for a normal r = RN(1/e), x / e and
+/// x · r are each within half an ulp of exact values that differ by less than half an ulp, so
+/// they differ by a relative 2^-22 at most, or by a subnormal ulp or two where the quotient is
+/// subnormal. The extreme reciprocals scaled by 1 ∓ 2^-20 (then the products rounded) and
+/// 2^-146 taken off and added cover both.
 #[inline(always)]
 unsafe fn brackets<Q: Dequant, const V: usize>(
     q: Q,
@@ -227,10 +293,15 @@ unsafe fn brackets<Q: Dequant, const V: usize>(
         let inf = _mm256_cmp_ps::<_CMP_EQ_OQ>(r, _mm256_set1_ps(f32::INFINITY));
         r_hi = _mm256_max_ps(r_hi, _mm256_blendv_ps(r, r_lo, inf));
     }
+    let r_lo = _mm256_mul_ps(r_lo, _mm256_set1_ps(1.0 - 2f32.powi(-20)));
+    let r_hi = _mm256_mul_ps(r_hi, _mm256_set1_ps(1.0 + 2f32.powi(-20)));
+    let tiny = _mm256_set1_ps(2f32.powi(-146));
     let mut far = _mm256_setzero_ps();
     for i in 0..8 * V {
         let (a, b) = (_mm256_mul_ps(xt[i], r_lo), _mm256_mul_ps(xt[i], r_hi));
-        let (bracket, f) = q.bracket8(_mm256_min_ps(a, b), _mm256_max_ps(a, b));
+        let lo = _mm256_sub_ps(_mm256_min_ps(a, b), tiny);
+        let hi = _mm256_add_ps(_mm256_max_ps(a, b), tiny);
+        let (bracket, f) = q.bracket8(lo, hi);
         br[i].write(bracket);
         far = _mm256_or_ps(far, f);
     }
@@ -270,7 +341,14 @@ unsafe fn all_exact_reciprocals(e: __m256) -> bool {
 // Index loops over fixed counts: they unroll, and follow the definition's element indices.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn sums<Q: Dequant, const V: usize, const W: bool, const B: bool, const N: usize>(
+unsafe fn sums<
+    Q: Dequant,
+    const V: usize,
+    const W: bool,
+    const B: bool,
+    const N: usize,
+    const I: bool,
+>(
     q: Q,
     xt: &[__m256; 32],
     wt: &[__m256; 32],
@@ -283,7 +361,7 @@ unsafe fn sums<Q: Dequant, const V: usize, const W: bool, const B: bool, const N
         for t in 0..V {
             let i = 8 * t + j;
             for c in 0..N {
-                acc[c] = _mm256_add_ps(acc[c], term::<Q, W, B>(q, xt[i], wt[i], &br[i], r[c]));
+                acc[c] = _mm256_add_ps(acc[c], term::<Q, W, B, I>(q, xt[i], wt[i], &br[i], r[c]));
             }
         }
         for c in 0..N {
@@ -298,9 +376,9 @@ unsafe fn sums<Q: Dequant, const V: usize, const W: bool, const B: bool, const N
 }
 
 /// w·(u − q(u))² of eight elements, u = x · r, q(u) from x's bracket when `B` (then `br`
-/// must be written).
+/// must be written), or without the clamp when `I` (the candidate is inside the range).
 #[inline(always)]
-unsafe fn term<Q: Dequant, const W: bool, const B: bool>(
+unsafe fn term<Q: Dequant, const W: bool, const B: bool, const I: bool>(
     q: Q,
     x: __m256,
     w: __m256,
@@ -313,6 +391,8 @@ unsafe fn term<Q: Dequant, const W: bool, const B: bool>(
         u,
         if B {
             br.assume_init_ref().qv8(u)
+        } else if I {
+            q.qv8_inside(u)
         } else {
             q.qv8(u)
         },
@@ -338,7 +418,7 @@ unsafe fn combine(l: &[__m256; 8]) -> __m256 {
 /// of the vector j.
 #[inline(always)]
 unsafe fn transpose8(p: *const f32, stride: usize, out: &mut [__m256]) {
-    let r: [__m256; 8] = [
+    out[..8].copy_from_slice(&transposed([
         _mm256_loadu_ps(p),
         _mm256_loadu_ps(p.add(stride)),
         _mm256_loadu_ps(p.add(2 * stride)),
@@ -347,7 +427,12 @@ unsafe fn transpose8(p: *const f32, stride: usize, out: &mut [__m256]) {
         _mm256_loadu_ps(p.add(5 * stride)),
         _mm256_loadu_ps(p.add(6 * stride)),
         _mm256_loadu_ps(p.add(7 * stride)),
-    ];
+    ]));
+}
+
+/// The 8×8 transpose of `r`: out[l] lane j is lane l of r[j].
+#[inline(always)]
+unsafe fn transposed(r: [__m256; 8]) -> [__m256; 8] {
     // Per 128-bit half: (a0 b0 a1 b1), (a2 b2 a3 b3), then (a0 b0 c0 d0), ... .
     let t0 = _mm256_unpacklo_ps(r[0], r[1]);
     let t1 = _mm256_unpackhi_ps(r[0], r[1]);
@@ -365,14 +450,55 @@ unsafe fn transpose8(p: *const f32, stride: usize, out: &mut [__m256]) {
     let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
     let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
     let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-    out[0] = _mm256_permute2f128_ps::<0x20>(s0, s4);
-    out[1] = _mm256_permute2f128_ps::<0x20>(s1, s5);
-    out[2] = _mm256_permute2f128_ps::<0x20>(s2, s6);
-    out[3] = _mm256_permute2f128_ps::<0x20>(s3, s7);
-    out[4] = _mm256_permute2f128_ps::<0x31>(s0, s4);
-    out[5] = _mm256_permute2f128_ps::<0x31>(s1, s5);
-    out[6] = _mm256_permute2f128_ps::<0x31>(s2, s6);
-    out[7] = _mm256_permute2f128_ps::<0x31>(s3, s7);
+    [
+        _mm256_permute2f128_ps::<0x20>(s0, s4),
+        _mm256_permute2f128_ps::<0x20>(s1, s5),
+        _mm256_permute2f128_ps::<0x20>(s2, s6),
+        _mm256_permute2f128_ps::<0x20>(s3, s7),
+        _mm256_permute2f128_ps::<0x31>(s0, s4),
+        _mm256_permute2f128_ps::<0x31>(s1, s5),
+        _mm256_permute2f128_ps::<0x31>(s2, s6),
+        _mm256_permute2f128_ps::<0x31>(s3, s7),
+    ]
+}
+
+/// The codes (one a byte, block j's from `o0 + 8 * V * j`) of a group's eight blocks against
+/// their effective scales `e`, lane j block j's, after a codebook search that bracketed every
+/// input (`g.bracketed`; every reciprocal of `e` normal): u = x / e as quantizing divides it,
+/// which lies in x's widened bracket ([`brackets`]), so its rank is the bracket's two compares
+/// rather than the codec's fifteen. Four codes pack into a u32 per lane, and an
+/// 8×8 transpose puts each block's words in order.
+#[inline(always)]
+unsafe fn codes_from_brackets<Q: Dequant, const V: usize>(q: Q, g: &Group, e: __m256, o0: *mut u8) {
+    debug_assert!(g.bracketed);
+    let mut words = [_mm256_setzero_ps(); 8];
+    for (t, word) in words.iter_mut().enumerate().take(2 * V) {
+        // SAFETY: `brackets` wrote the bracket of every input vector (g.bracketed).
+        macro_rules! field {
+            ($k:expr) => {{
+                let i = 4 * t + $k;
+                let u = _mm256_div_ps(g.xt[i], e);
+                q.field8(g.br[i].assume_init_ref().rank8(u))
+            }};
+        }
+        let w = _mm256_or_si256(
+            _mm256_or_si256(field!(0), _mm256_slli_epi32::<8>(field!(1))),
+            _mm256_or_si256(
+                _mm256_slli_epi32::<16>(field!(2)),
+                _mm256_slli_epi32::<24>(field!(3)),
+            ),
+        );
+        *word = _mm256_castsi256_ps(w);
+    }
+    let blocks = transposed(words);
+    for (j, b) in blocks.iter().enumerate() {
+        let o = o0.add(8 * V * j);
+        if V == 4 {
+            _mm256_storeu_ps(o.cast(), *b);
+        } else {
+            _mm_storeu_ps(o.cast(), _mm256_castps256_ps128(*b));
+        }
+    }
 }
 
 /// The codes of eight blocks of `8 * V` values from `x0` into `o0`, block j's values divided by
@@ -439,6 +565,7 @@ unsafe fn piece<Q: Dequant, C: Encode, const V: usize, const W: bool>(
     assert_eq!(xs.len(), blocks * bc);
     let wp = ws.map_or(std::ptr::null(), |w| w.as_ptr());
     let mut bad = false;
+    let mut group = Group::new();
     let mut b = 0;
     while b + 8 <= blocks {
         // In bounds: blocks b..b + 8 lie within xs (ws), out, sc (and alpha).
@@ -453,7 +580,7 @@ unsafe fn piece<Q: Dequant, C: Encode, const V: usize, const W: bool>(
             None => _mm256_castsi256_ps(_mm256_andnot_si256(non_finite, bits)),
         };
         let w0 = if W { wp.add(b * bc) } else { wp };
-        let s = search8::<Q, V, W>(q, ctx, x0, w0, a);
+        let s = search8_in::<Q, V, W>(q, ctx, x0, w0, a, &mut group);
         _mm256_storeu_ps(sc.as_mut_ptr().add(b), s);
         let e = match ctx.global() {
             None => s,
@@ -463,7 +590,16 @@ unsafe fn piece<Q: Dequant, C: Encode, const V: usize, const W: bool>(
             ),
         };
         let o0 = out.as_mut_ptr().add(b * bc);
-        if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps())) == 0 {
+        // Codes from the brackets where every reciprocal is normal (finite: no zero scale),
+        // so that x / e lies within the bracket of x · r.
+        let r = _mm256_div_ps(_mm256_set1_ps(1.0), e);
+        let normal = _mm256_and_ps(
+            _mm256_cmp_ps::<_CMP_GE_OQ>(r, _mm256_set1_ps(f32::MIN_POSITIVE)),
+            _mm256_cmp_ps::<_CMP_LT_OQ>(r, _mm256_set1_ps(f32::INFINITY)),
+        );
+        if Q::BRACKETS && group.bracketed && _mm256_movemask_ps(normal) == 0xFF {
+            codes_from_brackets::<Q, V>(q, &group, e, o0);
+        } else if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps())) == 0 {
             encode8::<C, V>(codec, x0, e, o0);
         } else {
             // The zero rule (all values to the code of 0, which a codebook may lack) block by

@@ -179,6 +179,55 @@ fn storage<'a>(layout: &Layout, w8: &'a mut [u8], w32: &'a mut [u32]) -> Storage
     }
 }
 
+/// One-pass `quantize` (`quantize_weighted` with weights) gives the portable search's scales
+/// and the codes `encode_values` gives for them.
+fn one_pass_equals_two_passes(
+    layout: &Layout,
+    opts: &QuantizeOptions,
+    x: &[f32],
+    w: Option<&[f32]>,
+    what: &dyn Fn() -> String,
+) {
+    let mode = opts.scale_rounding;
+    let words = layout.packing.num_words();
+    assert!(crate::search::searchable_in_one_pass(layout), "{}", what());
+    let g = global(x, layout);
+    let plain = portable_scales(x, w, layout, mode, g);
+    let eff: Vec<f32> = match g {
+        Some(g) => plain.iter().map(|&s| effective_scale(s, g)).collect(),
+        None => plain.clone(),
+    };
+    let (mut w8a, mut w32a) = (vec![0xA5u8; words], vec![0xA5A5u32; words]);
+    let out = storage(layout, &mut w8a, &mut w32a);
+    encode_values(Input::F32(x), layout, &eff, opts.rounding, out).unwrap();
+    // Another fill: a word left unwritten shows.
+    let (mut w8b, mut w32b) = (vec![0x5Au8; words], vec![0x5A5Au32; words]);
+    let out = storage(layout, &mut w8b, &mut w32b);
+    let xi = Input::F32(x);
+    let got = match w {
+        None => crate::quantize::quantize(xi, layout, opts, None, out),
+        Some(w) => crate::search::quantize_weighted(xi, w, layout, opts, None, out),
+    }
+    .unwrap();
+    assert_bits_eq(&got.stored, &plain, what);
+    assert_eq!(got.global, g, "{}", what());
+    let word = |w8: &[u8], w32: &[u32], i: usize| match layout.packing.word_bytes() {
+        1 => w8[i] as u32,
+        _ => w32[i],
+    };
+    if let Some(i) = (0..words).find(|&i| word(&w8a, &w32a, i) != word(&w8b, &w32b, i)) {
+        let bc = layout.block_cols();
+        let b = i * layout.packing.per / bc;
+        panic!(
+            "word {i}: {:#x} vs {:#x} (block {b}, scale {:e}): {}",
+            word(&w8a, &w32a, i),
+            word(&w8b, &w32b, i),
+            plain[b],
+            what()
+        );
+    }
+}
+
 /// `quantize` and `quantize_weighted` with calibration mse in one pass give the scales of the
 /// portable search and the codes `encode_values` gives for them, in each store (taken in turn);
 /// a non-finite value is reported as the two-pass path reports it.
@@ -215,50 +264,15 @@ fn one_pass_search_equals_scales_then_values() {
             let n = layout.num_elements;
             let x = blocks(&mut rng, n, bc);
             let ws = weights(&mut rng, n);
-            let words = layout.packing.num_words();
             for w in [None, Some(&ws[..])] {
                 let what = || format!("{scheme} {mode:?} weighted {}", w.is_some());
-                assert!(crate::search::searchable_in_one_pass(&layout), "{}", what());
-                let g = global(&x, &layout);
-                let plain = portable_scales(&x, w, &layout, mode, g);
-                let eff: Vec<f32> = match g {
-                    Some(g) => plain.iter().map(|&s| effective_scale(s, g)).collect(),
-                    None => plain.clone(),
-                };
-                let (mut w8a, mut w32a) = (vec![0xA5u8; words], vec![0xA5A5u32; words]);
-                let out = storage(&layout, &mut w8a, &mut w32a);
-                encode_values(Input::F32(&x), &layout, &eff, opts.rounding, out).unwrap();
-                // Another fill: a word left unwritten shows.
-                let (mut w8b, mut w32b) = (vec![0x5Au8; words], vec![0x5A5Au32; words]);
-                let out = storage(&layout, &mut w8b, &mut w32b);
-                let xi = Input::F32(&x);
-                let got = match w {
-                    None => crate::quantize::quantize(xi, &layout, &opts, None, out),
-                    Some(w) => crate::search::quantize_weighted(xi, w, &layout, &opts, None, out),
-                }
-                .unwrap();
-                assert_bits_eq(&got.stored, &plain, &what);
-                assert_eq!(got.global, g, "{}", what());
-                let word = |w8: &[u8], w32: &[u32], i: usize| match layout.packing.word_bytes() {
-                    1 => w8[i] as u32,
-                    _ => w32[i],
-                };
-                if let Some(i) = (0..words).find(|&i| word(&w8a, &w32a, i) != word(&w8b, &w32b, i))
-                {
-                    let b = i * layout.packing.per / bc;
-                    panic!(
-                        "word {i}: {:#x} vs {:#x} (block {b}, scale {:e}): {}",
-                        word(&w8a, &w32a, i),
-                        word(&w8b, &w32b, i),
-                        plain[b],
-                        what()
-                    );
-                }
+                one_pass_equals_two_passes(&layout, &opts, &x, w, &what);
             }
             // A NaN or infinity anywhere: the two-pass path's error.
             for bad in [f32::NAN, f32::INFINITY] {
                 let mut xb = x.clone();
                 xb[n - 5 - k] = bad;
+                let words = layout.packing.num_words();
                 let (mut w8, mut w32) = (vec![0u8; words], vec![0u32; words]);
                 let out = storage(&layout, &mut w8, &mut w32);
                 let xb = Input::F32(&xb);
@@ -286,7 +300,11 @@ unsafe fn both_sums(
         transpose8(x.as_ptr().add(8 * t), 32, &mut xt[8 * t..8 * t + 8]);
     }
     let wt = [zero; 32];
-    let e: Vec<__m256> = eff.iter().map(|e| _mm256_loadu_ps(e.as_ptr())).collect();
+    // The sums take the candidates' reciprocals.
+    let e: Vec<__m256> = eff
+        .iter()
+        .map(|e| _mm256_loadu_ps(e.map(crate::search::reciprocal).as_ptr()))
+        .collect();
     let out = |s: &[__m256; MAX_CANDIDATES]| {
         s[..e.len()]
             .iter()
@@ -299,10 +317,11 @@ unsafe fn both_sums(
     };
     let mut br = [const { std::mem::MaybeUninit::<Bracket8>::uninit() }; 32];
     let mut searched = [zero; MAX_CANDIDATES];
-    all_sums::<_, 4, false, false>(q, &xt, &wt, &br, &e, &mut searched);
+    let alpha = _mm256_set1_ps(f32::MAX);
+    all_sums::<_, 4, false, false>(q, &xt, &wt, &br, alpha, &e, &mut searched);
     let bracketed = brackets::<_, 4>(q, &xt, &e, &mut br).then(|| {
         let mut s = [zero; MAX_CANDIDATES];
-        all_sums::<_, 4, false, true>(q, &xt, &wt, &br, &e, &mut s);
+        all_sums::<_, 4, false, true>(q, &xt, &wt, &br, alpha, &e, &mut s);
         out(&s)
     });
     (bracketed, out(&searched))
@@ -402,6 +421,134 @@ fn bracketed_sums_equal_searched_sums() {
         assert!(
             held > 0 && fell > 0,
             "{cb}: {held} bracketed, {fell} searched"
+        );
+    }
+}
+
+/// Codes taken from the brackets after a codebook search are the codec's: blocks whose values
+/// sit on the midpoints between entries (and 1–2 ulps beside them) under the candidates' own
+/// scales, so that whichever candidate wins, quotients x / e fall on and around its thresholds,
+/// where x · r and x / e may round to different sides. Shipped and user codebooks (unsorted,
+/// tiny and huge entries, −0), 16 and 4 entries, blocks of 16 and 32, whole and short groups.
+#[test]
+fn codes_from_brackets_equal_the_codec() {
+    use crate::search::divisors;
+    if !(crate::simd::has_avx2() && crate::simd::has_f16c()) {
+        return;
+    }
+    let books: [&[f32]; 6] = [
+        &crate::lookup::IQ4_NL,
+        &crate::lookup::NF4,
+        &crate::lookup::BQ4,
+        &[
+            0.1, -7.0, 3.0, 2.5, -0.1, 6.0, -2.0, 1.0, -1.0, 0.75, 4.0, -5.0, 1e-30, -3e-30, 5.5,
+            -0.0,
+        ],
+        &[1.5, -0.25, 0.0, -3.0],
+        &[-1.0, 1.0, 0.5, -0.5],
+    ];
+    let mut rng = Rng(0xD1B5_4A32_D192_ED03);
+    for book in books {
+        let cb = Codebook::new(book).unwrap();
+        let value = if cb.len() == 16 {
+            QuantValue::Q4F
+        } else {
+            QuantValue::Q2F
+        };
+        let mut sorted = cb.entries();
+        sorted.sort_by(f32::total_cmp);
+        let mids: Vec<f32> = sorted.windows(2).map(|p| (p[0] + p[1]) / 2.0).collect();
+        for bc in [16, 32] {
+            let scheme = QuantScheme::default()
+                .with_value(value)
+                .with_store(QuantStore::Native)
+                .per_block(&[bc], ScaleDtype::F16)
+                .unwrap()
+                .with_codebook(cb);
+            let layout = Layout::new(&scheme, &[37, 3 * bc]).unwrap();
+            let hr = cb.half_range();
+            let mut x = Vec::with_capacity(layout.num_elements);
+            while x.len() < layout.num_elements {
+                let alpha = (1.0 + rng.unit().abs()) * 2f32.powi(rng.below(16) as i32 - 8);
+                let cand: Vec<f32> = divisors(value)
+                    .iter()
+                    .map(|&c| half::f16::from_f32(alpha / (hr * c)).to_f32())
+                    .collect();
+                x.push(if rng.below(2) == 0 { alpha } else { -alpha });
+                for _ in 1..bc {
+                    let e = cand[rng.below(cand.len() as u64) as usize];
+                    let m = mids[rng.below(mids.len() as u64) as usize] * e;
+                    let v = f32::from_bits(
+                        m.to_bits()
+                            .wrapping_add(rng.below(5) as u32)
+                            .wrapping_sub(2),
+                    );
+                    x.push(if v.is_finite() && v.abs() <= alpha {
+                        v
+                    } else {
+                        0.0
+                    });
+                }
+            }
+            let opts = QuantizeOptions {
+                calibration: Calibration::Mse,
+                scale_rounding: ScaleRounding::Nearest,
+                ..Default::default()
+            };
+            let what = || format!("{cb} blocks of {bc}");
+            one_pass_equals_two_passes(&layout, &opts, &x, None, &what);
+        }
+    }
+}
+
+/// Not a test: the one-pass mse quantize's time on 3.5 Mi values (blocks of 32, F16 scales),
+/// for A/B runs of two builds (`cargo test --release -- --ignored --nocapture time_search`).
+#[test]
+#[ignore]
+fn time_search() {
+    crate::pool::set_num_threads(1);
+    let mut rng = Rng(12345);
+    let n = 6 * 384 * 1536;
+    let x: Vec<f32> = (0..n)
+        .map(|_| (0..4).map(|_| rng.unit()).sum::<f32>() * 0.02)
+        .collect();
+    let iq4nl = Codebook::new(&crate::lookup::IQ4_NL).unwrap();
+    let one = |v: QuantValue| {
+        QuantScheme::default()
+            .with_value(v)
+            .with_store(QuantStore::Native)
+            .per_block(&[32], ScaleDtype::F16)
+            .unwrap()
+    };
+    for (name, scheme) in [
+        ("int4", one(QuantValue::Q4S)),
+        ("iq4nl", one(QuantValue::Q4F).with_codebook(iq4nl)),
+    ] {
+        let layout = Layout::new(&scheme, &[6 * 384, 1536]).unwrap();
+        let mut out = vec![0u8; n];
+        let mut best = [f64::MAX; 2];
+        for _ in 0..15 {
+            for (k, cal) in [Calibration::MinMax, Calibration::Mse]
+                .into_iter()
+                .enumerate()
+            {
+                let opts = QuantizeOptions {
+                    calibration: cal,
+                    ..Default::default()
+                };
+                let t = std::time::Instant::now();
+                let o = StorageMut::U8(&mut out);
+                crate::pool::install(|| {
+                    crate::quantize::quantize(Input::F32(&x), &layout, &opts, None, o).unwrap()
+                });
+                best[k] = best[k].min(t.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        println!(
+            "{name}: minmax {:.2} ms, mse {:.2} ms, ratio {:.2}",
+            best[0],
+            best[1],
+            best[1] / best[0]
         );
     }
 }

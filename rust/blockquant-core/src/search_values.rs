@@ -27,6 +27,28 @@ pub(crate) trait Dequant: Copy + Send + Sync {
         _mm256_loadu_ps(a.map(|v| self.qv(v)).as_ptr())
     }
 
+    /// Whether every lane's u with |u| ≤ `m` quantizes without saturating, so that
+    /// [`Dequant::qv8_inside`] gives its q(u). The default never says so.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn inside8(&self, m: __m256) -> bool {
+        let _ = m;
+        false
+    }
+
+    /// `qv8` of lanes that [`Dequant::inside8`] vouched for: the same bits there, cheaper.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn qv8_inside(&self, u: __m256) -> __m256 {
+        self.qv8(u)
+    }
+
     /// Whether [`Dequant::bracket8`] narrows q (codebooks), for the lane search to use.
     const BRACKETS: bool = false;
 
@@ -43,19 +65,32 @@ pub(crate) trait Dequant: Copy + Send + Sync {
         let _ = (lo, hi);
         unreachable!("bracket8 of a value type without brackets")
     }
+
+    /// The stored field of each lane of sorted rank `rank` (codebooks: [`Dequant::BRACKETS`]).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn field8(&self, rank: __m256i) -> __m256i {
+        let _ = rank;
+        unreachable!("field8 of a value type without brackets")
+    }
 }
 
 /// Three consecutive sorted entries v[0] < v[1] < v[2] of a codebook, per lane, and the two
 /// thresholds between them, a < b: for a u whose entry is among the three,
 /// q(u) = u ≥ b ? v[2] : u ≥ a ? v[1] : v[0] (the thresholds rise, so u ≥ b implies u ≥ a).
 /// The lane search brackets each input once, then pays two compares and two blends per
-/// candidate instead of a search.
+/// candidate instead of a search; the encode after it takes the code from the bracket too
+/// (`r`, v[0]'s sorted rank).
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 pub(crate) struct Bracket8 {
     pub a: __m256,
     pub b: __m256,
     pub v: [__m256; 3],
+    pub r: __m256i,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -68,6 +103,17 @@ impl Bracket8 {
     pub(crate) unsafe fn qv8(&self, u: __m256) -> __m256 {
         let q = _mm256_blendv_ps(self.v[0], self.v[1], _mm256_cmp_ps::<_CMP_GE_OQ>(u, self.a));
         _mm256_blendv_ps(q, self.v[2], _mm256_cmp_ps::<_CMP_GE_OQ>(u, self.b))
+    }
+
+    /// The sorted rank of each lane's entry, u within the bracket (a passed compare is −1).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[inline(always)]
+    pub(crate) unsafe fn rank8(&self, u: __m256) -> __m256i {
+        let ge_a = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(u, self.a));
+        let ge_b = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(u, self.b));
+        _mm256_sub_epi32(_mm256_sub_epi32(self.r, ge_a), ge_b)
     }
 }
 
@@ -95,6 +141,21 @@ impl Dequant for IntQ {
             _mm256_set1_ps(self.qmax),
         );
         _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn inside8(&self, m: __m256) -> bool {
+        // |u| < qmax + ½ and < ½ − qmin: u rounds into [qmin, qmax], where the clamp does
+        // nothing (and just outside it, the clamp and the rounding both give the end).
+        let lim = (self.qmax + 0.5).min(0.5 - self.qmin);
+        _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(m, _mm256_set1_ps(lim))) == 0xFF
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn qv8_inside(&self, u: __m256) -> __m256 {
+        _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(u)
     }
 }
 
@@ -210,29 +271,39 @@ impl Dequant for crate::lookup::NearestEntry {
             _mm256_sub_epi32(_mm256_setzero_si256(), i4),
             _mm256_set1_epi32(t.bracket_max),
         );
-        // Slot k of a 16-entry table: the low three bits pick within a half, bit 3 the half.
+        // Slot r of a 16-entry table: the low three bits pick within a half, bit 3 the half.
+        let upper = _mm256_castsi256_ps(_mm256_cmpgt_epi32(r, _mm256_set1_epi32(7)));
         macro_rules! at {
-            ($table:expr, $k:expr) => {{
-                let k = $k;
-                let upper = _mm256_castsi256_ps(_mm256_cmpgt_epi32(k, _mm256_set1_epi32(7)));
-                let lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps($table.as_ptr()), k);
-                let hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps($table.as_ptr().add(8)), k);
+            ($k:expr) => {{
+                let table = &t.bracket[$k];
+                let lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table.as_ptr()), r);
+                let hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(table.as_ptr().add(8)), r);
                 _mm256_blendv_ps(lo, hi, upper)
             }};
         }
-        let r1 = _mm256_add_epi32(r, _mm256_set1_epi32(1));
-        let r2 = _mm256_add_epi32(r, _mm256_set1_epi32(2));
         let bracket = Bracket8 {
-            a: at!(t.thresholds, r),
-            b: at!(t.thresholds, r1),
-            v: [at!(t.sorted, r), at!(t.sorted, r1), at!(t.sorted, r2)],
+            a: at!(0),
+            b: at!(1),
+            v: [at!(3), at!(4), at!(5)],
+            r,
         };
         // Too few entries for a bracket (bracket_max < 0): every lane falls back.
         let far = _mm256_or_ps(
-            _mm256_cmp_ps::<_CMP_GE_OQ>(hi, at!(t.thresholds, r2)),
+            _mm256_cmp_ps::<_CMP_GE_OQ>(hi, at!(2)),
             _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_setzero_si256(), r)),
         );
         (bracket, far)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn field8(&self, rank: __m256i) -> __m256i {
+        // Two 8-entry permutes (each reads the low three bits), picked by bit 3.
+        let f = &self.tree().fields;
+        let lo = _mm256_permutevar8x32_epi32(_mm256_loadu_si256(f.as_ptr().cast()), rank);
+        let hi = _mm256_permutevar8x32_epi32(_mm256_loadu_si256(f.as_ptr().add(8).cast()), rank);
+        let upper = _mm256_cmpgt_epi32(rank, _mm256_set1_epi32(7));
+        _mm256_blendv_epi8(lo, hi, upper)
     }
 }
 
