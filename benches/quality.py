@@ -48,14 +48,18 @@ def load_tensors(path: str, pattern: str) -> List[Tuple[str, np.ndarray]]:
     return out
 
 
-def median_time(fn: Callable[[], object], repeat: int) -> float:
-    fn()  # warm up
-    times = []
+def median_times(fns: List[Callable[[], object]], repeat: int) -> List[float]:
+    """Median wall seconds of each of ``fns``, run in turn within each repetition (the machine
+    is shared: interleaving puts its slow spells on both sides of a ratio alike)."""
+    for fn in fns:
+        fn()  # warm up
+    times: List[List[float]] = [[] for _ in fns]
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for fn, ts in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    return [statistics.median(ts) for ts in times]
 
 
 def schemes() -> List[Tuple[str, bq.QuantScheme]]:
@@ -83,8 +87,8 @@ def schemes() -> List[Tuple[str, bq.QuantScheme]]:
     return rows
 
 
-def measure(tensors, scheme, calibration: Optional[str], repeat: int):
-    """(SQNR dB, bits per weight, median seconds) of quantizing every tensor."""
+def quality(tensors, scheme, calibration: Optional[str]):
+    """(SQNR dB, bits per weight) of quantizing every tensor, and the call that does it."""
     def run():
         return [bq.quantize(x, scheme, calibration=calibration) for _, x in tensors]
 
@@ -94,7 +98,7 @@ def measure(tensors, scheme, calibration: Optional[str], repeat: int):
         stats = stats + ErrorStats.between(x, qt.dequantize())
         nbytes += qt.nbytes
         numel += x.size
-    return stats.sqnr_db, 8.0 * nbytes / numel, median_time(run, repeat)
+    return stats.sqnr_db, 8.0 * nbytes / numel, run
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -116,8 +120,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(head)
     print("-" * len(head))
     for name, scheme in schemes():
-        own_db, bpw, own_t = measure(tensors, scheme, None, args.repeat)
-        mse_db, _, mse_t = measure(tensors, scheme, "mse", args.repeat)
+        own_db, bpw, own_run = quality(tensors, scheme, None)
+        mse_db, _, mse_run = quality(tensors, scheme, "mse")
+        own_t, mse_t = median_times([own_run, mse_run], args.repeat)
         print(
             f"{name:<20} {bpw:>7.4f} {own_db:>8.2f} {mse_db:>8.2f} "
             f"{own_t * 1e3:>8.1f} {mse_t * 1e3:>8.1f} {mse_t / own_t:>8.2f}"
