@@ -469,8 +469,12 @@ impl ExactSum {
     /// Returns the bits of its max |x| (NaNs passed over).
     fn add_sub_chunk(&mut self, xs: &[f32], next: &[f32]) -> u32 {
         let max = max_abs(xs);
-        if max == 0.0 || !max.is_finite() {
-            self.add_all(xs); // all zero, or a non-finite value (rejected later)
+        if max == 0.0 {
+            // All zero (NaNs, passed over by the max, are not summed either): nothing to add.
+            return 0;
+        }
+        if !max.is_finite() {
+            self.add_all(xs); // a non-finite value (rejected later)
             return max.to_bits();
         }
         // Biased exponents: T = max(E − 13, −126), so that 2^(T−23) is an entry's unit.
@@ -579,6 +583,9 @@ unsafe fn big_sum_avx2(xs: &[f32], t: u32, small: &mut ExactSum, ahead: &[f32]) 
             _mm256_cmpgt_epi32(bits, m[1]),
             _mm256_cmpgt_epi32(m[2], bits),
         );
+        // A zero adds nothing to either sum: taken as big, so that a pruned tensor (zeros in
+        // most groups of eight) stays off the one-at-a-time path.
+        let big = _mm256_or_si256(big, _mm256_cmpeq_epi32(bits, _mm256_setzero_si256()));
         let v = _mm256_castsi256_ps(_mm256_and_si256(bits, big));
         acc[0] = _mm256_add_pd(acc[0], _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
         acc[1] = _mm256_add_pd(acc[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)));
@@ -644,6 +651,8 @@ unsafe fn big_sum_max_avx2(xs: &[f32], t: u32, small: &mut ExactSum) -> (f64, u3
             _mm256_cmpgt_epi32(bits, m[1]),
             _mm256_cmpgt_epi32(m[2], bits),
         );
+        // Zeros as in `big_sum_avx2`.
+        let big = _mm256_or_si256(big, _mm256_cmpeq_epi32(bits, _mm256_setzero_si256()));
         let v = _mm256_castsi256_ps(_mm256_and_si256(bits, big));
         acc[0] = _mm256_add_pd(acc[0], _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
         acc[1] = _mm256_add_pd(acc[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)));
@@ -826,6 +835,18 @@ mod tests {
         let mut with_inf = scaled(&mut rng, 3 * sub, &|_| 1.0);
         with_inf[sub + 1] = f32::INFINITY;
         cases.push(with_inf);
+        // Pruned: half the values zero (each group of eight holds some), and a NaN among
+        // zeros only.
+        cases.push(scaled(&mut rng, 2 * sub + 40, &|i| {
+            if i % 2 == 0 {
+                0.0
+            } else {
+                2.0
+            }
+        }));
+        let mut nan_in_zeros = vec![0.0f32; 2 * sub];
+        nan_in_zeros[sub + 3] = f32::NAN;
+        cases.push(nan_in_zeros);
         let mut zeros_then = vec![0.0f32; 2 * sub];
         zeros_then.extend(scaled(&mut rng, sub, &|_| 2.0));
         cases.push(zeros_then);
