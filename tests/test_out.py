@@ -140,3 +140,28 @@ def test_bad_quantize_out_is_refused_and_left_alone():
     with pytest.raises(ValueError, match="shares memory"):
         bq.quantize(x, "int4_block32", out=(inside, s_ok()))
     np.testing.assert_array_equal(x.view(np.uint32), before.view(np.uint32))
+
+
+@pytest.mark.parametrize("scheme, shape", [("mxfp8", (2049, 2056)),
+                                           ("e4m3/native/tensor:f32", (2049, 2049))])
+def test_e4m3_dequantize_into_large_out_matches_the_reference(scheme, shape):
+    """Every finite E4M3 code (±0, subnormals, the largest) in random order, over 16 MiB of
+    float32 output (the core's non-temporal stores), rows not a multiple of 16 or 32, into
+    arrays of garbage at a 16-byte boundary and 4 bytes past one: bit for bit the reference."""
+    from blockquant import reference as ref
+
+    rng = np.random.default_rng(13)
+    sch = bq.presets.resolve(scheme)
+    layout = sch.layout(shape)
+    finite = np.array([c for c in range(256) if c & 0x7F != 0x7F], np.uint8)
+    values = finite[rng.integers(0, finite.size, layout.storage_shape)]
+    scales = bq.quantize(rng.standard_normal(shape).astype(np.float32), sch).scales
+    qt = bq.QTensor.from_parts(values, scales, scheme=sch, shape=shape)
+    want = ref.dequantize(ref.from_bytes(qt.to_bytes(), sch, shape)).view(np.uint32)
+    n = int(np.prod(shape))
+    for offset in (0, 1):
+        buf = _garbage((n + 8,), np.float32, offset)
+        start = (-buf.ctypes.data // 4) % 4 + offset  # 16-byte aligned, then `offset` f32 on
+        out = buf[start:start + n].reshape(shape)
+        assert qt.dequantize(out=out) is out
+        np.testing.assert_array_equal(out.view(np.uint32), want)

@@ -291,12 +291,17 @@ fn tensor_amplitude(x: Input<'_>, calibration: Calibration) -> f32 {
             // `ExactSum::add_chunk`), merged exactly.
             let sum = (0..chunks)
                 .into_par_iter()
-                .map_init(Vec::new, |buf, c| {
-                    let (start, len) = span(c);
-                    let mut e = ExactSum::default();
-                    e.add_chunk(x.read(start, len, buf));
-                    e
-                })
+                .map_init(
+                    || (Vec::new(), 0),
+                    |(buf, guess), c| {
+                        let (start, len) = span(c);
+                        let mut e = ExactSum::default();
+                        // The guess carries over from this thread's last chunk (its
+                        // neighbour, mostly): only a call's first sub-chunk takes two passes.
+                        *guess = e.add_chunk_guessing(x.read(start, len, buf), *guess);
+                        e
+                    },
+                )
                 .reduce(ExactSum::default, ExactSum::merge)
                 .to_f64();
             mean(sum, n)
@@ -411,11 +416,66 @@ impl ExactSum {
         }
     }
 
+    /// [`ExactSum::add_chunk`] in one pass over memory where it can: each sub-chunk's
+    /// threshold T from `guess`, the bits of the largest |x| of the sub-chunk before (0: none),
+    /// its max found in the same pass (see [`ExactSum::add_sub_chunk_guessed`]). The max pass
+    /// of `add_chunk` waits on memory, then its sum from cache is compute-bound: two thirds more
+    /// time than one pass at the memory's pace. Returns the last sub-chunk's max |x| bits.
+    fn add_chunk_guessing(&mut self, xs: &[f32], mut guess: u32) -> u32 {
+        assert!(xs.len() <= 1 << 16, "a chunk of at most 2^16 values");
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd::has_avx2() {
+            for sub in xs.chunks(SUB_CHUNK) {
+                guess = if guess == 0 || guess >= 0x7F80_0000 {
+                    self.add_sub_chunk(sub, &[])
+                } else {
+                    // SAFETY: the CPU has AVX2, checked just above.
+                    unsafe { self.add_sub_chunk_guessed(sub, guess) }
+                };
+            }
+            return guess;
+        }
+        self.add_chunk(xs);
+        guess
+    }
+
+    /// One sub-chunk (at most [`SUB_CHUNK`] values) in one pass: T from `guess` (bits of a
+    /// finite nonzero |x|), the big values summed as in [`big_sum`] while their max E' is
+    /// found. The sum is exact when the lanes' partial sums, at most n · 2^(E'+1), stay within
+    /// 2^53 units of 2^(T−23); when E' is past that (or non-finite), the small values entered
+    /// are taken out again (integer entries: exactly) and the sub-chunk goes through
+    /// [`ExactSum::add_sub_chunk`]. A guess too large costs time only (more small values), and
+    /// the next sub-chunk guesses this one's max. Returns the bits of its max |x|.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn add_sub_chunk_guessed(&mut self, xs: &[f32], guess: u32) -> u32 {
+        debug_assert!(xs.len() <= SUB_CHUNK && guess != 0 && guess < 0x7F80_0000);
+        let t = ((guess >> 23) as i32 - 13).max(1) as u32;
+        let (total, max_bits) = big_sum_max_avx2(xs, t, self);
+        // Biased exponents: |x| < 2^(max(E', 1) − 126); units 2^(T − 150).
+        let e_max = (max_bits >> 23).max(1);
+        let log_n = xs.len().next_power_of_two().trailing_zeros();
+        if max_bits >= 0x7F80_0000 || e_max + log_n > t + 29 {
+            small_ones_taken_out(xs, t, self);
+            return self.add_sub_chunk(xs, &[]);
+        }
+        let units = total * 2f64.powi(150 - t as i32);
+        debug_assert!(units.fract() == 0.0 && units < 2f64.powi(53));
+        self.by_exp[t as usize] += units as u64;
+        max_bits
+    }
+
     /// [`ExactSum::add_chunk`] of one sub-chunk; the start of `next` is prefetched meanwhile.
-    fn add_sub_chunk(&mut self, xs: &[f32], next: &[f32]) {
+    /// Returns the bits of its max |x| (NaNs passed over).
+    fn add_sub_chunk(&mut self, xs: &[f32], next: &[f32]) -> u32 {
         let max = max_abs(xs);
-        if max == 0.0 || !max.is_finite() {
-            return self.add_all(xs); // all zero, or a non-finite value (rejected later)
+        if max == 0.0 {
+            // All zero (NaNs, passed over by the max, are not summed either): nothing to add.
+            return 0;
+        }
+        if !max.is_finite() {
+            self.add_all(xs); // a non-finite value (rejected later)
+            return max.to_bits();
         }
         // Biased exponents: T = max(E − 13, −126), so that 2^(T−23) is an entry's unit.
         let t = ((max.to_bits() >> 23) as i32 - 13).max(1) as u32;
@@ -425,6 +485,7 @@ impl ExactSum {
         let units = total * 2f64.powi(150 - t as i32);
         debug_assert!(units.fract() == 0.0 && units < 2f64.powi(53));
         self.by_exp[t as usize] += units as u64;
+        max.to_bits()
     }
 
     fn merge(mut self, o: Self) -> Self {
@@ -522,6 +583,9 @@ unsafe fn big_sum_avx2(xs: &[f32], t: u32, small: &mut ExactSum, ahead: &[f32]) 
             _mm256_cmpgt_epi32(bits, m[1]),
             _mm256_cmpgt_epi32(m[2], bits),
         );
+        // A zero adds nothing to either sum: taken as big, so that a pruned tensor (zeros in
+        // most groups of eight) stays off the one-at-a-time path.
+        let big = _mm256_or_si256(big, _mm256_cmpeq_epi32(bits, _mm256_setzero_si256()));
         let v = _mm256_castsi256_ps(_mm256_and_si256(bits, big));
         acc[0] = _mm256_add_pd(acc[0], _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
         acc[1] = _mm256_add_pd(acc[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)));
@@ -551,6 +615,82 @@ unsafe fn big_sum_avx2(xs: &[f32], t: u32, small: &mut ExactSum, ahead: &[f32]) 
     let mut l = [0.0f64; 4];
     _mm256_storeu_pd(l.as_mut_ptr(), s);
     l.iter().sum::<f64>() + big_sum_portable(&xs[i..], t, small)
+}
+
+/// Undo [`small_ones`] (the same values, subtracted from the same integer entries).
+#[cfg(target_arch = "x86_64")]
+fn small_ones_taken_out(xs: &[f32], t: u32, small: &mut ExactSum) {
+    let mut entered = ExactSum::default();
+    small_ones(xs, t, &mut entered);
+    for (a, b) in small.by_exp.iter_mut().zip(entered.by_exp.iter()) {
+        *a -= b;
+    }
+}
+
+/// [`big_sum_avx2`] (prefetching its own input ahead, not the next sub-chunk's) that also
+/// returns the bits of the largest |x| (NaN bits above every other).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn big_sum_max_avx2(xs: &[f32], t: u32, small: &mut ExactSum) -> (f64, u32) {
+    use std::arch::x86_64::*;
+    let abs = _mm256_set1_epi32(0x7FFF_FFFF);
+    let below = _mm256_set1_epi32(((t << 23) - 1) as i32); // t ≥ 1
+    let inf = _mm256_set1_epi32(0x7F80_0000);
+    // Eight values: their big lanes as f64 into two accumulators, their |x| bits into the
+    // max; false if any is small.
+    #[inline(always)]
+    unsafe fn step(
+        p: *const f32,
+        m: [__m256i; 3],
+        acc: &mut [__m256d; 2],
+        mx: &mut __m256i,
+    ) -> bool {
+        let bits = _mm256_and_si256(_mm256_loadu_si256(p as *const __m256i), m[0]);
+        *mx = _mm256_max_epu32(*mx, bits);
+        let big = _mm256_and_si256(
+            _mm256_cmpgt_epi32(bits, m[1]),
+            _mm256_cmpgt_epi32(m[2], bits),
+        );
+        // Zeros as in `big_sum_avx2`.
+        let big = _mm256_or_si256(big, _mm256_cmpeq_epi32(bits, _mm256_setzero_si256()));
+        let v = _mm256_castsi256_ps(_mm256_and_si256(bits, big));
+        acc[0] = _mm256_add_pd(acc[0], _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+        acc[1] = _mm256_add_pd(acc[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)));
+        _mm256_movemask_ps(_mm256_castsi256_ps(big)) == 0xFF
+    }
+    let m = [abs, below, inf];
+    let (mut a, mut b) = ([_mm256_setzero_pd(); 2], [_mm256_setzero_pd(); 2]);
+    let (mut ma, mut mb) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+    let (n, p) = (xs.len(), xs.as_ptr());
+    let mut i = 0;
+    // i + 16 <= n: loads in bounds. One line asked for each step, far enough ahead (past the
+    // slice too: a prefetch never faults) that one thread does not wait on memory.
+    while i + 16 <= n {
+        let ahead = p.wrapping_add(i + crate::simd::x86::PREFETCH_AHEAD);
+        _mm_prefetch::<{ _MM_HINT_T0 }>(ahead as *const i8);
+        if !step(p.add(i), m, &mut a, &mut ma) {
+            small_ones(&xs[i..i + 8], t, small);
+        }
+        if !step(p.add(i + 8), m, &mut b, &mut mb) {
+            small_ones(&xs[i + 8..i + 16], t, small);
+        }
+        i += 16;
+    }
+    let s = _mm256_add_pd(_mm256_add_pd(a[0], a[1]), _mm256_add_pd(b[0], b[1]));
+    let mut l = [0.0f64; 4];
+    _mm256_storeu_pd(l.as_mut_ptr(), s);
+    let mut lanes = [0u32; 8];
+    _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, _mm256_max_epu32(ma, mb));
+    let tail = &xs[i..];
+    let max_bits = lanes
+        .into_iter()
+        .chain(tail.iter().map(|x| x.to_bits() & 0x7FFF_FFFF))
+        .max()
+        .unwrap_or(0);
+    (
+        l.iter().sum::<f64>() + big_sum_portable(tail, t, small),
+        max_bits,
+    )
 }
 
 fn add_shifted(big: &mut [u64; LIMBS], m: u64, shift: usize) {
@@ -644,6 +784,100 @@ mod tests {
                 "{} values",
                 xs.len()
             );
+        }
+    }
+
+    /// The one-pass sum with a guessed threshold against the per-exponent sum of every value:
+    /// magnitudes that jump between sub-chunks (a guess too small, redone; too large, many
+    /// small values), guesses from nothing to the largest, subnormals, a NaN or an infinity
+    /// in a later sub-chunk, ragged lengths.
+    #[test]
+    fn add_chunk_guessing_equals_add_all() {
+        let mut rng = crate::pack::tests::Rng::new(23);
+        let sub = SUB_CHUNK;
+        let mut cases: Vec<Vec<f32>> = Vec::new();
+        let scaled = |rng: &mut crate::pack::tests::Rng, n: usize, scale: &dyn Fn(usize) -> f32| {
+            (0..n).map(|i| rng.unit() * scale(i)).collect::<Vec<f32>>()
+        };
+        cases.push(scaled(&mut rng, 1 << 16, &|_| 3.0));
+        cases.push(scaled(&mut rng, 1 << 16, &|i| {
+            if (i / sub) % 2 == 0 {
+                1e-3
+            } else {
+                1e3
+            }
+        }));
+        cases.push(scaled(&mut rng, 1 << 16, &|i| {
+            if i / sub == 0 {
+                1e30
+            } else {
+                1e-30
+            }
+        }));
+        cases.push(scaled(&mut rng, 3 * sub + 5, &|i| {
+            if i < sub {
+                1.0
+            } else {
+                4.0
+            }
+        }));
+        cases.push(scaled(&mut rng, 2 * sub + 77, &|_| 1e-39));
+        cases.push(scaled(&mut rng, 2 * sub, &|i| {
+            if i % 5 == 0 {
+                1e18
+            } else {
+                1.0
+            }
+        }));
+        let mut with_nan = scaled(&mut rng, 3 * sub, &|_| 1.0);
+        with_nan[2 * sub + 9] = f32::NAN;
+        cases.push(with_nan);
+        let mut with_inf = scaled(&mut rng, 3 * sub, &|_| 1.0);
+        with_inf[sub + 1] = f32::INFINITY;
+        cases.push(with_inf);
+        // Pruned: half the values zero (each group of eight holds some), and a NaN among
+        // zeros only.
+        cases.push(scaled(&mut rng, 2 * sub + 40, &|i| {
+            if i % 2 == 0 {
+                0.0
+            } else {
+                2.0
+            }
+        }));
+        let mut nan_in_zeros = vec![0.0f32; 2 * sub];
+        nan_in_zeros[sub + 3] = f32::NAN;
+        cases.push(nan_in_zeros);
+        let mut zeros_then = vec![0.0f32; 2 * sub];
+        zeros_then.extend(scaled(&mut rng, sub, &|_| 2.0));
+        cases.push(zeros_then);
+        for xs in &cases {
+            for guess in [
+                0,
+                1,
+                1e-30f32.to_bits(),
+                1f32.to_bits(),
+                1e30f32.to_bits(),
+                f32::MAX.to_bits(),
+            ] {
+                let (mut a, mut b) = (ExactSum::default(), ExactSum::default());
+                a.add_all(xs);
+                let last = b.add_chunk_guessing(xs, guess);
+                assert_eq!(
+                    a.to_f64().to_bits(),
+                    b.to_f64().to_bits(),
+                    "{} values, guess {guess:#x}",
+                    xs.len()
+                );
+                let tail = &xs[(xs.len() - 1) / sub * sub..];
+                if tail.iter().all(|x| x.is_finite()) {
+                    assert_eq!(
+                        last,
+                        max_abs_portable(tail).to_bits(),
+                        "{} values",
+                        xs.len()
+                    );
+                }
+            }
         }
     }
 

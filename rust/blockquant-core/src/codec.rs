@@ -235,6 +235,23 @@ pub trait Decode: Copy + Send + Sync {
     /// The CPU must have AVX2.
     #[cfg(target_arch = "x86_64")]
     unsafe fn decode8(&self, fields: __m256i) -> __m256;
+
+    /// Whether [`Decode::decode16`] is this decoder's own, cheaper than two `decode8`: the
+    /// kernels then take sixteen fields a step (a constant, so the choice costs nothing).
+    const HAS_DECODE16: bool = false;
+
+    /// [`Decode::decode`] of sixteen fields, one a u16 lane (zero-extended bytes): the first
+    /// eight, then the last eight, bit for bit.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and F16C.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn decode16(&self, fields: __m256i) -> (__m256, __m256) {
+        let lo = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(fields));
+        let hi = _mm256_cvtepu16_epi32(_mm256_extracti128_si256::<1>(fields));
+        (self.decode8(lo), self.decode8(hi))
+    }
 }
 
 /// Int fields: sign-extend from the field's width (8 for Native, whose fields are whole int8
@@ -329,6 +346,51 @@ impl Decode for Fp8Decode<'_> {
         let v = _mm256_blendv_epi8(v, _mm256_set1_epi32(0x7F80_0000), inf);
         let v = _mm256_blendv_epi8(v, _mm256_set1_epi32(f32::NAN.to_bits() as i32), nan);
         _mm256_castsi256_ps(_mm256_or_si256(v, sign))
+    }
+}
+
+/// E4M3 fields (FP8 of mxfp8 and the per-tensor E4M3 schemes): [`Fp8Decode`] for one or eight
+/// at a time; sixteen at a time through float16 (F16C's conversion), with fewer instructions
+/// than the bit assembly of `decode8`, which left the block-32 dequantize behind the memory.
+#[derive(Clone, Copy)]
+pub struct E4M3Decode<'a>(pub &'a [f32; 256]);
+
+impl Decode for E4M3Decode<'_> {
+    #[inline(always)]
+    fn decode(&self, field: u8) -> f32 {
+        self.0[field as usize]
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn decode8(&self, fields: __m256i) -> __m256 {
+        Fp8Decode {
+            table: self.0,
+            fmt: E4M3,
+        }
+        .decode8(fields)
+    }
+
+    const HAS_DECODE16: bool = true;
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn decode16(&self, fields: __m256i) -> (__m256, __m256) {
+        // The byte s eeee mmm as the float16 s 0 eeee mmm 0000000 (shifted into the lane's top
+        // byte, arithmetic-shifted back one, the copied sign bit cleared). float16 has one
+        // more exponent bit and bias 15 against 7, so this is the E4M3 value times 2^-8 for
+        // normals and subnormals alike: × 256 after the conversion is exact.
+        let h = _mm256_srai_epi16::<1>(_mm256_slli_epi16::<8>(fields));
+        let h = _mm256_and_si256(h, _mm256_set1_epi16(0xBFFF_u16 as i16));
+        // NaN codes (0x7F, 0xFF) came out as ±1.875·2^-8 (magnitude bits 0x3F80): xor them
+        // into float16's ±0x7E00, whose conversion has f32::NAN's bits (sign kept), as the
+        // table's. NaN × 256 × e keeps those bits.
+        let nan = _mm256_cmpeq_epi16(_mm256_slli_epi16::<1>(h), _mm256_set1_epi16(0x7F00));
+        let h = _mm256_xor_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x3F80 ^ 0x7E00)));
+        let k = _mm256_set1_ps(256.0);
+        let lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+        let hi = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(h));
+        (_mm256_mul_ps(lo, k), _mm256_mul_ps(hi, k))
     }
 }
 

@@ -670,9 +670,9 @@ fn decode_range<D: Decode, O: OutElem>(
     out: &mut [O],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2() {
+    if crate::simd::has_avx2() && crate::simd::has_f16c() {
         if let Some(out) = O::as_f32(out) {
-            // SAFETY: the CPU has AVX2, checked just above.
+            // SAFETY: the CPU has AVX2 and F16C, checked just above.
             return unsafe { decode_range_f32_avx2(dec, layout, effective, start, codes, out) };
         }
     }
@@ -680,7 +680,7 @@ fn decode_range<D: Decode, O: OutElem>(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")] // F16C for the decoders' `decode16`
 unsafe fn decode_range_f32_avx2<D: Decode>(
     dec: D,
     layout: &Layout,
@@ -1791,7 +1791,7 @@ pub(crate) mod tests {
     /// output at each 4-byte offset from a 16-byte boundary, from the start and mid-range.
     fn compare_decode_streaming<D: Decode>(dec: D, layout: &Layout, eff: &[f32], codes: &[u8]) {
         #[cfg(target_arch = "x86_64")]
-        if crate::simd::has_avx2() {
+        if crate::simd::has_avx2() && crate::simd::has_f16c() {
             let len = codes.len();
             for (start, end) in [(0, len), (len / 3 + 1, len - len / 5)] {
                 let mut port = vec![0.0f32; end - start];
@@ -1800,7 +1800,7 @@ pub(crate) mod tests {
                     let mut buf = vec![0.0f32; end - start + 8];
                     let at = buf.as_ptr().align_offset(16) + off;
                     let out = &mut buf[at..at + end - start];
-                    // SAFETY: the CPU has AVX2, checked just above.
+                    // SAFETY: the CPU has AVX2 and F16C, checked just above.
                     unsafe {
                         let c = &codes[start..end];
                         decode_range_f32_avx2_with::<D, true>(dec, layout, eff, start, c, out);
@@ -1874,6 +1874,10 @@ pub(crate) mod tests {
                         } else {
                             let dec = crate::codec::Fp8Decode { table: &table, fmt };
                             compare_decode(dec, value, native, seed);
+                            if value == QuantValue::E4M3 {
+                                let dec = crate::codec::E4M3Decode(&table);
+                                compare_decode(dec, value, native, seed);
+                            }
                         }
                     }
                     None => compare_decode(IntDecode::new(&layout.packing), value, native, seed),

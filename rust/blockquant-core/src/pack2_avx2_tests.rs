@@ -118,3 +118,53 @@ fn pack2_matches_the_general_path() {
         }
     }
 }
+
+/// The comparisons' cuts at their edges: for each scale, values one and two floats either side
+/// of every half step (the rounding ties) and of the clamps, both codecs, Q2S and Q2F; and the
+/// cuts themselves are where the scalar codec's level changes.
+#[test]
+fn thresholds_match_the_division_at_every_cut() {
+    if !crate::simd::has_avx2() {
+        return;
+    }
+    let step = |x: f32, k: i32| -> f32 {
+        // k floats up (k > 0) or down, through ±0.
+        let mut v = x;
+        for _ in 0..k.abs() {
+            v = if k > 0 { v.next_up() } else { v.next_down() };
+        }
+        v
+    };
+    for e in [1.0f32, 0.37, 3e-39, 1e-45, 2e30, f32::MAX, 0.1] {
+        let mut x = Vec::new();
+        for h in -5..=5 {
+            let tie = h as f32 / 2.0 * e;
+            for k in -2..=2 {
+                x.push(step(tie, k));
+                x.push(step(-tie, k));
+            }
+        }
+        for v in [0.0, -0.0, 1e-45, -1e-45, f32::MAX, -f32::MAX, f32::NAN] {
+            x.push(v);
+        }
+        x.resize(x.len().div_ceil(64) * 64 + 64, 0.3 * e);
+        let shape = [x.len()];
+        for value in [QuantValue::Q2S, QuantValue::Q2F] {
+            let layout = Layout::new(&q2(value, QuantStore::PackedU32(0)), &shape).unwrap();
+            let (qmin, qmax) = value.range();
+            let what = format!("{value:?} e {e:e}");
+            check::<_, u32>(IntHalfAway { qmin, qmax }, &layout, &x, e, 4096, &what);
+            check::<_, u32>(IntHalfEven { qmin, qmax }, &layout, &x, e, 4096, &what);
+            let codec = IntHalfAway { qmin, qmax };
+            let t = Thresholds::new(codec, e).expect("an int codec is monotone");
+            for &c in t.cuts.iter().filter(|c| !c.is_nan()) {
+                let (below, at) = (codec.encode(c.next_down() / e), codec.encode(c / e));
+                assert_ne!(
+                    below & 3,
+                    at & 3,
+                    "{what}: the level changes at the cut {c:e}"
+                );
+            }
+        }
+    }
+}

@@ -7,8 +7,8 @@ use rayon::prelude::*;
 
 use crate::calibrate::{amplitudes, run_amplitude, Calibration, MIN_TASK_ELEMS};
 use crate::codec::{
-    float_table, minifloat, E2M1Code, E2M1Decode, Encode, FloatCode, Fp8Decode, IntDecode,
-    IntHalfAway, IntHalfEven, Rounding, TableDecode,
+    float_table, minifloat, E2M1Code, E2M1Decode, E4M3Decode, Encode, FloatCode, Fp8Decode,
+    IntDecode, IntHalfAway, IntHalfEven, Rounding, TableDecode,
 };
 use crate::error::{QuantError, Result};
 use crate::input::{Input, Window};
@@ -954,6 +954,10 @@ fn dequantize_into<O: OutElem>(
     match minifloat(layout.scheme.value) {
         Some(_) if layout.scheme.value == QuantValue::E2M1 => {
             crate::pack::decode_into(E2M1Decode, layout, storage, effective, out);
+        }
+        Some(fmt) if layout.scheme.value == QuantValue::E4M3 => {
+            let table = float_table(&fmt);
+            crate::pack::decode_into(E4M3Decode(&table), layout, storage, effective, out);
         }
         Some(fmt) => {
             let table = float_table(&fmt);

@@ -401,6 +401,9 @@ pub(crate) mod x86 {
                 *y = dec.decode(c) * e;
             }
             i = head;
+            if D::HAS_DECODE16 {
+                i += decode16s::<D, true>(dec, &codes[i..], ev, &mut out[i..]);
+            }
             // i + 8 <= n: in bounds; dst + i is 16-byte aligned (i - head a multiple of 8).
             while i + 8 <= n {
                 let fields = _mm256_cvtepu8_epi32(_mm_loadl_epi64(src.add(i) as *const __m128i));
@@ -410,6 +413,9 @@ pub(crate) mod x86 {
                 i += 8;
             }
         }
+        if D::HAS_DECODE16 && !STREAM {
+            i += decode16s::<D, false>(dec, &codes[i..], ev, &mut out[i..]);
+        }
         // i + 8 <= n = codes.len() = out.len(): loads and stores in bounds.
         while i + 8 <= n {
             let fields = _mm256_cvtepu8_epi32(_mm_loadl_epi64(src.add(i) as *const __m128i));
@@ -418,6 +424,41 @@ pub(crate) mod x86 {
         }
         for (y, &c) in out[i..].iter_mut().zip(&codes[i..]) {
             *y = dec.decode(c) * e;
+        }
+    }
+
+    /// `out[i] = dec.decode(codes[i]) * ev` for the leading multiple of 16 (returned), by
+    /// [`Decode::decode16`]. With `STREAM` `out` is 16-byte aligned and the stores are
+    /// non-temporal. The CPU must have F16C too (the caller's target features say so).
+    #[inline(always)]
+    pub(crate) unsafe fn decode16s<D: Decode, const STREAM: bool>(
+        dec: D,
+        codes: &[u8],
+        ev: __m256,
+        out: &mut [f32],
+    ) -> usize {
+        let n = codes.len().min(out.len()) / 16 * 16;
+        let (src, dst) = (codes.as_ptr(), out.as_mut_ptr());
+        let mut i = 0;
+        // i + 16 <= n: loads and stores in bounds.
+        while i + 16 <= n {
+            let fields = _mm256_cvtepu8_epi16(_mm_loadu_si128(src.add(i) as *const __m128i));
+            let (a, b) = dec.decode16(fields);
+            store8::<STREAM>(dst.add(i), _mm256_mul_ps(a, ev));
+            store8::<STREAM>(dst.add(i + 8), _mm256_mul_ps(b, ev));
+            i += 16;
+        }
+        n
+    }
+
+    /// Eight f32 to `p`: non-temporal (two 16-byte halves; `p` 16-byte aligned) or not.
+    #[inline(always)]
+    unsafe fn store8<const STREAM: bool>(p: *mut f32, v: __m256) {
+        if STREAM {
+            _mm_stream_ps(p, _mm256_castps256_ps128(v));
+            _mm_stream_ps(p.add(4), _mm256_extractf128_ps::<1>(v));
+        } else {
+            _mm256_storeu_ps(p, v);
         }
     }
 
@@ -438,6 +479,19 @@ pub(crate) mod x86 {
             "whole blocks"
         );
         let (src, dst) = (codes.as_ptr(), out.as_mut_ptr());
+        if D::HAS_DECODE16 && bc % 16 == 0 {
+            for (k, &e) in eff.iter().enumerate() {
+                // Block k: codes and outputs k * bc .. (k + 1) * bc, within the n.
+                let (c, o) = (k * bc, k * bc);
+                decode16s::<D, STREAM>(
+                    dec,
+                    &codes[c..c + bc],
+                    _mm256_set1_ps(e),
+                    &mut out[o..o + bc],
+                );
+            }
+            return;
+        }
         for (k, &e) in eff.iter().enumerate() {
             let ev = _mm256_set1_ps(e);
             // k * bc + t + 8 <= n: loads and stores in bounds.
@@ -789,7 +843,7 @@ mod tests {
     /// every decoder the kernels use.
     #[test]
     fn decode8_equals_decode_on_every_byte() {
-        use crate::codec::{float_table, Decode, E2M1Decode, Fp8Decode, IntDecode};
+        use crate::codec::{float_table, Decode, E2M1Decode, E4M3Decode, Fp8Decode, IntDecode};
         use crate::layout::Packing;
         #[target_feature(enable = "avx2")]
         unsafe fn check<D: Decode>(name: &str, dec: D) {
@@ -804,12 +858,40 @@ mod tests {
                 }
             }
         }
+        // decode16 (own or the default of two decode8) against decode: every byte in every
+        // lane position (the bytes rotated by 0..16).
+        #[target_feature(enable = "avx2,f16c")]
+        unsafe fn check16<D: Decode>(name: &str, dec: D) {
+            let mut got = [0f32; 16];
+            for rot in 0..16u32 {
+                for b0 in (0..256u32).step_by(16) {
+                    let lanes: [u16; 16] =
+                        std::array::from_fn(|j| ((b0 + (j as u32 + rot) % 16) & 0xFF) as u16);
+                    let v = _mm256_loadu_si256(lanes.as_ptr() as *const __m256i);
+                    let (a, b) = dec.decode16(v);
+                    _mm256_storeu_ps(got.as_mut_ptr(), a);
+                    _mm256_storeu_ps(got.as_mut_ptr().add(8), b);
+                    for (&b, g) in lanes.iter().zip(got) {
+                        let want = dec.decode(b as u8);
+                        assert_eq!(g.to_bits(), want.to_bits(), "{name} decode16 byte {b:#x}");
+                    }
+                }
+            }
+        }
         if !super::has_avx2() {
             return;
         }
         let (t4, t5) = (float_table(&E4M3), float_table(&E5M2));
+        if super::has_f16c() {
+            // SAFETY: the CPU has AVX2 and F16C, checked just above.
+            unsafe {
+                check16("E4M3", E4M3Decode(&t4));
+                check16("E2M1", E2M1Decode);
+            }
+        }
         // SAFETY: the CPU has AVX2, checked just above.
         unsafe {
+            check("E4M3 (E4M3Decode)", E4M3Decode(&t4));
             check(
                 "E4M3",
                 Fp8Decode {
