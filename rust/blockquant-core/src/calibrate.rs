@@ -566,6 +566,33 @@ fn small_ones(xs: &[f32], t: u32, small: &mut ExactSum) {
     }
 }
 
+/// Eight values from `p` (`m`: the |x| mask, the bits just below the big range and infinity's):
+/// the big ones' |x| widened to f64 into two accumulators, every |x| pattern into the max `mx`
+/// (NaN above all; callers that ignore it lose its instruction to the compiler); false if any is
+/// small. A zero adds nothing to either sum: taken as big, so that a pruned tensor (zeros in
+/// most groups of eight) stays off the one-at-a-time path.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn sum_step(
+    p: *const f32,
+    m: [std::arch::x86_64::__m256i; 3],
+    acc: &mut [std::arch::x86_64::__m256d; 2],
+    mx: &mut std::arch::x86_64::__m256i,
+) -> bool {
+    use std::arch::x86_64::*;
+    let bits = _mm256_and_si256(_mm256_loadu_si256(p as *const __m256i), m[0]);
+    *mx = _mm256_max_epu32(*mx, bits);
+    let big = _mm256_and_si256(
+        _mm256_cmpgt_epi32(bits, m[1]),
+        _mm256_cmpgt_epi32(m[2], bits),
+    );
+    let big = _mm256_or_si256(big, _mm256_cmpeq_epi32(bits, _mm256_setzero_si256()));
+    let v = _mm256_castsi256_ps(_mm256_and_si256(bits, big));
+    acc[0] = _mm256_add_pd(acc[0], _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+    acc[1] = _mm256_add_pd(acc[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)));
+    _mm256_movemask_ps(_mm256_castsi256_ps(big)) == 0xFF
+}
+
 /// [`big_sum_portable`] sixteen values a step: the big ones' |x| widened to f64 in four
 /// accumulators, the rare step with another value finishing those eight one at a time.
 #[cfg(target_arch = "x86_64")]
@@ -575,25 +602,11 @@ unsafe fn big_sum_avx2(xs: &[f32], t: u32, small: &mut ExactSum, ahead: &[f32]) 
     let abs = _mm256_set1_epi32(0x7FFF_FFFF);
     let below = _mm256_set1_epi32(((t << 23) - 1) as i32); // t ≥ 1
     let inf = _mm256_set1_epi32(0x7F80_0000);
-    // Eight values: their big lanes as f64 into two accumulators; false if any is small.
-    #[inline(always)]
-    unsafe fn step(p: *const f32, m: [__m256i; 3], acc: &mut [__m256d; 2]) -> bool {
-        let bits = _mm256_and_si256(_mm256_loadu_si256(p as *const __m256i), m[0]);
-        let big = _mm256_and_si256(
-            _mm256_cmpgt_epi32(bits, m[1]),
-            _mm256_cmpgt_epi32(m[2], bits),
-        );
-        // A zero adds nothing to either sum: taken as big, so that a pruned tensor (zeros in
-        // most groups of eight) stays off the one-at-a-time path.
-        let big = _mm256_or_si256(big, _mm256_cmpeq_epi32(bits, _mm256_setzero_si256()));
-        let v = _mm256_castsi256_ps(_mm256_and_si256(bits, big));
-        acc[0] = _mm256_add_pd(acc[0], _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
-        acc[1] = _mm256_add_pd(acc[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)));
-        _mm256_movemask_ps(_mm256_castsi256_ps(big)) == 0xFF
-    }
     let m = [abs, below, inf];
     // Named accumulators (an indexed array of them lives on the stack, one store a step).
     let (mut a, mut b) = ([_mm256_setzero_pd(); 2], [_mm256_setzero_pd(); 2]);
+    // The max this sum does not use (the compiler drops its instructions).
+    let mut unused = _mm256_setzero_si256();
     let (n, p) = (xs.len(), xs.as_ptr());
     // One line of `ahead` (16 values) per 16 values here: as long as `xs` when it is as long.
     let lines = ahead.len().div_ceil(16);
@@ -603,10 +616,10 @@ unsafe fn big_sum_avx2(xs: &[f32], t: u32, small: &mut ExactSum, ahead: &[f32]) 
         if i / 16 < lines {
             _mm_prefetch::<{ _MM_HINT_T0 }>(ahead.as_ptr().add(i) as *const i8);
         }
-        if !step(p.add(i), m, &mut a) {
+        if !sum_step(p.add(i), m, &mut a, &mut unused) {
             small_ones(&xs[i..i + 8], t, small);
         }
-        if !step(p.add(i + 8), m, &mut b) {
+        if !sum_step(p.add(i + 8), m, &mut b, &mut unused) {
             small_ones(&xs[i + 8..i + 16], t, small);
         }
         i += 16;
@@ -636,28 +649,6 @@ unsafe fn big_sum_max_avx2(xs: &[f32], t: u32, small: &mut ExactSum) -> (f64, u3
     let abs = _mm256_set1_epi32(0x7FFF_FFFF);
     let below = _mm256_set1_epi32(((t << 23) - 1) as i32); // t ≥ 1
     let inf = _mm256_set1_epi32(0x7F80_0000);
-    // Eight values: their big lanes as f64 into two accumulators, their |x| bits into the
-    // max; false if any is small.
-    #[inline(always)]
-    unsafe fn step(
-        p: *const f32,
-        m: [__m256i; 3],
-        acc: &mut [__m256d; 2],
-        mx: &mut __m256i,
-    ) -> bool {
-        let bits = _mm256_and_si256(_mm256_loadu_si256(p as *const __m256i), m[0]);
-        *mx = _mm256_max_epu32(*mx, bits);
-        let big = _mm256_and_si256(
-            _mm256_cmpgt_epi32(bits, m[1]),
-            _mm256_cmpgt_epi32(m[2], bits),
-        );
-        // Zeros as in `big_sum_avx2`.
-        let big = _mm256_or_si256(big, _mm256_cmpeq_epi32(bits, _mm256_setzero_si256()));
-        let v = _mm256_castsi256_ps(_mm256_and_si256(bits, big));
-        acc[0] = _mm256_add_pd(acc[0], _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
-        acc[1] = _mm256_add_pd(acc[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)));
-        _mm256_movemask_ps(_mm256_castsi256_ps(big)) == 0xFF
-    }
     let m = [abs, below, inf];
     let (mut a, mut b) = ([_mm256_setzero_pd(); 2], [_mm256_setzero_pd(); 2]);
     let (mut ma, mut mb) = (_mm256_setzero_si256(), _mm256_setzero_si256());
@@ -668,10 +659,10 @@ unsafe fn big_sum_max_avx2(xs: &[f32], t: u32, small: &mut ExactSum) -> (f64, u3
     while i + 16 <= n {
         let ahead = p.wrapping_add(i + crate::simd::x86::PREFETCH_AHEAD);
         _mm_prefetch::<{ _MM_HINT_T0 }>(ahead as *const i8);
-        if !step(p.add(i), m, &mut a, &mut ma) {
+        if !sum_step(p.add(i), m, &mut a, &mut ma) {
             small_ones(&xs[i..i + 8], t, small);
         }
-        if !step(p.add(i + 8), m, &mut b, &mut mb) {
+        if !sum_step(p.add(i + 8), m, &mut b, &mut mb) {
             small_ones(&xs[i + 8..i + 16], t, small);
         }
         i += 16;

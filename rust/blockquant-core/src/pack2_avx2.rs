@@ -144,55 +144,62 @@ impl Thresholds {
     }
 }
 
-/// [`encode_64s`] by [`Thresholds`]: three comparisons and two adds for eight values instead
-/// of a division (the slowest instruction of the loop), rounding and clamping.
+/// Eight values' 2-bit fields, one a dword (only its low two bits are kept): the one thing
+/// the two encoders below differ in.
+trait Codes8 {
+    /// # Safety
+    /// The CPU must have AVX2.
+    unsafe fn codes8(&self, v: __m256) -> __m256i;
+}
+
+/// The codec's codes of the values divided by the scale.
+struct Divided<C: Encode> {
+    codec: C,
+    e: __m256,
+}
+
+impl<C: Encode> Codes8 for Divided<C> {
+    #[inline(always)]
+    unsafe fn codes8(&self, v: __m256) -> __m256i {
+        self.codec.encode8(_mm256_div_ps(v, self.e))
+    }
+}
+
+/// [`Thresholds`]: three comparisons and two adds for eight values instead of a division (the
+/// slowest instruction of the loop), rounding and clamping.
+struct Cut {
+    cut: [__m256; 3],
+    qmin: __m256i,
+}
+
+impl Codes8 for Cut {
+    #[inline(always)]
+    unsafe fn codes8(&self, v: __m256) -> __m256i {
+        // Each comparison passed is −1: qmin minus their sum counts them up (the field is the
+        // low two bits of the two's complement).
+        let m0 = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(v, self.cut[0]));
+        let m1 = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(v, self.cut[1]));
+        let m2 = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(v, self.cut[2]));
+        let passed = _mm256_add_epi32(_mm256_add_epi32(m0, m1), m2);
+        _mm256_and_si256(_mm256_sub_epi32(self.qmin, passed), _mm256_set1_epi32(3))
+    }
+}
+
+/// [`encode_64s`] by [`Thresholds`].
 ///
 /// # Safety
 /// The CPU must have AVX2.
 #[target_feature(enable = "avx2")]
 pub(crate) unsafe fn encode_64s_by_thresholds(t: &Thresholds, xs: &[f32], out: &mut [u8]) -> bool {
-    let runs = xs.len() / 64;
-    assert!(runs * 64 == xs.len() && out.len() == runs * 16);
-    let abs = _mm256_set1_epi32(0x7FFF_FFFF);
-    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    let cut = t.cuts.map(|c| _mm256_set1_ps(c));
-    let qmin = _mm256_set1_epi32(t.qmin);
-    let three = _mm256_set1_epi32(3);
-    let mut top = _mm256_setzero_si256();
-    for r in 0..runs {
-        // In bounds: values 64r..64r + 64 of xs, bytes 16r..16r + 16 of out.
-        let p = xs.as_ptr().add(64 * r);
-        crate::simd::x86::prefetch(p.wrapping_add(crate::simd::x86::PREFETCH_AHEAD), 64);
-        let mut half = [_mm256_setzero_si256(); 2];
-        for (h, hv) in half.iter_mut().enumerate() {
-            let mut c = [_mm256_setzero_si256(); 4];
-            for (k, ct) in c.iter_mut().enumerate() {
-                let v = _mm256_loadu_ps(p.add(32 * h + 8 * k));
-                top = _mm256_max_epi32(top, _mm256_and_si256(_mm256_castps_si256(v), abs));
-                // Each comparison passed is −1: qmin minus their sum counts them up.
-                let m0 = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(v, cut[0]));
-                let m1 = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(v, cut[1]));
-                let m2 = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(v, cut[2]));
-                let passed = _mm256_add_epi32(_mm256_add_epi32(m0, m1), m2);
-                *ct = _mm256_and_si256(_mm256_sub_epi32(qmin, passed), three);
-            }
-            // As encode_64s: 32 codes in order, then each dword's four fields in its low byte.
-            let ab = _mm256_packus_epi32(c[0], c[1]);
-            let cd = _mm256_packus_epi32(c[2], c[3]);
-            let codes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order);
-            let d = _mm256_or_si256(codes, _mm256_srli_epi32::<6>(codes));
-            let d = _mm256_or_si256(d, _mm256_srli_epi32::<12>(d));
-            *hv = _mm256_and_si256(d, _mm256_set1_epi32(0xFF));
-        }
-        let z = _mm256_packus_epi32(half[0], half[1]);
-        let z = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(z, z), order);
-        _mm_storeu_si128(
-            out.as_mut_ptr().add(16 * r) as *mut __m128i,
-            _mm256_castsi256_si128(z),
-        );
-    }
-    let over = _mm256_cmpgt_epi32(top, _mm256_set1_epi32(0x7F7F_FFFF));
-    _mm256_movemask_epi8(over) != 0
+    let k = Cut {
+        cut: [
+            _mm256_set1_ps(t.cuts[0]),
+            _mm256_set1_ps(t.cuts[1]),
+            _mm256_set1_ps(t.cuts[2]),
+        ],
+        qmin: _mm256_set1_epi32(t.qmin),
+    };
+    runs_of_64(&k, xs, out)
 }
 
 /// Codes of `xs` (a multiple of 64 values) against the scale `e` (not 0), four 2-bit fields a
@@ -203,9 +210,19 @@ pub(crate) unsafe fn encode_64s_by_thresholds(t: &Thresholds, xs: &[f32], out: &
 /// The CPU must have AVX2.
 #[target_feature(enable = "avx2")]
 pub(crate) unsafe fn encode_64s<C: Encode>(codec: C, xs: &[f32], e: f32, out: &mut [u8]) -> bool {
+    let k = Divided {
+        codec,
+        e: _mm256_set1_ps(e),
+    };
+    runs_of_64(&k, xs, out)
+}
+
+/// The loop of both encoders: 64 values (16 bytes) a step, the fields packed in registers.
+/// Returns whether any value was non-finite.
+#[inline(always)]
+unsafe fn runs_of_64<K: Codes8>(k: &K, xs: &[f32], out: &mut [u8]) -> bool {
     let runs = xs.len() / 64;
     assert!(runs * 64 == xs.len() && out.len() == runs * 16);
-    let dv = _mm256_set1_ps(e);
     let abs = _mm256_set1_epi32(0x7FFF_FFFF);
     // The packs work within 128-bit halves; this puts the dwords back in order.
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -222,7 +239,7 @@ pub(crate) unsafe fn encode_64s<C: Encode>(codec: C, xs: &[f32], e: f32, out: &m
                 let v = _mm256_loadu_ps(p.add(32 * h + 8 * t));
                 // Largest |x| pattern: past f32::MAX's exactly when a value is not finite.
                 top = _mm256_max_epi32(top, _mm256_and_si256(_mm256_castps_si256(v), abs));
-                *ct = codec.encode8(_mm256_div_ps(v, dv));
+                *ct = k.codes8(v);
             }
             // 32 code bytes in order: each dword holds four consecutive codes.
             let ab = _mm256_packus_epi32(c[0], c[1]);
