@@ -8,8 +8,8 @@
 //! no check of its own. g comes from the largest pattern, not from another pass over the
 //! amplitudes. Pass 2 turns each piece's amplitudes into block scales b_i (in place, all of
 //! the piece's first), divides each block by e_i = min(b_i × g, f32::MAX) (SPEC §5, §6: a true
-//! division), rounds to E2M1 by [`e2m1_magnitudes8`] and [`sign_bits`] and packs the nibbles
-//! in registers straight into the output (no code buffer, no zeroing). It takes the pieces
+//! division), rounds 32 quotients at a time to E2M1 by [`e2m1_codes32`] (integer keys and a
+//! table, in bytes) and packs the nibbles in registers straight into the output (no code buffer, no zeroing). It takes the pieces
 //! last first, so the end of a tensor larger than the cache is read from the cache. The
 //! arithmetic is `compute_scales` + `encode_values`'s: the same bits, tested against them.
 
@@ -104,29 +104,78 @@ pub(crate) unsafe fn amplitude_piece(xs: &[f32], bc: usize, sc: &mut [f32]) -> u
     top
 }
 
-/// E2M1 codes of the magnitudes of eight finite quotients (NaN gives 7, not the scalar's 0:
-/// pass 2 never sees one), each in the low bits of its i32 lane; the sign is added later, a
-/// byte at a time. With a = min(|q|, 6), the code is round-half-even(a × m) + k with (m, k) =
-/// (2, 0) below 2, (1, 2) in [2, 4), (½, 4) from 4: on each stretch E2M1's values are evenly
-/// spaced, so rounding to the nearest step with ties to the even step is the format's
-/// rounding (its even codes are the even steps), and the stretches agree at 2 and 4. The
-/// multiply is exact (a power of two); the rounding mode is in the instruction (MXCSR is not
-/// read). With [`sign_bits`], equal to [`E2M1Code::encode`] on every non-NaN f32 (tested).
+/// The E2M1 codes (sign in bit 3) of 32 finite quotients, one a byte, in the byte order
+/// `packus_epi16(packus_epi32(a, b), packus_epi32(c, d))` gives.
+///
+/// Every E2M1 rounding boundary m (the midpoints 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) has at
+/// most two mantissa bits, so its pattern is a multiple of 2^21, and the code of |q| depends
+/// only on which side of each m, or on it, |q| lies. t = ⌊a / 2^21⌋ + ⌈a / 2^21⌉ (a = |q|'s
+/// pattern) tells exactly that: it is 2·bits(m) / 2^21 on m, one less just below, one more just
+/// above. Where |q| = m is a tie, the table sends it to the even code. t − 1000 (1000 is
+/// 0.25's) is packed to bytes with saturation (0 below 0.25, 255 from 2^16 on), clamped to 35
+/// (just above 5: code 7, as the saturated 6) and looked up in three 16-entry tables.
+/// Integer work on 32 values a step instead of float rounding on 8; MXCSR is not read.
+/// Equal to [`E2M1Code::encode`] on every non-NaN f32 (tested on all of them).
 #[inline(always)]
-pub(crate) unsafe fn e2m1_magnitudes8(q: __m256) -> __m256i {
-    let abs = _mm256_and_si256(_mm256_castps_si256(q), _mm256_set1_epi32(0x7FFF_FFFF));
-    let a = _mm256_min_ps(_mm256_castsi256_ps(abs), _mm256_set1_ps(6.0));
-    let ge2 = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(a, _mm256_set1_ps(2.0)));
-    let ge4 = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(a, _mm256_set1_ps(4.0)));
-    // Minus the stretches passed (each mask is −1): m = 2^(1 − passed), k = 2 × passed.
-    let neg = _mm256_add_epi32(ge2, ge4);
-    let m = _mm256_add_epi32(_mm256_set1_epi32(0x4000_0000), _mm256_slli_epi32::<23>(neg));
-    let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-        a,
-        _mm256_castsi256_ps(m),
-    ));
-    _mm256_sub_epi32(_mm256_sub_epi32(_mm256_cvttps_epi32(r), neg), neg)
+pub(crate) unsafe fn e2m1_codes32(q: &[__m256; 4]) -> __m256i {
+    let t = _mm256_packus_epi16(
+        _mm256_packus_epi32(e2m1_key(q[0]), e2m1_key(q[1])),
+        _mm256_packus_epi32(e2m1_key(q[2]), e2m1_key(q[3])),
+    );
+    let t = _mm256_min_epu8(t, _mm256_set1_epi8(35));
+    // Each table gives its own 16 entries, 0 below them (a negative index has its top bit set)
+    // and no more than the true code above them (its low nibble wraps to smaller t): the max
+    // of the three is the code.
+    let tables = E2M1_BY_KEY.as_ptr() as *const __m256i;
+    let mag = _mm256_max_epu8(
+        _mm256_shuffle_epi8(_mm256_loadu_si256(tables), t),
+        _mm256_max_epu8(
+            _mm256_shuffle_epi8(
+                _mm256_loadu_si256(tables.add(1)),
+                _mm256_sub_epi8(t, _mm256_set1_epi8(16)),
+            ),
+            _mm256_shuffle_epi8(
+                _mm256_loadu_si256(tables.add(2)),
+                _mm256_sub_epi8(t, _mm256_set1_epi8(32)),
+            ),
+        ),
+    );
+    _mm256_or_si256(mag, sign_bits(q))
 }
+
+/// [`e2m1_codes32`]'s key of eight quotients: ⌈a / 2^21⌉ − 1000 + ⌊a / 2^21⌋, a = |q|'s
+/// pattern (no overflow: a ≤ 0x7F80_0000, an overflowed ∞ at most).
+#[inline(always)]
+unsafe fn e2m1_key(q: __m256) -> __m256i {
+    let a = _mm256_and_si256(_mm256_castps_si256(q), _mm256_set1_epi32(0x7FFF_FFFF));
+    let up = _mm256_set1_epi32((1 << 21) - 1 - (1000 << 21));
+    _mm256_add_epi32(
+        _mm256_srai_epi32::<21>(_mm256_add_epi32(a, up)),
+        _mm256_srli_epi32::<21>(a),
+    )
+}
+
+/// The E2M1 magnitude code of each key t = 0..48 of [`e2m1_codes32`], 16 at a time, each
+/// table twice (one for each 128-bit half of a `shuffle_epi8`). The code steps up at t = 1
+/// (past 0.25), 12 (0.75 on: the tie goes up to 1.0, the even code), 19 (past 1.25), 22
+/// (1.75 on), 27 (past 2.5), 30 (3.5 on) and 35 (past 5).
+static E2M1_BY_KEY: [[u8; 32]; 3] = {
+    const STEPS: [usize; 7] = [1, 12, 19, 22, 27, 30, 35];
+    let mut t = [[0u8; 32]; 3];
+    let mut k = 0;
+    while k < 48 {
+        let mut code = 0;
+        let mut s = 0;
+        while s < STEPS.len() {
+            code += (k >= STEPS[s]) as u8;
+            s += 1;
+        }
+        t[k / 16][k % 16] = code;
+        t[k / 16][k % 16 + 16] = code;
+        k += 1;
+    }
+    t
+};
 
 /// The E2M1 sign bit (0x08) of 32 quotients, one a byte, in the byte order
 /// `packus_epi16(packus_epi32(a, b), packus_epi32(c, d))` gives their codes: the signed packs
@@ -229,25 +278,20 @@ unsafe fn encode_8blocks<const V: usize>(x0: *const f32, e: __m256, o0: *mut u8)
     _mm256_storeu_ps(ds.as_mut_ptr(), e);
     // The packs work within 128-bit halves; this puts the dwords back in order.
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    let low = _mm256_set1_epi16(0xFF);
+    // Two codes a byte, the first in the low nibble: c0 × 1 + c1 × 16 per 16-bit lane.
+    let pair = _mm256_set1_epi16(0x1001);
     for u in 0..V {
         let x = x0.add(64 * u);
         let mut half = [_mm256_setzero_si256(); 2];
         for (h, hv) in half.iter_mut().enumerate() {
             let mut q = [_mm256_setzero_ps(); 4];
-            let mut c = [_mm256_setzero_si256(); 4];
-            for t in 0..4 {
+            for (t, qt) in q.iter_mut().enumerate() {
                 // Vector u * 8 + h * 4 + t of the group lies in block (u * 8 + h * 4 + t) / V.
                 let dv = _mm256_set1_ps(ds[(u * 8 + h * 4 + t) / V]);
-                q[t] = _mm256_div_ps(_mm256_loadu_ps(x.add(32 * h + 8 * t)), dv);
-                c[t] = e2m1_magnitudes8(q[t]);
+                *qt = _mm256_div_ps(_mm256_loadu_ps(x.add(32 * h + 8 * t)), dv);
             }
-            let ab = _mm256_packus_epi32(c[0], c[1]);
-            let cd = _mm256_packus_epi32(c[2], c[3]);
-            let codes = _mm256_or_si256(_mm256_packus_epi16(ab, cd), sign_bits(&q));
-            let codes = _mm256_permutevar8x32_epi32(codes, order);
-            // Each 16-bit lane holds two codes a byte apart: fold the second onto the first.
-            *hv = _mm256_and_si256(_mm256_or_si256(codes, _mm256_srli_epi16::<4>(codes)), low);
+            let codes = _mm256_permutevar8x32_epi32(e2m1_codes32(&q), order);
+            *hv = _mm256_maddubs_epi16(codes, pair);
         }
         let packed =
             _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(half[0], half[1]));

@@ -15,15 +15,12 @@ fn avx2() -> bool {
     crate::simd::has_avx2() && crate::simd::has_f16c()
 }
 
-/// Eight E2M1 codes by the kernel's two steps: [`e2m1_magnitudes8`], then [`sign_bits`] (on a
-/// group of four vectors: the same eight repeated).
+/// Eight E2M1 codes by the kernel's [`e2m1_codes32`] (on a group of four vectors: the same
+/// eight repeated), one an i32 lane.
 #[target_feature(enable = "avx2")]
 unsafe fn codes8(q: __m256) -> __m256i {
-    let mag = e2m1_magnitudes8(q);
-    let bytes = _mm256_packus_epi16(_mm256_packus_epi32(mag, mag), _mm256_packus_epi32(mag, mag));
-    let bytes = _mm256_or_si256(bytes, sign_bits(&[q; 4]));
-    // Lane j's byte is byte j of the low 128 bits... in pack order: (0..4 of a, 0..4 of b,
-    // ...) then (4..8 of a, ...): bytes 0..4 and 16..20.
+    let bytes = e2m1_codes32(&[q; 4]);
+    // In pack order, lanes 0..4 of the first vector are bytes 0..4, lanes 4..8 bytes 16..20.
     let mut b = [0u8; 32];
     _mm256_storeu_si256(b.as_mut_ptr() as *mut __m256i, bytes);
     let lanes: [i32; 8] = std::array::from_fn(|j| b[if j < 4 { j } else { 12 + j }] as i32);
@@ -325,4 +322,56 @@ fn nvfp4_kernel_refuses_non_finite_unchanged() {
         }
         assert!(bytes.iter().all(|&b| b == 0x5A), "storage written on error");
     }
+}
+
+/// Not a test: the kernel's time on 16 Mi values (blocks of 16, one thread), whole and its
+/// pass 2 alone on one 64 KiB piece in cache, for A/B runs of two builds
+/// (`cargo test --release -p blockquant-core -- --ignored --nocapture time_nvfp4`).
+#[test]
+#[ignore]
+fn time_nvfp4() {
+    if !avx2() {
+        return;
+    }
+    crate::pool::set_num_threads(1);
+    let mut rng = Rng::new(15);
+    let n = 1usize << 24;
+    let x: Vec<f32> = (0..n)
+        .map(|_| (0..4).map(|_| rng.unit()).sum::<f32>())
+        .collect();
+    let layout = Layout::new(&nvfp4(16), &[n / 4096, 4096]).unwrap();
+    let opts = QuantizeOptions::default();
+    let mut bytes = vec![0u8; n / 2];
+    let mut stored = vec![0.0; layout.num_scales];
+    let k = FusedKernel::new(&layout, &opts, false);
+    let piece = 1 << 14;
+    let mut amps = vec![0.0f32; piece / 16];
+    // SAFETY: the CPU has AVX2 (checked above).
+    unsafe { amplitude_piece(&x[..piece], 16, &mut amps) };
+    let amps0 = amps.clone();
+    let mut best = [f64::MAX; 3];
+    for _ in 0..21 {
+        let t = std::time::Instant::now();
+        crate::pool::install(|| {
+            quantize_nvfp4(Input::F32(&x), &layout, &opts, &mut bytes, &mut stored).unwrap()
+        });
+        best[0] = best[0].min(t.elapsed().as_secs_f64() * 1e3);
+        let t = std::time::Instant::now();
+        for _ in 0..n / piece {
+            // SAFETY: the CPU has AVX2 (checked above).
+            unsafe { amplitude_piece(&x[..piece], 16, &mut amps) };
+        }
+        best[1] = best[1].min(t.elapsed().as_secs_f64() * 1e3);
+        let t = std::time::Instant::now();
+        for _ in 0..n / piece {
+            amps.copy_from_slice(&amps0);
+            // SAFETY: the CPU has AVX2 and F16C (checked above); every value is finite.
+            unsafe { encode_piece(&k, 1.0, &x[..piece], &mut amps, &mut bytes[..piece / 2]) };
+        }
+        best[2] = best[2].min(t.elapsed().as_secs_f64() * 1e3);
+    }
+    println!(
+        "nvfp4 16 Mi: whole {:.2} ms; in cache: pass 1 {:.2} ms, pass 2 {:.2} ms",
+        best[0], best[1], best[2]
+    );
 }
