@@ -158,3 +158,27 @@ def test_targets_read_the_right_cells_and_flag_a_starved_process(bench):
     assert ts["#11 Q8_0: dequantize into out 1T ≥ 1.0× copyto"]["ok"] is False
     assert ts["#11 Q8_0: quantize ≥ 20× gguf-py"]["ok"] is True
     assert ts["#11 Q8_0: dequantize ≥ 20× gguf-py"]["ok"] is None
+
+
+def test_a_target_past_the_memory_floor_is_marked_bound_not_missed(bench):
+    import bench_report
+
+    def case(name, reads, read_s, numpy_s, bq_s):
+        return dict(name=name, bits=8, reads=reads, copyto_s=10.0, read_s=read_s,
+                    numpy_quantize_s=numpy_s, bq_quantize_1t_s=bq_s,
+                    bq_quantize_1t_of_copyto=10.0 / bq_s, cells={})
+
+    ts = {t["target"]: t for t in bench_report.targets(dict(cases=[
+        # two reads of 6 ms = 12 ms: numpy's 60 ms / 12 = 5x is all any quantizer could reach
+        case("two", 2, 6.0, 60.0, 14.0),
+        # one read of 6 ms: 60 / 6 = 10x is reachable, so 14 ms is a plain miss
+        case("one", 1, 6.0, 60.0, 14.0),
+        # 0.8x copyto needs 12.5 ms; two reads of 7 ms take 14
+        case("slow reads", 2, 7.0, 60.0, 16.0),
+    ]))}
+    two = ts["#13 two: quantize 1T ≥ 10× idiomatic numpy"]
+    assert two["ok"] is False and two["bound"] and "2 reads of the input take 1/5.00" in two["note"]
+    one = ts["#13 one: quantize 1T ≥ 10× idiomatic numpy"]
+    assert one["ok"] is False and "bound" not in one
+    assert ts["#13 slow reads: quantize 1T ≥ 0.8× copyto"]["bound"]
+    assert "bound" not in ts["#13 two: quantize 1T ≥ 0.8× copyto"]  # 0.71x, floor 0.83x
