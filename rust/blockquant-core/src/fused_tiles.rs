@@ -1,12 +1,22 @@
 //! Blocks that span several rows (block [128, 128], [2, 3, 8], ...) quantized in one pass over
 //! memory, a tile at a time.
 //!
-//! A tile is the rows of one grid row (the tensor rows a row of blocks spans) times a range of
-//! block columns, small enough to stay in L2: its blocks' amplitudes are measured, their stored
-//! scales worked out, then its values encoded while the tile is still in cache. The two-pass
-//! path (`compute_scales`, then `encode_values`) reads a large tensor from memory twice. A
-//! tile's rows are short strided runs, which the hardware prefetcher follows badly: while a
-//! tile is encoded, the next one is asked for row by row.
+//! A tile is the rows of one grid row (the tensor rows a row of blocks spans), whole up to a
+//! few MiB, else cut into ranges of block columns: its blocks' amplitudes are measured, their
+//! stored scales worked out, then its values encoded while the tile is still in cache (the
+//! last-level cache: a whole grid row of block [128, 128] on 4096 columns is 2 MiB). The
+//! two-pass path (`compute_scales`, then `encode_values`) reads a large tensor from memory
+//! twice.
+//!
+//! Why whole grid rows, not L2-sized column ranges: a column range reads each of its rows as a
+//! short strided run, which the hardware prefetcher follows badly; on a 4096 × 4096 block
+//! [128, 128] int8 quantize, 128 KiB tiles took twice as long as whole grid rows (25 against
+//! 12 ms, one thread), 1 MiB ones (half a grid row) 1.4 times as long.
+//!
+//! With f32 input and AVX2, consecutive tiles form a pipeline: tile t + 1 is measured while
+//! tile t is encoded, a row of each in turn, and the row of t + 1 measured next is asked for
+//! while the row of t is encoded. Measuring waits on memory, encoding (from cache) on the
+//! divider; interleaved, the two overlap.
 //!
 //! The arithmetic is `compute_scales`' and `encode_values`' (max |x|, `stored_scale`, one
 //! IEEE division a value), so the bytes and scales are the same bits.
@@ -20,8 +30,9 @@ use crate::layout::Layout;
 use crate::pack::{encode_run, pack_last_axis, StorageMut, Word};
 use crate::quantize::FusedKernel;
 
-/// Bytes of f32 input a tile aims at: it and the next one (prefetched) fit in L2 together.
-const TILE_BYTES: usize = 128 << 10;
+/// Bytes of f32 input a tile holds at most: a grid row up to this size is one tile. Two tiles a
+/// thread (the one encoded, the one measured) stay well within the shared last-level cache.
+const TILE_BYTES: usize = 4 << 20;
 
 /// A block column (rows × block columns × 4 bytes) larger than this does not stay in cache
 /// between measuring and encoding it: such schemes keep the two-pass path.
@@ -141,7 +152,6 @@ impl TileRows<'_> {
 struct Scratch {
     rows: Vec<usize>,
     offs: Vec<usize>,
-    next: Vec<usize>,
     buf: Vec<f32>,
 }
 
@@ -156,10 +166,23 @@ pub(crate) fn quantize_tiles<C: Encode>(
     stored: &mut [f32],
     avx2: bool,
 ) -> bool {
-    quantize_tiles_of(codec, x, k, out, stored, avx2, TILE_BYTES)
+    let sizes = Sizes {
+        tile_bytes: TILE_BYTES,
+        task_elems: MIN_TASK_ELEMS,
+    };
+    quantize_tiles_of(codec, x, k, out, stored, avx2, sizes)
 }
 
-/// [`quantize_tiles`] with tiles of about `tile_bytes` of input (tests make them small).
+/// How [`quantize_tiles`] cuts the work (tests make both small).
+#[derive(Debug, Clone, Copy)]
+struct Sizes {
+    /// Bytes of f32 input a tile holds at most (at least one block column).
+    tile_bytes: usize,
+    /// Elements a task at least: small tensors stay on one thread.
+    task_elems: usize,
+}
+
+/// [`quantize_tiles`], its work cut by `sizes`.
 fn quantize_tiles_of<C: Encode>(
     codec: C,
     x: Input<'_>,
@@ -167,25 +190,26 @@ fn quantize_tiles_of<C: Encode>(
     out: StorageMut<'_>,
     stored: &mut [f32],
     avx2: bool,
-    tile_bytes: usize,
+    sizes: Sizes,
 ) -> bool {
     let layout = k.layout;
     assert_eq!(stored.len(), layout.num_scales);
-    let tiles = Tiles::new(layout, tile_bytes);
+    let tiles = Tiles::new(layout, sizes.tile_bytes);
     let sc = Shared::new(stored);
     match out {
         StorageMut::U8(w) if layout.packing.per == 1 => {
-            run::<C, Bytes<'_>>(codec, x, k, &tiles, sc, Shared::new(w), avx2)
+            run::<C, Bytes<'_>>(codec, x, k, &tiles, sc, Shared::new(w), avx2, sizes)
         }
         StorageMut::U8(w) => {
-            run::<C, Packed<'_, u8>>(codec, x, k, &tiles, sc, Shared::new(w), avx2)
+            run::<C, Packed<'_, u8>>(codec, x, k, &tiles, sc, Shared::new(w), avx2, sizes)
         }
         StorageMut::U32(w) => {
-            run::<C, Packed<'_, u32>>(codec, x, k, &tiles, sc, Shared::new(w), avx2)
+            run::<C, Packed<'_, u32>>(codec, x, k, &tiles, sc, Shared::new(w), avx2, sizes)
         }
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run<'l, C: Encode, S: Sink<'l>>(
     codec: C,
     x: Input<'_>,
@@ -194,12 +218,17 @@ fn run<'l, C: Encode, S: Sink<'l>>(
     sc: Shared<f32>,
     words: Shared<S::W>,
     avx2: bool,
+    sizes: Sizes,
 ) -> bool {
     let layout = k.layout;
+    #[cfg(target_arch = "x86_64")]
+    if let (Input::F32(xs), true) = (x, avx2) {
+        return run_pipelined::<C, S>(codec, xs, k, tiles, sc, words, sizes);
+    }
     let tile_elems = rows_per_block(layout) * tiles.blocks * layout.block_cols();
     (0..tiles.count)
         .into_par_iter()
-        .with_min_len((MIN_TASK_ELEMS / tile_elems.max(1)).max(1))
+        .with_min_len((sizes.task_elems / tile_elems.max(1)).max(1))
         .map_init(
             || (Scratch::default(), S::new(layout, words)),
             |(s, sink), t| {
@@ -208,6 +237,162 @@ fn run<'l, C: Encode, S: Sink<'l>>(
             },
         )
         .reduce(|| false, |a, b| a | b)
+}
+
+/// Runs of consecutive tiles, each a task, in which tile t + 1 is measured while tile t is
+/// encoded, a row of each in turn: the measuring waits on memory, the encoding (from cache)
+/// on the divider, and interleaved the two overlap. A run's first tile is measured alone, so
+/// runs are few: two a thread (a slow thread is waited for briefly).
+#[cfg(target_arch = "x86_64")]
+fn run_pipelined<'l, C: Encode, S: Sink<'l>>(
+    codec: C,
+    xs: &[f32],
+    k: &FusedKernel<'l>,
+    tiles: &Tiles,
+    sc: Shared<f32>,
+    words: Shared<S::W>,
+    sizes: Sizes,
+) -> bool {
+    let layout = k.layout;
+    let tile_elems = rows_per_block(layout) * tiles.blocks * layout.block_cols();
+    let by_size = (tiles.count * tile_elems).div_ceil(sizes.task_elems).max(1);
+    let runs = (2 * rayon::current_num_threads())
+        .min(by_size)
+        .min(tiles.count);
+    let per_run = tiles.count.div_ceil(runs);
+    (0..tiles.count.div_ceil(per_run))
+        .into_par_iter()
+        .map_init(
+            || (Scratch::default(), Vec::new(), S::new(layout, words)),
+            |(s, next_rows, sink), j| {
+                let (t0, t1) = (j * per_run, ((j + 1) * per_run).min(tiles.count));
+                // SAFETY: each run of tiles is one task, which writes only its own tiles'
+                // scales and words; the CPU has AVX2 (the caller's `avx2`).
+                unsafe {
+                    run_avx2(
+                        codec,
+                        xs,
+                        k,
+                        tiles,
+                        t0..t1,
+                        sc,
+                        sink,
+                        &mut s.rows,
+                        next_rows,
+                    )
+                }
+            },
+        )
+        .reduce(|| false, |a, b| a | b)
+}
+
+/// Tile `t`'s grid row, first column, width, scales (uninitialized) and tensor rows (into
+/// `rows`).
+///
+/// # Safety
+/// Only this task uses tile `t`'s scales.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::mut_from_ref)]
+unsafe fn tile_at<'a>(
+    layout: &Layout,
+    tiles: &Tiles,
+    t: usize,
+    sc: &'a Shared<f32>,
+    rows: &mut Vec<usize>,
+) -> (usize, usize, &'a mut [f32]) {
+    let (n, bc, gc) = (layout.row_len(), layout.block_cols(), layout.grid_cols());
+    let (g, k0, blocks) = tiles.get(layout, t);
+    let c0 = k0 * bc;
+    rows.clear();
+    for_each_row_in_grid_row(layout, g, |r| rows.push(r));
+    (
+        c0,
+        ((k0 + blocks) * bc).min(n) - c0,
+        sc.part(g * gc + k0, blocks),
+    )
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_avx2<'l, C: Encode, S: Sink<'l>>(
+    codec: C,
+    xs: &[f32],
+    k: &FusedKernel<'l>,
+    tiles: &Tiles,
+    run: std::ops::Range<usize>,
+    sc: Shared<f32>,
+    sink: &mut S,
+    rows: &mut Vec<usize>,
+    next_rows: &mut Vec<usize>,
+) -> bool {
+    use crate::simd::x86;
+    let layout = k.layout;
+    let (n, bc) = (layout.row_len(), layout.block_cols());
+    let stream = layout.packing.per == 1
+        && !layout.packing.masks_bytes()
+        && layout.num_elements >= x86::STREAM_MIN_BYTES;
+    let measure = |rows: &[usize], c0: usize, w: usize, scales: &mut [f32], i: usize| {
+        max_abs_blocks(&xs[rows[i] * n + c0..rows[i] * n + c0 + w], bc, scales);
+    };
+    let finish = |scales: &mut [f32]| scales.iter_mut().for_each(|a| *a = k.scale(*a));
+    // The run's first tile alone.
+    let (mut c0, mut w, mut scales) = tile_at(layout, tiles, run.start, &sc, rows);
+    scales.fill(0.0);
+    for i in 0..rows.len() {
+        measure(rows, c0, w, scales, i);
+    }
+    finish(scales);
+    let mut bad = false;
+    for t in run.clone() {
+        let mut next = if t + 1 < run.end {
+            let (c1, w1, s1) = tile_at(layout, tiles, t + 1, &sc, next_rows);
+            s1.fill(0.0);
+            Some((c1, w1, s1))
+        } else {
+            next_rows.clear();
+            None
+        };
+        sink.set_tile(c0, w);
+        for i in 0..rows.len().max(next_rows.len()) {
+            if let Some((c1, w1, s1)) = &mut next {
+                if i < next_rows.len() {
+                    measure(next_rows, *c1, *w1, s1, i);
+                }
+            }
+            let Some(&r) = rows.get(i) else { continue };
+            // The next tile's row after this one is asked for a block's worth at a time as
+            // this row is encoded, so its measuring finds it in cache: the encoding alone
+            // keeps no load from memory in flight.
+            let ahead = match (&next, next_rows.get(i + 1)) {
+                (Some((c1, w1, _)), Some(&r1)) => (xs.as_ptr().wrapping_add(r1 * n + c1), *w1),
+                _ => (xs.as_ptr(), 0),
+            };
+            let xr = &xs[r * n + c0..r * n + c0 + w];
+            let out = sink.out(r);
+            let mut off = 0;
+            for ((run, o), &e) in xr.chunks(bc).zip(out.chunks_mut(bc)).zip(scales.iter()) {
+                if off < ahead.1 {
+                    x86::prefetch(ahead.0.wrapping_add(off), bc.min(ahead.1 - off));
+                    off += bc;
+                }
+                bad |= x86::encode_run_or_zero(codec, run, e, o, stream);
+            }
+            if off < ahead.1 {
+                x86::prefetch(ahead.0.wrapping_add(off), ahead.1 - off);
+            }
+            sink.done(r);
+        }
+        let Some((c1, w1, s1)) = next else { break };
+        finish(s1);
+        (c0, w, scales) = (c1, w1, s1);
+        std::mem::swap(rows, next_rows);
+    }
+    if stream {
+        // The non-temporal stores are weakly ordered: done before the task says it is done.
+        std::arch::x86_64::_mm_sfence();
+    }
+    bad
 }
 
 /// Where a tile row's codes go: `out(row)` is the code bytes to fill (the storage itself, or a
@@ -325,7 +510,7 @@ impl<'l, W: Word> Sink<'l> for Packed<'l, W> {
     }
 }
 
-/// Measure and encode tile `t`.
+/// Measure and encode tile `t` (converted input, or no AVX2).
 ///
 /// # Safety
 /// No other task works on tile `t` at the same time; `avx2` only where the CPU has AVX2.
@@ -372,34 +557,9 @@ unsafe fn tile<'l, C: Encode, S: Sink<'l>>(
     let scales = sc.part(g * gc + k0, blocks);
     #[cfg(target_arch = "x86_64")]
     if avx2 {
-        // The next tile's rows, asked for while this one is encoded (f32 input read in place).
-        s.next.clear();
-        if let (Input::F32(xs), true) = (x, t + 1 < tiles.count) {
-            let (g1, k1, b1) = tiles.get(layout, t + 1);
-            let c1 = k1 * bc;
-            for_each_row_in_grid_row(layout, g1, |r| s.next.push(r * n + c1));
-            let ahead = Ahead {
-                src: xs.as_ptr(),
-                rows: &s.next,
-                w: ((k1 + b1) * bc).min(n) - c1,
-            };
-            return tile_avx2(codec, k, &rows, &s.rows, scales, &ahead, sink);
-        }
-        let ahead = Ahead {
-            src: src.as_ptr(),
-            rows: &[],
-            w: 0,
-        };
-        return tile_avx2(codec, k, &rows, &s.rows, scales, &ahead, sink);
+        return tile_avx2(codec, k, &rows, &s.rows, scales, sink);
     }
     tile_portable(codec, k, &rows, &s.rows, scales, sink)
-}
-
-/// The next tile's rows (flat f32 offsets from `src`) and width, to ask for ahead.
-struct Ahead<'a> {
-    src: *const f32,
-    rows: &'a [usize],
-    w: usize,
 }
 
 unsafe fn tile_portable<'l, C: Encode, S: Sink<'l>>(
@@ -430,8 +590,8 @@ unsafe fn tile_portable<'l, C: Encode, S: Sink<'l>>(
     bad
 }
 
-/// [`tile_portable`] with AVX2: the runs by the AVX2 encoder (non-temporal stores into large
-/// one-a-byte storage), the next tile asked for row by row as this one is encoded.
+/// [`tile_portable`] with AVX2 (converted input, read from its buffer): the runs by the AVX2
+/// encoder, non-temporal stores into large one-a-byte storage.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn tile_avx2<'l, C: Encode, S: Sink<'l>>(
@@ -440,7 +600,6 @@ unsafe fn tile_avx2<'l, C: Encode, S: Sink<'l>>(
     rows: &TileRows<'_>,
     tensor_rows: &[usize],
     scales: &mut [f32],
-    ahead: &Ahead<'_>,
     sink: &mut S,
 ) -> bool {
     use crate::simd::x86;
@@ -458,18 +617,12 @@ unsafe fn tile_avx2<'l, C: Encode, S: Sink<'l>>(
     }
     let mut bad = false;
     for (i, &r) in tensor_rows.iter().enumerate() {
-        if let Some(&o) = ahead.rows.get(i) {
-            x86::prefetch(ahead.src.wrapping_add(o), ahead.w);
-        }
         let xs = rows.row(i);
         let out = sink.out(r);
         for ((run, o), &e) in xs.chunks(bc).zip(out.chunks_mut(bc)).zip(scales.iter()) {
             bad |= x86::encode_run_or_zero(codec, run, e, o, stream);
         }
         sink.done(r);
-    }
-    for &o in ahead.rows.iter().skip(tensor_rows.len()) {
-        x86::prefetch(ahead.src.wrapping_add(o), ahead.w);
     }
     if stream {
         // The non-temporal stores are weakly ordered: done before the task says it is done.

@@ -51,7 +51,7 @@ fn tiled(
     layout: &Layout,
     opts: &QuantizeOptions,
     avx2: bool,
-    tile_bytes: usize,
+    sizes: Sizes,
 ) -> Result<(Vec<f32>, Words), QuantError> {
     assert!(applies(layout, opts.calibration), "{}", layout.scheme);
     let mut w = Words::filled(layout, 0x5A5A_5A5A);
@@ -59,7 +59,7 @@ fn tiled(
     let mut stored = vec![f32::from_bits(0x7FC0_5A5A); layout.num_scales];
     let k = FusedKernel::new(layout, opts, false);
     let bad = crate::quantize::with_codec!(&layout.scheme, opts.rounding, |codec| {
-        quantize_tiles_of(codec, x, &k, w.as_mut(), &mut stored, avx2, tile_bytes)
+        quantize_tiles_of(codec, x, &k, w.as_mut(), &mut stored, avx2, sizes)
     });
     if bad {
         return Err(crate::quantize::first_non_finite(x));
@@ -93,16 +93,21 @@ fn check(x: Input<'_>, layout: &Layout, opts: &QuantizeOptions) {
             .num_threads(threads)
             .build()
             .unwrap();
-        // Tiles of one block column (or one word's worth), a few, and the kernel's own size.
-        for (&avx2, tile_bytes) in builds
-            .iter()
-            .flat_map(|b| [(b, 1), (b, 3000), (b, TILE_BYTES)])
-        {
-            let got = pool.install(|| tiled(x, layout, opts, avx2, tile_bytes));
-            let what = format!(
-                "{threads} threads, avx2 {avx2}, tiles of {tile_bytes} B: {}",
-                ctx()
-            );
+        // Tiles of one block column (or one word's worth), a few, and the kernel's own size;
+        // tasks (with AVX2, pipelines of tiles) of every size.
+        let sizes = [
+            (1, 1),
+            (3000, 1),
+            (3000, 1 << 12),
+            (TILE_BYTES, MIN_TASK_ELEMS),
+        ];
+        for (&avx2, (tile_bytes, task_elems)) in builds.iter().flat_map(|b| sizes.map(|z| (b, z))) {
+            let sizes = Sizes {
+                tile_bytes,
+                task_elems,
+            };
+            let got = pool.install(|| tiled(x, layout, opts, avx2, sizes));
+            let what = format!("{threads} threads, avx2 {avx2}, {sizes:?}: {}", ctx());
             match (&got, &want) {
                 (Ok((s1, w1)), Ok((s2, w2))) => {
                     if let Some(i) = same(s1, &s2.stored) {
