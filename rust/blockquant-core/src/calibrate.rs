@@ -143,7 +143,7 @@ fn max_abs_cols(x: Input<'_>, layout: &Layout, g: usize, k0: usize, out: &mut [f
 /// `out[k] = max(out[k], max |x| over block k of cols)`, blocks of `bc` columns: eight whole
 /// blocks at a time in vector lanes when `bc` is a multiple of 8 and the CPU has AVX2 (one
 /// horizontal maximum per block costs more than reading it), else block by block.
-fn max_abs_blocks(cols: &[f32], bc: usize, out: &mut [f32]) {
+pub(crate) fn max_abs_blocks(cols: &[f32], bc: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if bc % 8 == 0 && crate::simd::has_avx2() {
         // SAFETY: the CPU has AVX2, checked just above.

@@ -16,6 +16,7 @@ pub mod codec;
 pub mod error;
 #[cfg(target_arch = "x86_64")]
 mod fused_avx2;
+mod fused_tiles;
 pub mod ggml;
 pub mod input;
 pub mod layout;

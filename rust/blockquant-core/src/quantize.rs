@@ -428,6 +428,10 @@ fn quantize_direct<'a>(
         quantize_fused(x, layout, opts, out, scales)?;
         return Ok(Direct::Done(None));
     }
+    if tiled(layout, opts, explicit) {
+        quantize_tiled(x, layout, opts, out, scales)?;
+        return Ok(Direct::Done(None));
+    }
     match out {
         #[cfg(target_arch = "x86_64")]
         StorageMut::U8(words) if nvfp4_path(layout, opts, explicit) => {
@@ -452,6 +456,38 @@ fn one_pass(layout: &Layout, opts: &QuantizeOptions, explicit: Option<ExplicitSc
     let calibrating = explicit.is_none_or(|e| e.scales.is_none() && e.global.is_none());
     // The mse search reads each block many times on its own; the one-pass kernel is minmax's.
     calibrating && opts.calibration != Calibration::Mse && fusable(layout)
+}
+
+/// Whether [`quantize_direct`] takes the tile kernel (blocks spanning rows, `fused_tiles`).
+fn tiled(layout: &Layout, opts: &QuantizeOptions, explicit: Option<ExplicitScales<'_>>) -> bool {
+    let calibrating = explicit.is_none_or(|e| e.scales.is_none() && e.global.is_none());
+    calibrating && crate::fused_tiles::applies(layout, opts.calibration)
+}
+
+/// The tile kernel: codes into `out`, every stored scale into `stored` (the grid's size).
+fn quantize_tiled(
+    x: Input<'_>,
+    layout: &Layout,
+    opts: &QuantizeOptions,
+    out: StorageMut<'_>,
+    stored: &mut [f32],
+) -> Result<()> {
+    let k = FusedKernel::new(layout, opts, false);
+    let bad = with_codec!(&layout.scheme, opts.rounding, |codec| {
+        crate::fused_tiles::quantize_tiles(codec, x, &k, out, stored, avx2())
+    });
+    if bad {
+        return Err(first_non_finite(x));
+    }
+    Ok(())
+}
+
+/// Whether the CPU runs the AVX2 kernels.
+fn avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return crate::simd::has_avx2();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Whether [`quantize_direct`] takes `nvfp4_avx2`'s kernel (when the storage is u8).
