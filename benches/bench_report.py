@@ -160,9 +160,10 @@ def _beyond_floor(t: Dict, r: Dict, slow: str) -> Dict:
         reachable = slow_s / (r.get("reads", 1) * floor)
         if reachable < t["goal"]:
             t["bound"] = True
-            reads = "one read" if r.get("reads", 1) == 1 else f"{r['reads']} reads"
-            t["note"] = (f"beyond the floor: {reads} of the input take 1/{reachable:.2f} of "
-                         f"{slow}'s time") + (f"; {t['note']}" if t.get("note") else "")
+            reads = ("one read of the input takes" if r.get("reads", 1) == 1
+                     else f"{r['reads']} reads of the input take")
+            t["note"] = (f"beyond the floor: {reads} 1/{reachable:.2f} of {slow}'s time"
+                         + (f"; {t['note']}" if t.get("note") else ""))
     return t
 
 

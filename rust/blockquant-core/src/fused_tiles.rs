@@ -562,6 +562,19 @@ unsafe fn tile<'l, C: Encode, S: Sink<'l>>(
     tile_portable(codec, k, &rows, &s.rows, scales, sink)
 }
 
+/// The stored scales of a tile's blocks into `scales`, from the max |x| over its `count` rows.
+#[inline(always)]
+fn measure(k: &FusedKernel<'_>, rows: &TileRows<'_>, count: usize, scales: &mut [f32]) {
+    let bc = k.layout.block_cols();
+    scales.fill(0.0);
+    for i in 0..count {
+        max_abs_blocks(rows.row(i), bc, scales);
+    }
+    for a in scales.iter_mut() {
+        *a = k.scale(*a);
+    }
+}
+
 unsafe fn tile_portable<'l, C: Encode, S: Sink<'l>>(
     codec: C,
     k: &FusedKernel<'_>,
@@ -571,13 +584,7 @@ unsafe fn tile_portable<'l, C: Encode, S: Sink<'l>>(
     sink: &mut S,
 ) -> bool {
     let bc = k.layout.block_cols();
-    scales.fill(0.0);
-    for i in 0..tensor_rows.len() {
-        max_abs_blocks(rows.row(i), bc, scales);
-    }
-    for a in scales.iter_mut() {
-        *a = k.scale(*a);
-    }
+    measure(k, rows, tensor_rows.len(), scales);
     let mut bad = false;
     for (i, &r) in tensor_rows.iter().enumerate() {
         let xs = rows.row(i);
@@ -608,13 +615,7 @@ unsafe fn tile_avx2<'l, C: Encode, S: Sink<'l>>(
     let stream = layout.packing.per == 1
         && !layout.packing.masks_bytes()
         && layout.num_elements >= x86::STREAM_MIN_BYTES;
-    scales.fill(0.0);
-    for i in 0..tensor_rows.len() {
-        max_abs_blocks(rows.row(i), bc, scales);
-    }
-    for a in scales.iter_mut() {
-        *a = k.scale(*a);
-    }
+    measure(k, rows, tensor_rows.len(), scales);
     let mut bad = false;
     for (i, &r) in tensor_rows.iter().enumerate() {
         let xs = rows.row(i);

@@ -429,7 +429,7 @@ fn quantize_direct<'a>(
         return Ok(Direct::Done(None));
     }
     if tiled(layout, opts, explicit) {
-        quantize_tiled(x, layout, opts, out, scales)?;
+        quantize_fused(x, layout, opts, out, scales)?;
         return Ok(Direct::Done(None));
     }
     match out {
@@ -462,24 +462,6 @@ fn one_pass(layout: &Layout, opts: &QuantizeOptions, explicit: Option<ExplicitSc
 fn tiled(layout: &Layout, opts: &QuantizeOptions, explicit: Option<ExplicitScales<'_>>) -> bool {
     let calibrating = explicit.is_none_or(|e| e.scales.is_none() && e.global.is_none());
     calibrating && crate::fused_tiles::applies(layout, opts.calibration)
-}
-
-/// The tile kernel: codes into `out`, every stored scale into `stored` (the grid's size).
-fn quantize_tiled(
-    x: Input<'_>,
-    layout: &Layout,
-    opts: &QuantizeOptions,
-    out: StorageMut<'_>,
-    stored: &mut [f32],
-) -> Result<()> {
-    let k = FusedKernel::new(layout, opts, false);
-    let bad = with_codec!(&layout.scheme, opts.rounding, |codec| {
-        crate::fused_tiles::quantize_tiles(codec, x, &k, out, stored, avx2())
-    });
-    if bad {
-        return Err(first_non_finite(x));
-    }
-    Ok(())
 }
 
 /// Whether the CPU runs the AVX2 kernels.
@@ -684,7 +666,8 @@ fn lcm(a: usize, b: usize) -> usize {
     a / x * b
 }
 
-/// The one-pass kernel: codes into `out`, every stored scale into `stored` (the grid's size).
+/// The one-pass kernels: codes into `out`, every stored scale into `stored` (the grid's size);
+/// blocks spanning rows by the tile kernel (`fused_tiles`), row runs by [`fused_with`].
 fn quantize_fused(
     x: Input<'_>,
     layout: &Layout,
@@ -693,7 +676,12 @@ fn quantize_fused(
     stored: &mut [f32],
 ) -> Result<()> {
     let bad = with_codec!(&layout.scheme, opts.rounding, |codec| {
-        fused_with(codec, x, layout, opts, out, stored)
+        if layout.rows_map_directly() {
+            fused_with(codec, x, layout, opts, out, stored)
+        } else {
+            let k = FusedKernel::new(layout, opts, false);
+            crate::fused_tiles::quantize_tiles(codec, x, &k, out, stored, avx2())
+        }
     });
     if bad {
         return Err(first_non_finite(x));
