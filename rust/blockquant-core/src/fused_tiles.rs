@@ -329,9 +329,7 @@ unsafe fn run_avx2<'l, C: Encode, S: Sink<'l>>(
     use crate::simd::x86;
     let layout = k.layout;
     let (n, bc) = (layout.row_len(), layout.block_cols());
-    let stream = layout.packing.per == 1
-        && !layout.packing.masks_bytes()
-        && layout.num_elements >= x86::STREAM_MIN_BYTES;
+    let stream = k.stream;
     let measure = |rows: &[usize], c0: usize, w: usize, scales: &mut [f32], i: usize| {
         max_abs_blocks(&xs[rows[i] * n + c0..rows[i] * n + c0 + w], bc, scales);
     };
@@ -612,9 +610,7 @@ unsafe fn tile_avx2<'l, C: Encode, S: Sink<'l>>(
     use crate::simd::x86;
     let layout = k.layout;
     let bc = layout.block_cols();
-    let stream = layout.packing.per == 1
-        && !layout.packing.masks_bytes()
-        && layout.num_elements >= x86::STREAM_MIN_BYTES;
+    let stream = k.stream;
     measure(k, rows, tensor_rows.len(), scales);
     let mut bad = false;
     for (i, &r) in tensor_rows.iter().enumerate() {

@@ -57,7 +57,7 @@ fn tiled(
     let mut w = Words::filled(layout, 0x5A5A_5A5A);
     // Garbage (a NaN) in every scale: the kernel must write each one.
     let mut stored = vec![f32::from_bits(0x7FC0_5A5A); layout.num_scales];
-    let k = FusedKernel::new(layout, opts, false);
+    let k = FusedKernel::new(layout, opts, crate::quantize::streams(layout));
     let bad = crate::quantize::with_codec!(&layout.scheme, opts.rounding, |codec| {
         quantize_tiles_of(codec, x, &k, w.as_mut(), &mut stored, avx2, sizes)
     });

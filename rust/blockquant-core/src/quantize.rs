@@ -424,11 +424,7 @@ fn quantize_direct<'a>(
     scales: &mut [f32],
 ) -> Result<Direct<'a>> {
     check_options(layout, opts)?;
-    if one_pass(layout, opts, explicit) {
-        quantize_fused(x, layout, opts, out, scales)?;
-        return Ok(Direct::Done(None));
-    }
-    if tiled(layout, opts, explicit) {
+    if one_pass(layout, opts, explicit) || tiled(layout, opts, explicit) {
         quantize_fused(x, layout, opts, out, scales)?;
         return Ok(Direct::Done(None));
     }
@@ -451,17 +447,20 @@ fn check_options(layout: &Layout, opts: &QuantizeOptions) -> Result<()> {
     check_rounding(layout, opts.rounding)
 }
 
+/// Whether the call works its scales out (neither block scales nor a global scale given).
+fn calibrating(explicit: Option<ExplicitScales<'_>>) -> bool {
+    explicit.is_none_or(|e| e.scales.is_none() && e.global.is_none())
+}
+
 /// Whether [`quantize_direct`] takes the one-pass kernel.
 fn one_pass(layout: &Layout, opts: &QuantizeOptions, explicit: Option<ExplicitScales<'_>>) -> bool {
-    let calibrating = explicit.is_none_or(|e| e.scales.is_none() && e.global.is_none());
     // The mse search reads each block many times on its own; the one-pass kernel is minmax's.
-    calibrating && opts.calibration != Calibration::Mse && fusable(layout)
+    calibrating(explicit) && opts.calibration != Calibration::Mse && fusable(layout)
 }
 
 /// Whether [`quantize_direct`] takes the tile kernel (blocks spanning rows, `fused_tiles`).
 fn tiled(layout: &Layout, opts: &QuantizeOptions, explicit: Option<ExplicitScales<'_>>) -> bool {
-    let calibrating = explicit.is_none_or(|e| e.scales.is_none() && e.global.is_none());
-    calibrating && crate::fused_tiles::applies(layout, opts.calibration)
+    calibrating(explicit) && crate::fused_tiles::applies(layout, opts.calibration)
 }
 
 /// Whether the CPU runs the AVX2 kernels.
@@ -479,8 +478,7 @@ fn nvfp4_path(
     opts: &QuantizeOptions,
     explicit: Option<ExplicitScales<'_>>,
 ) -> bool {
-    let calibrating = explicit.is_none_or(|e| e.scales.is_none() && e.global.is_none());
-    calibrating
+    calibrating(explicit)
         && opts.calibration == Calibration::MinMax
         && two_level_fusable(layout)
         && crate::nvfp4_avx2::applies(layout)
@@ -495,9 +493,8 @@ fn quantize_in_pool(
     explicit: Option<ExplicitScales<'_>>,
     out: StorageMut<'_>,
 ) -> Result<Scales> {
-    let calibrating = explicit.is_none_or(|e| e.scales.is_none() && e.global.is_none());
     #[cfg(target_arch = "x86_64")]
-    if calibrating
+    if calibrating(explicit)
         && opts.calibration == Calibration::MinMax
         && two_level_fusable(layout)
         && crate::simd::has_avx2()
@@ -506,7 +503,7 @@ fn quantize_in_pool(
         return quantize_two_level(x, layout, opts, out);
     }
     #[cfg(target_arch = "x86_64")]
-    if calibrating
+    if calibrating(explicit)
         && opts.calibration == Calibration::Mse
         && crate::search::searchable_in_one_pass(layout)
     {
@@ -666,6 +663,18 @@ fn lcm(a: usize, b: usize) -> usize {
     a / x * b
 }
 
+/// Whether the one-pass kernels store their codes non-temporally: one a byte, unmasked,
+/// straight into final storage too large for the cache. (With per > 1 the kernel writes a code
+/// buffer, which must stay in cache for the packing.)
+pub(crate) fn streams(layout: &Layout) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return layout.packing.per == 1
+        && !layout.packing.masks_bytes()
+        && layout.num_elements >= crate::simd::x86::STREAM_MIN_BYTES;
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// The one-pass kernels: codes into `out`, every stored scale into `stored` (the grid's size);
 /// blocks spanning rows by the tile kernel (`fused_tiles`), row runs by [`fused_with`].
 fn quantize_fused(
@@ -679,7 +688,7 @@ fn quantize_fused(
         if layout.rows_map_directly() {
             fused_with(codec, x, layout, opts, out, stored)
         } else {
-            let k = FusedKernel::new(layout, opts, false);
+            let k = FusedKernel::new(layout, opts, streams(layout));
             crate::fused_tiles::quantize_tiles(codec, x, &k, out, stored, avx2())
         }
     });
@@ -699,15 +708,7 @@ fn fused_with<C: Encode>(
 ) -> bool {
     assert_eq!(stored.len(), layout.num_scales);
     let pieces = pieces(layout);
-    // Codes one a byte, unmasked, straight into large final storage: past the cache. (With
-    // per > 1 the kernel writes a code buffer, which must stay in cache for the packing.)
-    #[cfg(target_arch = "x86_64")]
-    let stream = layout.packing.per == 1
-        && !layout.packing.masks_bytes()
-        && layout.num_elements >= crate::simd::x86::STREAM_MIN_BYTES;
-    #[cfg(not(target_arch = "x86_64"))]
-    let stream = false;
-    let k = FusedKernel::new(layout, opts, stream);
+    let k = FusedKernel::new(layout, opts, streams(layout));
     let mask = layout
         .packing
         .masks_bytes()
