@@ -30,7 +30,7 @@ pub(crate) fn whole_blocks_of_8s(k: &FusedKernel<'_>) -> bool {
 /// The stored scales of eight blocks from their amplitudes: F32, F16 and MX scales in vector
 /// lanes (others one at a time, as the scalar path).
 #[inline(always)]
-unsafe fn scales8(k: &FusedKernel<'_>, alpha: __m256) -> __m256 {
+pub(crate) unsafe fn scales8(k: &FusedKernel<'_>, alpha: __m256) -> __m256 {
     let mode = k.opts.scale_rounding;
     match (k.dtype, mode) {
         (ScaleDtype::F32, _) => _mm256_div_ps(alpha, _mm256_set1_ps(k.half_range)),

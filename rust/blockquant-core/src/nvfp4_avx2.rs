@@ -1,5 +1,7 @@
-//! NVFP4's quantize on AVX2 (two-level, E2M1 values two a byte, blocks of 16 or 32 along the
-//! last axis): two passes over memory, each at about the memory's pace.
+//! E2M1 values two a byte on AVX2, blocks of 16 or 32 along the last axis: NVFP4's quantize
+//! (two-level) in two passes over memory, each at about the memory's pace, and the one-pass
+//! kernel of one-level E2M1 schemes (MXFP4: [`one_level_piece`]), which shares its rounding
+//! and packing.
 //!
 //! Pass 1 measures every block's amplitude as the integer maximum of its |x| bit patterns: for
 //! finite values the same order as the floats (so the same α), while a NaN or an infinity shows
@@ -9,14 +11,16 @@
 //! amplitudes. Pass 2 turns each piece's amplitudes into block scales b_i (in place, all of
 //! the piece's first), divides each block by e_i = min(b_i × g, f32::MAX) (SPEC §5, §6: a true
 //! division), rounds 32 quotients at a time to E2M1 by [`e2m1_codes32`] (integer keys and a
-//! table, in bytes) and packs the nibbles in registers straight into the output (no code buffer, no zeroing). It takes the pieces
-//! last first, so the end of a tensor larger than the cache is read from the cache. The
-//! arithmetic is `compute_scales` + `encode_values`'s: the same bits, tested against them.
+//! table, in bytes) and packs the nibbles in registers straight into the output (no code
+//! buffer, no zeroing). It takes the pieces last first, so the end of a tensor larger than the
+//! cache is read from the cache. The arithmetic is `compute_scales` + `encode_values`'s: the
+//! same bits, tested against them.
 
 use std::arch::x86_64::*;
 
 use rayon::prelude::*;
 
+use crate::calibrate::Calibration;
 use crate::codec::E2M1Code;
 use crate::input::Input;
 use crate::layout::Layout;
@@ -238,9 +242,9 @@ pub(crate) unsafe fn encode_piece(
         let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps());
         if _mm256_movemask_ps(zero) == 0 {
             if bc == 16 {
-                encode_8blocks::<2>(x0, e, o0);
+                encode_8blocks::<2, false>(x0, e, o0, false);
             } else {
-                encode_8blocks::<4>(x0, e, o0);
+                encode_8blocks::<4, false>(x0, e, o0, false);
             }
         } else {
             // The zero rule somewhere in the group (an all-zero block, or g = 0): block by
@@ -269,11 +273,17 @@ fn encode_block(xs: &[f32], b: f32, g: f32, out: &mut [u8]) {
 }
 
 /// Eight blocks of `8 * V` values from `x0` (V = 2 or 4), block j divided by lane j of `e`
-/// (none 0), E2M1 codes packed two a byte into `o0` (`32 * V` bytes). 64 values (32 bytes)
+/// (none 0; multiplied by it when `MUL`), E2M1 codes packed two a byte into `o0` (`32 * V`
+/// bytes; non-temporal stores with `stream`, `o0` then 16-byte aligned). 64 values (32 bytes)
 /// at a time: eight code vectors to 64 code bytes in order, each adjacent pair folded into
 /// one byte (the second code's nibble shifted onto the first's), 32 bytes stored.
 #[inline(always)]
-unsafe fn encode_8blocks<const V: usize>(x0: *const f32, e: __m256, o0: *mut u8) {
+unsafe fn encode_8blocks<const V: usize, const MUL: bool>(
+    x0: *const f32,
+    e: __m256,
+    o0: *mut u8,
+    stream: bool,
+) {
     let mut ds = [0.0f32; 8];
     _mm256_storeu_ps(ds.as_mut_ptr(), e);
     // The packs work within 128-bit halves; this puts the dwords back in order.
@@ -288,15 +298,125 @@ unsafe fn encode_8blocks<const V: usize>(x0: *const f32, e: __m256, o0: *mut u8)
             for (t, qt) in q.iter_mut().enumerate() {
                 // Vector u * 8 + h * 4 + t of the group lies in block (u * 8 + h * 4 + t) / V.
                 let dv = _mm256_set1_ps(ds[(u * 8 + h * 4 + t) / V]);
-                *qt = _mm256_div_ps(_mm256_loadu_ps(x.add(32 * h + 8 * t)), dv);
+                let v = _mm256_loadu_ps(x.add(32 * h + 8 * t));
+                *qt = if MUL {
+                    _mm256_mul_ps(v, dv)
+                } else {
+                    _mm256_div_ps(v, dv)
+                };
             }
             let codes = _mm256_permutevar8x32_epi32(e2m1_codes32(&q), order);
             *hv = _mm256_maddubs_epi16(codes, pair);
         }
         let packed =
             _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(half[0], half[1]));
-        _mm256_storeu_si256(o0.add(32 * u) as *mut __m256i, packed);
+        x86::store32(o0.add(32 * u), packed, stream);
     }
+}
+
+/// Whether a one-level scheme's one-pass kernel (`fused_with`) takes [`one_level_piece`]
+/// for its pieces: E2M1 values (MXFP4 and its kin) two a byte of u8 storage, blocks of 16 or
+/// 32 whole in every row, max |x| calibration.
+pub(crate) fn applies_one_level(layout: &Layout, calibration: Calibration) -> bool {
+    let bc = layout.block_cols();
+    applies(layout)
+        && calibration == Calibration::MinMax
+        && (bc == 16 || bc == 32)
+        && layout.row_len() % bc == 0
+}
+
+/// The one-pass kernel of a piece ([`applies_one_level`]): each group of eight blocks
+/// measured, its stored scales worked out in vector lanes (into `sc`), its values divided by
+/// them (multiplied by the reciprocal when that is exact: MX scales are powers of two),
+/// rounded 32 at a time by [`e2m1_codes32`] and packed two a byte straight into `out`
+/// (`xs.len() / 2` bytes): no code buffer and no packing pass. A group with a non-finite
+/// value or a zero scale, and the last blocks short of a group, go block by block the scalar
+/// way. Returns whether any input was non-finite.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn one_level_piece(
+    k: &FusedKernel<'_>,
+    xs: &[f32],
+    sc: &mut [f32],
+    out: &mut [u8],
+) -> bool {
+    let bc = k.layout.block_cols();
+    let blocks = xs.len() / bc;
+    assert!(blocks * bc == xs.len() && sc.len() == blocks && out.len() * 2 == xs.len());
+    assert!(bc == 16 || bc == 32);
+    let stream = k.stream && (out.as_ptr() as usize) % 16 == 0;
+    let mut bad = false;
+    let mut b = 0;
+    while b + 8 <= blocks {
+        // In bounds: blocks b..b + 8 lie within sc, xs and (at half a byte a value) out.
+        let x0 = xs.as_ptr().add(b * bc);
+        let o0 = out.as_mut_ptr().add(b * bc / 2);
+        x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * bc);
+        let bits = if bc == 16 {
+            x86::max_abs_bits_8runs::<2>(x0)
+        } else {
+            x86::max_abs_bits_8runs::<4>(x0)
+        };
+        let finite =
+            _mm256_movemask_epi8(_mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF))) == 0;
+        let e = crate::fused_avx2::scales8(k, _mm256_castsi256_ps(bits));
+        let zero = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps())) != 0;
+        if !finite || zero {
+            for j in b..b + 8 {
+                bad |= one_level_block(k, &xs[j * bc..(j + 1) * bc], &mut sc[j], out, j * bc / 2);
+            }
+        } else {
+            _mm256_storeu_ps(sc.as_mut_ptr().add(b), e);
+            // The reciprocal multiplies exactly as the division when all eight are powers of
+            // two (`simd::exact_reciprocal`, in lanes).
+            let pow2 = _mm256_movemask_epi8(x86::exact_reciprocal_lanes(e)) == -1;
+            match (bc, pow2) {
+                (16, true) => {
+                    encode_8blocks::<2, true>(x0, _mm256_div_ps(_mm256_set1_ps(1.0), e), o0, stream)
+                }
+                (16, false) => encode_8blocks::<2, false>(x0, e, o0, stream),
+                (_, true) => {
+                    encode_8blocks::<4, true>(x0, _mm256_div_ps(_mm256_set1_ps(1.0), e), o0, stream)
+                }
+                (_, false) => encode_8blocks::<4, false>(x0, e, o0, stream),
+            }
+        }
+        b += 8;
+    }
+    for j in b..blocks {
+        bad |= one_level_block(k, &xs[j * bc..(j + 1) * bc], &mut sc[j], out, j * bc / 2);
+    }
+    if stream {
+        // The non-temporal stores are weakly ordered: done before the task says it is done.
+        _mm_sfence();
+    }
+    bad
+}
+
+/// One block of a one-level piece the scalar way (any input): α with NaNs passed over, its
+/// stored scale into `s`, its codes (those of 0 under a zero scale) packed two a byte into
+/// `out` from byte `at`. Returns whether the block had a non-finite value.
+#[inline(always)]
+unsafe fn one_level_block(
+    k: &FusedKernel<'_>,
+    run: &[f32],
+    s: &mut f32,
+    out: &mut [u8],
+    at: usize,
+) -> bool {
+    let mut codes = [0u8; 32];
+    let codes = &mut codes[..run.len()];
+    *s = k.scale(x86::max_abs(run));
+    let bad = x86::encode_run_or_zero(E2M1Code, run, *s, codes, false);
+    for (o, pair) in out[at..at + run.len() / 2]
+        .iter_mut()
+        .zip(codes.chunks_exact(2))
+    {
+        *o = pair[0] | (pair[1] << 4);
+    }
+    bad
 }
 
 /// The whole quantize of an NVFP4-like call ([`applies`]): pass 1, g from the largest

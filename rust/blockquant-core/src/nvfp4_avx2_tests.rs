@@ -324,6 +324,160 @@ fn nvfp4_kernel_refuses_non_finite_unchanged() {
     }
 }
 
+fn one_level(bc: usize, dtype: ScaleDtype) -> QuantScheme {
+    QuantScheme::default()
+        .with_value(QuantValue::E2M1)
+        .with_store(QuantStore::PackedNative(0))
+        .per_block(&[bc], dtype)
+        .unwrap()
+}
+
+/// Data for the one-level kernel: runs sharing a magnitude (zero blocks for the zero rule,
+/// subnormals, values near f32::MAX whose quotients overflow under small scales), E2M1 ties
+/// at power-of-two scales, and edge values sprinkled in.
+fn one_level_data(rng: &mut Rng, n: usize) -> Vec<f32> {
+    let mags = [0.0, 1e-42, 1e-39, 1e-3, 1.0, 300.0, 1e30, 3e38];
+    let mut x = Vec::with_capacity(n);
+    while x.len() < n {
+        let run = (1 + rng.below(70)).min(n - x.len());
+        let mag: f32 = rng.pick(&mags);
+        for _ in 0..run {
+            x.push(match rng.below(12) {
+                0 => rng.pick(&EDGES),
+                1 | 2 => (rng.below(25) as f32 - 12.0) / 4.0 * mag.max(1e-30),
+                _ => rng.unit() * mag,
+            });
+        }
+    }
+    x.iter()
+        .map(|v| if v.is_finite() { *v } else { 1.0 })
+        .collect()
+}
+
+/// The one-level E2M1 kernel (MXFP4 and its kin) against `compute_scales` + `encode_values`:
+/// blocks of 16 and 32, every scale dtype and its roundings (MX's for UE8M0), rows of whole
+/// groups, groups and a short tail, pieces past one row; its pieces called directly (plain
+/// and non-temporal stores) and through `quantize` (the dispatch). Bit for bit.
+#[test]
+fn one_level_kernel_matches_two_pass() {
+    if !avx2() {
+        return;
+    }
+    let mut rng = Rng::new(16);
+    let mut k = 0;
+    for bc in [16usize, 32] {
+        let shapes = [
+            vec![3, 8 * bc],
+            vec![2, 11 * bc],
+            vec![bc],
+            vec![5, 3 * bc],
+            vec![2, (1 << 14) + 8 * bc],
+            vec![1 << 15],
+        ];
+        for shape in shapes {
+            let n: usize = shape.iter().product();
+            let mut x = one_level_data(&mut rng, n);
+            if k % 2 == 0 {
+                // Ties at every E2M1 midpoint under power-of-two scales.
+                let t = ties(n / bc, bc);
+                x[..t.len()].copy_from_slice(&t);
+            }
+            for dtype in ScaleDtype::ALL {
+                for scale_rounding in [ScaleRounding::Up, ScaleRounding::Nearest, ScaleRounding::Mx]
+                {
+                    if dtype.check_rounding(scale_rounding).is_err() {
+                        continue;
+                    }
+                    k += 1;
+                    let opts = QuantizeOptions {
+                        scale_rounding,
+                        ..QuantizeOptions::default()
+                    };
+                    let layout = Layout::new(&one_level(bc, dtype), &shape).unwrap();
+                    assert!(applies_one_level(&layout, opts.calibration));
+                    let ctx = format!("{shape:?}, blocks of {bc}, {dtype}, {opts:?}");
+                    let (s2, w2) = two_pass(Input::F32(&x), &layout, &opts);
+                    let bits = |v: &[f32]| v.iter().map(|s| s.to_bits()).collect::<Vec<_>>();
+                    // Through `quantize`.
+                    let mut w1 = Words::filled(&layout, 0x5A);
+                    let s1 = crate::quantize::quantize(
+                        Input::F32(&x),
+                        &layout,
+                        &opts,
+                        None,
+                        w1.as_mut(),
+                    )
+                    .unwrap();
+                    assert_eq!(bits(&s1.stored), bits(&s2.stored), "scales: {ctx}");
+                    if let Some(i) = (0..w1.len()).find(|&i| w1.get(i) != w2.get(i)) {
+                        panic!("byte {i}: {:#x} vs {:#x}: {ctx}", w1.get(i), w2.get(i));
+                    }
+                    // The pieces directly, both stores.
+                    for stream in [false, true] {
+                        let kern = FusedKernel::new(&layout, &opts, stream);
+                        let mut bytes = vec![0x5Au8; n / 2];
+                        let mut sc = vec![f32::NAN; layout.num_scales];
+                        for p in crate::quantize::pieces(&layout) {
+                            let xs = &x[p.start..p.start + p.len];
+                            let o = &mut bytes[p.start / 2..(p.start + p.len) / 2];
+                            let s = &mut sc[p.scale0..p.scale0 + p.scales];
+                            // SAFETY: the CPU has AVX2 and F16C (checked above).
+                            assert!(!unsafe { one_level_piece(&kern, xs, s, o) }, "{ctx}");
+                        }
+                        assert_eq!(bits(&sc), bits(&s2.stored), "scales, {stream}: {ctx}");
+                        if let Some(i) = (0..n / 2).find(|&i| bytes[i] as u32 != w2.get(i)) {
+                            panic!(
+                                "byte {i}, {stream}: {:#x} vs {:#x}: {ctx}",
+                                bytes[i],
+                                w2.get(i)
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A non-finite input anywhere (inside a group of eight, in the tail past the last group)
+/// is refused by the one-level kernel with the first one named, as by the two-pass path.
+#[test]
+fn one_level_kernel_names_the_first_non_finite_value() {
+    if !avx2() {
+        return;
+    }
+    let mut rng = Rng::new(17);
+    for bc in [16usize, 32] {
+        let n = 2 * 11 * bc;
+        for (pos, bad) in [
+            (3, f32::NAN),
+            (8 * bc + 1, f32::INFINITY),
+            (n - 1, f32::NEG_INFINITY),
+            (11 * bc + 9 * bc, -f32::NAN),
+        ] {
+            let mut x = one_level_data(&mut rng, n);
+            x[pos] = bad;
+            x[pos + 1..]
+                .iter_mut()
+                .take(3)
+                .for_each(|v| *v = f32::INFINITY);
+            let layout = Layout::new(&one_level(bc, ScaleDtype::UE8M0), &[2, 11 * bc]).unwrap();
+            let opts = QuantizeOptions {
+                scale_rounding: ScaleRounding::Mx,
+                ..QuantizeOptions::default()
+            };
+            let mut w = Words::new(&layout);
+            let got = crate::quantize::quantize(Input::F32(&x), &layout, &opts, None, w.as_mut());
+            match got {
+                Err(QuantError::NonFinite { index, value }) => {
+                    assert_eq!((index, value.to_bits()), (pos, bad.to_bits()));
+                }
+                other => panic!("{bad} at {pos}: {other:?}"),
+            }
+        }
+    }
+}
+
 /// Not a test: the kernel's time on 16 Mi values (blocks of 16, one thread), whole and its
 /// pass 2 alone on one 64 KiB piece in cache, for A/B runs of two builds
 /// (`cargo test --release -p blockquant-core -- --ignored --nocapture time_nvfp4`).

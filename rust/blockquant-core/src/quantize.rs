@@ -684,14 +684,27 @@ fn quantize_fused(
     out: StorageMut<'_>,
     stored: &mut [f32],
 ) -> Result<()> {
-    let bad = with_codec!(&layout.scheme, opts.rounding, |codec| {
-        if layout.rows_map_directly() {
-            fused_with(codec, x, layout, opts, out, stored)
-        } else {
+    let bad = match out {
+        #[cfg(target_arch = "x86_64")]
+        StorageMut::U8(words)
+            if layout.rows_map_directly()
+                && crate::nvfp4_avx2::applies_one_level(layout, opts.calibration) =>
+        {
             let k = FusedKernel::new(layout, opts, streams(layout));
-            crate::fused_tiles::quantize_tiles(codec, x, &k, out, stored, avx2())
+            fused_pieces(x, &pieces(layout), stored, words, |_, xs, sc, w, _| {
+                // SAFETY: `applies_one_level` checked the CPU has AVX2 and F16C.
+                unsafe { crate::nvfp4_avx2::one_level_piece(&k, xs, sc, w) }
+            })
         }
-    });
+        out => with_codec!(&layout.scheme, opts.rounding, |codec| {
+            if layout.rows_map_directly() {
+                fused_with(codec, x, layout, opts, out, stored)
+            } else {
+                let k = FusedKernel::new(layout, opts, streams(layout));
+                crate::fused_tiles::quantize_tiles(codec, x, &k, out, stored, avx2())
+            }
+        }),
+    };
     if bad {
         return Err(first_non_finite(x));
     }
@@ -1886,5 +1899,88 @@ mod tests {
         let mut w = Words::new(&layout);
         let scales = quantize(Input::F32(&x), &layout, &opts, None, w.as_mut()).unwrap();
         assert_eq!(scales.stored, [4.0, 1.0]);
+    }
+
+    /// Not a test: one-pass schemes on 16 Mi values, one thread: the whole call, and the
+    /// one-pass kernel alone on one 64 KiB piece in cache (packing included), for A/B runs
+    /// (`cargo test --release -p blockquant-core -- --ignored --nocapture time_one_pass`).
+    #[test]
+    #[ignore]
+    fn time_one_pass() {
+        crate::pool::set_num_threads(1);
+        let mut rng = Rng::new(15);
+        let n = 1usize << 24;
+        let x: Vec<f32> = (0..n)
+            .map(|_| (0..4).map(|_| rng.unit()).sum::<f32>())
+            .collect();
+        let opts = QuantizeOptions::default();
+        let mx = QuantizeOptions {
+            scale_rounding: crate::scale::ScaleRounding::Mx,
+            ..QuantizeOptions::default()
+        };
+        let cases = [
+            (
+                "block32 int8",
+                one_level(QuantValue::Q8S, QuantStore::Native, 32, ScaleDtype::F16),
+                opts,
+            ),
+            (
+                "block32 int4 u32",
+                one_level(
+                    QuantValue::Q4S,
+                    QuantStore::PackedU32(0),
+                    32,
+                    ScaleDtype::F16,
+                ),
+                opts,
+            ),
+            (
+                "mxfp8",
+                one_level(QuantValue::E4M3, QuantStore::Native, 32, ScaleDtype::UE8M0),
+                mx,
+            ),
+            (
+                "mxfp4",
+                one_level(
+                    QuantValue::E2M1,
+                    QuantStore::PackedNative(0),
+                    32,
+                    ScaleDtype::UE8M0,
+                ),
+                mx,
+            ),
+        ];
+        for (name, scheme, opts) in cases {
+            let layout = Layout::new(&scheme, &[n / 4096, 4096]).unwrap();
+            let mut w = Words::new(&layout);
+            let mut stored = vec![0.0; layout.num_scales];
+            let small = Layout::new(&scheme, &[PIECE / 4096, 4096]).unwrap();
+            let mut ws = Words::new(&small);
+            let mut ss = vec![0.0; small.num_scales];
+            let mut best = [f64::MAX; 2];
+            for _ in 0..15 {
+                let t = std::time::Instant::now();
+                quantize_into(
+                    Input::F32(&x),
+                    &layout,
+                    &opts,
+                    None,
+                    w.as_mut(),
+                    &mut stored,
+                )
+                .unwrap();
+                best[0] = best[0].min(t.elapsed().as_secs_f64() * 1e3);
+                let t = std::time::Instant::now();
+                for _ in 0..n / PIECE {
+                    quantize_fused(Input::F32(&x[..PIECE]), &small, &opts, ws.as_mut(), &mut ss)
+                        .unwrap();
+                }
+                best[1] = best[1].min(t.elapsed().as_secs_f64() * 1e3);
+            }
+            println!(
+                "{name} 16 Mi: whole {:.2} ms; in cache {:.2} ms",
+                best[0], best[1]
+            );
+        }
     }
 }
