@@ -37,6 +37,30 @@ pub trait Encode: Copy + Send + Sync {
     /// The CPU must have AVX2.
     #[cfg(target_arch = "x86_64")]
     unsafe fn encode8(&self, q: __m256) -> __m256i;
+
+    /// A bound b such that [`Encode::encode`] never clamps a quotient |q| < b, where the codec
+    /// clamps at all (integers: the smaller of |qmin| and qmax, plus 0.5); None otherwise.
+    #[inline(always)]
+    fn unclamped_below(&self) -> Option<f32> {
+        None
+    }
+
+    /// [`Encode::encode8`] of eight quotients each below [`Encode::unclamped_below`] in
+    /// magnitude: the clamp left out (a one-pass kernel knows this of a whole group from its
+    /// maxima). Must equal `encode` on every such f32 (tested with `encode8`).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn encode8_in_range(&self, q: __m256) -> __m256i {
+        self.encode8(q)
+    }
+}
+
+/// [`Encode::unclamped_below`] of integer codes in `[qmin, qmax]`.
+fn int_unclamped_below(qmin: f32, qmax: f32) -> Option<f32> {
+    Some(qmax.min(-qmin) + 0.5)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -83,12 +107,23 @@ impl Encode for IntHalfAway {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn encode8(&self, q: __m256) -> __m256i {
-        let v = clamp8(q, self.qmin, self.qmax);
+        self.encode8_in_range(clamp8(q, self.qmin, self.qmax))
+    }
+
+    #[inline(always)]
+    fn unclamped_below(&self) -> Option<f32> {
+        int_unclamped_below(self.qmin, self.qmax)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn encode8_in_range(&self, v: __m256) -> __m256i {
         // Half away from zero as trunc(v + copysign(0.49999997, v)): the add carries a true
         // half (and only a half or more) past the next integer. Checked against `encode` on
-        // every f32 (`simd::tests::encode8_equals_encode_on_every_f32`).
-        let sign = _mm256_and_ps(v, _mm256_set1_ps(-0.0));
-        let half = _mm256_or_ps(sign, _mm256_set1_ps(f32::from_bits(0x3EFF_FFFF)));
+        // every f32 (`simd::tests::encode8_equals_encode_on_every_f32`). The sign is picked by
+        // one blend on v's sign bit.
+        let h = f32::from_bits(0x3EFF_FFFF);
+        let half = _mm256_blendv_ps(_mm256_set1_ps(h), _mm256_set1_ps(-h), v);
         byte_lanes(_mm256_cvttps_epi32(_mm256_add_ps(v, half)))
     }
 }
@@ -124,7 +159,17 @@ impl Encode for IntHalfEven {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn encode8(&self, q: __m256) -> __m256i {
-        let v = clamp8(q, self.qmin, self.qmax);
+        self.encode8_in_range(clamp8(q, self.qmin, self.qmax))
+    }
+
+    #[inline(always)]
+    fn unclamped_below(&self) -> Option<f32> {
+        int_unclamped_below(self.qmin, self.qmax)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn encode8_in_range(&self, v: __m256) -> __m256i {
         // roundps with the mode in the instruction, not MXCSR's (which a caller may change).
         let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
         byte_lanes(_mm256_cvttps_epi32(r))

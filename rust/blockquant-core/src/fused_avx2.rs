@@ -143,21 +143,39 @@ unsafe fn group_fast<C: Encode, const V: usize>(
     // Non-temporal stores need 16-byte alignment (numpy's storage has it; a block of 16 or
     // 32 codes keeps it).
     let stream = k.stream && (o0 as usize) % 16 == 0;
-    if _mm256_movemask_epi8(pow2) == -1 {
-        let r = _mm256_div_ps(_mm256_set1_ps(1.0), e);
-        encode_8blocks::<C, V, true>(codec, x0, r, o0, stream);
-    } else {
-        encode_8blocks::<C, V, false>(codec, x0, e, o0, stream);
+    // No quotient needs clamping when each block's largest does not (the division is
+    // monotone): the usual case, as the scale is max |x| over the half range, rounded.
+    let in_range = codec.unclamped_below().is_some_and(|b| {
+        let top = _mm256_div_ps(_mm256_castsi256_ps(bits), e);
+        _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(top, _mm256_set1_ps(b))) == 0xFF
+    });
+    match (_mm256_movemask_epi8(pow2) == -1, in_range) {
+        (true, r) => {
+            let d = _mm256_div_ps(_mm256_set1_ps(1.0), e);
+            if r {
+                encode_8blocks::<C, V, true, true>(codec, x0, d, o0, stream);
+            } else {
+                encode_8blocks::<C, V, true, false>(codec, x0, d, o0, stream);
+            }
+        }
+        (false, true) => encode_8blocks::<C, V, false, true>(codec, x0, e, o0, stream),
+        (false, false) => encode_8blocks::<C, V, false, false>(codec, x0, e, o0, stream),
     }
     true
 }
 
 /// Codes of eight blocks of `8 * V` values from `x0` into `o0`: block j's values divided by
-/// lane j of `d` (multiplied by it when `MUL`), encoded, packed to bytes in order; stored
+/// lane j of `d` (multiplied by it when `MUL`), encoded (without the clamp when `IN_RANGE`:
+/// every quotient below `codec.unclamped_below()`), packed to bytes in order; stored
 /// non-temporally with `stream` (`o0` 16-byte aligned). Loops, not closures: a closure is not
 /// reliably inlined into the AVX2 caller (the lane search calls this too).
 #[inline(always)]
-pub(crate) unsafe fn encode_8blocks<C: Encode, const V: usize, const MUL: bool>(
+pub(crate) unsafe fn encode_8blocks<
+    C: Encode,
+    const V: usize,
+    const MUL: bool,
+    const IN_RANGE: bool,
+>(
     codec: C,
     x0: *const f32,
     d: __m256,
@@ -174,11 +192,16 @@ pub(crate) unsafe fn encode_8blocks<C: Encode, const V: usize, const MUL: bool>(
         let mut c = [_mm256_setzero_si256(); V];
         for (t, ct) in c.iter_mut().enumerate() {
             let v = _mm256_loadu_ps(x.add(8 * t));
-            *ct = codec.encode8(if MUL {
+            let q = if MUL {
                 _mm256_mul_ps(v, dv)
             } else {
                 _mm256_div_ps(v, dv)
-            });
+            };
+            *ct = if IN_RANGE {
+                codec.encode8_in_range(q)
+            } else {
+                codec.encode8(q)
+            };
         }
         if V == 4 {
             let ab = _mm256_packus_epi32(c[0], c[1]);

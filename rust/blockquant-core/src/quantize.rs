@@ -1950,7 +1950,11 @@ mod tests {
                 mx,
             ),
         ];
+        let only = std::env::var("BQ_TIME_CASE").unwrap_or_default();
         for (name, scheme, opts) in cases {
+            if !name.contains(only.as_str()) {
+                continue;
+            }
             let layout = Layout::new(&scheme, &[n / 4096, 4096]).unwrap();
             let mut w = Words::new(&layout);
             let mut stored = vec![0.0; layout.num_scales];
@@ -1958,7 +1962,7 @@ mod tests {
             let mut ws = Words::new(&small);
             let mut ss = vec![0.0; small.num_scales];
             let mut best = [f64::MAX; 2];
-            for _ in 0..15 {
+            for _ in 0..40 {
                 let t = std::time::Instant::now();
                 quantize_into(
                     Input::F32(&x),

@@ -511,9 +511,9 @@ unsafe fn codes_from_brackets<Q: Dequant, const V: usize>(q: Q, g: &Group, e: __
 unsafe fn encode8<C: Encode, const V: usize>(codec: C, x0: *const f32, e: __m256, o0: *mut u8) {
     if all_exact_reciprocals(e) {
         let r = _mm256_div_ps(_mm256_set1_ps(1.0), e);
-        crate::fused_avx2::encode_8blocks::<C, V, true>(codec, x0, r, o0, false);
+        crate::fused_avx2::encode_8blocks::<C, V, true, false>(codec, x0, r, o0, false);
     } else {
-        crate::fused_avx2::encode_8blocks::<C, V, false>(codec, x0, e, o0, false);
+        crate::fused_avx2::encode_8blocks::<C, V, false, false>(codec, x0, e, o0, false);
     }
 }
 

@@ -760,17 +760,25 @@ mod tests {
             count: u64,
         ) -> Option<(u32, u8, u8)> {
             let mut lanes = [0u32; 8];
-            let mut got = [0u32; 8];
+            let (mut got, mut in_range) = ([0u32; 8], [0u32; 8]);
             for k in (0..count).step_by(8) {
                 for (j, l) in lanes.iter_mut().enumerate() {
                     *l = (first + (k + j as u64) * step) as u32;
                 }
                 let v = _mm256_loadu_ps(lanes.as_ptr() as *const f32);
                 _mm256_storeu_si256(got.as_mut_ptr() as *mut __m256i, codec.encode8(v));
+                _mm256_storeu_si256(in_range.as_mut_ptr() as *mut __m256i, {
+                    codec.encode8_in_range(v)
+                });
+                let bound = codec.unclamped_below().unwrap_or(0.0);
                 for (j, &b) in lanes.iter().enumerate() {
                     let want = codec.encode(f32::from_bits(b));
                     if got[j] != want as u32 {
                         return Some((b, got[j] as u8, want));
+                    }
+                    // The unclamped encoder, where it is allowed.
+                    if f32::from_bits(b).abs() < bound && in_range[j] != want as u32 {
+                        return Some((b, in_range[j] as u8, want));
                     }
                 }
             }
