@@ -325,11 +325,8 @@ fn nvfp4_kernel_refuses_non_finite_unchanged() {
 }
 
 fn one_level(bc: usize, dtype: ScaleDtype) -> QuantScheme {
-    QuantScheme::default()
-        .with_value(QuantValue::E2M1)
-        .with_store(QuantStore::PackedNative(0))
-        .per_block(&[bc], dtype)
-        .unwrap()
+    let store = QuantStore::PackedNative(0);
+    crate::quantize::tests::one_level(QuantValue::E2M1, store, bc, dtype)
 }
 
 /// Data for the one-level kernel: runs sharing a magnitude (zero blocks for the zero rule,
@@ -488,11 +485,8 @@ fn time_nvfp4() {
         return;
     }
     crate::pool::set_num_threads(1);
-    let mut rng = Rng::new(15);
     let n = 1usize << 24;
-    let x: Vec<f32> = (0..n)
-        .map(|_| (0..4).map(|_| rng.unit()).sum::<f32>())
-        .collect();
+    let x = crate::quantize::tests::timing_data(n);
     let layout = Layout::new(&nvfp4(16), &[n / 4096, 4096]).unwrap();
     let opts = QuantizeOptions::default();
     let mut bytes = vec![0u8; n / 2];

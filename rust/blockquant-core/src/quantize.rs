@@ -1028,7 +1028,7 @@ pub fn round_scales(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     //! The one-pass kernel against the two-pass one (what `quantize` runs when it does not
     //! fuse), `measure_piece`'s AVX2 build against its portable one, and quantize → dequantize
     //! against a scalar reading of SPEC §3–§7.
@@ -1043,7 +1043,15 @@ mod tests {
         QuantStore::PackedNative(0),
     ];
 
-    fn one_level(
+    /// The timing probes' input: n bell-shaped values (sums of four uniform ones), seeded.
+    pub(crate) fn timing_data(n: usize) -> Vec<f32> {
+        let mut rng = Rng::new(15);
+        (0..n)
+            .map(|_| (0..4).map(|_| rng.unit()).sum::<f32>())
+            .collect()
+    }
+
+    pub(crate) fn one_level(
         value: QuantValue,
         store: QuantStore,
         bc: usize,
@@ -1903,16 +1911,14 @@ mod tests {
 
     /// Not a test: one-pass schemes on 16 Mi values, one thread: the whole call, and the
     /// one-pass kernel alone on one 64 KiB piece in cache (packing included), for A/B runs
-    /// (`cargo test --release -p blockquant-core -- --ignored --nocapture time_one_pass`).
+    /// (`cargo test --release -p blockquant-core -- --ignored --nocapture time_one_pass`;
+    /// `BQ_TIME_CASE=int8` keeps the cases whose name holds it).
     #[test]
     #[ignore]
     fn time_one_pass() {
         crate::pool::set_num_threads(1);
-        let mut rng = Rng::new(15);
         let n = 1usize << 24;
-        let x: Vec<f32> = (0..n)
-            .map(|_| (0..4).map(|_| rng.unit()).sum::<f32>())
-            .collect();
+        let x = timing_data(n);
         let opts = QuantizeOptions::default();
         let mx = QuantizeOptions {
             scale_rounding: crate::scale::ScaleRounding::Mx,
