@@ -149,17 +149,17 @@ unsafe fn group_fast<C: Encode, const V: usize>(
         let top = _mm256_div_ps(_mm256_castsi256_ps(bits), e);
         _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(top, _mm256_set1_ps(b))) == 0xFF
     });
-    match (_mm256_movemask_epi8(pow2) == -1, in_range) {
-        (true, r) => {
-            let d = _mm256_div_ps(_mm256_set1_ps(1.0), e);
-            if r {
-                encode_8blocks::<C, V, true, true>(codec, x0, d, o0, stream);
-            } else {
-                encode_8blocks::<C, V, true, false>(codec, x0, d, o0, stream);
-            }
-        }
-        (false, true) => encode_8blocks::<C, V, false, true>(codec, x0, e, o0, stream),
-        (false, false) => encode_8blocks::<C, V, false, false>(codec, x0, e, o0, stream),
+    let mul = _mm256_movemask_epi8(pow2) == -1;
+    let d = if mul {
+        _mm256_div_ps(_mm256_set1_ps(1.0), e)
+    } else {
+        e
+    };
+    match (mul, in_range) {
+        (true, true) => encode_8blocks::<C, V, true, true>(codec, x0, d, o0, stream),
+        (true, false) => encode_8blocks::<C, V, true, false>(codec, x0, d, o0, stream),
+        (false, true) => encode_8blocks::<C, V, false, true>(codec, x0, d, o0, stream),
+        (false, false) => encode_8blocks::<C, V, false, false>(codec, x0, d, o0, stream),
     }
     true
 }

@@ -267,6 +267,12 @@ fn encode_block(xs: &[f32], b: f32, g: f32, out: &mut [u8]) {
     let mut codes = [0u8; 32];
     let codes = &mut codes[..xs.len()];
     encode_run(E2M1Code, xs, crate::quantize::effective_scale(b, g), codes);
+    nibble_pairs(codes, out);
+}
+
+/// Codes (one a byte) two a byte into the start of `out`, the first in the low nibble.
+#[inline(always)]
+fn nibble_pairs(codes: &[u8], out: &mut [u8]) {
     for (o, pair) in out.iter_mut().zip(codes.chunks_exact(2)) {
         *o = pair[0] | (pair[1] << 4);
     }
@@ -372,15 +378,16 @@ pub(crate) unsafe fn one_level_piece(
             // The reciprocal multiplies exactly as the division when all eight are powers of
             // two (`simd::exact_reciprocal`, in lanes).
             let pow2 = _mm256_movemask_epi8(x86::exact_reciprocal_lanes(e)) == -1;
+            let d = if pow2 {
+                _mm256_div_ps(_mm256_set1_ps(1.0), e)
+            } else {
+                e
+            };
             match (bc, pow2) {
-                (16, true) => {
-                    encode_8blocks::<2, true>(x0, _mm256_div_ps(_mm256_set1_ps(1.0), e), o0, stream)
-                }
-                (16, false) => encode_8blocks::<2, false>(x0, e, o0, stream),
-                (_, true) => {
-                    encode_8blocks::<4, true>(x0, _mm256_div_ps(_mm256_set1_ps(1.0), e), o0, stream)
-                }
-                (_, false) => encode_8blocks::<4, false>(x0, e, o0, stream),
+                (16, true) => encode_8blocks::<2, true>(x0, d, o0, stream),
+                (16, false) => encode_8blocks::<2, false>(x0, d, o0, stream),
+                (_, true) => encode_8blocks::<4, true>(x0, d, o0, stream),
+                (_, false) => encode_8blocks::<4, false>(x0, d, o0, stream),
             }
         }
         b += 8;
@@ -410,12 +417,7 @@ unsafe fn one_level_block(
     let codes = &mut codes[..run.len()];
     *s = k.scale(x86::max_abs(run));
     let bad = x86::encode_run_or_zero(E2M1Code, run, *s, codes, false);
-    for (o, pair) in out[at..at + run.len() / 2]
-        .iter_mut()
-        .zip(codes.chunks_exact(2))
-    {
-        *o = pair[0] | (pair[1] << 4);
-    }
+    nibble_pairs(codes, &mut out[at..]);
     bad
 }
 
