@@ -80,6 +80,11 @@ def cases(n: int, given_scale: float = 4.5 / 127) -> List[Case]:
         Case("mxfp4", "mxfp4", p.mxfp4(), rows, 4),
         Case("nvfp4 (two-level)", "nvfp4", p.nvfp4(), rows, 4, reads=2),
         Case("bitnet (Q2S, absmean)", "bitnet", p.bitnet(), rows, 2, reads=2),
+        # The presets whose block scales are searched (mse): more signal per bit for several
+        # times minmax's time, by design.
+        Case("int4_block16 (Q4F, searched)", "int4_block16", p.int4_block16(), rows, 4, reads=2),
+        Case("nf4_block16 (searched)", "nf4_block16", p.nf4_block16(), rows, 4, reads=2),
+        Case("bq4_block16 (searched)", "bq4_block16", p.bq4_block16(), rows, 4, reads=2),
         Case("E4M3 (per-tensor, scale 1)", "e4m3", e4m3, rows, 8,
              kw=dict(scales=[1.0]), np_kw=dict(scale=1.0), torch="fp8"),
         Case("block[128,128] Q8S F32", "int8_block128x128",

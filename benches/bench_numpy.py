@@ -4,7 +4,8 @@ against (benches/bench.py's "numpy" columns).
 These are idiomatic vectorized numpy, written the way a careful user would (reshape into blocks,
 ``abs().max()``, one division, ``np.rint``/``np.clip`` in place, one ``astype``; ml_dtypes casts
 for FP8; a ``searchsorted`` over the E2M1 midpoints for FP4; NVFP4's two scale levels one after
-the other; dequantizing into the caller's array with ``np.multiply(..., out=)``). They do the same
+the other; the searched presets' candidate scales tried one at a time over all blocks, keeping
+each block's least error; dequantizing into the caller's array with ``np.multiply(..., out=)``). They do the same
 work as blockquant's kernels but not its exact arithmetic: scales are rounded to nearest by a
 plain cast instead of up, ``np.rint`` ties go to even, FP4 ties go down. The benchmark reports
 how many stored values agree with blockquant's, so a reader can see they do the same job.
@@ -221,6 +222,84 @@ def nvfp4_dq(q: Dict[str, np.ndarray], out: np.ndarray) -> None:
     blocks *= (q["scales"].view(ml_dtypes.float8_e4m3fn).astype(F32) * q["g"])[:, None]
 
 
+# ---- searched block scales (the *_block16 presets): UE4M3 per 16 under an f32 tensor scale ---
+
+# The search's divisors for 4-bit values: the largest |x| lands at c · half_range.
+SEARCH_4BIT = np.array([1] + [k / 32 for k in range(27, 32)] + [k / 32 for k in range(33, 38)], F32)
+
+
+def _searched_q(x: np.ndarray, half: float, nearest: Callable[[np.ndarray], np.ndarray]) -> Dict:
+    """Each block's UE4M3 scale picked among the candidates by least squared error (as
+    blockquant's ``calibration="mse"`` does, one candidate at a time over all blocks), then
+    codes by ``nearest`` (u -> (code, value)), eight 4-bit codes per uint32 word."""
+    xb = x.reshape(-1, 16)
+    alpha = np.abs(xb).max(axis=-1)
+    g = F32(alpha.max() / F32(half) / F32(448)) or F32(1)
+    best_b = np.zeros(alpha.shape, ml_dtypes.float8_e4m3fn)
+    # A candidate past UE4M3's largest scale casts to NaN: its error is NaN, never the least.
+    with np.errstate(invalid="ignore"):
+        best_b = _search(xb, alpha, g, half, nearest, best_b)
+    e = best_b.astype(F32) * g
+    codes = nearest(xb / _nonzero(e)[:, None])[0].astype(np.uint8).reshape(*x.shape[:-1], -1, 2)
+    packed = (codes[..., 0] & 0xF) | (codes[..., 1] << 4)
+    return dict(values=packed.view(np.uint32), scales=best_b.view(np.uint8), g=np.array(g, F32))
+
+
+def _search(xb: np.ndarray, alpha: np.ndarray, g: np.float32, half: float,
+            nearest: Callable, best_b: np.ndarray) -> np.ndarray:
+    best_err = np.full(alpha.shape, np.inf)
+    for c in SEARCH_4BIT:
+        b = (alpha / (F32(half) * c) / g).astype(ml_dtypes.float8_e4m3fn)
+        e = b.astype(F32) * g
+        u = xb / _nonzero(e)[:, None]
+        err = np.square(u - nearest(u)[1]).sum(axis=-1) * np.square(e)
+        err[e == 0] = np.inf
+        better = err < best_err
+        best_err[better] = err[better]
+        best_b[better] = b[better]
+    return best_b
+
+
+def _searched_dq(q: Dict[str, np.ndarray], out: np.ndarray, decode: Callable) -> None:
+    b = q["values"].view(np.uint8)
+    pairs = out.reshape(*b.shape, 2)
+    pairs[..., 0] = decode(b & 0xF)
+    pairs[..., 1] = decode(b >> 4)
+    blocks = out.reshape(-1, 16)
+    blocks *= (q["scales"].view(ml_dtypes.float8_e4m3fn).astype(F32) * q["g"])[:, None]
+
+
+def _q4f_nearest(u: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    v = np.clip(np.rint(u), -8, 7)
+    return v.astype(np.int8).view(np.uint8), v
+
+
+def _q4f_decode(nibbles: np.ndarray) -> np.ndarray:
+    return (nibbles << 4).view(np.int8) >> 4
+
+
+def _codebook(book: np.ndarray) -> Tuple[Callable, Callable]:
+    mids = (book[1:] + book[:-1]) / 2
+
+    def nearest(u: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        idx = np.searchsorted(mids, u)
+        return idx, book[idx]
+
+    return nearest, (lambda nibbles: book[nibbles])
+
+
+def _searched(nearest: Callable, decode: Callable, half: float) -> "NumpyScheme":
+    return NumpyScheme(lambda x: _searched_q(x, half, nearest),
+                       lambda q, out: _searched_dq(q, out, decode), _last_axis(16), True)
+
+
+def _searched_codebook(name: str) -> "NumpyScheme":
+    from blockquant import codebooks
+
+    book = getattr(codebooks, name)
+    return _searched(*_codebook(book), float(np.abs(book).max()))
+
+
 SCHEMES: Dict[str, NumpyScheme] = {
     "int8": NumpyScheme(int8_per_tensor_q, int8_per_tensor_dq, lambda shape: True),
     "int8_block32": NumpyScheme(int8_block32_q, int8_block32_dq, _last_axis(32)),
@@ -233,6 +312,9 @@ SCHEMES: Dict[str, NumpyScheme] = {
     "mxfp8": NumpyScheme(mxfp8_q, mxfp8_dq, _last_axis(32), True),
     "mxfp4": NumpyScheme(mxfp4_q, mxfp4_dq, _last_axis(32)),
     "nvfp4": NumpyScheme(nvfp4_q, nvfp4_dq, _last_axis(16), True),
+    "int4_block16": _searched(_q4f_nearest, _q4f_decode, 7.5),
+    "nf4_block16": _searched_codebook("NF4"),
+    "bq4_block16": _searched_codebook("BQ4"),
 }
 
 

@@ -43,7 +43,7 @@ def test_quick_run_writes_every_table_and_the_json(tmp_path):
         assert text in res.stdout, text
     results = json.loads(out.read_text())
     assert results["size"] == 16384 and results["repeat"] == 2
-    assert len(results["cases"]) == 10 and len(results["ggml"]) == 11
+    assert len(results["cases"]) == 13 and len(results["ggml"]) == 11
     for case in results["cases"]:
         cells = case["cells"]
         for key in ("copyto", "bq_quantize_1t", "bq_quantize_2t", "bq_dequantize_1t",

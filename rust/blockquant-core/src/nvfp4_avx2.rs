@@ -12,8 +12,7 @@
 //! the piece's first), divides each block by e_i = min(b_i × g, f32::MAX) (SPEC §5, §6: a true
 //! division), rounds 32 quotients at a time to E2M1 by [`e2m1_codes32`] (integer keys and a
 //! table, in bytes) and packs the nibbles in registers straight into the output (no code
-//! buffer, no zeroing). It takes the pieces last first, so the end of a tensor larger than the
-//! cache is read from the cache. The arithmetic is `compute_scales` + `encode_values`'s: the
+//! buffer, no zeroing). The arithmetic is `compute_scales` + `encode_values`'s: the
 //! same bits, tested against them.
 
 use std::arch::x86_64::*;
@@ -443,8 +442,10 @@ pub(crate) fn quantize_nvfp4(
     let k = FusedKernel::new(layout, opts, false);
     // The largest amplitude stands for all of them (g depends on the maximum alone).
     let g = derived_global(&[f32::from_bits(top)], k.half_range, k.dtype);
-    // Hand each piece its scales and bytes; the last pieces first: pass 1 just read them, so
-    // the end of a tensor larger than the cache is still in it.
+    // Hand each piece its scales and bytes, in order. (Taking the last pieces first, which
+    // pass 1 read last, was slower: a tensor larger than the cache leaves little of itself
+    // there, and each piece then started a new stream against the prefetcher: pass 2 alone
+    // took 8.1-8.9 ms forward, 8.7-10.5 ms backward, 16 Mi values, one thread.)
     let mut work = Vec::with_capacity(pieces.len());
     let (mut sc_rest, mut w_rest) = (stored, words);
     for p in &pieces {
@@ -453,7 +454,6 @@ pub(crate) fn quantize_nvfp4(
         (sc_rest, w_rest) = (sr, wr);
         work.push((*p, sc, w));
     }
-    work.reverse();
     work.into_par_iter()
         .for_each_init(Vec::new, |buf, (p, sc, w)| {
             let xs = x.read(p.start, p.len, buf);
