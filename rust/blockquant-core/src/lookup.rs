@@ -425,10 +425,79 @@ pub fn decode_table(cb: &Codebook) -> [f32; 256] {
     std::array::from_fn(|i| if i < cb.len() { cb.get(i) } else { 0.0 })
 }
 
+/// The decoder of codebook fields: [`decode_table`]'s value of each field, bit for bit. A
+/// codebook has at most 16 entries, so eight fields decode with two in-register permutes (one
+/// per half of the table's first 16 entries) and a blend on bit 3, instead of a gather: the
+/// gather left the block-16 codebook presets' dequantize at 0.6 of `np.copyto`'s pace.
+#[derive(Clone, Copy)]
+pub struct LookupDecode<'a>(pub &'a [f32; 256]);
+
+impl crate::codec::Decode for LookupDecode<'_> {
+    #[inline(always)]
+    fn decode(&self, field: u8) -> f32 {
+        self.0[field as usize]
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn decode8(&self, fields: __m256i) -> __m256 {
+        // Each permute reads its lane's low three bits; bit 3 (moved to the sign) picks the
+        // half. Fields past 15 are +0, as the table's entries there.
+        let t = self.0.as_ptr();
+        let lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(t), fields);
+        let hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(t.add(8)), fields);
+        let v = _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32::<28>(fields)));
+        let past = _mm256_cmpgt_epi32(fields, _mm256_set1_epi32(15));
+        _mm256_andnot_ps(_mm256_castsi256_ps(past), v)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::Encode;
+    use crate::codec::{Decode, Encode};
+
+    /// The AVX2 decoder against the table on every byte, for codebooks of 1, 4 and 16 entries
+    /// (−0.0 and the largest and smallest f32 among them), all eight lanes, every lane order.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn lookup_decode8_equals_the_table_on_every_field() {
+        if !crate::simd::has_avx2() {
+            return;
+        }
+        let books: Vec<Vec<f32>> = vec![
+            vec![0.5],
+            vec![-1.0, -0.0, 0.25, f32::MAX],
+            NAMED.iter().find(|(n, _)| *n == "nf4").unwrap().1.to_vec(),
+            (0..16).map(|k| (k as f32 - 7.5) * 1e-30).collect(),
+            (0..16)
+                .map(|k| {
+                    if k == 9 {
+                        f32::MIN
+                    } else {
+                        k as f32 * 3.0 - 20.0
+                    }
+                })
+                .collect(),
+        ];
+        for values in books {
+            let cb = Codebook::new(&values).unwrap();
+            let table = decode_table(&cb);
+            let dec = LookupDecode(&table);
+            for f0 in 0..256u32 {
+                // Lane j holds field (f0 + 37 j) mod 256: every field in every lane.
+                let fields: [u32; 8] = std::array::from_fn(|j| (f0 + 37 * j as u32) % 256);
+                // SAFETY: the CPU has AVX2 (checked above).
+                let got: [f32; 8] = unsafe {
+                    std::mem::transmute(dec.decode8(_mm256_loadu_si256(fields.as_ptr().cast())))
+                };
+                for (f, g) in fields.iter().zip(got) {
+                    assert_eq!(g.to_bits(), table[*f as usize].to_bits(), "{values:?} {f}");
+                    assert_eq!(dec.decode(*f as u8).to_bits(), g.to_bits());
+                }
+            }
+        }
+    }
 
     fn next_down(x: f32) -> f32 {
         -next_up(-x)

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use crate::calibrate::{amplitudes, run_amplitude, Calibration, MIN_TASK_ELEMS};
 use crate::codec::{
     float_table, minifloat, E2M1Code, E2M1Decode, E4M3Decode, Encode, FloatCode, Fp8Decode,
-    IntDecode, IntHalfAway, IntHalfEven, Rounding, TableDecode,
+    IntDecode, IntHalfAway, IntHalfEven, Rounding,
 };
 use crate::error::{QuantError, Result};
 use crate::input::{Input, Window};
@@ -986,7 +986,8 @@ fn dequantize_into<O: OutElem>(
     assert_eq!(effective.len(), layout.num_scales, "scale count");
     if let Some(cb) = &layout.scheme.codebook {
         let table = decode_table(cb);
-        crate::pack::decode_into(TableDecode(&table), layout, storage, effective, out);
+        let dec = crate::lookup::LookupDecode(&table);
+        crate::pack::decode_into(dec, layout, storage, effective, out);
         return;
     }
     match minifloat(layout.scheme.value) {
