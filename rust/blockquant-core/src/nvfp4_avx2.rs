@@ -12,8 +12,8 @@
 //! the piece's first), divides each block by e_i = min(b_i × g, f32::MAX) (SPEC §5, §6: a true
 //! division), rounds 32 quotients at a time to E2M1 by [`e2m1_codes32`] (integer keys and a
 //! table, in bytes) and packs the nibbles in registers straight into the output (no code
-//! buffer, no zeroing). The arithmetic is `compute_scales` + `encode_values`'s: the
-//! same bits, tested against them.
+//! buffer, no zeroing). The arithmetic is `compute_scales` + `encode_values`'s: the same bits,
+//! tested against them.
 
 use std::arch::x86_64::*;
 
