@@ -799,6 +799,28 @@ fn unpack_words<W: Word, D: Decode, O: OutElem>(
     } else {
         lines_per_task * line_len
     };
+    #[cfg(target_arch = "x86_64")]
+    if let Some(out) = O::as_f32(out) {
+        if let Some(stream) = nibble_blocks(layout, W::BITS as usize / per, elems_per_task, out) {
+            out.par_chunks_mut(elems_per_task)
+                .enumerate()
+                .for_each(|(ci, chunk)| {
+                    // SAFETY: `nibble_blocks` checked the CPU, the layout and the alignment.
+                    unsafe {
+                        decode_nibbles_f32(
+                            table,
+                            layout,
+                            words,
+                            effective,
+                            ci * elems_per_task,
+                            chunk,
+                            stream,
+                        )
+                    }
+                });
+            return;
+        }
+    }
     out.par_chunks_mut(elems_per_task)
         .enumerate()
         .for_each(|(ci, chunk)| {
@@ -817,6 +839,70 @@ fn unpack_words<W: Word, D: Decode, O: OutElem>(
                 },
             );
         });
+}
+
+/// Whether f32 output of 4-bit fields packed along the last axis decodes straight from the
+/// words ([`decode_nibbles_f32`]): AVX2 and F16C, one-level 1-D blocks of whole vectors that
+/// tile the rows, tasks of whole blocks; Some(whether the stores stream), None otherwise (and
+/// when streaming stores would find `out` unaligned).
+#[cfg(target_arch = "x86_64")]
+fn nibble_blocks(layout: &Layout, field_bits: usize, task: usize, out: &[f32]) -> Option<bool> {
+    let bc = layout.block_cols();
+    let fits = field_bits == 4
+        && crate::simd::has_avx2()
+        && crate::simd::has_f16c()
+        && !layout.per_tensor
+        && layout.rows_map_directly()
+        && bc % 8 == 0
+        && layout.row_len() % bc == 0
+        && task % bc == 0;
+    let stream = layout.num_elements * 4 >= crate::simd::x86::STREAM_MIN_BYTES;
+    (fits && (!stream || (out.as_ptr() as usize) % 16 == 0)).then_some(stream)
+}
+
+/// The outputs `chunk` (from flat index `start`, whole blocks) of 4-bit fields packed along the
+/// last axis, read straight from each line's bytes (no code buffer): what [`decode_runs`] with
+/// `unpack_fields` and [`decode_range`] give, bit for bit, in one step.
+///
+/// # Safety
+/// [`nibble_blocks`] said yes for this layout and output (the CPU has AVX2 and F16C).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn decode_nibbles_f32<W: Word, D: Decode>(
+    dec: D,
+    layout: &Layout,
+    words: &[W],
+    effective: &[f32],
+    start: usize,
+    chunk: &mut [f32],
+    stream: bool,
+) {
+    use crate::simd::x86::decode_nibble_blocks_8s;
+    let (n, bc) = (layout.row_len(), layout.block_cols());
+    // Little-endian words: field f of a line is nibble f % 2 of the line's byte f / 2.
+    let bytes =
+        std::slice::from_raw_parts(words.as_ptr() as *const u8, std::mem::size_of_val(words));
+    let line_bytes = layout.packing.words_axis * std::mem::size_of::<W>();
+    let (mut pos, end) = (start, start + chunk.len());
+    while pos < end {
+        // A run to the end of the line or the chunk; both are block boundaries, and with
+        // whole blocks tiling the rows, block pos / bc holds value pos.
+        let (line, col) = (pos / n, pos % n);
+        let take = (end - pos).min(n - col);
+        let b = &bytes[line * line_bytes + col / 2..][..take / 2];
+        let eff = &effective[pos / bc..(pos + take) / bc];
+        let o = &mut chunk[pos - start..pos - start + take];
+        if stream {
+            decode_nibble_blocks_8s::<D, true>(dec, b, eff, bc, o);
+        } else {
+            decode_nibble_blocks_8s::<D, false>(dec, b, eff, bc, o);
+        }
+        pos += take;
+    }
+    if stream {
+        // The non-temporal stores are weakly ordered: done before the task says it is done.
+        std::arch::x86_64::_mm_sfence();
+    }
 }
 
 /// Decode `chunk` (the outputs from flat index `start`) a run of codes at a time: `fill(pos,
@@ -1850,6 +1936,91 @@ pub(crate) mod tests {
                 if let Some(v) = oracle::stored_value(value, field_bits, c as u32) {
                     let want = v as f32 * eff[grid_index(&layout, f)];
                     assert_eq!(yv.key(), want.key(), "{value} code {c:#x}");
+                }
+            }
+        }
+    }
+
+    /// 4-bit fields decoded straight from the words (`decode_nibbles_f32`) against a scalar
+    /// reading of the nibbles, for each 4-bit decoder (int, E2M1, codebook), u8 and u32 words,
+    /// blocks of 8 to 32, one and many tasks, and an output large enough to stream, aligned and
+    /// not (which falls back to the code buffer).
+    #[test]
+    fn nibbles_decode_straight_from_the_words() {
+        use crate::codec::{E2M1Decode, IntDecode};
+        use crate::lookup::{decode_table, Codebook, LookupDecode, NAMED};
+        let mut rng = Rng::new(77);
+        let nf4 = Codebook::new(&NAMED[0].1).unwrap();
+        let table = decode_table(&nf4);
+        fn check<D: Decode>(dec: D, layout: &Layout, rng: &mut Rng, offset: usize) {
+            let n = layout.num_elements;
+            let bytes: Vec<u8> = (0..n / 2).map(|_| rng.byte()).collect();
+            let words: Vec<u32> = bytes
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            let eff: Vec<f32> = (0..layout.num_scales)
+                .map(|k| match k % 5 {
+                    0 => 0.0,
+                    1 => 1e-40,
+                    _ => rng.unit() * 3.0,
+                })
+                .collect();
+            let bc = layout.block_cols();
+            let want: Vec<u32> = (0..n)
+                .map(|i| {
+                    let field = (bytes[i / 2] >> (4 * (i % 2))) & 0xF;
+                    (dec.decode(field) * eff[i / bc]).to_bits()
+                })
+                .collect();
+            let mut buf = vec![f32::NAN; n + 4];
+            let storage = if layout.packing.word_bits == 8 {
+                Storage::U8(&bytes)
+            } else {
+                Storage::U32(&words)
+            };
+            let out = &mut buf[offset..offset + n];
+            decode_into(dec, layout, storage, &eff, out);
+            let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+            let first = got.iter().zip(&want).position(|(a, b)| a != b);
+            assert_eq!(
+                first, None,
+                "{} on {:?}, offset {offset}",
+                layout.scheme, layout.shape
+            );
+        }
+        for (value, store) in [
+            // (burn's PackedNative keeps 4-bit ints one a byte: not nibbles.)
+            (QuantValue::Q4S, QuantStore::PackedU32(0)),
+            (QuantValue::E2M1, QuantStore::PackedNative(0)),
+            (QuantValue::E2M1, QuantStore::PackedU32(0)),
+            (QuantValue::Q4F, QuantStore::PackedU32(0)),
+        ] {
+            for (shape, bc) in [
+                (vec![3, 64], 16),
+                (vec![7, 48], 24),
+                (vec![5, 40], 8),
+                (vec![96], 32),
+                (vec![2, 1 << 17], 32),
+                (vec![1 << 10, 1 << 12], 16),
+            ] {
+                let big = shape.iter().product::<usize>() >= 1 << 22;
+                let offsets: &[usize] = if big { &[0, 1] } else { &[0] };
+                let plain = scheme(value, store, Some(&[bc]));
+                let layout = Layout::new(&plain, &shape).unwrap();
+                assert_eq!(
+                    layout.packing.field_bits as usize * layout.packing.per,
+                    layout.packing.word_bits as usize
+                );
+                for &off in offsets {
+                    match value {
+                        QuantValue::E2M1 => check(E2M1Decode, &layout, &mut rng, off),
+                        _ => check(IntDecode::new(&layout.packing), &layout, &mut rng, off),
+                    }
+                }
+                if value == QuantValue::Q4F {
+                    let looked = Layout::new(&plain.with_codebook(nf4), &shape).unwrap();
+                    check(LookupDecode(&table), &looked, &mut rng, 0);
                 }
             }
         }

@@ -508,6 +508,44 @@ pub(crate) mod x86 {
         }
     }
 
+    /// [`decode_blocks_8s`] of 4-bit fields read straight from their packed bytes (value t
+    /// is the low nibble of byte t / 2 for even t, the high one for odd t: SPEC §8), with no
+    /// code buffer between: eight fields from four bytes by one broadcast, one variable shift
+    /// and a mask. `bytes` holds the `eff.len() * bc / 2` bytes of the blocks.
+    #[inline(always)]
+    pub(crate) unsafe fn decode_nibble_blocks_8s<D: Decode, const STREAM: bool>(
+        dec: D,
+        bytes: &[u8],
+        eff: &[f32],
+        bc: usize,
+        out: &mut [f32],
+    ) {
+        let n = eff.len() * bc;
+        assert!(
+            bc % 8 == 0 && bytes.len() == n / 2 && out.len() == n,
+            "whole blocks"
+        );
+        let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+        let low = _mm256_set1_epi32(0xF);
+        let (src, dst) = (bytes.as_ptr(), out.as_mut_ptr());
+        for (k, &e) in eff.iter().enumerate() {
+            let ev = _mm256_set1_ps(e);
+            // k * bc + t + 8 <= n: the four bytes from t / 2 and the eight outputs in bounds.
+            for t in (k * bc..(k + 1) * bc).step_by(8) {
+                let four = (src.add(t / 2) as *const i32).read_unaligned();
+                let fields =
+                    _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(four), shifts), low);
+                let v = _mm256_mul_ps(dec.decode8(fields), ev);
+                if STREAM {
+                    _mm_stream_ps(dst.add(t), _mm256_castps256_ps128(v));
+                    _mm_stream_ps(dst.add(t + 4), _mm256_extractf128_ps::<1>(v));
+                } else {
+                    _mm256_storeu_ps(dst.add(t), v);
+                }
+            }
+        }
+    }
+
     /// Pack 4- or 2-bit fields (the low bits of each code byte) 32 codes at a time into
     /// `out`, the first code in the low bits of each byte (SPEC §8); returns how many codes
     /// were packed (a multiple of 32: the caller packs the rest). `out` must hold
