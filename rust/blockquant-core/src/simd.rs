@@ -407,9 +407,7 @@ pub(crate) mod x86 {
             // i + 8 <= n: in bounds; dst + i is 16-byte aligned (i - head a multiple of 8).
             while i + 8 <= n {
                 let fields = _mm256_cvtepu8_epi32(_mm_loadl_epi64(src.add(i) as *const __m128i));
-                let v = _mm256_mul_ps(dec.decode8(fields), ev);
-                _mm_stream_ps(dst.add(i), _mm256_castps256_ps128(v));
-                _mm_stream_ps(dst.add(i + 4), _mm256_extractf128_ps::<1>(v));
+                store8::<true>(dst.add(i), _mm256_mul_ps(dec.decode8(fields), ev));
                 i += 8;
             }
         }
@@ -497,13 +495,7 @@ pub(crate) mod x86 {
             // k * bc + t + 8 <= n: loads and stores in bounds.
             for t in (k * bc..(k + 1) * bc).step_by(8) {
                 let fields = _mm256_cvtepu8_epi32(_mm_loadl_epi64(src.add(t) as *const __m128i));
-                let v = _mm256_mul_ps(dec.decode8(fields), ev);
-                if STREAM {
-                    _mm_stream_ps(dst.add(t), _mm256_castps256_ps128(v));
-                    _mm_stream_ps(dst.add(t + 4), _mm256_extractf128_ps::<1>(v));
-                } else {
-                    _mm256_storeu_ps(dst.add(t), v);
-                }
+                store8::<STREAM>(dst.add(t), _mm256_mul_ps(dec.decode8(fields), ev));
             }
         }
     }
@@ -535,13 +527,7 @@ pub(crate) mod x86 {
                 let four = (src.add(t / 2) as *const i32).read_unaligned();
                 let fields =
                     _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(four), shifts), low);
-                let v = _mm256_mul_ps(dec.decode8(fields), ev);
-                if STREAM {
-                    _mm_stream_ps(dst.add(t), _mm256_castps256_ps128(v));
-                    _mm_stream_ps(dst.add(t + 4), _mm256_extractf128_ps::<1>(v));
-                } else {
-                    _mm256_storeu_ps(dst.add(t), v);
-                }
+                store8::<STREAM>(dst.add(t), _mm256_mul_ps(dec.decode8(fields), ev));
             }
         }
     }
