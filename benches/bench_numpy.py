@@ -235,10 +235,9 @@ def _searched_q(x: np.ndarray, half: float, nearest: Callable[[np.ndarray], np.n
     xb = x.reshape(-1, 16)
     alpha = np.abs(xb).max(axis=-1)
     g = F32(alpha.max() / F32(half) / F32(448)) or F32(1)
-    best_b = np.zeros(alpha.shape, ml_dtypes.float8_e4m3fn)
     # A candidate past UE4M3's largest scale casts to NaN: its error is NaN, never the least.
     with np.errstate(invalid="ignore"):
-        best_b = _search(xb, alpha, g, half, nearest, best_b)
+        best_b = _search(xb, alpha, g, half, nearest)
     e = best_b.astype(F32) * g
     codes = nearest(xb / _nonzero(e)[:, None])[0].astype(np.uint8).reshape(*x.shape[:-1], -1, 2)
     packed = (codes[..., 0] & 0xF) | (codes[..., 1] << 4)
@@ -246,7 +245,9 @@ def _searched_q(x: np.ndarray, half: float, nearest: Callable[[np.ndarray], np.n
 
 
 def _search(xb: np.ndarray, alpha: np.ndarray, g: np.float32, half: float,
-            nearest: Callable, best_b: np.ndarray) -> np.ndarray:
+             nearest: Callable) -> np.ndarray:
+    """Each block's UE4M3 scale of least error among the candidates (the first on ties)."""
+    best_b = np.zeros(alpha.shape, ml_dtypes.float8_e4m3fn)
     best_err = np.full(alpha.shape, np.inf)
     for c in SEARCH_4BIT:
         b = (alpha / (F32(half) * c) / g).astype(ml_dtypes.float8_e4m3fn)

@@ -48,6 +48,20 @@ pub(crate) unsafe fn scales8(k: &FusedKernel<'_>, alpha: __m256) -> __m256 {
     }
 }
 
+/// The stored scales of eight blocks from the maxima of their |x| bit patterns, or None when a
+/// value is not finite (a maximum past f32::MAX's pattern) or a scale is zero: the one-pass
+/// kernels then take those blocks one at a time.
+#[inline(always)]
+pub(crate) unsafe fn checked_scales8(k: &FusedKernel<'_>, bits: __m256i) -> Option<__m256> {
+    let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF));
+    if _mm256_movemask_epi8(non_finite) != 0 {
+        return None;
+    }
+    let e = scales8(k, _mm256_castsi256_ps(bits));
+    let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps());
+    (_mm256_movemask_ps(zero) == 0).then_some(e)
+}
+
 /// One-pass kernel of a piece (`xs`, its scales `sc`, its codes `out`, one a byte) whose
 /// blocks are all whole runs of `bc` values, `bc` a multiple of 8. Returns whether any input
 /// was non-finite.
@@ -128,18 +142,10 @@ unsafe fn group_fast<C: Encode, const V: usize>(
     o0: *mut u8,
 ) -> bool {
     let bits = x86::max_abs_bits_8runs::<V>(x0);
-    let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF));
-    if _mm256_movemask_epi8(non_finite) != 0 {
+    let Some(e) = checked_scales8(k, bits) else {
         return false;
-    }
-    let e = scales8(k, _mm256_castsi256_ps(bits));
-    if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps())) != 0 {
-        return false;
-    }
+    };
     _mm256_storeu_ps(s0, e);
-    // A multiply by the reciprocal when it equals the division for all eight (MX scales, all
-    // powers of two): see `simd::exact_reciprocal`. Same test, in lanes.
-    let pow2 = x86::exact_reciprocal_lanes(e);
     // Non-temporal stores need 16-byte alignment (numpy's storage has it; a block of 16 or
     // 32 codes keeps it).
     let stream = k.stream && (o0 as usize) % 16 == 0;
@@ -149,12 +155,7 @@ unsafe fn group_fast<C: Encode, const V: usize>(
         let top = _mm256_div_ps(_mm256_castsi256_ps(bits), e);
         _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(top, _mm256_set1_ps(b))) == 0xFF
     });
-    let mul = _mm256_movemask_epi8(pow2) == -1;
-    let d = if mul {
-        _mm256_div_ps(_mm256_set1_ps(1.0), e)
-    } else {
-        e
-    };
+    let (mul, d) = x86::divisor_lanes(e);
     match (mul, in_range) {
         (true, true) => encode_8blocks::<C, V, true, true>(codec, x0, d, o0, stream),
         (true, false) => encode_8blocks::<C, V, true, false>(codec, x0, d, o0, stream),

@@ -364,29 +364,19 @@ pub(crate) unsafe fn one_level_piece(
         } else {
             x86::max_abs_bits_8runs::<4>(x0)
         };
-        let finite =
-            _mm256_movemask_epi8(_mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF))) == 0;
-        let e = crate::fused_avx2::scales8(k, _mm256_castsi256_ps(bits));
-        let zero = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps())) != 0;
-        if !finite || zero {
-            for j in b..b + 8 {
-                bad |= one_level_block(k, &xs[j * bc..(j + 1) * bc], &mut sc[j], out, j * bc / 2);
-            }
-        } else {
+        if let Some(e) = crate::fused_avx2::checked_scales8(k, bits) {
             _mm256_storeu_ps(sc.as_mut_ptr().add(b), e);
-            // The reciprocal multiplies exactly as the division when all eight are powers of
-            // two (`simd::exact_reciprocal`, in lanes).
-            let pow2 = _mm256_movemask_epi8(x86::exact_reciprocal_lanes(e)) == -1;
-            let d = if pow2 {
-                _mm256_div_ps(_mm256_set1_ps(1.0), e)
-            } else {
-                e
-            };
-            match (bc, pow2) {
+            let (mul, d) = x86::divisor_lanes(e);
+            match (bc, mul) {
                 (16, true) => encode_8blocks::<2, true>(x0, d, o0, stream),
                 (16, false) => encode_8blocks::<2, false>(x0, d, o0, stream),
                 (_, true) => encode_8blocks::<4, true>(x0, d, o0, stream),
                 (_, false) => encode_8blocks::<4, false>(x0, d, o0, stream),
+            }
+        } else {
+            // A non-finite value or a zero scale in the group: block by block.
+            for j in b..b + 8 {
+                bad |= one_level_block(k, &xs[j * bc..(j + 1) * bc], &mut sc[j], out, j * bc / 2);
             }
         }
         b += 8;

@@ -328,13 +328,6 @@ unsafe fn errors(e: __m128, s: __m128, inf: __m128) -> __m256d {
     _mm256_blendv_pd(err, _mm256_set1_pd(f64::INFINITY), _mm256_cvtps_pd(inf))
 }
 
-/// Whether every lane of `e` is a power of two 2^k, k in -126..=127 (see
-/// `simd::exact_reciprocal`).
-#[inline(always)]
-unsafe fn all_exact_reciprocals(e: __m256) -> bool {
-    _mm256_movemask_epi8(x86::exact_reciprocal_lanes(e)) == -1
-}
-
 /// S of each of eight blocks under each of `N` candidates' reciprocals `r` (lane j block j's):
 /// block lane l the sum of elements l, l + 8, ... from 0 in order, the lanes combined
 /// pairwise, each vector loaded once for the `N`.
@@ -509,11 +502,13 @@ unsafe fn codes_from_brackets<Q: Dequant, const V: usize>(q: Q, g: &Group, e: __
 /// The CPU must have AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn encode8<C: Encode, const V: usize>(codec: C, x0: *const f32, e: __m256, o0: *mut u8) {
-    if all_exact_reciprocals(e) {
-        let r = _mm256_div_ps(_mm256_set1_ps(1.0), e);
-        crate::fused_avx2::encode_8blocks::<C, V, true, false>(codec, x0, r, o0, false);
-    } else {
-        crate::fused_avx2::encode_8blocks::<C, V, false, false>(codec, x0, e, o0, false);
+    match x86::divisor_lanes(e) {
+        (true, r) => {
+            crate::fused_avx2::encode_8blocks::<C, V, true, false>(codec, x0, r, o0, false)
+        }
+        (false, e) => {
+            crate::fused_avx2::encode_8blocks::<C, V, false, false>(codec, x0, e, o0, false)
+        }
     }
 }
 

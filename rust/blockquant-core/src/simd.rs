@@ -331,6 +331,18 @@ pub(crate) mod x86 {
         i
     }
 
+    /// What eight blocks' values are divided by: `(true, 1 / e)` when every lane of `e` is a
+    /// power of two (multiplying by the reciprocal then equals the division, see
+    /// [`super::exact_reciprocal`]; MX scales always are), else `(false, e)`.
+    #[inline(always)]
+    pub(crate) unsafe fn divisor_lanes(e: __m256) -> (bool, __m256) {
+        if _mm256_movemask_epi8(exact_reciprocal_lanes(e)) == -1 {
+            (true, _mm256_div_ps(_mm256_set1_ps(1.0), e))
+        } else {
+            (false, e)
+        }
+    }
+
     /// [`super::exact_reciprocal`]'s test in lanes: all ones where the lane of `e` is a power
     /// of two 2^k, k in -126..=127 (dividing by it equals multiplying by 2^-k).
     #[inline(always)]
