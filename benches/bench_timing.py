@@ -92,6 +92,19 @@ class Cell:
 SETTLE_S = 0.002
 
 
+def _spin_s() -> float:
+    """How long blockquant's workers poll after a call (BLOCKQUANT_SPIN_MS, README "Threads";
+    off by default), waited out after a call of two or more threads like the settle time."""
+    try:
+        ms = int(os.environ.get("BLOCKQUANT_SPIN_MS", "0"))
+    except ValueError:
+        ms = 0  # the core ignores such a value too
+    return ms / 1000 + SETTLE_S if 0 < ms <= 1000 else SETTLE_S
+
+
+SPIN_S = _spin_s()
+
+
 def time_once(cell: Cell) -> None:
     set_threads(cell.threads)
     c0 = time.process_time()
@@ -101,7 +114,7 @@ def time_once(cell: Cell) -> None:
     c1 = time.process_time()
     cell.wall.append(t1 - t0)
     cell.cpu.append(c1 - c0)
-    time.sleep(SETTLE_S)
+    time.sleep(SPIN_S if (cell.threads or 1) > 1 else SETTLE_S)
 
 
 def run_interleaved(cells: List[Cell], repeat: int) -> Dict[str, Cell]:

@@ -392,3 +392,84 @@ def test_out_of_memory_is_a_memory_error_and_the_process_lives():
         resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
         assert bq.quantize(x[:64], bq.presets.int8()).nbytes == 68  # alive and well
     """)
+
+
+# ---- the workers' polling after a call (README, "Threads"; pool.rs) ----
+
+@pytest.mark.parametrize("value", ["abc", "-1", "1001", "", "2.5"])
+def test_a_bad_spin_variable_is_a_warning(value):
+    _run(f"""
+        import os, warnings
+        os.environ["BLOCKQUANT_SPIN_MS"] = {value!r}
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            import blockquant as bq
+        assert any("BLOCKQUANT_SPIN_MS" in str(x.message) for x in w), [str(x.message) for x in w]
+        import numpy as np
+        x = np.ones((512, 1024), np.float32)
+        assert bq.quantize(x, "int8").nbytes > 0
+    """)
+
+
+@pytest.mark.parametrize("spin", ["0", "1000"])
+def test_spin_time_changes_no_result_and_no_fork(spin):
+    """Polling off, or for a second after each call: the same bytes, and a child forked while
+    the parent's workers poll completes its calls."""
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    _run(f"""
+        import os
+        os.environ["BLOCKQUANT_SPIN_MS"] = {spin!r}
+        import numpy as np, blockquant as bq
+        x = np.random.default_rng(3).standard_normal((1024, 1024)).astype(np.float32)
+        bq.set_num_threads(1)
+        want = [bq.quantize(x, s).to_bytes() for s in ("int8_block32", "nvfp4")]
+        bq.set_num_threads(2)
+        got = [bq.quantize(x, s).to_bytes() for s in ("int8_block32", "nvfp4")]
+        assert got == want
+        pid = os.fork()  # the workers are polling now (with spin 1000)
+        if pid == 0:
+            ok = [bq.quantize(x, s).to_bytes() for s in ("int8_block32", "nvfp4")] == want
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    """, timeout=60)
+
+
+def test_polling_stops_at_its_deadline_and_when_the_pool_is_replaced():
+    """Polling workers use CPU time only for their spin time, and a replaced pool's workers
+    stop polling (and exit) at once instead of at the deadline."""
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("needs /proc")
+    _run("""
+        import os, time
+        os.environ["BLOCKQUANT_SPIN_MS"] = "1000"
+        import numpy as np, blockquant as bq
+        x = np.random.default_rng(4).standard_normal((2048, 1024)).astype(np.float32)
+        bq.set_num_threads(1)
+        bq.quantize(x, "int8_block32")
+        base = len(os.listdir("/proc/self/task"))
+        bq.set_num_threads(2)
+        bq.quantize(x, "int8_block32")  # then two workers poll for up to a second
+        c0 = time.process_time()
+        time.sleep(0.2)
+        busy = time.process_time() - c0
+        assert busy > 0.05, busy  # they do poll (yielding to nothing else here)
+        bq.set_num_threads(1)
+        bq.quantize(x, "int8_block32")
+        deadline = time.monotonic() + 0.5  # well inside the old workers' second
+        while len(os.listdir("/proc/self/task")) > base and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(os.listdir("/proc/self/task")) <= base, (base, os.listdir("/proc/self/task"))
+        # The one-thread pool does not poll.
+        c0 = time.process_time()
+        time.sleep(0.2)
+        assert time.process_time() - c0 < 0.05
+        # Nor does a pool of two after its deadline.
+        bq.set_num_threads(2)
+        bq.quantize(x, "int8_block32")
+        time.sleep(1.1)
+        c0 = time.process_time()
+        time.sleep(0.2)
+        assert time.process_time() - c0 < 0.05
+    """)

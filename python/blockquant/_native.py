@@ -70,4 +70,25 @@ def _check_thread_variable() -> None:
         )
 
 
+
+def _check_spin_variable() -> None:
+    """The core reads BLOCKQUANT_SPIN_MS (how long its workers poll for the next call) and
+    ignores a value that is not a whole number of milliseconds from 0 to 1000: say so once."""
+    raw = os.environ.get("BLOCKQUANT_SPIN_MS")
+    if raw is None:
+        return
+    try:
+        ok = 0 <= int(raw.strip()) <= 1000  # the core's MAX_SPIN_MS
+    except ValueError:
+        ok = False
+    if not ok:
+        warnings.warn(
+            f"BLOCKQUANT_SPIN_MS={raw!r} is not a number of milliseconds from 0 to 1000: ignored, "
+            "blockquant's workers do not poll (the default)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
 _check_thread_variable()
+_check_spin_variable()

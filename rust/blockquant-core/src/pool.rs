@@ -5,9 +5,23 @@
 //! the process id that built it and a child builds its own (the parent's is leaked, never
 //! joined). The lock around the pool is held across `fork()` by a `pthread_atfork` handler, so a
 //! child never inherits it locked by a thread that does not exist there.
+//!
+//! Waking: a rayon worker with nothing to do sleeps after a few microseconds, and waking a
+//! sleeping worker on another core can take milliseconds: 3-4 ms on the 2-core VMs this is
+//! built on once the other core has idled for a few milliseconds, against 10-100 µs for a
+//! polling worker (`probe::wake_latency`). A call of a few milliseconds then runs on one core
+//! until the other wakes, if it wakes in time: the bimodal two-thread times of issue 13. With
+//! `BLOCKQUANT_SPIN_MS=N` ([`spin_time`]; 0, the default, is off) the workers of a pool of two
+//! or more keep polling for work for N ms after each call that took at least [`LINGER_AFTER`],
+//! and after the pool is built, as OpenMP runtimes do: the next call of a loop finds them
+//! awake. They stop at once when a call starts or the pool is replaced, take any pending work
+//! meanwhile, and yield their core to any other runnable thread. Off by default: in a loop
+//! that also does its own work between calls, the calls got faster (16 MiB int8_block32, two
+//! threads: median 2.0-2.15 ms -> 1.26-2.0 ms) but the loop as a whole did not, on this VM.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Once};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Once, OnceLock};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rayon::{ThreadPool, ThreadPoolBuilder};
@@ -21,6 +35,30 @@ static POOL: Mutex<Option<PoolState>> = Mutex::new(None);
 /// Threads asked for by `set_num_threads` (0: none asked).
 static REQUESTED: AtomicUsize = AtomicUsize::new(0);
 static ATFORK: Once = Once::new();
+/// Bumped when a call starts and when the pool is replaced: polling workers stop.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// Calls shorter than this leave the workers to sleep: they did not need the second core.
+pub const LINGER_AFTER: Duration = Duration::from_micros(100);
+/// The default of [`spin_time`].
+pub const DEFAULT_SPIN_MS: u64 = 0;
+/// The most `BLOCKQUANT_SPIN_MS` may ask for.
+pub const MAX_SPIN_MS: u64 = 1000;
+
+/// How long the workers poll for work after a call: `BLOCKQUANT_SPIN_MS` (0 to 1000; 0 turns
+/// polling off), read once; otherwise, or for a value that is not such a number,
+/// [`DEFAULT_SPIN_MS`] (off).
+pub fn spin_time() -> Duration {
+    static SPIN: OnceLock<Duration> = OnceLock::new();
+    *SPIN.get_or_init(|| {
+        let ms = std::env::var("BLOCKQUANT_SPIN_MS")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|&ms| ms <= MAX_SPIN_MS)
+            .unwrap_or(DEFAULT_SPIN_MS);
+        Duration::from_millis(ms)
+    })
+}
 
 /// The most threads the pool is ever given: far past any core count, short of what would make
 /// building the pool itself take minutes.
@@ -41,6 +79,8 @@ pub fn default_threads() -> usize {
 /// Bound the pool to `n` threads (0: back to the default).
 pub fn set_num_threads(n: usize) {
     REQUESTED.store(n, Ordering::Relaxed);
+    // The old pool's polling workers stop, and it can wind down.
+    GENERATION.fetch_add(1, Ordering::SeqCst);
     // Dropping a pool only signals its threads; they finish their work and exit. Calls running
     // in it keep it alive through their own `Arc`.
     drop(POOL.lock().take());
@@ -74,7 +114,36 @@ fn current() -> Arc<ThreadPool> {
         pool: pool.clone(),
         pid,
     });
+    drop(state);
+    if pool.current_num_threads() > 1 && !spin_time().is_zero() {
+        // Every worker started (each runs this once), then polling: the first call finds
+        // them awake.
+        pool.broadcast(|_| ());
+        linger(&pool);
+    }
     pool
+}
+
+/// Each worker of `pool` (two or more) polls for work for [`spin_time`], until a call
+/// starts or the pool is replaced: rayon's `yield_now` runs any pending job of the pool (a
+/// concurrent call's work too), and between polls the core goes to any other runnable thread.
+fn linger(pool: &ThreadPool) {
+    let n = pool.current_num_threads();
+    let spin = spin_time();
+    if n < 2 || spin.is_zero() {
+        return;
+    }
+    let gen = GENERATION.load(Ordering::SeqCst);
+    let end = Instant::now() + spin;
+    // One job on each worker (a plain spawn could let one worker take two, nested, while
+    // another sleeps).
+    pool.spawn_broadcast(move |_| {
+        while GENERATION.load(Ordering::Relaxed) == gen && Instant::now() < end {
+            if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                std::thread::yield_now();
+            }
+        }
+    });
 }
 
 #[cfg(unix)]
@@ -103,7 +172,15 @@ fn register_atfork() {
 
 /// Run `f` inside the pool.
 pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    current().install(f)
+    let pool = current();
+    // Polling workers stop polling and take this call's work.
+    GENERATION.fetch_add(1, Ordering::SeqCst);
+    let start = Instant::now();
+    let r = pool.install(f);
+    if start.elapsed() >= LINGER_AFTER {
+        linger(&pool);
+    }
+    r
 }
 
 /// Test hook: panic on a worker thread of the pool (the binding proves this surfaces as an
@@ -113,4 +190,48 @@ pub fn panic_in_worker() {
     install(|| {
         rayon::join(|| (), || panic!("deliberate panic from the test hook"));
     });
+}
+
+#[cfg(test)]
+mod probe {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    /// How long the second worker of a pool of two takes to start on a call's second task,
+    /// after the pool has been idle for 0 to 100 ms: without polling (the default) and with
+    /// (`BLOCKQUANT_SPIN_MS=20`, say). A measurement, not a check:
+    /// `cargo test --release -p blockquant-core -- --ignored --nocapture wake_latency`.
+    #[test]
+    #[ignore]
+    fn wake_latency() {
+        super::set_num_threads(2);
+        let base = Instant::now();
+        let now = || base.elapsed().as_nanos() as u64;
+        println!("spin time {:?}", super::spin_time());
+        for idle_ms in [0u64, 1, 2, 5, 20, 100] {
+            let mut us = Vec::new();
+            for _ in 0..15 {
+                std::thread::sleep(Duration::from_millis(idle_ms));
+                let started = AtomicU64::new(0);
+                let t0 = now();
+                super::install(|| {
+                    rayon::join(
+                        // Wait (up to 20 ms) for the other task to start on the other worker,
+                        // so that this one cannot run it itself.
+                        || {
+                            while started.load(Ordering::Acquire) == 0 && now() - t0 < 20_000_000 {
+                                std::hint::spin_loop();
+                            }
+                        },
+                        || started.store(now(), Ordering::Release),
+                    );
+                    // Long enough for the pool to poll afterwards (LINGER_AFTER).
+                    std::thread::sleep(Duration::from_micros(200));
+                });
+                us.push(started.load(Ordering::Acquire).saturating_sub(t0) / 1000);
+            }
+            us.sort_unstable();
+            println!("idle {idle_ms:>3} ms: second worker after {us:?} µs");
+        }
+    }
 }
