@@ -463,7 +463,7 @@ pub(crate) mod x86 {
 
     /// Eight f32 to `p`: non-temporal (two 16-byte halves; `p` 16-byte aligned) or not.
     #[inline(always)]
-    unsafe fn store8<const STREAM: bool>(p: *mut f32, v: __m256) {
+    pub(crate) unsafe fn store8<const STREAM: bool>(p: *mut f32, v: __m256) {
         if STREAM {
             _mm_stream_ps(p, _mm256_castps256_ps128(v));
             _mm_stream_ps(p.add(4), _mm256_extractf128_ps::<1>(v));

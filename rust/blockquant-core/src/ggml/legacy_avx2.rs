@@ -13,6 +13,7 @@
 use std::arch::x86_64::*;
 
 use super::{prefetch, Block, GROUP, INF_BITS, PREFETCH_AHEAD};
+use crate::simd::x86::store8;
 
 /// Values a block of every legacy type.
 const BS: usize = 32;
@@ -353,15 +354,27 @@ pub(super) unsafe fn f16_run(xs: &[f32], out: &mut [u8]) -> bool {
 // portable `f16_to_f32` (F16C would quiet a signalling NaN, and numpy's cast does not).
 
 /// The dequantizing runs: each block by `$block`, which returns false for a block it leaves
-/// to the portable `decode` (compiled here for AVX2).
+/// to the portable `decode` (compiled here for AVX2). With `stream` (a large output: see
+/// `simd::x86::STREAM_MIN_BYTES`) and `out` 16-byte aligned, the stores skip the cache: every
+/// block's 32 values then start 16-byte aligned too.
 macro_rules! decode_run {
-    ($name:ident, $ty:ty, $block:expr) => {
+    ($name:ident, $ty:ty, $block:ident $(, $q5:expr)?) => {
         #[target_feature(enable = "avx2,f16c")]
-        pub(super) unsafe fn $name(blocks: &[u8], out: &mut [f32]) {
+        pub(super) unsafe fn $name(blocks: &[u8], out: &mut [f32], stream: bool) {
             type B = $ty;
-            for (b, o) in blocks.chunks_exact(B::TS).zip(out.chunks_exact_mut(B::BS)) {
-                if !$block(b.as_ptr(), o.as_mut_ptr()) {
-                    B::decode(b, o);
+            if stream && (out.as_ptr() as usize) % 16 == 0 {
+                for (b, o) in blocks.chunks_exact(B::TS).zip(out.chunks_exact_mut(B::BS)) {
+                    if !$block::<$($q5,)? true>(b.as_ptr(), o.as_mut_ptr()) {
+                        B::decode(b, o);
+                    }
+                }
+                // The non-temporal stores are weakly ordered: done before the task says so.
+                _mm_sfence();
+            } else {
+                for (b, o) in blocks.chunks_exact(B::TS).zip(out.chunks_exact_mut(B::BS)) {
+                    if !$block::<$($q5,)? false>(b.as_ptr(), o.as_mut_ptr()) {
+                        B::decode(b, o);
+                    }
                 }
             }
         }
@@ -369,10 +382,10 @@ macro_rules! decode_run {
 }
 
 decode_run!(q8_0_decode, super::legacy::Q8_0, q8_0_block);
-decode_run!(q4_0_decode, super::legacy::Q4_0, signed_block::<false>);
-decode_run!(q5_0_decode, super::legacy::Q5_0, signed_block::<true>);
-decode_run!(q4_1_decode, super::legacy::Q4_1, min_block::<false>);
-decode_run!(q5_1_decode, super::legacy::Q5_1, min_block::<true>);
+decode_run!(q4_0_decode, super::legacy::Q4_0, signed_block, false);
+decode_run!(q5_0_decode, super::legacy::Q5_0, signed_block, true);
+decode_run!(q4_1_decode, super::legacy::Q4_1, min_block, false);
+decode_run!(q5_1_decode, super::legacy::Q5_1, min_block, true);
 
 #[inline(always)]
 unsafe fn scale_at(b: *const u8) -> f32 {
@@ -380,12 +393,12 @@ unsafe fn scale_at(b: *const u8) -> f32 {
 }
 
 #[inline(always)]
-unsafe fn q8_0_block(b: *const u8, o: *mut f32) -> bool {
+unsafe fn q8_0_block<const STREAM: bool>(b: *const u8, o: *mut f32) -> bool {
     let d = _mm256_set1_ps(scale_at(b));
     for k in 0..4 {
         let q = _mm_loadl_epi64(b.add(2 + 8 * k) as *const __m128i);
         let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-        _mm256_storeu_ps(o.add(8 * k), _mm256_mul_ps(v, d));
+        store8::<STREAM>(o.add(8 * k), _mm256_mul_ps(v, d));
     }
     true
 }
@@ -424,12 +437,12 @@ unsafe fn codes<const Q5: bool>(b: *const u8) -> [__m256i; 4] {
 
 /// Q4_0 / Q5_0: d · (q − 8 or 16).
 #[inline(always)]
-unsafe fn signed_block<const Q5: bool>(b: *const u8, o: *mut f32) -> bool {
+unsafe fn signed_block<const Q5: bool, const STREAM: bool>(b: *const u8, o: *mut f32) -> bool {
     let d = _mm256_set1_ps(scale_at(b));
     let offset = _mm256_set1_epi32(if Q5 { 16 } else { 8 });
     for (k, c) in codes::<Q5>(b.add(2)).into_iter().enumerate() {
         let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(c, offset));
-        _mm256_storeu_ps(o.add(8 * k), _mm256_mul_ps(d, v));
+        store8::<STREAM>(o.add(8 * k), _mm256_mul_ps(d, v));
     }
     true
 }
@@ -437,7 +450,7 @@ unsafe fn signed_block<const Q5: bool>(b: *const u8, o: *mut f32) -> bool {
 /// Q4_1 / Q5_1: d · q + m; a block whose d or m is NaN left to the portable code, which picks
 /// the NaN numpy returns.
 #[inline(always)]
-unsafe fn min_block<const Q5: bool>(b: *const u8, o: *mut f32) -> bool {
+unsafe fn min_block<const Q5: bool, const STREAM: bool>(b: *const u8, o: *mut f32) -> bool {
     let (d, m) = (scale_at(b), scale_at(b.add(2)));
     if d.is_nan() || m.is_nan() {
         return false;
@@ -445,7 +458,7 @@ unsafe fn min_block<const Q5: bool>(b: *const u8, o: *mut f32) -> bool {
     let (d, m) = (_mm256_set1_ps(d), _mm256_set1_ps(m));
     for (k, c) in codes::<Q5>(b.add(4)).into_iter().enumerate() {
         let v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(c));
-        _mm256_storeu_ps(o.add(8 * k), _mm256_add_ps(v, m));
+        store8::<STREAM>(o.add(8 * k), _mm256_add_ps(v, m));
     }
     true
 }

@@ -344,7 +344,9 @@ trait Block: Copy + Default + Send + Sync {
 #[cfg(target_arch = "x86_64")]
 type EncodeRun = unsafe fn(&[f32], &mut [u8]) -> bool;
 #[cfg(target_arch = "x86_64")]
-type DecodeRun = unsafe fn(&[u8], &mut [f32]);
+/// A run of whole blocks: bytes in, values out, non-temporally when asked (a large output).
+#[cfg(target_arch = "x86_64")]
+type DecodeRun = unsafe fn(&[u8], &mut [f32], bool);
 
 fn encode_all<B: Block>(x: Input<'_>, out: &mut [u8]) -> bool {
     let blocks_per_task = (TASK_VALUES / B::BS).max(1);
@@ -425,20 +427,26 @@ fn prefetch(p: *const f32, len: usize) {
 
 fn decode_all<B: Block>(blocks: &[u8], out: &mut [f32]) {
     let blocks_per_task = (TASK_VALUES / B::BS).max(1);
+    #[cfg(target_arch = "x86_64")]
+    let stream = out.len() * 4 >= crate::simd::x86::STREAM_MIN_BYTES;
+    #[cfg(not(target_arch = "x86_64"))]
+    let stream = false;
     out.par_chunks_mut(blocks_per_task * B::BS)
         .zip(blocks.par_chunks(blocks_per_task * B::TS))
-        .for_each(|(o, b)| decode_run_best::<B>(b, o));
+        .for_each(|(o, b)| decode_run_best::<B>(b, o, stream));
 }
 
-/// The type's hand-written AVX2 run where it has one and the CPU runs it, else [`decode_run`].
-fn decode_run_best<B: Block>(blocks: &[u8], out: &mut [f32]) {
+/// The type's hand-written AVX2 run where it has one and the CPU runs it (its stores
+/// non-temporal with `stream`), else [`decode_run`].
+fn decode_run_best<B: Block>(blocks: &[u8], out: &mut [f32], stream: bool) {
     #[cfg(target_arch = "x86_64")]
     if let Some(run) = B::DECODE_AVX2 {
         if crate::simd::has_avx2() && crate::simd::has_f16c() {
             // SAFETY: the CPU has AVX2 and F16C, checked just above.
-            return unsafe { run(blocks, out) };
+            return unsafe { run(blocks, out, stream) };
         }
     }
+    let _ = stream;
     decode_run(B::default(), blocks, out)
 }
 

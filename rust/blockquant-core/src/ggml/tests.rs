@@ -397,11 +397,29 @@ fn avx2_runs_match_portable_runs() {
         let (mut fa, mut fb) = (vec![0f32; n], vec![1f32; n]);
         let mut fc = vec![2f32; n];
         decode_run(B::default(), &bytes, &mut fa);
-        decode_run_best::<B>(&bytes, &mut fc);
+        decode_run_best::<B>(&bytes, &mut fc, false);
         decode_run_portable(B::default(), &bytes, &mut fb);
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&fa), bits(&fb), "{ty} dequantize");
         assert_eq!(bits(&fc), bits(&fb), "{ty} dequantize");
+        // The non-temporal stores of a large output: the same values, and none past the end
+        // (a Vec<f32> is 16-byte aligned here in practice; an unaligned one takes the cached
+        // stores, also checked).
+        let mut fd = vec![3f32; n + 1];
+        decode_run_best::<B>(&bytes, &mut fd[..n], true);
+        assert_eq!(bits(&fd[..n]), bits(&fb), "{ty} dequantize, streamed");
+        assert_eq!(fd[n], 3.0, "{ty} dequantize, streamed: past the end");
+        let mut fe = vec![4f32; n + 1];
+        decode_run_best::<B>(&bytes, &mut fe[1..], true);
+        assert_eq!(
+            bits(&fe[1..]),
+            bits(&fb),
+            "{ty} dequantize, streamed, unaligned"
+        );
+        assert_eq!(
+            fe[0], 4.0,
+            "{ty} dequantize, streamed, unaligned: before the start"
+        );
     }
     let mut rng = Rng::new(14);
     check::<F32>(GgmlType::F32, &mut rng);
