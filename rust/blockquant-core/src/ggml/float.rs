@@ -67,6 +67,7 @@ impl Block for F16 {
 
 /// Round to nearest even on the bits, as gguf-py (and ggml's `ggml_compute_fp32_to_bf16`) do.
 impl Block for BF16 {
+    const STREAMS: bool = true;
     const BS: usize = 1;
     const TS: usize = 2;
     #[inline(always)]

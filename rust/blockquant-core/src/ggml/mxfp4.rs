@@ -69,6 +69,7 @@ pub(super) fn e8m0_half(e: u8) -> f32 {
 /// d is a power of two) picks the same code. Where d·8 overflows (amax rounds to 2^128) the
 /// codes 8 and 12 have an infinite error and are never picked.
 impl Block for MXFP4 {
+    const STREAMS: bool = true;
     const BS: usize = 32;
     const TS: usize = 17;
     #[inline(always)]

@@ -42,6 +42,7 @@ const POW3: [u32; 5] = [81, 27, 9, 3, 1];
 /// 256 values: bytes 0..32 hold values k·32 + m (k = 0..5), bytes 32..48 values 160 + k·16 + m,
 /// bytes 48..52 values 240 + k·4 + m (four trits), then f16(d).
 impl Block for TQ1_0 {
+    const STREAMS: bool = true;
     const BS: usize = 256;
     const TS: usize = 54;
     #[inline(always)]
@@ -89,6 +90,7 @@ impl Block for TQ1_0 {
 /// 256 values, four 2-bit codes a byte: value j·128 + k·32 + m in byte j·32 + m at bit 2k;
 /// then f16(d).
 impl Block for TQ2_0 {
+    const STREAMS: bool = true;
     const BS: usize = 256;
     const TS: usize = 66;
     #[inline(always)]

@@ -565,3 +565,32 @@ fn names_and_ids_round_trip() {
     assert_eq!(GgmlType::from_name("q8_0"), None);
     assert_eq!(GgmlType::from_id(16), None); // IQ2_XXS
 }
+
+/// The k-quants' dequantize into a large output (the cached stores: `Block::STREAMS` is
+/// false for them) against the portable decode, bit for bit, on random bytes: 16-byte
+/// aligned and not, a run ending short of a buffer's worth. (The types that stream are
+/// checked in `avx2_runs_match_portable_runs`.)
+#[test]
+fn large_output_decode_matches_portable_for_k_quants() {
+    fn check<B: Block>(rng: &mut Rng) {
+        for nb in [64, 9] {
+            let bytes: Vec<u8> = (0..nb * B::TS).map(|_| rng.byte()).collect();
+            let n = nb * B::BS;
+            let mut want = vec![0f32; n];
+            decode_run_portable(B::default(), &bytes, &mut want);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            for at in [0, 1] {
+                let mut got = vec![5f32; n + 2];
+                decode_run_best::<B>(&bytes, &mut got[at..at + n], true);
+                assert_eq!(bits(&got[at..at + n]), bits(&want), "{nb} blocks at {at}");
+                assert!(got[..at].iter().chain(&got[at + n..]).all(|&v| v == 5.0));
+            }
+        }
+    }
+    let mut rng = Rng::new(15);
+    check::<kquants::Q2_K>(&mut rng);
+    check::<kquants::Q3_K>(&mut rng);
+    check::<kquants::Q4_K>(&mut rng);
+    check::<kquants::Q5_K>(&mut rng);
+    check::<kquants::Q6_K>(&mut rng);
+}
