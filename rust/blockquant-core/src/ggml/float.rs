@@ -63,11 +63,12 @@ impl Block for F16 {
     fn decode(b: &[u8], out: &mut [f32]) {
         out[0] = f16_value(b);
     }
+    #[cfg(target_arch = "x86_64")]
+    const DECODE_AVX2: Option<super::DecodeRun> = Some(super::legacy_avx2::f16_decode);
 }
 
 /// Round to nearest even on the bits, as gguf-py (and ggml's `ggml_compute_fp32_to_bf16`) do.
 impl Block for BF16 {
-    const STREAMS: bool = true;
     const BS: usize = 1;
     const TS: usize = 2;
     #[inline(always)]
@@ -80,6 +81,8 @@ impl Block for BF16 {
     fn decode(b: &[u8], out: &mut [f32]) {
         out[0] = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16);
     }
+    #[cfg(target_arch = "x86_64")]
+    const DECODE_AVX2: Option<super::DecodeRun> = Some(super::legacy_avx2::bf16_decode);
 }
 
 /// Round to nearest even on the bits (finite values; a NaN or infinity is refused before it is

@@ -340,10 +340,10 @@ trait Block: Copy + Default + Send + Sync {
     const DECODE_AVX2: Option<DecodeRun> = None;
     /// Whether a large output without [`Block::DECODE_AVX2`] goes through
     /// [`decode_run_streamed`]: for the types it made faster (16 Mi values into `out=`, 1
-    /// thread, 3 interleaved A/B runs: BF16 8.7-9.1 -> 7.3-7.8 ms, MXFP4 8.6-9.3 -> 6.7-7.4,
-    /// TQ1_0 9.8-10.5 -> 4.9-5.7, TQ2_0 8.4-9.0 -> 4.6-5.5). F16 and F32 (a copy: the buffer
-    /// is an extra pass) and Q6_K came out slower, the other k-quants (bound by their
-    /// arithmetic) the same.
+    /// thread, 3 interleaved A/B runs: MXFP4 8.6-9.3 -> 6.7-7.4 ms, TQ1_0 9.8-10.5 -> 4.9-5.7,
+    /// TQ2_0 8.4-9.0 -> 4.6-5.5). F32 (a copy: the buffer is an extra pass) and Q6_K came out
+    /// slower, the other k-quants (bound by their arithmetic) the same. (F16 and BF16 have
+    /// runs of their own now.)
     const STREAMS: bool = false;
 }
 
