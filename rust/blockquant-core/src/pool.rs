@@ -115,7 +115,7 @@ fn current() -> Arc<ThreadPool> {
         pid,
     });
     drop(state);
-    if pool.current_num_threads() > 1 && !spin_time().is_zero() {
+    if polls(&pool) {
         // Every worker started (each runs this once), then polling: the first call finds
         // them awake.
         pool.broadcast(|_| ());
@@ -124,17 +124,18 @@ fn current() -> Arc<ThreadPool> {
     pool
 }
 
-/// Each worker of `pool` (two or more) polls for work for [`spin_time`], until a call
+/// Whether `pool`'s workers poll for work after a call: two or more of them, and a
+/// [`spin_time`].
+fn polls(pool: &ThreadPool) -> bool {
+    pool.current_num_threads() > 1 && !spin_time().is_zero()
+}
+
+/// Each worker of `pool` (one that [`polls`]) polls for work for [`spin_time`], until a call
 /// starts or the pool is replaced: rayon's `yield_now` runs any pending job of the pool (a
 /// concurrent call's work too), and between polls the core goes to any other runnable thread.
 fn linger(pool: &ThreadPool) {
-    let n = pool.current_num_threads();
-    let spin = spin_time();
-    if n < 2 || spin.is_zero() {
-        return;
-    }
     let gen = GENERATION.load(Ordering::SeqCst);
-    let end = Instant::now() + spin;
+    let end = Instant::now() + spin_time();
     // One job on each worker (a plain spawn could let one worker take two, nested, while
     // another sleeps).
     pool.spawn_broadcast(move |_| {
@@ -177,7 +178,7 @@ pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     GENERATION.fetch_add(1, Ordering::SeqCst);
     let start = Instant::now();
     let r = pool.install(f);
-    if start.elapsed() >= LINGER_AFTER {
+    if polls(&pool) && start.elapsed() >= LINGER_AFTER {
         linger(&pool);
     }
     r

@@ -361,21 +361,21 @@ macro_rules! decode_run {
     ($name:ident, $ty:ty, $block:ident $(, $q5:expr)?) => {
         #[target_feature(enable = "avx2,f16c")]
         pub(super) unsafe fn $name(blocks: &[u8], out: &mut [f32], stream: bool) {
-            type B = $ty;
-            if stream && (out.as_ptr() as usize) % 16 == 0 {
+            #[inline(always)]
+            unsafe fn each<const STREAM: bool>(blocks: &[u8], out: &mut [f32]) {
+                type B = $ty;
                 for (b, o) in blocks.chunks_exact(B::TS).zip(out.chunks_exact_mut(B::BS)) {
-                    if !$block::<$($q5,)? true>(b.as_ptr(), o.as_mut_ptr()) {
+                    if !$block::<$($q5,)? STREAM>(b.as_ptr(), o.as_mut_ptr()) {
                         B::decode(b, o);
                     }
                 }
+            }
+            if stream && (out.as_ptr() as usize) % 16 == 0 {
+                each::<true>(blocks, out);
                 // The non-temporal stores are weakly ordered: done before the task says so.
                 _mm_sfence();
             } else {
-                for (b, o) in blocks.chunks_exact(B::TS).zip(out.chunks_exact_mut(B::BS)) {
-                    if !$block::<$($q5,)? false>(b.as_ptr(), o.as_mut_ptr()) {
-                        B::decode(b, o);
-                    }
-                }
+                each::<false>(blocks, out);
             }
         }
     };
@@ -468,25 +468,27 @@ unsafe fn min_block<const Q5: bool, const STREAM: bool>(b: *const u8, o: *mut f3
 /// values with a NaN among them: F16C would quiet a signalling NaN, which numpy's cast keeps,
 /// so those take the portable conversion.
 macro_rules! half_decode {
-    ($name:ident, $bf16:expr) => {
+    ($name:ident, $ty:ty, $bf16:expr) => {
         #[target_feature(enable = "avx2,f16c")]
         pub(super) unsafe fn $name(blocks: &[u8], out: &mut [f32], stream: bool) {
             if stream && (out.as_ptr() as usize) % 16 == 0 {
-                half_run::<$bf16, true>(blocks, out);
+                half_run::<$ty, $bf16, true>(blocks, out);
                 // The non-temporal stores are weakly ordered: done before the task says so.
                 _mm_sfence();
             } else {
-                half_run::<$bf16, false>(blocks, out);
+                half_run::<$ty, $bf16, false>(blocks, out);
             }
         }
     };
 }
 
-half_decode!(f16_decode, false);
-half_decode!(bf16_decode, true);
+half_decode!(f16_decode, super::float::F16, false);
+half_decode!(bf16_decode, super::float::BF16, true);
 
+/// Values of `B` (F16 or BF16, as `BF16` says) eight a step; NaN groups and the tail by
+/// `B::decode`, one value at a time.
 #[inline(always)]
-unsafe fn half_run<const BF16: bool, const STREAM: bool>(blocks: &[u8], out: &mut [f32]) {
+unsafe fn half_run<B: Block, const BF16: bool, const STREAM: bool>(blocks: &[u8], out: &mut [f32]) {
     let n = out.len();
     assert_eq!(blocks.len(), 2 * n, "two bytes a value");
     let full = n / 8 * 8;
@@ -500,8 +502,10 @@ unsafe fn half_run<const BF16: bool, const STREAM: bool>(blocks: &[u8], out: &mu
         } else {
             let mag = _mm_and_si128(h, _mm_set1_epi16(0x7FFF));
             if _mm_movemask_epi8(_mm_cmpgt_epi16(mag, _mm_set1_epi16(0x7C00))) != 0 {
-                for j in i..i + 8 {
-                    *dst.add(j) = super::float::f16_value(&blocks[2 * j..2 * j + 2]);
+                // Through `dst` (not a new borrow of `out`, which the stores still use).
+                let group = std::slice::from_raw_parts_mut(dst.add(i), 8);
+                for (j, o) in (i..i + 8).zip(group.chunks_exact_mut(1)) {
+                    B::decode(&blocks[2 * j..2 * j + 2], o);
                 }
                 i += 8;
                 continue;
@@ -512,12 +516,7 @@ unsafe fn half_run<const BF16: bool, const STREAM: bool>(blocks: &[u8], out: &mu
         i += 8;
     }
     for j in full..n {
-        let b = &blocks[2 * j..2 * j + 2];
-        out[j] = if BF16 {
-            f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)
-        } else {
-            super::float::f16_value(b)
-        };
+        B::decode(&blocks[2 * j..2 * j + 2], &mut out[j..j + 1]);
     }
 }
 
