@@ -231,3 +231,64 @@ def test_large_non_f32_input_spans_many_pieces():
         for scheme in (bq.presets.int8(), bq.presets.mxfp4(), bq.presets.nvfp4()):
             xd = x.astype(dt)
             assert bq.quantize(xd, scheme).to_bytes() == bq.quantize(xd.astype(np.float32), scheme).to_bytes()
+
+
+def _near_half_multiples(rng, scales: np.ndarray, qmax: int) -> np.ndarray:
+    """For each scale s, a value within 3 ulps of (k + 1/2)·s, k + 1/2 inside ±qmax."""
+    k = rng.integers(-qmax, qmax, scales.shape) + 0.5
+    x = (k * scales.astype(np.float64)).astype(np.float32)
+    nudge = rng.integers(-3, 4, scales.shape).astype(np.int32)
+    return (x.view(np.int32) + nudge).view(np.float32)
+
+
+def _product_misses(x: np.ndarray, e: np.ndarray) -> int:
+    """How many values x·f32(1/e) rounds to another integer than x/e: the data must hold
+    some, or a kernel multiplying by the reciprocal would pass unnoticed."""
+    q_div = x / e
+    q_mul = x * (np.float32(1) / e)
+    away = lambda q: np.trunc(q + np.copysign(np.float32(0.5), q))  # noqa: E731
+    return int(np.count_nonzero(away(q_div) != away(q_mul)))
+
+
+@pytest.mark.parametrize("value", [QuantValue.Q8S, QuantValue.Q8F, QuantValue.Q4S, QuantValue.Q2F])
+@pytest.mark.parametrize("rounding", ["half_away", "half_even"])
+def test_near_ties_with_scales_whose_reciprocal_rounds(value, rounding):
+    """The kernels divide integer codes by a scale as a multiply by its rounded reciprocal,
+    checked near each rounding boundary: values a few ulps from the half-integer multiples of
+    scales that are not powers of two (given per tensor, given per block, and computed per
+    block from each block's largest value) quantize as the reference's division."""
+    rng = np.random.default_rng(21)
+    qmax = {QuantValue.Q8S: 127, QuantValue.Q8F: 127, QuantValue.Q4S: 7, QuantValue.Q2F: 1}[value]
+    misses = 0
+    # Per tensor, one scale given: a long run.
+    for scale in (7.0, 4.5 / 127, 0.0123, 3.1e-20):
+        s = QuantScheme(value, QuantStore.Native)
+        e = np.float32(scale)
+        x = _near_half_multiples(rng, np.full((8, 300), e, np.float32), qmax)
+        misses += _product_misses(x, np.full(x.shape, e))
+        kw = dict(rounding=rounding, scales=[scale])
+        assert_same(ref.quantize(x, s, **kw), bq.quantize(x, s, **kw))
+    # Per block of 32, f32 scales given (random, not powers of two).
+    s = QuantScheme(value, QuantStore.Native).per_block([32], ScaleDtype.F32)
+    grid = (np.exp2(rng.uniform(-30, 30, (16, 8))) * 1.37).astype(np.float32)
+    e = np.repeat(grid, 32, axis=1)
+    x = _near_half_multiples(rng, e, qmax)
+    misses += _product_misses(x, e)
+    kw = dict(rounding=rounding, scales=grid)
+    assert_same(ref.quantize(x, s, **kw), bq.quantize(x, s, **kw))
+    # Per block of 32 and 16, f16 scales from the data: each block's first value its largest.
+    for block in (32, 16):
+        s = QuantScheme(value, QuantStore.Native).per_block([block], ScaleDtype.F16)
+        grid = (16, 512 // block)
+        tops = (np.exp2(rng.integers(-10, 10, grid)) * rng.uniform(1, 1.9, grid)).astype(np.float32)
+        x = np.zeros((16, 512), np.float32)
+        x[:, ::block] = tops
+        e = np.repeat(bq.quantize(x, s, rounding=rounding).scales.astype(np.float32), block, axis=1)
+        near = _near_half_multiples(rng, e, qmax)
+        keep = (np.abs(near) < np.repeat(tops, block, axis=1)) & (np.arange(512) % block != 0)
+        x = np.where(keep, near, x)
+        misses += _product_misses(x, e)
+        got = bq.quantize(x, s, rounding=rounding)
+        np.testing.assert_array_equal(got.scales.astype(np.float32), e[:, ::block])
+        assert_same(ref.quantize(x, s, rounding=rounding), got)
+    assert misses > 50

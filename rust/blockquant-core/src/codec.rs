@@ -56,6 +56,20 @@ pub trait Encode: Copy + Send + Sync {
     unsafe fn encode8_in_range(&self, q: __m256) -> __m256i {
         self.encode8(q)
     }
+
+    /// `[qmin, qmax]` of integer codes within [-128, 127], whose rounding boundaries are the
+    /// half-integers (ties to even or away: the two agree off the boundaries); None for other
+    /// codes. The kernels then may divide by a scale as a multiply by its rounded reciprocal,
+    /// checked (`simd::x86::int_codes8_recip`).
+    #[inline(always)]
+    fn int_range(&self) -> Option<(f32, f32)> {
+        None
+    }
+}
+
+/// [`Encode::int_range`] of integer codes in `[qmin, qmax]`.
+fn int_range(qmin: f32, qmax: f32) -> Option<(f32, f32)> {
+    (qmin >= -128.0 && qmax <= 127.0).then_some((qmin, qmax))
 }
 
 /// [`Encode::unclamped_below`] of integer codes in `[qmin, qmax]`.
@@ -115,6 +129,11 @@ impl Encode for IntHalfAway {
         int_unclamped_below(self.qmin, self.qmax)
     }
 
+    #[inline(always)]
+    fn int_range(&self) -> Option<(f32, f32)> {
+        int_range(self.qmin, self.qmax)
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn encode8_in_range(&self, v: __m256) -> __m256i {
@@ -165,6 +184,11 @@ impl Encode for IntHalfEven {
     #[inline(always)]
     fn unclamped_below(&self) -> Option<f32> {
         int_unclamped_below(self.qmin, self.qmax)
+    }
+
+    #[inline(always)]
+    fn int_range(&self) -> Option<(f32, f32)> {
+        int_range(self.qmin, self.qmax)
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -156,6 +156,15 @@ unsafe fn group_fast<C: Encode, const V: usize>(
         _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(top, _mm256_set1_ps(b))) == 0xFF
     });
     let (mul, d) = x86::divisor_lanes(e);
+    if let (false, Some(range), true) = (mul, codec.int_range(), x86::checked_reciprocal_lanes(e)) {
+        let r = _mm256_div_ps(_mm256_set1_ps(1.0), e);
+        if in_range {
+            encode_8blocks_recip::<C, V, true>(codec, x0, e, r, range, o0, stream);
+        } else {
+            encode_8blocks_recip::<C, V, false>(codec, x0, e, r, range, o0, stream);
+        }
+        return true;
+    }
     match (mul, in_range) {
         (true, true) => encode_8blocks::<C, V, true, true>(codec, x0, d, o0, stream),
         (true, false) => encode_8blocks::<C, V, true, false>(codec, x0, d, o0, stream),
@@ -216,6 +225,71 @@ pub(crate) unsafe fn encode_8blocks<
                 _mm_stream_si128(o as *mut __m128i, _mm256_castsi256_si128(bytes));
             } else {
                 _mm_storeu_si128(o as *mut __m128i, _mm256_castsi256_si128(bytes));
+            }
+        }
+    }
+}
+
+/// [`encode_8blocks`] of integer codes with division by the lanes of `e`, computed as the
+/// checked multiply by their reciprocals `r` ([`x86::int_codes8_recip`]): a block with a
+/// flagged value is encoded by the division instead.
+#[inline(always)]
+unsafe fn encode_8blocks_recip<C: Encode, const V: usize, const IN_RANGE: bool>(
+    codec: C,
+    x0: *const f32,
+    e: __m256,
+    r: __m256,
+    (lo, hi): (f32, f32),
+    o0: *mut u8,
+    stream: bool,
+) {
+    let (mut es, mut rs) = ([0.0f32; 8], [0.0f32; 8]);
+    _mm256_storeu_ps(es.as_mut_ptr(), e);
+    _mm256_storeu_ps(rs.as_mut_ptr(), r);
+    let (lov, hiv) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for j in 0..8 {
+        let rv = _mm256_set1_ps(rs[j]);
+        let (x, o) = (x0.add(j * 8 * V), o0.add(j * 8 * V));
+        let mut near = _mm256_set1_epi32(-1);
+        let (mut v, mut c) = ([_mm256_setzero_ps(); V], [_mm256_setzero_si256(); V]);
+        for t in 0..V {
+            v[t] = _mm256_loadu_ps(x.add(8 * t));
+            c[t] = x86::int_codes8_recip::<IN_RANGE>(v[t], rv, lov, hiv, &mut near);
+        }
+        let flagged = x86::recip_was_near(near);
+        if flagged {
+            let ev = _mm256_set1_ps(es[j]);
+            for t in 0..V {
+                let q = _mm256_div_ps(v[t], ev);
+                c[t] = if IN_RANGE {
+                    codec.encode8_in_range(q)
+                } else {
+                    codec.encode8(q)
+                };
+            }
+        }
+        if V == 4 {
+            let bytes = if flagged {
+                let ab = _mm256_packus_epi32(c[0], c[1]);
+                let cd = _mm256_packus_epi32(c[V - 2], c[V - 1]);
+                _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order)
+            } else {
+                x86::recip_bytes32(c[0], c[1], c[V - 2], c[V - 1])
+            };
+            x86::store32(o, bytes, stream);
+        } else {
+            let bytes = if flagged {
+                let ab = _mm256_packus_epi32(c[0], c[1]);
+                let b = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, ab), order);
+                _mm256_castsi256_si128(b)
+            } else {
+                x86::recip_bytes16(c[0], c[1])
+            };
+            if stream {
+                _mm_stream_si128(o as *mut __m128i, bytes);
+            } else {
+                _mm_storeu_si128(o as *mut __m128i, bytes);
             }
         }
     }

@@ -1794,6 +1794,166 @@ pub(crate) mod tests {
         }
     }
 
+    /// A value a few ulps either side of a half-integer multiple of `e` within the code range
+    /// of `value`: where the product by a rounded reciprocal of `e` and the division by it can
+    /// round to different codes.
+    fn near_tie(rng: &mut Rng, value: QuantValue, e: f32) -> f32 {
+        let (_, qmin, qmax, _) = oracle::spec(value);
+        let k = qmin + rng.below((qmax - qmin) as usize) as f64 + 0.5;
+        let x = (k * e as f64) as f32;
+        let x = f32::from_bits((x.to_bits() as i32 + rng.below(7) as i32 - 3) as u32);
+        // Past f32's range (the largest scales): the scale itself.
+        if x.is_finite() {
+            x
+        } else {
+            e
+        }
+    }
+
+    /// How many of `x` (all against `e`) the reciprocal's product would code differently
+    /// from the division: the data must hold some for the tests below to mean anything.
+    fn product_misses(value: QuantValue, rounding: Rounding, x: &[f32], e: &[f32]) -> usize {
+        let one = |x: f32, e: f32| {
+            let r = 1.0 / e;
+            // A subnormal scale's reciprocal is infinite: the kernels divide then.
+            let misses = r.is_finite()
+                && oracle::encode(value, rounding, x * r)
+                    != oracle::quantize_one(value, rounding, x, e);
+            misses as usize
+        };
+        x.iter().zip(e).map(|(&x, &e)| one(x, e)).sum()
+    }
+
+    const INTS: [QuantValue; 6] = [
+        QuantValue::Q8S,
+        QuantValue::Q8F,
+        QuantValue::Q4S,
+        QuantValue::Q4F,
+        QuantValue::Q2S,
+        QuantValue::Q2F,
+    ];
+
+    /// Integer codes divide by a scale as a checked multiply by its reciprocal
+    /// (`simd::x86::int_codes8_recip`); values at the edge of a rounding boundary fall back to
+    /// the division. Given scales (float16, f32 from tiny to 2^118, subnormal, past 2^126) on
+    /// runs short and long, per tensor and per block, each rounding: the division's codes.
+    #[test]
+    fn near_ties_take_the_divisions_codes_with_given_scales() {
+        let mut rng = Rng::new(16);
+        let mut misses = 0;
+        for value in INTS {
+            for rounding in [Rounding::HalfAway, Rounding::HalfEven] {
+                for (block, shape) in [(None, &[4099usize][..]), (Some(64), &[8, 64][..])] {
+                    let plain = QuantScheme::default().with_value(value);
+                    let scheme = match block {
+                        Some(b) => plain.per_block(&[b], ScaleDtype::F32).unwrap(),
+                        None => plain,
+                    };
+                    let layout = Layout::new(&scheme, shape).unwrap();
+                    let scale = |rng: &mut Rng| match rng.below(5) {
+                        0 | 1 => half::f16::from_bits(1 + rng.below(0x7BFF) as u16).to_f32(),
+                        2 => f32::from_bits(0x0080_0000 + rng.below(0x7600_0000) as u32),
+                        3 => f32::from_bits(1 + rng.below(0x007F_FFFF) as u32),
+                        _ => f32::from_bits(0x7E00_0000 + rng.below(0x0100_0000) as u32),
+                    };
+                    for _ in 0..8 {
+                        let eff: Vec<f32> =
+                            (0..layout.num_scales).map(|_| scale(&mut rng)).collect();
+                        let n = layout.num_elements;
+                        let e: Vec<f32> = (0..n).map(|f| eff[grid_index(&layout, f)]).collect();
+                        let x: Vec<f32> = e.iter().map(|&e| near_tie(&mut rng, value, e)).collect();
+                        misses += product_misses(value, rounding, &x, &e);
+                        let mut w = Words::new(&layout);
+                        encode_values(Input::F32(&x), &layout, &eff, rounding, w.as_mut()).unwrap();
+                        let mut y = vec![0.0f32; n];
+                        dequantize(&layout, w.as_ref(), &eff, Output::F32(&mut y));
+                        let mask = (1u32 << value.bits()) - 1;
+                        for f in 0..n {
+                            let q = oracle::quantize_one(value, rounding, x[f], e[f]);
+                            let want = oracle::dequantize_one(value, q as u32 & mask, e[f]);
+                            assert_eq!(
+                                y[f].to_bits(),
+                                want.to_bits(),
+                                "{scheme} {rounding:?} x[{f}] = {:e}, e = {:e}",
+                                x[f],
+                                e[f]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            misses > 1000,
+            "only {misses} values where the product misses"
+        );
+    }
+
+    /// The one-pass kernel's blocks of 16 and 32 (eight at a time) with scales from the data:
+    /// each block's largest value sets its scale, the others lie at the edge of a rounding
+    /// boundary of that scale; the division's codes.
+    #[test]
+    fn near_ties_take_the_divisions_codes_in_one_pass() {
+        let mut rng = Rng::new(17);
+        let mut misses = 0;
+        for value in INTS {
+            for bc in [16, 32] {
+                for dtype in [ScaleDtype::F16, ScaleDtype::F32, ScaleDtype::BF16] {
+                    for rounding in [Rounding::HalfAway, Rounding::HalfEven] {
+                        let scheme = one_level(value, QuantStore::Native, bc, dtype);
+                        let layout = Layout::new(&scheme, &[8, 512]).unwrap();
+                        let opts = QuantizeOptions {
+                            calibration: Calibration::MinMax,
+                            rounding,
+                            scale_rounding: rng.pick(&[ScaleRounding::Up, ScaleRounding::Nearest]),
+                        };
+                        let n = layout.num_elements;
+                        // Each block's first value its largest, 2^-20 to 2^20.
+                        let tops: Vec<f32> = (0..n / bc)
+                            .map(|_| {
+                                2f32.powi(rng.below(41) as i32 - 20) * (1.0 + rng.unit() / 2.0)
+                            })
+                            .collect();
+                        let mut x: Vec<f32> = (0..n)
+                            .map(|f| if f % bc == 0 { tops[f / bc] } else { 0.0 })
+                            .collect();
+                        let mut w = Words::new(&layout);
+                        let first =
+                            quantize(Input::F32(&x), &layout, &opts, None, w.as_mut()).unwrap();
+                        let eff = first.effective().to_vec();
+                        let e: Vec<f32> = (0..n).map(|f| eff[f / bc]).collect();
+                        for f in (0..n).filter(|f| f % bc != 0) {
+                            let v = near_tie(&mut rng, value, e[f]);
+                            x[f] = if v.abs() < tops[f / bc] { v } else { 0.0 };
+                        }
+                        misses += product_misses(value, rounding, &x, &e);
+                        let scales =
+                            quantize(Input::F32(&x), &layout, &opts, None, w.as_mut()).unwrap();
+                        assert_eq!(scales.effective(), &eff[..], "{scheme}: the scales moved");
+                        let mut y = vec![0.0f32; n];
+                        dequantize(&layout, w.as_ref(), &eff, Output::F32(&mut y));
+                        let mask = (1u32 << value.bits()) - 1;
+                        for f in 0..n {
+                            let q = oracle::quantize_one(value, rounding, x[f], e[f]);
+                            let want = oracle::dequantize_one(value, q as u32 & mask, e[f]);
+                            assert_eq!(
+                                y[f].to_bits(),
+                                want.to_bits(),
+                                "{scheme} {opts:?} x[{f}] = {:e}, e = {:e}",
+                                x[f],
+                                e[f]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            misses > 1000,
+            "only {misses} values where the product misses"
+        );
+    }
+
     /// The float16 check eight at a time against `is_representable` one at a time: a bad
     /// scale (NaN, ±inf, negative, between two float16 values) at every position of a group,
     /// among good ones (0, −0, subnormals, 65504).

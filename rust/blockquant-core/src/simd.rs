@@ -58,6 +58,16 @@ pub(crate) fn exact_reciprocal(e: f32) -> Option<f32> {
     (b & 0x807F_FFFF == 0 && (1..=254).contains(&exp)).then(|| 1.0 / e)
 }
 
+/// The reciprocal of a scale for the checked multiply of integer codes
+/// ([`x86::int_codes8_recip`]): `e` positive, normal and below 2^126, so that 1 / e is a normal
+/// f32 (within 2^-24 of its value, relatively) and no product by it loses more than that.
+#[inline(always)]
+pub(crate) fn checked_reciprocal(e: f32) -> Option<f32> {
+    (0x0080_0000..0x7E00_0000)
+        .contains(&e.to_bits())
+        .then(|| 1.0 / e)
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
     //! Hand-written AVX2 kernels: left to itself the compiler turns a block's division,
@@ -359,6 +369,88 @@ pub(crate) mod x86 {
                 _mm256_cmpgt_epi32(_mm256_set1_epi32(255), exp),
             ),
         )
+    }
+
+    /// [`super::checked_reciprocal`]'s test in lanes: whether every lane of `e` has one.
+    #[inline(always)]
+    pub(crate) unsafe fn checked_reciprocal_lanes(e: __m256) -> bool {
+        let b = _mm256_castps_si256(e);
+        let ok = _mm256_and_si256(
+            _mm256_cmpgt_epi32(b, _mm256_set1_epi32(0x007F_FFFF)),
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7E00_0000), b),
+        );
+        _mm256_movemask_epi8(ok) == -1
+    }
+
+    /// Integer codes of eight values `v` divided by a scale e, computed as `v · r` with
+    /// r = 1 / e rounded ([`super::checked_reciprocal`]), clamped to `[lo, hi]` ⊂ [-128, 127]
+    /// unless `IN_RANGE` (every |v / e| below `Encode::unclamped_below`), rounded to nearest.
+    ///
+    /// Why this is the division's code: the product q is within 2^-16 of v / e for |v / e| ≤ 128
+    /// (two roundings of 2^-24 relative), the correctly rounded quotient within 2^-18 of it,
+    /// so the two lie within 2^-15 of each other, as do their clamps (the clamp bounds are
+    /// integers and a clamp never moves two points apart); past 128 both clamp. They round to
+    /// the same integer unless a half-integer lies between them, so a lane whose q is
+    /// within 2.5 · 2^-15 of one is flagged: `near` takes the minimum of each lane's distance
+    /// measure, and [`recip_was_near`] says whether any lane was flagged. The caller then
+    /// encodes those values by the division; a flagged lane's code is not to be used.
+    ///
+    /// The rounding: q + 384 lies in [256, 512), where an f32's step is 2^-15, so the add
+    /// rounds q to 15 fraction bits, held in the low 15 bits of the pattern (f: the fraction
+    /// times 2^15) above the integer 256 + 128 + q. Adding 0x4002 carries into bit 15 exactly
+    /// when f ≥ 0x3FFE; off the flagged f in [0x3FFE, 0x4002] (whose low bits after the add
+    /// are 0..=4) that is rounding to nearest. The lane's result, the pattern shifted down
+    /// by 15, is 135 · 256 + 128 + round(q): [`recip_bytes32`] takes the codes from there.
+    #[inline(always)]
+    pub(crate) unsafe fn int_codes8_recip<const IN_RANGE: bool>(
+        v: __m256,
+        r: __m256,
+        lo: __m256,
+        hi: __m256,
+        near: &mut __m256i,
+    ) -> __m256i {
+        let mut q = _mm256_mul_ps(v, r);
+        if !IN_RANGE {
+            // `max` takes lo for a NaN, as the codecs' clamp does.
+            q = _mm256_min_ps(_mm256_max_ps(q, lo), hi);
+        }
+        let m = _mm256_castps_si256(_mm256_add_ps(q, _mm256_set1_ps(384.0)));
+        let t = _mm256_add_epi32(m, _mm256_set1_epi32(0x4002));
+        *near = _mm256_min_epu32(*near, _mm256_and_si256(t, _mm256_set1_epi32(0x7FFF)));
+        _mm256_srli_epi32::<15>(t)
+    }
+
+    /// Whether [`int_codes8_recip`] flagged a lane since `near` was all ones.
+    #[inline(always)]
+    pub(crate) unsafe fn recip_was_near(near: __m256i) -> bool {
+        let flagged = _mm256_cmpgt_epi32(_mm256_set1_epi32(5), near);
+        _mm256_movemask_epi8(flagged) != 0
+    }
+
+    /// The 32 code bytes, in order, of four [`int_codes8_recip`] results (of a, b, c, d
+    /// values in turn): the words 135 · 256 + 128 + round(q) less 135 · 256 + 128 are the
+    /// codes as i16, which the signed pack keeps (all within [-128, 127]).
+    #[inline(always)]
+    pub(crate) unsafe fn recip_bytes32(a: __m256i, b: __m256i, c: __m256i, d: __m256i) -> __m256i {
+        let base = _mm256_set1_epi16((135 * 256 + 128) as i16);
+        let ab = _mm256_sub_epi16(_mm256_packus_epi32(a, b), base);
+        let cd = _mm256_sub_epi16(_mm256_packus_epi32(c, d), base);
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), order)
+    }
+
+    /// The 16 code bytes, in order, of two [`int_codes8_recip`] results (as
+    /// [`recip_bytes32`]).
+    #[inline(always)]
+    pub(crate) unsafe fn recip_bytes16(a: __m256i, b: __m256i) -> __m128i {
+        let base = _mm256_set1_epi16((135 * 256 + 128) as i16);
+        let ab = _mm256_sub_epi16(_mm256_packus_epi32(a, b), base);
+        let ab = _mm_packs_epi16(
+            _mm256_castsi256_si128(ab),
+            _mm256_extracti128_si256::<1>(ab),
+        );
+        // Bytes a0..3 b0..3 a4..7 b4..7 (each pack works within 128-bit halves): reorder.
+        _mm_shuffle_epi32::<0b11_01_10_00>(ab)
     }
 
     /// The OCP MX scale (SPEC §4 `mx`) of eight amplitudes as f32: 2^(floor(log2 α) − emax)
@@ -684,8 +776,20 @@ pub(crate) mod x86 {
         stream: bool,
     ) -> bool {
         let stream = stream && (out.as_ptr() as usize) % 16 == 0;
+        let long = xs.len() > 256;
+        if let (None, Some(range), Some(r)) = (
+            exact_reciprocal(e),
+            codec.int_range(),
+            super::checked_reciprocal(e),
+        ) {
+            return if long {
+                encode_run_recip::<C, true>(codec, xs, e, r, range, out, stream)
+            } else {
+                encode_run_recip::<C, false>(codec, xs, e, r, range, out, stream)
+            };
+        }
         // A run longer than a block group is read straight from memory: ask ahead for it.
-        match (exact_reciprocal(e), xs.len() > 256) {
+        match (exact_reciprocal(e), long) {
             (Some(r), false) => encode_run_with::<C, true, false>(codec, xs, r, out, stream),
             (Some(r), true) => encode_run_with::<C, true, true>(codec, xs, r, out, stream),
             (None, false) => encode_run_with::<C, false, false>(codec, xs, e, out, stream),
@@ -726,6 +830,64 @@ pub(crate) mod x86 {
             _mm256_div_ps(v, d)
         };
         codec.encode8(q)
+    }
+
+    /// [`encode_run`] of integer codes by the checked multiply ([`int_codes8_recip`]) by
+    /// `r`, the reciprocal of `e`: 32 values a step, those of a step with a flagged lane by
+    /// the division instead.
+    #[inline(always)]
+    unsafe fn encode_run_recip<C: Encode, const LONG: bool>(
+        codec: C,
+        xs: &[f32],
+        e: f32,
+        r: f32,
+        (lo, hi): (f32, f32),
+        out: &mut [u8],
+        stream: bool,
+    ) -> bool {
+        let n = xs.len();
+        assert_eq!(out.len(), n, "codes of a run");
+        let (rv, ev) = (_mm256_set1_ps(r), _mm256_set1_ps(e));
+        let (lov, hiv) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+        let abs = _mm256_set1_epi32(0x7FFF_FFFF);
+        // The largest |x| pattern: past f32::MAX's when an input is not finite.
+        let mut top = _mm256_setzero_si256();
+        let (src, dst) = (xs.as_ptr(), out.as_mut_ptr());
+        let mut i = 0;
+        // i + 32 <= n = xs.len() = out.len(): loads and stores in bounds.
+        while i + 32 <= n {
+            let p = src.add(i);
+            if LONG {
+                _mm_prefetch::<{ _MM_HINT_T0 }>(p.wrapping_add(PREFETCH_AHEAD) as *const i8);
+                _mm_prefetch::<{ _MM_HINT_T0 }>(p.wrapping_add(PREFETCH_AHEAD + 16) as *const i8);
+            }
+            // Loops, not closures: a closure is not reliably inlined into AVX2 code.
+            let mut near = _mm256_set1_epi32(-1);
+            let (mut v, mut c) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_si256(); 4]);
+            for k in 0..4 {
+                v[k] = _mm256_loadu_ps(p.add(8 * k));
+                top = _mm256_max_epi32(top, _mm256_and_si256(_mm256_castps_si256(v[k]), abs));
+                c[k] = int_codes8_recip::<false>(v[k], rv, lov, hiv, &mut near);
+            }
+            let bytes = if recip_was_near(near) {
+                for k in 0..4 {
+                    c[k] = codec.encode8(_mm256_div_ps(v[k], ev));
+                }
+                let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+                let ab = _mm256_packus_epi32(c[0], c[1]);
+                let cd = _mm256_packus_epi32(c[2], c[3]);
+                _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order)
+            } else {
+                recip_bytes32(c[0], c[1], c[2], c[3])
+            };
+            // dst + i is 16-byte aligned when `stream` (dst is, and i is a multiple of 32).
+            store32(dst.add(i), bytes, stream);
+            i += 32;
+        }
+        let bad = _mm256_cmpgt_epi32(top, _mm256_set1_epi32(0x7F7F_FFFF));
+        // The rest (under 32 values) by the division.
+        let rest = encode_run_with::<C, false, false>(codec, &xs[i..], e, &mut out[i..], false);
+        rest || _mm256_movemask_epi8(bad) != 0
     }
 
     #[inline(always)]
