@@ -224,7 +224,7 @@ mod fuzz_tests {
                             let mut data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
                             // Random value bytes are rarely all valid codes; zero codes are, so
                             // half the time the scales and the rest of the checks get their turn.
-                            if rng.next() % 2 == 0 {
+                            if rng.next().is_multiple_of(2) {
                                 let n = layout.storage_bytes().min(len);
                                 data[..n].fill(0);
                             }

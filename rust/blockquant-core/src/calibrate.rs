@@ -145,7 +145,7 @@ fn max_abs_cols(x: Input<'_>, layout: &Layout, g: usize, k0: usize, out: &mut [f
 /// horizontal maximum per block costs more than reading it), else block by block.
 pub(crate) fn max_abs_blocks(cols: &[f32], bc: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if bc % 8 == 0 && crate::simd::has_avx2() {
+    if bc.is_multiple_of(8) && crate::simd::has_avx2() {
         // SAFETY: the CPU has AVX2, checked just above.
         return unsafe { max_abs_blocks_8s(cols, bc, out) };
     }
@@ -792,7 +792,7 @@ mod tests {
         };
         cases.push(scaled(&mut rng, 1 << 16, &|_| 3.0));
         cases.push(scaled(&mut rng, 1 << 16, &|i| {
-            if (i / sub) % 2 == 0 {
+            if (i / sub).is_multiple_of(2) {
                 1e-3
             } else {
                 1e3

@@ -24,7 +24,7 @@ use crate::simd::x86;
 /// [`measure_encode_groups`].
 pub(crate) fn whole_blocks_of_8s(k: &FusedKernel<'_>) -> bool {
     let bc = k.layout.block_cols();
-    k.opts.calibration == Calibration::MinMax && bc % 8 == 0 && k.layout.row_len() % bc == 0
+    k.opts.calibration == Calibration::MinMax && bc.is_multiple_of(8) && k.layout.row_len().is_multiple_of(bc)
 }
 
 /// The stored scales of eight blocks from their amplitudes: F32, F16 and MX scales in vector
@@ -148,7 +148,7 @@ unsafe fn group_fast<C: Encode, const V: usize>(
     _mm256_storeu_ps(s0, e);
     // Non-temporal stores need 16-byte alignment (numpy's storage has it; a block of 16 or
     // 32 codes keeps it).
-    let stream = k.stream && (o0 as usize) % 16 == 0;
+    let stream = k.stream && (o0 as usize).is_multiple_of(16);
     // No quotient needs clamping when each block's largest does not (the division is
     // monotone): the usual case, as the scale is max |x| over the half range, rounded.
     let in_range = codec.unclamped_below().is_some_and(|b| {

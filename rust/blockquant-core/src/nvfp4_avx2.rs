@@ -327,7 +327,7 @@ pub(crate) fn applies_one_level(layout: &Layout, calibration: Calibration) -> bo
     applies(layout)
         && calibration == Calibration::MinMax
         && (bc == 16 || bc == 32)
-        && layout.row_len() % bc == 0
+        && layout.row_len().is_multiple_of(bc)
 }
 
 /// The one-pass kernel of a piece ([`applies_one_level`]): each group of eight blocks
@@ -351,7 +351,7 @@ pub(crate) unsafe fn one_level_piece(
     let blocks = xs.len() / bc;
     assert!(blocks * bc == xs.len() && sc.len() == blocks && out.len() * 2 == xs.len());
     assert!(bc == 16 || bc == 32);
-    let stream = k.stream && (out.as_ptr() as usize) % 16 == 0;
+    let stream = k.stream && (out.as_ptr() as usize).is_multiple_of(16);
     let mut bad = false;
     let mut b = 0;
     while b + 8 <= blocks {

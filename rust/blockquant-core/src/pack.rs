@@ -213,7 +213,7 @@ fn squeeze8(x: u64, bits: usize) -> u64 {
 #[inline]
 fn unpack_fields<W: Word>(line: &[W], first: usize, codes: &mut [u8], per: usize) {
     #[cfg(target_arch = "x86_64")]
-    let (first, codes) = if W::BITS as usize / per == 4 && first % 2 == 0 && crate::simd::has_avx2()
+    let (first, codes) = if W::BITS as usize / per == 4 && first.is_multiple_of(2) && crate::simd::has_avx2()
     {
         // SAFETY: the words' memory seen as bytes (little-endian: field f of the line is the
         // nibble f % 2 of byte f / 2), from the byte of field `first` on; the CPU has AVX2.
@@ -223,7 +223,7 @@ fn unpack_fields<W: Word>(line: &[W], first: usize, codes: &mut [u8], per: usize
             crate::simd::x86::unpack_nibbles(&bytes[first / 2..], codes)
         };
         (first + done, &mut codes[done..])
-    } else if W::BITS as usize / per == 2 && first % 4 == 0 && crate::simd::has_avx2() {
+    } else if W::BITS as usize / per == 2 && first.is_multiple_of(4) && crate::simd::has_avx2() {
         // SAFETY: as above, 2-bit fields: field f of the line is bits 2·(f % 4) of byte f / 4.
         let done = unsafe {
             let bytes =
@@ -254,7 +254,7 @@ fn unpack_fields_n<W: Word, const PER: usize>(line: &[W], first: usize, codes: &
     };
     let mut j = 0;
     // Head: fields up to the next word boundary.
-    while j < codes.len() && (first + j) % PER != 0 {
+    while j < codes.len() && !(first + j).is_multiple_of(PER) {
         let f = first + j;
         codes[j] = ((line[f / PER].to_u32() >> ((f % PER) as u32 * bits)) & mask) as u8;
         j += 1;
@@ -711,14 +711,14 @@ unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
     let bc = layout.block_cols();
     let whole_blocks = !layout.per_tensor
         && layout.rows_map_directly()
-        && layout.row_len() % bc == 0
-        && start % bc == 0
-        && out.len() % bc == 0;
+        && layout.row_len().is_multiple_of(bc)
+        && start.is_multiple_of(bc)
+        && out.len().is_multiple_of(bc);
     if whole_blocks {
         // Every block a whole run and the grid row-major over them: block k of the range has
         // scale start / bc + k, no segment walk needed.
         let eff = &effective[start / bc..start / bc + out.len() / bc];
-        if bc % 8 == 0 && (!STREAM || (out.as_ptr() as usize) % 16 == 0) {
+        if bc.is_multiple_of(8) && (!STREAM || (out.as_ptr() as usize).is_multiple_of(16)) {
             // Blocks of whole vectors: one loop, no per-block run set-up.
             return crate::simd::x86::decode_blocks_8s::<D, STREAM>(dec, codes, eff, bc, out);
         }
@@ -853,11 +853,11 @@ fn nibble_blocks(layout: &Layout, field_bits: usize, task: usize, out: &[f32]) -
         && crate::simd::has_f16c()
         && !layout.per_tensor
         && layout.rows_map_directly()
-        && bc % 8 == 0
-        && layout.row_len() % bc == 0
-        && task % bc == 0;
+        && bc.is_multiple_of(8)
+        && layout.row_len().is_multiple_of(bc)
+        && task.is_multiple_of(bc);
     let stream = layout.num_elements * 4 >= crate::simd::x86::STREAM_MIN_BYTES;
-    (fits && (!stream || (out.as_ptr() as usize) % 16 == 0)).then_some(stream)
+    (fits && (!stream || (out.as_ptr() as usize).is_multiple_of(16))).then_some(stream)
 }
 
 /// The outputs `chunk` (from flat index `start`, whole blocks) of 4-bit fields packed along the
@@ -1575,7 +1575,7 @@ pub(crate) mod tests {
                     .into_iter()
                     .enumerate()
                 {
-                    if len > 20_000 && (value as usize + ki) % 3 != 0 {
+                    if len > 20_000 && !(value as usize + ki).is_multiple_of(3) {
                         continue; // the big shape on a third of the cases keeps debug tests fast
                     }
                     let block = blocks[(si + value as usize) % blocks.len()];

@@ -541,7 +541,7 @@ fn two_level_fusable(layout: &Layout) -> bool {
         && layout.packing.axis + 1 == layout.rank()
         && layout.num_elements > 0
         && (bc == 16 || bc == 32)
-        && layout.row_len() % bc == 0
+        && layout.row_len().is_multiple_of(bc)
 }
 
 /// A two-level scheme in two passes over memory: every block's amplitude (into a small array,

@@ -30,7 +30,7 @@ pub(crate) fn fits(layout: &Layout) -> bool {
         && layout.rows_map_directly()
         && (bc == 16 || bc == 32)
         && layout.num_elements > 0
-        && layout.row_len() % bc == 0
+        && layout.row_len().is_multiple_of(bc)
         && crate::simd::has_avx2()
         && crate::simd::has_f16c()
 }

@@ -189,7 +189,7 @@ impl GgmlType {
     /// Bytes of a row of `row_len` values; a `LayoutError` when the row is not whole blocks.
     pub fn row_bytes(self, row_len: usize) -> Result<usize> {
         let bs = self.block_size();
-        if row_len % bs != 0 {
+        if !row_len.is_multiple_of(bs) {
             return Err(QuantError::Layout(format!(
                 "a row of {row_len} values is not a whole number of {} blocks of {bs}",
                 self.name()
@@ -201,7 +201,7 @@ impl GgmlType {
     /// Values in a row of `row_bytes` bytes; a `LayoutError` when they are not whole blocks.
     pub fn row_len(self, row_bytes: usize) -> Result<usize> {
         let ts = self.type_size();
-        if row_bytes % ts != 0 {
+        if !row_bytes.is_multiple_of(ts) {
             return Err(QuantError::Layout(format!(
                 "a row of {row_bytes} bytes is not a whole number of {} blocks of {ts} bytes",
                 self.name()
@@ -226,7 +226,7 @@ impl std::fmt::Display for GgmlType {
 /// When `out` does not have the length the rows need.
 pub fn quantize(ty: GgmlType, x: Input<'_>, row_len: usize, out: &mut [u8]) -> Result<()> {
     ty.row_bytes(row_len)?;
-    if x.len() % ty.block_size() != 0 {
+    if !x.len().is_multiple_of(ty.block_size()) {
         return Err(QuantError::Layout(format!(
             "{} values are not whole rows of {row_len}",
             x.len()
@@ -458,7 +458,7 @@ fn decode_run_best<B: Block>(blocks: &[u8], out: &mut [f32], stream: bool) {
         && B::STREAMS
         && B::BS <= STREAM_BUF
         && crate::simd::has_avx2()
-        && (out.as_ptr() as usize) % 16 == 0
+        && (out.as_ptr() as usize).is_multiple_of(16)
     {
         // SAFETY: the CPU has AVX2 (checked just above); `out` is 16-byte aligned.
         return unsafe { decode_run_streamed::<B>(blocks, out) };
