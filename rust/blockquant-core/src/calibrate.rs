@@ -614,7 +614,7 @@ unsafe fn big_sum_avx2(xs: &[f32], t: u32, small: &mut ExactSum, ahead: &[f32]) 
     // i + 16 <= n: loads in bounds; i / 16 < lines: the prefetched address within `ahead`.
     while i + 16 <= n {
         if i / 16 < lines {
-            _mm_prefetch::<{ _MM_HINT_T0 }>(ahead.as_ptr().add(i) as *const i8);
+            crate::simd::x86::prefetch_line(ahead.as_ptr().add(i));
         }
         if !sum_step(p.add(i), m, &mut a, &mut unused) {
             small_ones(&xs[i..i + 8], t, small);
@@ -657,8 +657,7 @@ unsafe fn big_sum_max_avx2(xs: &[f32], t: u32, small: &mut ExactSum) -> (f64, u3
     // i + 16 <= n: loads in bounds. One line asked for each step, far enough ahead (past the
     // slice too: a prefetch never faults) that one thread does not wait on memory.
     while i + 16 <= n {
-        let ahead = p.wrapping_add(i + crate::simd::x86::PREFETCH_AHEAD);
-        _mm_prefetch::<{ _MM_HINT_T0 }>(ahead as *const i8);
+        crate::simd::x86::prefetch_line(p.wrapping_add(i + crate::simd::x86::PREFETCH_AHEAD));
         if !sum_step(p.add(i), m, &mut a, &mut ma) {
             small_ones(&xs[i..i + 8], t, small);
         }

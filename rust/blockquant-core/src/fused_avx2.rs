@@ -24,7 +24,9 @@ use crate::simd::x86;
 /// [`measure_encode_groups`].
 pub(crate) fn whole_blocks_of_8s(k: &FusedKernel<'_>) -> bool {
     let bc = k.layout.block_cols();
-    k.opts.calibration == Calibration::MinMax && bc.is_multiple_of(8) && k.layout.row_len().is_multiple_of(bc)
+    k.opts.calibration == Calibration::MinMax
+        && bc.is_multiple_of(8)
+        && k.layout.row_len().is_multiple_of(bc)
 }
 
 /// The stored scales of eight blocks from their amplitudes: F32, F16 and MX scales in vector
@@ -86,7 +88,9 @@ pub(crate) unsafe fn measure_encode_groups<C: Encode>(
         let x0 = xs.as_ptr().add(b * bc);
         let o0 = out.as_mut_ptr().add(b * bc);
         let s0 = sc.as_mut_ptr().add(b);
-        x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * bc);
+        if bc != 16 && bc != 32 {
+            x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * bc);
+        }
         let done = match bc {
             16 => group_fast::<C, 2>(codec, k, x0, s0, o0),
             32 => group_fast::<C, 4>(codec, k, x0, s0, o0),
@@ -201,6 +205,9 @@ pub(crate) unsafe fn encode_8blocks<
         let (x, o) = (x0.add(j * 8 * V), o0.add(j * 8 * V));
         let mut c = [_mm256_setzero_si256(); V];
         for (t, ct) in c.iter_mut().enumerate() {
+            if t % 2 == 0 {
+                x86::prefetch_line(x.wrapping_add(8 * t + x86::PREFETCH_AHEAD));
+            }
             let v = _mm256_loadu_ps(x.add(8 * t));
             let q = if MUL {
                 _mm256_mul_ps(v, dv)
@@ -254,6 +261,9 @@ unsafe fn encode_8blocks_recip<C: Encode, const V: usize, const IN_RANGE: bool>(
         let mut near = _mm256_set1_epi32(-1);
         let (mut v, mut c) = ([_mm256_setzero_ps(); V], [_mm256_setzero_si256(); V]);
         for t in 0..V {
+            if t % 2 == 0 {
+                x86::prefetch_line(x.wrapping_add(8 * t + x86::PREFETCH_AHEAD));
+            }
             v[t] = _mm256_loadu_ps(x.add(8 * t));
             c[t] = x86::int_codes8_recip::<IN_RANGE>(v[t], rv, lov, hiv, &mut near);
         }

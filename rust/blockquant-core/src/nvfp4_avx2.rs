@@ -233,7 +233,6 @@ pub(crate) unsafe fn encode_piece(
         // In bounds: blocks b..b + 8 lie within sc, xs and (at half a byte a value) out.
         let x0 = xs.as_ptr().add(b * bc);
         let o0 = out.as_mut_ptr().add(b * bc / 2);
-        x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * bc);
         let e = _mm256_min_ps(
             _mm256_mul_ps(_mm256_loadu_ps(sc.as_ptr().add(b)), _mm256_set1_ps(g)),
             _mm256_set1_ps(f32::MAX),
@@ -303,6 +302,9 @@ unsafe fn encode_8blocks<const V: usize, const MUL: bool>(
             for (t, qt) in q.iter_mut().enumerate() {
                 // Vector u * 8 + h * 4 + t of the group lies in block (u * 8 + h * 4 + t) / V.
                 let dv = _mm256_set1_ps(ds[(u * 8 + h * 4 + t) / V]);
+                if t % 2 == 0 {
+                    x86::prefetch_line(x.wrapping_add(32 * h + 8 * t + x86::PREFETCH_AHEAD));
+                }
                 let v = _mm256_loadu_ps(x.add(32 * h + 8 * t));
                 *qt = if MUL {
                     _mm256_mul_ps(v, dv)
@@ -358,7 +360,6 @@ pub(crate) unsafe fn one_level_piece(
         // In bounds: blocks b..b + 8 lie within sc, xs and (at half a byte a value) out.
         let x0 = xs.as_ptr().add(b * bc);
         let o0 = out.as_mut_ptr().add(b * bc / 2);
-        x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * bc);
         let bits = if bc == 16 {
             x86::max_abs_bits_8runs::<2>(x0)
         } else {

@@ -213,7 +213,9 @@ fn squeeze8(x: u64, bits: usize) -> u64 {
 #[inline]
 fn unpack_fields<W: Word>(line: &[W], first: usize, codes: &mut [u8], per: usize) {
     #[cfg(target_arch = "x86_64")]
-    let (first, codes) = if W::BITS as usize / per == 4 && first.is_multiple_of(2) && crate::simd::has_avx2()
+    let (first, codes) = if W::BITS as usize / per == 4
+        && first.is_multiple_of(2)
+        && crate::simd::has_avx2()
     {
         // SAFETY: the words' memory seen as bytes (little-endian: field f of the line is the
         // nibble f % 2 of byte f / 2), from the byte of field `first` on; the CPU has AVX2.
