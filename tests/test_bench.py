@@ -182,3 +182,26 @@ def test_a_target_past_the_memory_floor_is_marked_bound_not_missed(bench):
     assert one["ok"] is False and "bound" not in one
     assert ts["#13 slow reads: quantize 1T ≥ 0.8× copyto"]["bound"]
     assert "bound" not in ts["#13 two: quantize 1T ≥ 0.8× copyto"]  # 0.71x, floor 0.83x
+
+
+def test_a_two_thread_speedup_past_the_memory_floor_is_marked_bound(bench):
+    import bench_report
+
+    def b32(one, two, read=4.5):
+        return dict(name="int8_block32 (Q8S, F16 scales)", bits=8, reads=1, copyto_s=9.0,
+                    read_s=read, bq_quantize_1t_s=one, bq_quantize_2t_s=two,
+                    bq_quantize_1t_of_copyto=9.0 / one, cells={})
+
+    key = "#13 block-32 int8 (F16) quantize 2T ≥ 1.7× its 1T"
+    # 1T 5.4 ms against a 4.5 ms read: at most 1.2x to win; 2T at 4.8 ms is near the floor
+    t = {x["target"]: x for x in bench_report.targets(dict(cases=[b32(5.4, 4.8)]))}[key]
+    assert t["ok"] is False and t["bound"] and "1/1.20" in t["note"]
+    # the same 1T, but 2T far from the floor (6.0 ms): a plain miss
+    t = {x["target"]: x for x in bench_report.targets(dict(cases=[b32(5.4, 6.0)]))}[key]
+    assert t["ok"] is False and "bound" not in t
+    # a faster memory (3 ms reads) leaves room for 1.8x: a miss
+    t = {x["target"]: x for x in bench_report.targets(dict(cases=[b32(5.4, 5.0, read=3.0)]))}[key]
+    assert t["ok"] is False and "bound" not in t
+    # a 1T call far from the floor could gain 1.7x: a miss however close 2T comes
+    t = {x["target"]: x for x in bench_report.targets(dict(cases=[b32(9.0, 5.4)]))}[key]
+    assert t["ok"] is False and "bound" not in t

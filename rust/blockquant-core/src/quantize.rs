@@ -1824,6 +1824,32 @@ pub(crate) mod tests {
         x.iter().zip(e).map(|(&x, &e)| one(x, e)).sum()
     }
 
+    /// The values stored in `w` (against the grid's scales `eff`) are those of the division's
+    /// codes of `x` by `e` (each value's scale), per the scalar reading of SPEC.
+    fn assert_division_codes(
+        layout: &Layout,
+        w: &Words,
+        eff: &[f32],
+        x: &[f32],
+        e: &[f32],
+        rounding: Rounding,
+        ctx: &str,
+    ) {
+        let value = layout.scheme.value;
+        let mut y = vec![0.0f32; x.len()];
+        dequantize(layout, w.as_ref(), eff, Output::F32(&mut y));
+        let mask = (1u32 << value.bits()) - 1;
+        for (f, ((&y, &x), &e)) in y.iter().zip(x).zip(e).enumerate() {
+            let q = oracle::quantize_one(value, rounding, x, e);
+            let want = oracle::dequantize_one(value, q as u32 & mask, e);
+            assert_eq!(
+                y.to_bits(),
+                want.to_bits(),
+                "{ctx} x[{f}] = {x:e}, e = {e:e}"
+            );
+        }
+    }
+
     const INTS: [QuantValue; 6] = [
         QuantValue::Q8S,
         QuantValue::Q8F,
@@ -1865,20 +1891,8 @@ pub(crate) mod tests {
                         misses += product_misses(value, rounding, &x, &e);
                         let mut w = Words::new(&layout);
                         encode_values(Input::F32(&x), &layout, &eff, rounding, w.as_mut()).unwrap();
-                        let mut y = vec![0.0f32; n];
-                        dequantize(&layout, w.as_ref(), &eff, Output::F32(&mut y));
-                        let mask = (1u32 << value.bits()) - 1;
-                        for f in 0..n {
-                            let q = oracle::quantize_one(value, rounding, x[f], e[f]);
-                            let want = oracle::dequantize_one(value, q as u32 & mask, e[f]);
-                            assert_eq!(
-                                y[f].to_bits(),
-                                want.to_bits(),
-                                "{scheme} {rounding:?} x[{f}] = {:e}, e = {:e}",
-                                x[f],
-                                e[f]
-                            );
-                        }
+                        let ctx = format!("{scheme} {rounding:?}");
+                        assert_division_codes(&layout, &w, &eff, &x, &e, rounding, &ctx);
                     }
                 }
             }
@@ -1930,20 +1944,8 @@ pub(crate) mod tests {
                         let scales =
                             quantize(Input::F32(&x), &layout, &opts, None, w.as_mut()).unwrap();
                         assert_eq!(scales.effective(), &eff[..], "{scheme}: the scales moved");
-                        let mut y = vec![0.0f32; n];
-                        dequantize(&layout, w.as_ref(), &eff, Output::F32(&mut y));
-                        let mask = (1u32 << value.bits()) - 1;
-                        for f in 0..n {
-                            let q = oracle::quantize_one(value, rounding, x[f], e[f]);
-                            let want = oracle::dequantize_one(value, q as u32 & mask, e[f]);
-                            assert_eq!(
-                                y[f].to_bits(),
-                                want.to_bits(),
-                                "{scheme} {opts:?} x[{f}] = {:e}, e = {:e}",
-                                x[f],
-                                e[f]
-                            );
-                        }
+                        let ctx = format!("{scheme} {opts:?}");
+                        assert_division_codes(&layout, &w, &eff, &x, &e, rounding, &ctx);
                     }
                 }
             }
