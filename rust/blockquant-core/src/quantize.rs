@@ -1801,7 +1801,7 @@ pub(crate) mod tests {
         let (_, qmin, qmax, _) = oracle::spec(value);
         let k = qmin + rng.below((qmax - qmin) as usize) as f64 + 0.5;
         let x = (k * e as f64) as f32;
-        let x = f32::from_bits((x.to_bits() as i32 + rng.below(7) as i32 - 3) as u32);
+        let x = f32::from_bits((x.to_bits() as i32).wrapping_add(rng.below(7) as i32 - 3) as u32);
         // Past f32's range (the largest scales): the scale itself.
         if x.is_finite() {
             x

@@ -1068,8 +1068,9 @@ mod tests {
                     .map(|_| {
                         let k = (rng.below(2 * qmax as usize + 6) as f32 - qmax - 3.0) + 0.5;
                         let x = (k as f64 * e as f64) as f32;
-                        let x =
-                            f32::from_bits((x.to_bits() as i32 + rng.below(7) as i32 - 3) as u32);
+                        let x = f32::from_bits(
+                            (x.to_bits() as i32).wrapping_add(rng.below(7) as i32 - 3) as u32,
+                        );
                         match rng.below(60) {
                             0 => f32::NAN,
                             1 => f32::INFINITY,
