@@ -198,8 +198,6 @@ pub(crate) unsafe fn encode_8blocks<
 ) {
     let mut ds = [0.0f32; 8];
     _mm256_storeu_ps(ds.as_mut_ptr(), d);
-    // The packs work within 128-bit halves; this puts the dwords back in order.
-    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (j, &dj) in ds.iter().enumerate() {
         let dv = _mm256_set1_ps(dj);
         let (x, o) = (x0.add(j * 8 * V), o0.add(j * 8 * V));
@@ -220,20 +218,34 @@ pub(crate) unsafe fn encode_8blocks<
                 codec.encode8(q)
             };
         }
-        if V == 4 {
-            let ab = _mm256_packus_epi32(c[0], c[1]);
-            let cd = _mm256_packus_epi32(c[V - 2], c[V - 1]);
-            let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order);
-            x86::store32(o, bytes, stream);
-        } else {
-            let ab = _mm256_packus_epi32(c[0], c[1]);
-            let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, ab), order);
-            if stream {
-                _mm_stream_si128(o as *mut __m128i, _mm256_castsi256_si128(bytes));
-            } else {
-                _mm_storeu_si128(o as *mut __m128i, _mm256_castsi256_si128(bytes));
-            }
-        }
+        store_codes(&c, o, stream);
+    }
+}
+
+/// A block's `8 * V` codes (V = 2 or 4 vectors of i32 codes 0..=255) as bytes, in order, to
+/// `o`: non-temporal with `stream` (`o` 16-byte aligned).
+#[inline(always)]
+unsafe fn store_codes<const V: usize>(c: &[__m256i; V], o: *mut u8, stream: bool) {
+    // The packs work within 128-bit halves; this puts the dwords back in order.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let ab = _mm256_packus_epi32(c[0], c[1]);
+    if V == 4 {
+        let cd = _mm256_packus_epi32(c[V - 2], c[V - 1]);
+        let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order);
+        x86::store32(o, bytes, stream);
+    } else {
+        let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, ab), order);
+        store16(o, _mm256_castsi256_si128(bytes), stream);
+    }
+}
+
+/// 16 bytes to `o`: non-temporal (`o` 16-byte aligned) or not.
+#[inline(always)]
+unsafe fn store16(o: *mut u8, bytes: __m128i, stream: bool) {
+    if stream {
+        _mm_stream_si128(o as *mut __m128i, bytes);
+    } else {
+        _mm_storeu_si128(o as *mut __m128i, bytes);
     }
 }
 
@@ -254,7 +266,6 @@ unsafe fn encode_8blocks_recip<C: Encode, const V: usize, const IN_RANGE: bool>(
     _mm256_storeu_ps(es.as_mut_ptr(), e);
     _mm256_storeu_ps(rs.as_mut_ptr(), r);
     let (lov, hiv) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
-    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for j in 0..8 {
         let rv = _mm256_set1_ps(rs[j]);
         let (x, o) = (x0.add(j * 8 * V), o0.add(j * 8 * V));
@@ -279,28 +290,16 @@ unsafe fn encode_8blocks_recip<C: Encode, const V: usize, const IN_RANGE: bool>(
                 };
             }
         }
-        if V == 4 {
-            let bytes = if flagged {
-                let ab = _mm256_packus_epi32(c[0], c[1]);
-                let cd = _mm256_packus_epi32(c[V - 2], c[V - 1]);
-                _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order)
-            } else {
-                x86::recip_bytes32(c[0], c[1], c[V - 2], c[V - 1])
-            };
-            x86::store32(o, bytes, stream);
+        if flagged {
+            store_codes(&c, o, stream);
+        } else if V == 4 {
+            x86::store32(
+                o,
+                x86::recip_bytes32(c[0], c[1], c[V - 2], c[V - 1]),
+                stream,
+            );
         } else {
-            let bytes = if flagged {
-                let ab = _mm256_packus_epi32(c[0], c[1]);
-                let b = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, ab), order);
-                _mm256_castsi256_si128(b)
-            } else {
-                x86::recip_bytes16(c[0], c[1])
-            };
-            if stream {
-                _mm_stream_si128(o as *mut __m128i, bytes);
-            } else {
-                _mm_storeu_si128(o as *mut __m128i, bytes);
-            }
+            store16(o, x86::recip_bytes16(c[0], c[1]), stream);
         }
     }
 }
