@@ -332,6 +332,63 @@ def test_set_num_threads_bounds_every_call():
     """)
 
 
+def test_small_calls_start_no_thread_and_run_alongside_each_other():
+    """Calls below the core's inline size (pool.rs, INLINE_BELOW: 256 Ki elements) run on the
+    calling thread, so a process that makes only such calls never starts the pool's workers
+    (threads named blockquant-N in /proc), and eight Python threads making them at once,
+    on schemes with every kind of loop (two-level, searched, per-tensor, strided blocks, ggml),
+    get the bytes a serial run got, as do their forked children. A call just above the size
+    then starts the pool."""
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("needs /proc")
+    _run("""
+        import os
+        from concurrent.futures import ThreadPoolExecutor
+        import numpy as np, blockquant as bq, blockquant.gguf as gg
+
+        def threads():  # the pool's workers, by the name the core gives them
+            names = []
+            for t in os.listdir("/proc/self/task"):
+                try:
+                    with open(f"/proc/self/task/{t}/comm") as f:
+                        names.append(f.read().strip())
+                except FileNotFoundError:  # a thread that just exited
+                    pass
+            return sum(n.startswith("blockquant-") for n in names)
+
+        rng = np.random.default_rng(6)
+        schemes = [bq.presets.nvfp4(), bq.presets.int8_block32(), bq.presets.bitnet(),
+                   bq.presets.int4_block16(), bq.presets.int8(), bq.presets.mxfp4(),
+                   "q4s/packed_u32_1/block8x4:f16"]
+        xs = [rng.standard_normal((64, 512)).astype(np.float32) * 10.0 ** k for k in range(-3, 3)]
+
+        def job(i):
+            x, s = xs[i % len(xs)], schemes[i % len(schemes)]
+            qt = bq.quantize(x, s)
+            back = bq.QTensor.from_bytes(qt.to_bytes(), s, x.shape)
+            y = back.dequantize()
+            out = np.empty_like(y)
+            back.dequantize(out=out)
+            assert np.array_equal(out.view(np.uint32), y.view(np.uint32))
+            g = gg.quantize(x, "Q4_0")
+            return qt.to_bytes() + y.tobytes() + g.tobytes() + gg.dequantize(g, "Q4_0").tobytes()
+
+        want = [job(i) for i in range(len(schemes) * len(xs))]
+        with ThreadPoolExecutor(8) as ex:
+            for _ in range(3):
+                assert list(ex.map(job, range(len(want)))) == want
+            during = threads()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if [job(i) for i in range(len(want))] == want else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert (during, threads()) == (0, 0)
+        bq.quantize(np.ones(1 << 18, np.float32), bq.presets.int8_block32())
+        assert threads() == bq.get_num_threads() >= 1, threads()
+    """)
+
+
 @pytest.mark.parametrize("bad", [-1, -(2**70), 2**70, 1025, 1 << 16])
 def test_set_num_threads_refuses_bad_counts_with_a_value_error(bad):
     with pytest.raises(ValueError, match="set_num_threads"):

@@ -18,7 +18,15 @@
 //! meanwhile, and yield their core to any other runnable thread. Off by default: in a loop
 //! that also does its own work between calls, the calls got faster (16 MiB int8_block32, two
 //! threads: median 2.0-2.15 ms -> 1.26-2.0 ms) but the loop as a whole did not, on this VM.
+//!
+//! Small calls and one-thread pools skip the hand-over: handing a call to a sleeping worker and
+//! being woken when it is done costs two wake-ups, 50-130 µs a call on these VMs (a quantize of
+//! 32 values took 127 µs on one thread), more than the work of any call below a few hundred
+//! thousand values. Such a call runs on the calling thread itself, made once (on its first
+//! such call) a rayon pool of one thread of its own ([`install_sized`]), so that the parallel
+//! loops inside run there, one after another, and never reach rayon's global pool.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Once, OnceLock};
 use std::time::{Duration, Instant};
@@ -171,9 +179,81 @@ fn register_atfork() {
     ATFORK.call_once(|| {});
 }
 
-/// Run `f` inside the pool.
+/// Run `f` inside the pool (a call of unknown size: [`install_sized`]).
 pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    install_sized(usize::MAX, f)
+}
+
+/// Calls that touch fewer elements than this run on the calling thread: handing a call to the
+/// workers costs their wake-ups, more than a second core saves on a call this small. Measured
+/// on the 2-core VM (median µs of int8_block32 quantize into `out=`, two threads handed over
+/// against one inline): 128 Ki values 203 against 62, 256 Ki 174 against 99, 512 Ki 144
+/// against 170. On a machine that wakes its threads faster the crossover is lower.
+pub const INLINE_BELOW: usize = 1 << 18;
+
+/// The most threads made pools of their own: each stays one for the life of the process (rayon
+/// cannot undo it: a few KiB each), so a program that calls from ever-new threads stops making
+/// them here, and its later threads hand their calls over as before.
+pub const MAX_OWN_POOLS: usize = 64;
+static OWN_POOLS: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread as a pool of one thread, once made.
+    static OWN: Cell<Option<&'static ThreadPool>> = const { Cell::new(None) };
+    /// Whether making it was tried (it is tried once a thread).
+    static OWN_TRIED: Cell<bool> = const { Cell::new(false) };
+    /// Whether this thread is running a call on its own pool now: a call nested inside stays.
+    static INLINE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// This thread's pool of one thread: made on first use, unless it is already a rayon worker
+/// (of the shared pool, say, in a nested call) or [`MAX_OWN_POOLS`] threads have one.
+fn own_pool() -> Option<&'static ThreadPool> {
+    if let Some(p) = OWN.get() {
+        return Some(p);
+    }
+    if OWN_TRIED.replace(true)
+        || rayon::current_thread_index().is_some()
+        || OWN_POOLS.fetch_add(1, Ordering::Relaxed) >= MAX_OWN_POOLS
+    {
+        return None;
+    }
+    // No thread is started: the calling thread becomes the pool's only worker, and it keeps
+    // no state that a fork could leave broken (a child's copy of this thread is still it).
+    let pool = ThreadPoolBuilder::new()
+        .num_threads(1)
+        .use_current_thread()
+        .build()
+        .ok()?;
+    let pool: &'static ThreadPool = Box::leak(Box::new(pool));
+    OWN.set(Some(pool));
+    Some(pool)
+}
+
+/// Run `f`, which touches about `work` elements, inside the pool; on the calling thread when
+/// that is cheaper than handing it over: a call below [`INLINE_BELOW`] elements, any call when
+/// the pool has one thread, and any call nested in one of those.
+///
+/// The calling thread then becomes a rayon worker of a one-thread pool of its own, for good: a
+/// parallel iterator it runs later outside blockquant stays on it too (in the same build of
+/// rayon: another extension module links its own).
+pub fn install_sized<R: Send>(work: usize, f: impl FnOnce() -> R + Send) -> R {
+    if INLINE.get() {
+        return f();
+    }
+    // A small call neither builds the shared pool nor wakes it: a process that makes only
+    // small calls starts no thread.
+    if work < INLINE_BELOW {
+        if let Some(own) = own_pool() {
+            return run_inline(own, f);
+        }
+    }
     let pool = current();
+    if pool.current_num_threads() == 1 {
+        if let Some(own) = own_pool() {
+            return run_inline(own, f);
+        }
+    }
     // Polling workers stop polling and take this call's work.
     GENERATION.fetch_add(1, Ordering::SeqCst);
     let start = Instant::now();
@@ -182,6 +262,20 @@ pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         linger(&pool);
     }
     r
+}
+
+/// `f` on this thread, in its own pool, with nested calls kept there (also when `f` panics).
+fn run_inline<R: Send>(own: &ThreadPool, f: impl FnOnce() -> R + Send) -> R {
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            INLINE.set(false);
+        }
+    }
+    INLINE.set(true);
+    let _leave = Leave;
+    // Inline: this thread is the pool's worker.
+    own.install(f)
 }
 
 /// Test hook: panic on a worker thread of the pool (the binding proves this surfaces as an

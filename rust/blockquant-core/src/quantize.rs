@@ -125,7 +125,7 @@ impl Scales {
 pub fn effective_scales(stored: &[f32], g: f32) -> Vec<f32> {
     // In the bounded pool like every other parallel loop: rayon's global pool would add
     // threads `set_num_threads` does not bound, and has none in a forked child (a hang).
-    pool::install(|| {
+    pool::install_sized(stored.len(), || {
         stored
             .par_iter()
             .with_min_len(MIN_TASK_ELEMS)
@@ -158,7 +158,7 @@ pub fn check_stored(layout: &Layout, stored: &[f32], global: Option<f32>) -> Res
     let dtype = scheme.scale_dtype();
     // In the pool, a chunk a task: dequantize checks every scale on every call, and one
     // thread alone takes a tenth of a block-32 dequantize's time over it.
-    let first_bad = pool::install(|| {
+    let first_bad = pool::install_sized(stored.len(), || {
         stored
             .par_chunks(MIN_TASK_ELEMS)
             .enumerate()
@@ -364,7 +364,7 @@ pub fn quantize(
     explicit: Option<ExplicitScales<'_>>,
     out: StorageMut<'_>,
 ) -> Result<Scales> {
-    pool::install(|| {
+    pool::install_sized(layout.num_elements, || {
         // Untouched (so never faulted in) when no direct kernel takes the call.
         let mut stored = vec![0.0f32; layout.num_scales];
         match quantize_direct(x, layout, opts, explicit, out, &mut stored)? {
@@ -394,16 +394,16 @@ pub fn quantize_into(
             layout.num_scales
         )));
     }
-    pool::install(
-        || match quantize_direct(x, layout, opts, explicit, out, scales)? {
+    pool::install_sized(layout.num_elements, || {
+        match quantize_direct(x, layout, opts, explicit, out, scales)? {
             Direct::Done(global) => Ok(global),
             Direct::Declined(out) => {
                 let sc = quantize_in_pool(x, layout, opts, explicit, out)?;
                 scales.copy_from_slice(&sc.stored);
                 Ok(sc.global)
             }
-        },
-    )
+        }
+    })
 }
 
 /// What [`quantize_direct`] did: quantized (the global scale, two-level), or left the call
@@ -968,7 +968,7 @@ pub enum Output<'a> {
 /// x̂ = f32(decode(q)) × e into `out` (C order), converted to the output's type element by
 /// element (no full-size f32 temporary). Runs in the bounded pool.
 pub fn dequantize(layout: &Layout, storage: Storage<'_>, effective: &[f32], out: Output<'_>) {
-    pool::install(|| match out {
+    pool::install_sized(layout.num_elements, || match out {
         Output::F32(o) => dequantize_into(layout, storage, effective, o),
         Output::F64(o) => dequantize_into(layout, storage, effective, o),
         Output::F16(o) => dequantize_into(layout, storage, effective, o),
@@ -1019,7 +1019,7 @@ pub fn round_scales(
 ) -> Result<()> {
     check_scales(scales, "scales")?;
     dtype.check_rounding(mode)?;
-    pool::install(|| {
+    pool::install_sized(out.len(), || {
         out.par_iter_mut()
             .with_min_len(MIN_TASK_ELEMS)
             .zip(scales.par_iter())

@@ -479,7 +479,7 @@ pub fn quantize_weighted(
     explicit: Option<ExplicitScales<'_>>,
     out: StorageMut<'_>,
 ) -> Result<Scales> {
-    crate::pool::install(|| {
+    crate::pool::install_sized(layout.num_elements, || {
         let ex = explicit.unwrap_or_default();
         if opts.calibration != Calibration::Mse || ex.scales.is_some() {
             return Err(QuantError::Option(

@@ -544,7 +544,7 @@ fn quantize<'py>(
             .map_err(|_| PyValueError::new_err("out scales must be C-contiguous"))?;
         let global = with_input(x, kind, |xs| {
             with_storage_mut(&storage, &layout, |out| {
-                pool::install(|| match w {
+                pool::install_sized(layout.num_elements, || match w {
                     Some(w) => blockquant_core::search::quantize_weighted(
                         xs,
                         w,
@@ -627,7 +627,7 @@ fn dequantize<'py>(
         let eff = two_level.as_deref().unwrap_or(given);
         let run = |out: Output<'_>| {
             with_storage(values, &layout, |st| {
-                pool::install(|| q::dequantize(&layout, st, eff, out))
+                pool::install_sized(layout.num_elements, || q::dequantize(&layout, st, eff, out))
             })
         };
         // A caller's array may alias an input or be read-only or strided: numpy's borrow
@@ -781,7 +781,7 @@ fn round_scale<'py>(
         {
             let mut rw = out.readwrite();
             let dst = rw.as_slice_mut().expect("a fresh array is contiguous");
-            py.detach(|| pool::install(|| q::round_scales(src, dtype, mode, dst)))
+            py.detach(|| pool::install_sized(src.len(), || q::round_scales(src, dtype, mode, dst)))
                 .map_err(to_py)?;
         }
         Ok(out)

@@ -237,7 +237,7 @@ pub fn quantize(ty: GgmlType, x: Input<'_>, row_len: usize, out: &mut [u8]) -> R
         x.len() / ty.block_size() * ty.type_size(),
         "output length"
     );
-    let bad = pool::install(|| match ty {
+    let bad = pool::install_sized(x.len(), || match ty {
         GgmlType::F32 => encode_all::<F32>(x, out),
         GgmlType::F16 => match x {
             // gguf-py casts float64 to float16 directly, not through float32.
@@ -281,7 +281,7 @@ pub fn dequantize(ty: GgmlType, blocks: &[u8], out: &mut [f32]) {
         blocks.len() / ty.type_size() * ty.block_size(),
         "output length"
     );
-    pool::install(|| match ty {
+    pool::install_sized(out.len(), || match ty {
         GgmlType::F32 => decode_all::<F32>(blocks, out),
         GgmlType::F16 => decode_all::<F16>(blocks, out),
         GgmlType::BF16 => decode_all::<BF16>(blocks, out),
