@@ -8,6 +8,7 @@ carries absmean calibration, so ``quantize(x, bitnet())`` uses it unless told ot
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Dict, Union
 
 from . import codebooks
@@ -144,6 +145,13 @@ def resolve(scheme: Union[QuantScheme, str]) -> QuantScheme:
             "a scheme is a blockquant.QuantScheme, a preset name or a scheme text, "
             f"got {type(scheme).__name__}"
         )
+    return _resolve_text(scheme)
+
+
+# Schemes are immutable, so one object per text serves every call: building one (its core twin
+# included) costs more than a small quantize. Bounded, for programs that make up many texts.
+@functools.lru_cache(maxsize=256)
+def _resolve_text(scheme: str) -> QuantScheme:
     if scheme in PRESETS:
         return PRESETS[scheme]()
     if "/" not in scheme:

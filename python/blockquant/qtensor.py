@@ -21,6 +21,16 @@ from .scheme import QuantScheme, QuantValue, ScaleDtype
 __all__ = ["QTensor", "quantize", "dequantize", "round_scale"]
 
 _INPUT_KINDS = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16"}
+# The same by (native) dtype: numpy's ``dtype.name`` is computed in Python on every access, a
+# few microseconds of a small call; other byte orders and bfloat16 (ml_dtypes) go by name.
+_KIND_OF_DTYPE = {np.dtype(n): k for n, k in _INPUT_KINDS.items() if n != "bfloat16"}
+
+
+def _kind(dt: np.dtype) -> Optional[str]:
+    """The core's name for arrays of dtype ``dt`` (native or not), None if it reads no such."""
+    kind = _KIND_OF_DTYPE.get(dt)
+    # Non-native byte order, bfloat16: by name, as before.
+    return kind if kind is not None else _INPUT_KINDS.get(dt.name)
 
 
 def _float_array(x: Any, what: str = "x") -> np.ndarray:
@@ -30,7 +40,7 @@ def _float_array(x: Any, what: str = "x") -> np.ndarray:
     except ValueError as e:  # ragged nested sequences
         raise TypeError(f"{what} must be an array of floats: {e}") from None
     # ml_dtypes' bfloat16 is kind 'V' with a name: accept it by name, and no other 'V' type.
-    if arr.dtype.name not in _INPUT_KINDS:
+    if _kind(arr.dtype) is None:
         raise TypeError(
             f"{what} must be a float16, bfloat16, float32 or float64 array, got dtype {arr.dtype}"
         )
@@ -44,7 +54,8 @@ def _as_input(x: Any) -> Tuple[np.ndarray, str]:
     arr = _float_array(x)
     if not (arr.flags.c_contiguous and arr.dtype.isnative):
         arr = np.asarray(arr, dtype=arr.dtype.newbyteorder("="), order="C")
-    kind = _INPUT_KINDS[arr.dtype.name]
+    kind = _kind(arr.dtype)
+    assert kind is not None  # _float_array checked it
     if kind in ("f16", "bf16"):
         arr = arr.view(np.uint16)
     return arr, kind
