@@ -19,7 +19,7 @@
 //! that also does its own work between calls, the calls got faster (16 MiB int8_block32, two
 //! threads: median 2.0-2.15 ms -> 1.26-2.0 ms) but the loop as a whole did not, on this VM.
 //!
-//! Small calls and one-thread pools skip the hand-over: handing a call to a sleeping worker and
+//! Small calls skip the hand-over: handing a call to a sleeping worker and
 //! being woken when it is done costs two wake-ups, 50-130 µs a call on these VMs (a quantize of
 //! 32 values took 127 µs on one thread), more than the work of any call below a few hundred
 //! thousand values. Such a call runs on the calling thread itself, made once (on its first
@@ -191,6 +191,12 @@ pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// against 170. On a machine that wakes its threads faster the crossover is lower.
 pub const INLINE_BELOW: usize = 1 << 18;
 
+/// With a pool of one thread, calls below this many elements run on the calling thread too (a
+/// hand-over to the one worker costs 100-250 µs on the 2-core VM). Larger ones are handed over:
+/// run on the calling thread, a 16 Mi-value call left the next two-thread call (of a loop that
+/// alternated one and two threads) on one core about half the time.
+pub const INLINE_ONE_THREAD_BELOW: usize = 1 << 22;
+
 /// The most threads made pools of their own: each stays one for the life of the process (rayon
 /// cannot undo it: a few KiB each), so a program that calls from ever-new threads stops making
 /// them here, and its later threads hand their calls over as before.
@@ -231,8 +237,8 @@ fn own_pool() -> Option<&'static ThreadPool> {
 }
 
 /// Run `f`, which touches about `work` elements, inside the pool; on the calling thread when
-/// that is cheaper than handing it over: a call below [`INLINE_BELOW`] elements, any call when
-/// the pool has one thread, and any call nested in one of those.
+/// that is cheaper than handing it over: a call below [`INLINE_BELOW`] elements (below
+/// [`INLINE_ONE_THREAD_BELOW`] when the pool has one thread), and any call nested in one.
 ///
 /// The calling thread then becomes a rayon worker of a one-thread pool of its own, for good: a
 /// parallel iterator it runs later outside blockquant stays on it too (in the same build of
@@ -249,7 +255,7 @@ pub fn install_sized<R: Send>(work: usize, f: impl FnOnce() -> R + Send) -> R {
         }
     }
     let pool = current();
-    if pool.current_num_threads() == 1 {
+    if pool.current_num_threads() == 1 && work < INLINE_ONE_THREAD_BELOW {
         if let Some(own) = own_pool() {
             return run_inline(own, f);
         }
@@ -257,11 +263,51 @@ pub fn install_sized<R: Send>(work: usize, f: impl FnOnce() -> R + Send) -> R {
     // Polling workers stop polling and take this call's work.
     GENERATION.fetch_add(1, Ordering::SeqCst);
     let start = Instant::now();
-    let r = pool.install(f);
+    let r = if OWN.get().is_some() {
+        hand_over_and_block(&pool, f)
+    } else {
+        pool.install(f)
+    };
     if polls(&pool) && start.elapsed() >= LINGER_AFTER {
         linger(&pool);
     }
     r
+}
+
+/// `f` on `pool`'s workers, from a thread that is a worker of its own pool, this thread blocked
+/// until it is done. Not `pool.install(f)`: from a rayon worker that is rayon's crossing from
+/// one pool into another, where the caller spins and yields for a while before it sleeps, and
+/// on the 2-core VM that kept the pool's second worker off the cores for the length of a
+/// few-millisecond call about half the time (two-thread int8_block32: 5.5 ms at 1.0 CPU/wall,
+/// against 3.0 ms at 1.9 from a thread that blocks at once, as rayon's own callers from outside
+/// a pool do).
+fn hand_over_and_block<R: Send>(pool: &ThreadPool, f: impl FnOnce() -> R + Send) -> R {
+    type Slot<R> = (Mutex<Option<std::thread::Result<R>>>, parking_lot::Condvar);
+    let done: Arc<Slot<R>> = Arc::new((Mutex::new(None), parking_lot::Condvar::new()));
+    let signal = done.clone();
+    let job: Box<dyn FnOnce() + Send + '_> = Box::new(move || {
+        // A panic is carried back to the caller (an escaped one would abort in a spawned job).
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        let (slot, cv) = &*signal;
+        *slot.lock() = Some(r);
+        cv.notify_one();
+    });
+    // SAFETY: `spawn` wants a 'static job; this one borrows what `f` borrows, which lives until
+    // this function returns, and it does not return (nor unwind: nothing below panics) before
+    // the job has stored its result, after `f` and everything it borrowed are done with. The
+    // shared slot is reference-counted, so the job's last touch of it is safe however late.
+    let job: Box<dyn FnOnce() + Send + 'static> = unsafe { std::mem::transmute(job) };
+    pool.spawn(job);
+    let (slot, cv) = &*done;
+    let mut result = slot.lock();
+    while result.is_none() {
+        cv.wait(&mut result);
+    }
+    match result.take() {
+        Some(Ok(r)) => r,
+        Some(Err(panic)) => std::panic::resume_unwind(panic),
+        None => unreachable!("the loop above waits for a result"),
+    }
 }
 
 /// `f` on this thread, in its own pool, with nested calls kept there (also when `f` panics).

@@ -1,6 +1,6 @@
 //! Where `pool::install_sized` runs a call (`pool.rs`): small calls on the calling thread, as a
 //! rayon pool of one thread of its own, with nested calls and parallel loops kept there; large
-//! calls on the shared pool. A test binary of its own: each thread that makes a small call uses
+//! calls (past both sizes: the shared pool may have one thread) on the shared pool. A test binary of its own: each thread that makes a small call uses
 //! up one of the process's `MAX_OWN_POOLS` slots, which the crate's unit tests (a thread each)
 //! would exhaust; `own_pool_limit.rs`, which exhausts them, is another.
 
@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::thread::{self, ThreadId};
 
-use blockquant_core::pool::{self, INLINE_BELOW};
+use blockquant_core::pool::{self, INLINE_BELOW, INLINE_ONE_THREAD_BELOW};
 use rayon::prelude::*;
 
 /// The threads a parallel loop of `n` items ran on.
@@ -54,31 +54,24 @@ fn a_small_call_runs_on_the_calling_thread_with_its_loops_and_nested_calls() {
 }
 
 #[test]
-fn a_large_call_goes_to_the_shared_pool_when_it_has_two_threads() {
+fn a_large_call_goes_to_the_shared_pool_from_a_thread_that_is_its_own() {
     thread::spawn(|| {
         let me = thread::current().id();
-        // This thread first becomes its own pool (a small call), then hands a large call over:
-        // rayon's crossing from one pool into another.
+        // This thread first becomes its own pool (a small call), then hands a large call over
+        // (pool.rs, hand_over_and_block), whatever the shared pool's size.
         assert_eq!(pool::install_sized(1, || thread::current().id()), me);
-        let (here, loops) =
-            pool::install_sized(INLINE_BELOW, || (thread::current().id(), loop_threads(256)));
-        if pool::num_threads() > 1 {
-            assert_ne!(here, me);
-            assert!(
-                !loops.contains(&me),
-                "the shared pool's loops stay on its workers"
-            );
-        } else {
-            // A one-thread pool runs every call on the calling thread.
-            assert_eq!(here, me);
-        }
+        let (here, loops) = pool::install_sized(INLINE_ONE_THREAD_BELOW, || {
+            (thread::current().id(), loop_threads(256))
+        });
+        assert_ne!(here, me);
+        assert!(!loops.contains(&me), "the loops stay on the pool's workers");
     })
     .join()
     .unwrap();
 }
 
 #[test]
-fn a_panic_in_a_small_call_leaves_the_thread_as_it_was() {
+fn a_panic_in_a_small_or_a_handed_over_call_leaves_the_thread_as_it_was() {
     thread::spawn(|| {
         let me = thread::current().id();
         let r = catch_unwind(AssertUnwindSafe(|| {
@@ -91,9 +84,22 @@ fn a_panic_in_a_small_call_leaves_the_thread_as_it_was() {
         // Still its own pool for small calls, and a large call is still handed over (had the
         // panic left the thread marked as inside a call, it would run here).
         assert_eq!(pool::install_sized(1, || thread::current().id()), me);
-        if pool::num_threads() > 1 {
-            assert_ne!(pool::install(|| thread::current().id()), me);
-        }
+        assert_ne!(pool::install(|| thread::current().id()), me);
+        // A panic in a large call handed over from such a thread comes back as that panic,
+        // and the thread goes on as before.
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            pool::install(|| {
+                let _ = loop_threads(8);
+                panic!("deliberate, on the pool");
+            })
+        }));
+        let panic = r.expect_err("the pool's panic");
+        assert_eq!(
+            panic.downcast_ref::<&str>(),
+            Some(&"deliberate, on the pool")
+        );
+        assert_eq!(pool::install_sized(1, || thread::current().id()), me);
+        assert_ne!(pool::install(|| thread::current().id()), me);
     })
     .join()
     .unwrap();
