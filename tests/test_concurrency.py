@@ -342,7 +342,7 @@ def test_small_calls_start_no_thread_and_run_alongside_each_other():
     if not os.path.isdir("/proc/self/task"):
         pytest.skip("needs /proc")
     _run("""
-        import os
+        import os, time
         from concurrent.futures import ThreadPoolExecutor
         import numpy as np, blockquant as bq, blockquant.gguf as gg
 
@@ -385,6 +385,10 @@ def test_small_calls_start_no_thread_and_run_alongside_each_other():
         assert os.waitstatus_to_exitcode(status) == 0
         assert (during, threads()) == (0, 0)
         bq.quantize(np.ones(1 << 18, np.float32), bq.presets.int8_block32())
+        # A worker names itself once it runs, which may be a moment after the call.
+        deadline = time.monotonic() + 10
+        while threads() < bq.get_num_threads() and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert threads() == bq.get_num_threads() >= 1, threads()
     """)
 
