@@ -10,6 +10,7 @@ Python keeps only type checks (a ``TypeError`` for an argument of the wrong type
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Optional, Sequence, Tuple
@@ -352,19 +353,7 @@ class QuantScheme:
             raise TypeError(f"shape must be a sequence of ints, got {dims!r}")
         if any(d < 0 for d in dims):
             raise LayoutError(f"shape dims must be >= 0, got {dims}")
-        info = self._handle.layout([int(d) for d in dims])
-        return Layout(
-            shape=tuple(info.shape),
-            storage_shape=tuple(info.storage_shape),
-            storage_dtype=np.dtype(info.storage_dtype),
-            scale_grid=tuple(info.scale_grid),
-            stored_scale_grid=tuple(info.stored_scale_grid),
-            scale_dtype=self.scale_dtype,
-            n_scales=info.n_scales,
-            storage_nbytes=info.storage_nbytes,
-            scales_nbytes=info.scales_nbytes,
-            nbytes=info.nbytes,
-        )
+        return _layout(self, tuple(int(d) for d in dims))
 
     # -- text form ---------------------------------------------------------------------------
     @classmethod
@@ -633,3 +622,24 @@ def _parse_lookup(part: str, text: str) -> Tuple[float, ...]:
     if name is not None:
         raise SchemeError(f"the codebook in {text!r} is the named one {name!r}: write lookup:{name}")
     return tuple(values)
+
+
+# Schemes and layouts are immutable, and quantize(out=...) and from_parts ask for a layout on
+# every call: one computed per scheme and shape serves them all (a few microseconds each, most
+# of a small call's own time). Equal schemes have equal layouts (the options, which equality
+# ignores, do not enter into it). Errors are not cached: they are raised again.
+@functools.lru_cache(maxsize=512)
+def _layout(scheme: QuantScheme, dims: Tuple[int, ...]) -> Layout:
+    info = scheme._handle.layout(list(dims))
+    return Layout(
+        shape=tuple(info.shape),
+        storage_shape=tuple(info.storage_shape),
+        storage_dtype=np.dtype(info.storage_dtype),
+        scale_grid=tuple(info.scale_grid),
+        stored_scale_grid=tuple(info.stored_scale_grid),
+        scale_dtype=scheme.scale_dtype,
+        n_scales=info.n_scales,
+        storage_nbytes=info.storage_nbytes,
+        scales_nbytes=info.scales_nbytes,
+        nbytes=info.nbytes,
+    )

@@ -19,12 +19,14 @@
 //! that also does its own work between calls, the calls got faster (16 MiB int8_block32, two
 //! threads: median 2.0-2.15 ms -> 1.26-2.0 ms) but the loop as a whole did not, on this VM.
 //!
-//! Small calls skip the hand-over: handing a call to a sleeping worker and
-//! being woken when it is done costs two wake-ups, 50-130 µs a call on these VMs (a quantize of
-//! 32 values took 127 µs on one thread), more than the work of any call below a few hundred
-//! thousand values. Such a call runs on the calling thread itself, made once (on its first
-//! such call) a rayon pool of one thread of its own ([`install_sized`]), so that the parallel
-//! loops inside run there, one after another, and never reach rayon's global pool.
+//! Small calls skip the hand-over: handing a call to a sleeping worker and being woken when it
+//! is done costs two wake-ups, 50-250 µs a call on these VMs (a quantize of 32 values took
+//! 127 µs on one thread), more than the work of any call below a few hundred thousand values
+//! (a few million with a pool of one thread). Such a call runs on the calling thread itself,
+//! made once (on its first such call) a rayon pool of one thread of its own
+//! ([`install_sized`]), so that the parallel loops inside run there, one after another, and
+//! never reach rayon's global pool. Larger calls from such a thread are handed over with the
+//! thread blocked at once ([`hand_over_and_block`]).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
