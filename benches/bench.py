@@ -178,6 +178,63 @@ def run_case(case: Case, x: np.ndarray, repeat: int, ref_repeat: int, with_torch
     return r
 
 
+#: Values per small call: a row of a hidden layer, a bias, an activation of one token.
+SMALL_N = 4096
+#: Calls per timed cell in the small-call table (their total is timed, so the clock's
+#: resolution and the harness's own cost are spread over them), and repetitions of each.
+SMALL_CALLS = 200
+SMALL_REPEAT = 9
+
+
+def small_calls(chosen: List[Case], with_torch: bool) -> List[Dict]:
+    """The time of one call on SMALL_N values, in µs, where a call's fixed cost (the Python
+    layer, handing the work to threads) outweighs its work: blockquant's quantize and dequantize
+    (new arrays, the default pool: what a user writes), against the idiomatic numpy version of
+    the same scheme and torch's kernels where there are some."""
+    x = np.random.default_rng(1).standard_normal((1, SMALL_N), dtype=np.float32)
+    return [_small_case(case, x, with_torch) for case in chosen]
+
+
+def _many(f: Callable[[], object]) -> Callable[[], None]:
+    def run() -> None:
+        for _ in range(SMALL_CALLS):
+            f()
+    return run
+
+
+def _small_case(case: Case, x: np.ndarray, with_torch: bool) -> Dict:
+    qt = bq.quantize(x, case.scheme, **case.kw)
+    cells = [Cell("bq_quantize", _many(lambda: bq.quantize(x, case.scheme, **case.kw))),
+             Cell("bq_dequantize", _many(qt.dequantize))]
+    impl = bench_numpy.scheme(case.key, x.shape)
+    if impl is not None:
+        nq = impl.quantize(x, **case.np_kw)
+        out = np.empty(x.shape, np.float32)
+        cells += [Cell("numpy_quantize", _many(lambda: impl.quantize(x, **case.np_kw))),
+                  Cell("numpy_dequantize", _many(lambda: impl.dequantize(nq, out)))]
+    if with_torch:  # its one-thread cells, on the default pool like blockquant's
+        cells += [Cell(c.key[: -len("_1t")], _many(c.fn))
+                  for c in torch_cells(case, x, np.empty(x.shape, np.float32))
+                  if c.key.endswith("_1t")]
+    timed = run_interleaved(cells, SMALL_REPEAT)
+    return dict(name=case.name, **{f"{k}_us": c.s / SMALL_CALLS * 1e6 for k, c in timed.items()})
+
+
+def print_small_calls(rows: List[Dict]) -> None:
+    def us(r: Dict, k: str) -> str:
+        v = r.get(f"{k}_us")
+        return "-" if v is None else f"{v:.1f}"
+
+    print(f"\nsmall calls: µs per call on {SMALL_N} float32 values (1 x {SMALL_N}), new arrays, "
+          "the default pool; numpy = the idiomatic numpy version of the scheme:")
+    bench_report.print_table(
+        [[r["name"], us(r, "bq_quantize"), us(r, "numpy_quantize"), us(r, "torch_quantize"),
+          us(r, "bq_dequantize"), us(r, "numpy_dequantize"), us(r, "torch_dequantize")]
+         for r in rows],
+        ["scheme", "bq quantize", "numpy quantize", "torch quantize", "bq dequantize",
+         "numpy dequantize", "torch dequantize"])
+
+
 def peak_extra_memory(name: str, n: int) -> Optional[float]:
     """Peak resident memory of one quantize call beyond its input and output, in MiB, measured
     in a child process: Linux's peak-RSS mark (VmHWM) is reset just before the call by writing 5
@@ -285,6 +342,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             results["cases"].append(r)
             print(f"  {case.name}: done", file=sys.stderr, flush=True)
         bench_report.print_cases(results["cases"])
+        results["small_calls"] = small_calls(chosen, torch is not None)
+        print_small_calls(results["small_calls"])
 
     results["ggml"] = bench_ggml.rows(x, args.repeat, peers, types) if types else []
     if types:

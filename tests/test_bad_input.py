@@ -621,3 +621,23 @@ def test_the_core_rejects_shapes_numpy_cannot_hold():
             bq._core.from_bytes(bytes(4), scheme._handle, shape)
         with pytest.raises(bq.LayoutError):
             scheme._handle.layout(shape)
+
+
+def test_given_scales_past_float32_are_refused_from_the_rounding_midpoint_on():
+    """A finite float64 scale is refused exactly when float32 would round it to inf (numpy's
+    cast is the oracle): f32's largest value and the float64 just below the midpoint past it
+    round to that largest value and are taken; the midpoint (a tie, to even: inf) and beyond
+    are a ScaleError, and nothing is quantized."""
+    f32max = float(np.finfo(np.float32).max)
+    mid = f32max + 2.0**103
+    x = np.ones((1, 32), np.float32)
+    with np.errstate(over="ignore"):
+        cast = np.array([f32max, np.nextafter(mid, 0), mid, 1e300]).astype(np.float32)
+    assert np.isfinite(cast[:2]).all() and np.isinf(cast[2:]).all()
+    for v in (f32max, np.nextafter(mid, 0)):
+        qt = bq.quantize(x, "int8", scales=[v])
+        assert qt.scales[0] == np.float32(f32max)
+        assert qt.scales.dtype == np.float32
+    for v in (mid, np.nextafter(mid, np.inf), 1e300):
+        with pytest.raises(bq.ScaleError, match="fit in float32"):
+            bq.quantize(x, "int8", scales=[v])
