@@ -23,14 +23,19 @@ __all__ = ["QTensor", "quantize", "dequantize", "round_scale"]
 _INPUT_KINDS = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16"}
 # The same by (native) dtype: numpy's ``dtype.name`` is computed in Python on every access, a
 # few microseconds of a small call; other byte orders and bfloat16 (ml_dtypes) go by name.
-_KIND_OF_DTYPE = {np.dtype(n): k for n, k in _INPUT_KINDS.items() if n != "bfloat16"}
+_NAME_OF_DTYPE = {np.dtype(n): n for n in _INPUT_KINDS if n != "bfloat16"}
+
+
+def _dtype_name(dt: np.dtype) -> str:
+    """``dt.name``, without numpy's cost for the native float types."""
+    name = _NAME_OF_DTYPE.get(dt)
+    # Non-native byte order, bfloat16, anything else: by numpy's name.
+    return name if name is not None else dt.name
 
 
 def _kind(dt: np.dtype) -> Optional[str]:
     """The core's name for arrays of dtype ``dt`` (native or not), None if it reads no such."""
-    kind = _KIND_OF_DTYPE.get(dt)
-    # Non-native byte order, bfloat16: by name, as before.
-    return kind if kind is not None else _INPUT_KINDS.get(dt.name)
+    return _INPUT_KINDS.get(_dtype_name(dt))
 
 
 def _float_array(x: Any, what: str = "x") -> np.ndarray:
@@ -338,9 +343,10 @@ def _output_dtype_name(dtype: Any) -> str:
         dt = np.dtype(dtype)
     except TypeError:
         raise TypeError(f"dequantize returns a float dtype, got {dtype!r}") from None
-    if dt.name not in _INPUT_KINDS:
+    name = _dtype_name(dt)
+    if name not in _INPUT_KINDS:
         raise TypeError(f"dequantize returns float16, bfloat16, float32 or float64, got {dt}")
-    return dt.name
+    return name
 
 
 def _global_scale(g: Any) -> float:
@@ -455,7 +461,7 @@ def _check_out(out: Any, name: str, qt: QTensor) -> np.ndarray:
     every check: a bad one is a TypeError or ValueError, and nothing is written."""
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
-    if out.dtype.name != name or not out.dtype.isnative:
+    if _dtype_name(out.dtype) != name or not out.dtype.isnative:
         raise TypeError(f"out must be a native-order {name} array, got {out.dtype}")
     if out.shape != qt.shape:
         raise ValueError(f"out must have the tensor's shape {qt.shape}, got {out.shape}")
