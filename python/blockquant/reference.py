@@ -213,8 +213,8 @@ def _ue8m0_round(s: np.ndarray, mode: str) -> np.ndarray:
         code = np.where(subnormal, mant > 0x400000, e_field + (mant != 0))
     else:
         # Normal: the midpoint of [2**k, 2**(k+1)] is mantissa 0x400000, and a tie goes up.
-        # Subnormal: the cast sends everything above 2**-127 to 2**-126 (as "up" does).
-        code = np.where(subnormal, mant > 0x400000, e_field + (mant >= 0x400000))
+        # Subnormal: the midpoint of [2**-127, 2**-126] is 1.5 * 2**-127, mantissa 0x600000.
+        code = np.where(subnormal, mant >= 0x600000, e_field + (mant >= 0x400000))
     return np.clip(code.astype(np.int64), 0, 254)
 
 

@@ -179,9 +179,10 @@ impl ScaleDtype {
     }
 }
 
-/// UE8M0: a float with no mantissa bits; up is 2^ceil(log2 s). Nearest sends a tie up, as
-/// ml_dtypes' `float8_e8m0fnu` cast does (3.0 → 4.0), and so equals that cast wherever the cast
-/// is finite, f32 subnormals included (there the cast rounds anything above 2^-127 to 2^-126).
+/// UE8M0: a float with no mantissa bits; up is 2^ceil(log2 s). Nearest is the nearer power of
+/// two with a tie going up, as ml_dtypes' `float8_e8m0fnu` cast does (3.0 → 4.0), and so equals
+/// that cast wherever the cast is finite, f32 subnormals included (ml_dtypes 0.7 on; 0.6 sent
+/// every subnormal above 2^-127 to 2^-126, and blockquant followed it until then).
 /// No zero: 0 and tiny values give 2^-127 (code 0); everything saturates at 2^127 (code 254).
 #[inline(always)]
 fn ue8m0_round(s: f32, up: bool) -> u32 {
@@ -189,8 +190,13 @@ fn ue8m0_round(s: f32, up: bool) -> u32 {
     let exp = bits >> 23;
     let man = bits & 0x7F_FFFF;
     let code = if exp == 0 {
-        // f32 subnormal: between 2^-127 (code 0, mantissa 0x40_0000) and 2^-126 (code 1).
-        (man > 0x40_0000) as u32
+        // f32 subnormal: between 2^-127 (code 0, mantissa 0x40_0000) and 2^-126 (code 1), whose
+        // midpoint 1.5·2^-127 is mantissa 0x60_0000; up: anything above 2^-127.
+        if up {
+            (man > 0x40_0000) as u32
+        } else {
+            (man >= 0x60_0000) as u32
+        }
     } else if up {
         exp + (man != 0) as u32
     } else {
@@ -351,11 +357,16 @@ mod tests {
         assert_eq!(d.round(exp2i(-140), Nearest), exp2i(-127));
         assert_eq!(d.round(f32::MAX, Up), exp2i(127));
         assert_eq!(d.round(exp2i(127) * 1.2, Up), exp2i(127));
-        // Among f32 subnormals the cast sends everything above 2^-127 to 2^-126.
+        // Among f32 subnormals, the nearer of 2^-127 and 2^-126, a tie up (ml_dtypes 0.7's cast);
+        // up: 2^-126 for anything above 2^-127.
         let tie = f32::from_bits(0x60_0000); // 1.5·2^-127
         assert_eq!(d.round(tie, Nearest), exp2i(-126));
-        assert_eq!(d.round(f32::from_bits(0x40_0001), Nearest), exp2i(-126));
+        assert_eq!(d.round(f32::from_bits(0x5F_FFFF), Nearest), exp2i(-127));
+        assert_eq!(d.round(f32::from_bits(0x40_0001), Nearest), exp2i(-127));
+        assert_eq!(d.round(f32::from_bits(0x7F_FFFF), Nearest), exp2i(-126));
         assert_eq!(d.round(exp2i(-127), Nearest), exp2i(-127));
+        assert_eq!(d.round(f32::from_bits(0x40_0001), Up), exp2i(-126));
+        assert_eq!(d.round(exp2i(-127), Up), exp2i(-127));
     }
 
     #[test]
