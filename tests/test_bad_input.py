@@ -641,3 +641,30 @@ def test_given_scales_past_float32_are_refused_from_the_rounding_midpoint_on():
     for v in (mid, np.nextafter(mid, np.inf), 1e300):
         with pytest.raises(bq.ScaleError, match="fit in float32"):
             bq.quantize(x, "int8", scales=[v])
+
+
+@pytest.mark.parametrize("v", [0.03, 0.0, -0.0, 3, 0, 1e-45, 1e-300, -1.0, -3, float("nan"),
+                               float("inf"), -float("inf"), 1e300, 3.4028234663852886e38,
+                               3.4028235677973366e38, 2**127, 2**128, 10**40, 10**400, True])
+@pytest.mark.parametrize("form", ["scalar", "list", "tuple"])
+def test_a_python_number_as_scales_checks_as_the_same_value_in_an_array(v, form):
+    """A per-tensor scale given as a Python number (alone, or in a one-element list or tuple)
+    takes a fast path in the binding's Python layer: it gives the same scales, or the same error
+    type and message, as the same number in a numpy array (the general path). Bools and ints
+    past uint64 (object arrays in numpy) are refused as before."""
+    given = {"scalar": v, "list": [v], "tuple": (v,)}[form]
+
+    def outcome(scales):
+        try:
+            qt = bq.quantize(np.ones((1, 32), np.float32), "int8", scales=scales)
+        except Exception as e:  # noqa: BLE001 - the outcome compared is the error itself
+            return type(e), str(e)
+        return qt.scales.dtype, qt.scales.tobytes(), qt.values.tobytes()
+
+    try:
+        as_array = np.array(given)
+    except OverflowError:  # 10**400 fits no numpy number: an object array
+        as_array = np.array(given, dtype=object)
+    assert outcome(given) == outcome(as_array)
+    if isinstance(v, bool) or (isinstance(v, int) and v >= 2**64):
+        assert outcome(given)[0] is TypeError

@@ -7,6 +7,7 @@ works. Wherever a scheme is taken, a preset name or a scheme text is accepted to
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any, Optional, Tuple, Union
 
@@ -98,6 +99,18 @@ _F32_OVERFLOW = 2.0**128 - 2.0**103
 
 
 def _explicit_scales(scales: Any) -> np.ndarray:
+    # One Python float or int, alone or as a one-element list or tuple (a per-tensor scale, the
+    # common case): the same checks on a float, without numpy's cost per call, which is most of
+    # a small call's. Anything else (bools, huge ints, arrays) takes the general path below.
+    one = scales[0] if type(scales) in (list, tuple) and len(scales) == 1 else scales
+    # (An int past numpy's int64/uint64 is an object array there, refused: so it is here.)
+    if type(one) is float or (type(one) is int and -(2**63) <= one < 2**64):
+        v = float(one)
+        if not (math.isfinite(v) and v >= 0):
+            raise ScaleError(f"scales must be finite and >= 0, got {v} at index 0")
+        if v >= _F32_OVERFLOW:
+            raise ScaleError("scales must fit in float32")
+        return np.array([v] if one is not scales else v, dtype=np.float32)
     try:
         raw = np.asarray(scales)
     except (TypeError, ValueError):
