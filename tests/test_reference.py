@@ -231,16 +231,19 @@ def test_round_scale_ue8m0_ties_to_even():
     np.testing.assert_array_equal(ref.round_scale(x, ScaleDtype.UE8M0, "nearest"), expect)
 
 
+#: ml_dtypes 0.7 on casts f32 subnormals to float8_e8m0fnu by the nearer power; before, it sent
+#: every one above 2**-127 to 2**-126.
+_E8M0_CAST_ROUNDS_SUBNORMALS = tuple(int(p) for p in ml_dtypes.__version__.split(".")[:2]) >= (0, 7)
+
+
 def test_ue8m0_nearest_equals_the_ml_dtypes_cast_wherever_it_is_finite():
     bits = np.arange(1, 0x7F800000, 4093, dtype=np.uint32)  # every exponent, many mantissas
     x = bits.view(np.float32)
     cast = x.astype(ml_dtypes.float8_e8m0fnu).astype(np.float32)
     finite = np.isfinite(cast)
     assert finite.mean() > 0.99
-    # ml_dtypes before 0.7 sent every f32 subnormal above 2**-127 to 2**-126 rather than to the
-    # nearer power: the subnormals are checked against the definition below instead.
-    old_cast = tuple(int(p) for p in ml_dtypes.__version__.split(".")[:2]) < (0, 7)
-    check = finite & ~((bits < 0x800000) & old_cast)
+    # With an older ml_dtypes the subnormals are checked against the definition below instead.
+    check = finite & ~((bits < 0x800000) & (not _E8M0_CAST_ROUNDS_SUBNORMALS))
     for impl in (ref, bq):
         np.testing.assert_array_equal(impl.round_scale(x, ScaleDtype.UE8M0, "nearest")[check],
                                       cast[check])
@@ -260,7 +263,7 @@ def test_ue8m0_nearest_of_f32_subnormals_is_the_nearer_power_a_tie_up():
     assert (want == np.float32(hi)).any() and (want == np.float32(lo)).any()
     for impl in (ref, bq):
         np.testing.assert_array_equal(impl.round_scale(x, ScaleDtype.UE8M0, "nearest"), want)
-    if tuple(int(p) for p in ml_dtypes.__version__.split(".")[:2]) >= (0, 7):
+    if _E8M0_CAST_ROUNDS_SUBNORMALS:
         cast = x.astype(ml_dtypes.float8_e8m0fnu).astype(np.float32)
         ok = np.isfinite(cast)
         np.testing.assert_array_equal(cast[ok], want[ok])

@@ -11,6 +11,11 @@ use std::thread::{self, ThreadId};
 use blockquant_core::pool::{self, INLINE_BELOW, INLINE_ONE_THREAD_BELOW};
 use rayon::prelude::*;
 
+/// `f` on a thread of its own, one that has made no call yet; its panic fails the test.
+fn on_a_fresh_thread(f: impl FnOnce() + Send + 'static) {
+    thread::spawn(f).join().unwrap();
+}
+
 /// The threads a parallel loop of `n` items ran on.
 fn loop_threads(n: usize) -> HashSet<ThreadId> {
     (0..n)
@@ -22,7 +27,7 @@ fn loop_threads(n: usize) -> HashSet<ThreadId> {
 
 #[test]
 fn a_small_call_runs_on_the_calling_thread_with_its_loops_and_nested_calls() {
-    thread::spawn(|| {
+    on_a_fresh_thread(|| {
         let me = thread::current().id();
         let (here, index, loops, nested, nested_big) = pool::install_sized(1000, || {
             (
@@ -48,14 +53,12 @@ fn a_small_call_runs_on_the_calling_thread_with_its_loops_and_nested_calls() {
             pool::install_sized(INLINE_BELOW - 1, || thread::current().id()),
             me
         );
-    })
-    .join()
-    .unwrap();
+    });
 }
 
 #[test]
 fn a_large_call_goes_to_the_shared_pool_from_a_thread_that_is_its_own() {
-    thread::spawn(|| {
+    on_a_fresh_thread(|| {
         let me = thread::current().id();
         // This thread first becomes its own pool (a small call), then hands a large call over
         // (pool.rs, hand_over_and_block), whatever the shared pool's size.
@@ -65,14 +68,12 @@ fn a_large_call_goes_to_the_shared_pool_from_a_thread_that_is_its_own() {
         });
         assert_ne!(here, me);
         assert!(!loops.contains(&me), "the loops stay on the pool's workers");
-    })
-    .join()
-    .unwrap();
+    });
 }
 
 #[test]
 fn a_panic_in_a_small_or_a_handed_over_call_leaves_the_thread_as_it_was() {
-    thread::spawn(|| {
+    on_a_fresh_thread(|| {
         let me = thread::current().id();
         let r = catch_unwind(AssertUnwindSafe(|| {
             pool::install_sized(1, || {
@@ -100,7 +101,5 @@ fn a_panic_in_a_small_or_a_handed_over_call_leaves_the_thread_as_it_was() {
         );
         assert_eq!(pool::install_sized(1, || thread::current().id()), me);
         assert_ne!(pool::install(|| thread::current().id()), me);
-    })
-    .join()
-    .unwrap();
+    });
 }
