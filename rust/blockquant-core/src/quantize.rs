@@ -1509,38 +1509,46 @@ pub(crate) mod tests {
     /// On a CPU with AVX2 this compares the AVX2 build of the one-pass block kernel with the
     /// portable one (scales, codes, non-finite flag); without it both sides are portable and
     /// the test passes trivially. Non-finite input included: both builds must still agree.
-    #[test]
-    fn measure_encode_avx2_build_matches_portable() {
-        fn check<C: Encode>(codec: C, x: &[f32], layout: &Layout, opts: &QuantizeOptions) {
-            let mut k = FusedKernel::new(layout, opts, false);
-            for p in pieces(layout) {
-                let xs = &x[p.start..p.start + p.len];
-                let (mut s1, mut s2) = (vec![-1.0f32; p.scales], vec![-2.0f32; p.scales]);
-                let (mut c1, mut c2) = (vec![1u8; p.len], vec![2u8; p.len]);
-                let b1 = measure_encode(codec, &k, &p, xs, &mut s1, &mut c1);
-                let b2 = measure_encode_portable(codec, &k, &p, xs, &mut s2, &mut c2);
-                let ctx = || format!("{} {opts:?} {:?} {p:?}", layout.scheme, layout.shape);
-                let (a, b): (Vec<u32>, Vec<u32>) = (
-                    s1.iter().map(|&v| key(v)).collect(),
-                    s2.iter().map(|&v| key(v)).collect(),
-                );
-                assert_eq!(a, b, "scales: {}", ctx());
-                assert_eq!(c1, c2, "codes: {}", ctx());
-                assert_eq!(b1, b2, "non-finite: {}", ctx());
-                // With the non-temporal stores of large storage: the same codes.
-                #[cfg(target_arch = "x86_64")]
-                {
-                    k.stream = true;
-                    let mut c3 = vec![3u8; p.len];
-                    let b3 = measure_encode(codec, &k, &p, xs, &mut s1, &mut c3);
-                    // SAFETY: SSE is part of x86-64.
-                    unsafe { std::arch::x86_64::_mm_sfence() };
-                    k.stream = false;
-                    assert_eq!(c3, c2, "streamed codes: {}", ctx());
-                    assert_eq!(b3, b2, "streamed non-finite: {}", ctx());
-                }
+    /// `measure_encode` (the AVX2 build where the CPU has it) against its portable build on
+    /// `x`: scales, codes and the non-finite flag, with plain and non-temporal stores.
+    fn check_measure_encode<C: Encode>(
+        codec: C,
+        x: &[f32],
+        layout: &Layout,
+        opts: &QuantizeOptions,
+    ) {
+        let mut k = FusedKernel::new(layout, opts, false);
+        for p in pieces(layout) {
+            let xs = &x[p.start..p.start + p.len];
+            let (mut s1, mut s2) = (vec![-1.0f32; p.scales], vec![-2.0f32; p.scales]);
+            let (mut c1, mut c2) = (vec![1u8; p.len], vec![2u8; p.len]);
+            let b1 = measure_encode(codec, &k, &p, xs, &mut s1, &mut c1);
+            let b2 = measure_encode_portable(codec, &k, &p, xs, &mut s2, &mut c2);
+            let ctx = || format!("{} {opts:?} {:?} {p:?}", layout.scheme, layout.shape);
+            let (a, b): (Vec<u32>, Vec<u32>) = (
+                s1.iter().map(|&v| key(v)).collect(),
+                s2.iter().map(|&v| key(v)).collect(),
+            );
+            assert_eq!(a, b, "scales: {}", ctx());
+            assert_eq!(c1, c2, "codes: {}", ctx());
+            assert_eq!(b1, b2, "non-finite: {}", ctx());
+            // With the non-temporal stores of large storage: the same codes.
+            #[cfg(target_arch = "x86_64")]
+            {
+                k.stream = true;
+                let mut c3 = vec![3u8; p.len];
+                let b3 = measure_encode(codec, &k, &p, xs, &mut s1, &mut c3);
+                // SAFETY: SSE is part of x86-64.
+                unsafe { std::arch::x86_64::_mm_sfence() };
+                k.stream = false;
+                assert_eq!(c3, c2, "streamed codes: {}", ctx());
+                assert_eq!(b3, b2, "streamed non-finite: {}", ctx());
             }
         }
+    }
+
+    #[test]
+    fn measure_encode_avx2_build_matches_portable() {
         let mut rng = Rng::new(12);
         for (shape, bc) in [
             (&[3, 1000][..], 37),
@@ -1571,12 +1579,72 @@ pub(crate) mod tests {
                     if dtype == ScaleDtype::UE8M0 && i % 2 == 0 {
                         opts.scale_rounding = ScaleRounding::Mx;
                     }
-                    with_codec!(&layout.scheme, opts.rounding, |codec| check(
-                        codec, &x, &layout, &opts
-                    ));
+                    with_codec!(&layout.scheme, opts.rounding, |codec| {
+                        check_measure_encode(codec, &x, &layout, &opts)
+                    });
                 }
             }
         }
+    }
+
+    /// The one-pass kernel's integer codes by the checked multiply (blocks of 16 and 32 in
+    /// groups of eight, scales that are not powers of two): every value but each block's
+    /// largest a few ulps from a half-integer multiple of the block's stored scale, where the
+    /// product by 1 / e and the division round apart, in every integer range, rounding and
+    /// scale rounding. Against the portable build (the division), bit for bit.
+    #[test]
+    fn measure_encode_near_half_integers_matches_portable() {
+        let mut rng = Rng::new(41);
+        let mut misses = 0;
+        for bc in [16, 32] {
+            for value in [QuantValue::Q8S, QuantValue::Q4S, QuantValue::Q2S] {
+                for dtype in [ScaleDtype::F16, ScaleDtype::F32, ScaleDtype::BF16] {
+                    let opts_all = all_opts();
+                    let minmax = opts_all
+                        .iter()
+                        .filter(|o| o.calibration == Calibration::MinMax);
+                    for opts in minmax {
+                        let shape = [3, 24 * bc];
+                        let layout =
+                            Layout::new(&one_level(value, QuantStore::Native, bc, dtype), &shape)
+                                .unwrap();
+                        let k = FusedKernel::new(&layout, opts, false);
+                        let (_, qmax) = value.range();
+                        let mut x = vec![0.0f32; shape[0] * shape[1]];
+                        for block in x.chunks_mut(bc) {
+                            let amax = f32::from_bits(0x3000_0000 + rng.below(0x1800_0000) as u32);
+                            let e = k.scale(amax);
+                            block[0] = if rng.below(2) == 0 { amax } else { -amax };
+                            for v in &mut block[1..] {
+                                let h = rng.below(2 * qmax as usize) as f64 - qmax as f64 + 0.5;
+                                let near = (h * e as f64) as f32;
+                                let step = rng.below(9) as i32 - 4;
+                                let w = f32::from_bits(
+                                    (near.to_bits() as i32).wrapping_add(step) as u32
+                                );
+                                *v = if w.abs() <= amax {
+                                    w
+                                } else {
+                                    near.clamp(-amax, amax)
+                                };
+                            }
+                            misses += block
+                                .iter()
+                                .filter(|&&v| (v * (1.0 / e)).round() != (v / e).round())
+                                .count();
+                        }
+                        with_codec!(&layout.scheme, opts.rounding, |codec| {
+                            check_measure_encode(codec, &x, &layout, opts)
+                        });
+                    }
+                }
+            }
+        }
+        // The data must reach the values where the product alone would be wrong.
+        assert!(
+            misses > 100,
+            "only {misses} values where the product and division differ"
+        );
     }
 
     // ---- quantize → dequantize against a scalar reading of SPEC ----

@@ -409,7 +409,8 @@ pub(crate) mod x86 {
 
     /// Integer codes of eight values `v` divided by a scale e, computed as `v · r` with
     /// r = 1 / e rounded ([`super::checked_reciprocal`]), clamped to `[lo, hi]` ⊂ [-128, 127]
-    /// unless `IN_RANGE` (every |v / e| below `Encode::unclamped_below`), rounded to nearest.
+    /// unless `IN_RANGE` (every |v / e| below `Encode::unclamped_below`, at most 127.5),
+    /// rounded to nearest: i32 lanes.
     ///
     /// Why this is the division's code: the product q is within 2^-16 of v / e for |v / e| ≤ 128
     /// (two roundings of 2^-24 relative), the correctly rounded quotient within 2^-18 of it,
@@ -420,12 +421,17 @@ pub(crate) mod x86 {
     /// measure, and [`recip_was_near`] says whether any lane was flagged. The caller then
     /// encodes those values by the division; a flagged lane's code is not to be used.
     ///
-    /// The rounding: q + 384 lies in [256, 512), where an f32's step is 2^-15, so the add
-    /// rounds q to 15 fraction bits, held in the low 15 bits of the pattern (f: the fraction
-    /// times 2^15) above the integer 256 + 128 + q. Adding 0x4002 carries into bit 15 exactly
-    /// when f ≥ 0x3FFE; off the flagged f in [0x3FFE, 0x4002] (whose low bits after the add
-    /// are 0..=4) that is rounding to nearest. The lane's result, the pattern shifted down
-    /// by 15, is 135 · 256 + 128 + round(q): [`recip_bytes32`] takes the codes from there.
+    /// The code is `cvtps2dq` of q: round to nearest, ties to even under the default MXCSR,
+    /// which every other step here assumes too (the product, the division it stands for). An
+    /// unflagged q is no tie, so that is the half-away rounding of `Encode::encode`.
+    ///
+    /// The distance measure: s = q + 384 + 0x4002 · 2^-15 lies in [256, 512) (q < 127.49994),
+    /// where an f32's step is 2^-15, so s is q rounded to 15 fraction bits plus 0x4002 steps
+    /// (an even number of steps, so the tie rule of that rounding is unmoved), and its pattern's
+    /// low 15 bits are (f + 0x4002) mod 2^15 for f the fraction of q + 384 times 2^15: at most
+    /// 4 exactly when f is in [0x3FFE, 0x4002], 2 steps either side of a half. A q above that
+    /// (within 2^-16 of 127.5 in the `IN_RANGE` case) takes s to 512 or just past it, where
+    /// the low bits are 0 to 2: flagged, as it should be. One add, one and, one min a vector.
     #[inline(always)]
     pub(crate) unsafe fn int_codes8_recip<const IN_RANGE: bool>(
         v: __m256,
@@ -439,11 +445,14 @@ pub(crate) mod x86 {
             // `max` takes lo for a NaN, as the codecs' clamp does.
             q = _mm256_min_ps(_mm256_max_ps(q, lo), hi);
         }
-        let m = _mm256_castps_si256(_mm256_add_ps(q, _mm256_set1_ps(384.0)));
-        let t = _mm256_add_epi32(m, _mm256_set1_epi32(0x4002));
-        *near = _mm256_min_epu32(*near, _mm256_and_si256(t, _mm256_set1_epi32(0x7FFF)));
-        _mm256_srli_epi32::<15>(t)
+        let s = _mm256_add_ps(q, _mm256_set1_ps(RECIP_NEAR_BIAS));
+        let low = _mm256_and_si256(_mm256_castps_si256(s), _mm256_set1_epi32(0x7FFF));
+        *near = _mm256_min_epu32(*near, low);
+        _mm256_cvtps_epi32(q)
     }
+
+    /// 384 + 0x4002 · 2^-15 (exact in f32): see [`int_codes8_recip`].
+    const RECIP_NEAR_BIAS: f32 = 384.0 + 0x4002 as f32 / 32768.0;
 
     /// Whether [`int_codes8_recip`] flagged a lane since `near` was all ones.
     #[inline(always)]
@@ -453,13 +462,11 @@ pub(crate) mod x86 {
     }
 
     /// The 32 code bytes, in order, of four [`int_codes8_recip`] results (of a, b, c, d
-    /// values in turn): the words 135 · 256 + 128 + round(q) less 135 · 256 + 128 are the
-    /// codes as i16, which the signed pack keeps (all within [-128, 127]).
+    /// values in turn): i32 codes within [-128, 127], which the signed packs keep.
     #[inline(always)]
     pub(crate) unsafe fn recip_bytes32(a: __m256i, b: __m256i, c: __m256i, d: __m256i) -> __m256i {
-        let base = _mm256_set1_epi16((135 * 256 + 128) as i16);
-        let ab = _mm256_sub_epi16(_mm256_packus_epi32(a, b), base);
-        let cd = _mm256_sub_epi16(_mm256_packus_epi32(c, d), base);
+        let ab = _mm256_packs_epi32(a, b);
+        let cd = _mm256_packs_epi32(c, d);
         let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), order)
     }
@@ -468,8 +475,7 @@ pub(crate) mod x86 {
     /// [`recip_bytes32`]).
     #[inline(always)]
     pub(crate) unsafe fn recip_bytes16(a: __m256i, b: __m256i) -> __m128i {
-        let base = _mm256_set1_epi16((135 * 256 + 128) as i16);
-        let ab = _mm256_sub_epi16(_mm256_packus_epi32(a, b), base);
+        let ab = _mm256_packs_epi32(a, b);
         let ab = _mm_packs_epi16(
             _mm256_castsi256_si128(ab),
             _mm256_extracti128_si256::<1>(ab),
