@@ -178,6 +178,41 @@ unsafe fn max_abs_blocks_8s(cols: &[f32], bc: usize, out: &mut [f32]) {
     max_abs_blocks_portable(&cols[(done * bc).min(cols.len())..], bc, &mut out[done..]);
 }
 
+/// [`max_abs_blocks`] with the maxima taken over the |x| bit patterns (`out` holds f32s,
+/// compared as their patterns, which order as the values for finite |x|), eight whole blocks
+/// at a time: the same maxima for finite and infinite values, but a NaN is not passed over. A
+/// block holding one gets a NaN maximum, so one look at the maxima tells whether any input
+/// was not finite. The CPU must have AVX2 (the tile kernel's measure).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn max_abs_bits_blocks(cols: &[f32], bc: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let mut done = 0;
+    if bc.is_multiple_of(8) {
+        let groups = (cols.len() / bc).min(out.len()) / 8;
+        for g in 0..groups {
+            // In bounds: blocks 8g..8g + 8 are whole within cols and out.
+            let p = cols.as_ptr().add(g * 8 * bc);
+            crate::simd::x86::prefetch(p.wrapping_add(crate::simd::x86::PREFETCH_AHEAD), 8 * bc);
+            let m = crate::simd::x86::max_abs_bits_8runs_len(p, bc);
+            let o = out.as_mut_ptr().add(g * 8) as *mut __m256i;
+            _mm256_storeu_si256(o, _mm256_max_epi32(m, _mm256_loadu_si256(o)));
+        }
+        done = groups * 8;
+    }
+    for (a, seg) in out[done..]
+        .iter_mut()
+        .zip(cols[(done * bc).min(cols.len())..].chunks(bc))
+    {
+        let m = seg
+            .iter()
+            .map(|v| v.to_bits() & 0x7FFF_FFFF)
+            .max()
+            .unwrap_or(0);
+        *a = f32::from_bits(m.max(a.to_bits()));
+    }
+}
+
 #[inline(always)]
 fn max_abs_blocks_portable(cols: &[f32], bc: usize, out: &mut [f32]) {
     for (a, seg) in out.iter_mut().zip(cols.chunks(bc)) {

@@ -330,17 +330,38 @@ unsafe fn run_avx2<'l, C: Encode, S: Sink<'l>>(
     let layout = k.layout;
     let (n, bc) = (layout.row_len(), layout.block_cols());
     let stream = k.stream;
+    // The maxima over |x| patterns: a NaN shows in its block's maximum (see `finish`).
     let measure = |rows: &[usize], c0: usize, w: usize, scales: &mut [f32], i: usize| {
-        max_abs_blocks(&xs[rows[i] * n + c0..rows[i] * n + c0 + w], bc, scales);
+        crate::calibrate::max_abs_bits_blocks(
+            &xs[rows[i] * n + c0..rows[i] * n + c0 + w],
+            bc,
+            scales,
+        );
     };
-    let finish = |scales: &mut [f32]| scales.iter_mut().for_each(|a| *a = k.scale(*a));
+    // The tile's stored scales from its maxima, and whether its rows take the quick encode:
+    // integer codes, every scale with a checked reciprocal and every quotient in range (each
+    // block's largest |x| over its scale below `unclamped_below`, so every value finite too).
+    // A NaN maximum (the tile holds a NaN: the call fails) becomes infinity, as the largest
+    // |x| it stands for could be; the encode then finds the NaN.
+    let bound = codec.int_range().and(codec.unclamped_below());
+    let finish = |scales: &mut [f32]| {
+        let mut quick = bound.is_some();
+        for a in scales.iter_mut() {
+            let alpha = if a.is_nan() { f32::INFINITY } else { *a };
+            let e = k.scale(alpha);
+            quick &= crate::simd::checked_reciprocal(e).is_some()
+                && bound.is_some_and(|b| alpha / e < b);
+            *a = e;
+        }
+        quick
+    };
     // The run's first tile alone.
     let (mut c0, mut w, mut scales) = tile_at(layout, tiles, run.start, &sc, rows);
     scales.fill(0.0);
     for i in 0..rows.len() {
         measure(rows, c0, w, scales, i);
     }
-    finish(scales);
+    let mut quick = finish(scales);
     let mut bad = false;
     for t in run.clone() {
         let mut next = if t + 1 < run.end {
@@ -374,7 +395,11 @@ unsafe fn run_avx2<'l, C: Encode, S: Sink<'l>>(
                     x86::prefetch(ahead.0.wrapping_add(off), bc.min(ahead.1 - off));
                     off += bc;
                 }
-                bad |= x86::encode_run_or_zero(codec, run, e, o, stream);
+                if quick {
+                    x86::encode_run_recip_in_range(codec, run, e, 1.0 / e, o, stream);
+                } else {
+                    bad |= x86::encode_run_or_zero(codec, run, e, o, stream);
+                }
             }
             if off < ahead.1 {
                 x86::prefetch(ahead.0.wrapping_add(off), ahead.1 - off);
@@ -382,7 +407,7 @@ unsafe fn run_avx2<'l, C: Encode, S: Sink<'l>>(
             sink.done(r);
         }
         let Some((c1, w1, s1)) = next else { break };
-        finish(s1);
+        quick = finish(s1);
         (c0, w, scales) = (c1, w1, s1);
         std::mem::swap(rows, next_rows);
     }

@@ -245,6 +245,77 @@ fn tiles_equal_two_passes_on_converted_input() {
     }
 }
 
+/// The quick encode of integer codes (the checked multiply, no clamp): every value but each
+/// block's largest a few ulps from a half-integer multiple of its block's stored scale, where
+/// the product by 1 / e and the division round apart; in every integer range, rounding, scale
+/// rounding and several scale dtypes, blocks of one and several rows, with and without whole
+/// 32s in a tile row. Against the two-pass path (the division), bit for bit.
+#[test]
+fn tiles_equal_two_passes_near_half_integers() {
+    let mut rng = Rng::new(24);
+    let mut misses = 0;
+    for (shape, block) in [
+        (&[64usize, 512][..], &[4usize, 64][..]),
+        (&[256, 384], &[128, 128]),
+        (&[24, 100], &[3, 20]),
+    ] {
+        for value in [QuantValue::Q8S, QuantValue::Q4S, QuantValue::Q2S] {
+            for dtype in [ScaleDtype::F32, ScaleDtype::F16, ScaleDtype::BF16] {
+                for (r, rounding) in [Rounding::HalfAway, Rounding::HalfEven]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let layout =
+                        Layout::new(&scheme(value, QuantStore::Native, block, dtype), shape)
+                            .unwrap();
+                    let opts = QuantizeOptions {
+                        calibration: Calibration::MinMax,
+                        rounding,
+                        scale_rounding: [ScaleRounding::Up, ScaleRounding::Nearest][r],
+                    };
+                    let k = FusedKernel::new(&layout, &opts, false);
+                    let (_, qmax) = value.range();
+                    let (rows, cols) = (shape[0], shape[1]);
+                    let (br, bc) = (block[0], block[1]);
+                    let mut x = vec![0.0f32; rows * cols];
+                    for gr in 0..rows / br {
+                        for gc in 0..cols / bc {
+                            let alpha = f32::from_bits(0x3000_0000 + rng.below(0x1800_0000) as u32);
+                            let e = k.scale(alpha);
+                            for i in gr * br..(gr + 1) * br {
+                                for j in gc * bc..(gc + 1) * bc {
+                                    let h = rng.below(2 * qmax as usize) as f64 - qmax as f64 + 0.5;
+                                    let near = (h * e as f64) as f32;
+                                    let step = rng.below(9) as i32 - 4;
+                                    let v = f32::from_bits(
+                                        (near.to_bits() as i32).wrapping_add(step) as u32,
+                                    );
+                                    let v = if v.abs() < alpha {
+                                        v
+                                    } else {
+                                        near.clamp(-alpha, alpha)
+                                    };
+                                    misses += ((v * (1.0 / e)).round() != (v / e).round()) as usize;
+                                    x[i * cols + j] = v;
+                                }
+                            }
+                            // The block's largest, which sets its scale.
+                            x[gr * br * cols + gc * bc] =
+                                if rng.below(2) == 0 { alpha } else { -alpha };
+                        }
+                    }
+                    check(Input::F32(&x), &layout, &opts);
+                }
+            }
+        }
+    }
+    // The data must reach the values where the product alone would be wrong.
+    assert!(
+        misses > 100,
+        "only {misses} values where the product and division differ"
+    );
+}
+
 /// A NaN or an infinity anywhere (first row of a tile, last column, a ragged edge block): the
 /// same `NonFinite` error naming the first one, from every build and thread count.
 #[test]

@@ -214,6 +214,37 @@ pub(crate) mod x86 {
         )
     }
 
+    /// The largest |x| bit pattern of each of eight runs of `len` values (a multiple of 8)
+    /// from `p`, `p + len`, ...: lane j is run j's. As [`max_abs_8runs`] but in integers, so a
+    /// NaN is not passed over: its pattern is above every other's (an infinity's is above every
+    /// finite one's), and one look at the maxima tells whether a run holds either.
+    #[inline(always)]
+    pub(crate) unsafe fn max_abs_bits_8runs_len(p: *const f32, len: usize) -> __m256i {
+        let abs = _mm256_set1_epi32(0x7FFF_FFFF);
+        let mut m = [_mm256_setzero_si256(); 8];
+        for (j, acc) in m.iter_mut().enumerate() {
+            let run = p.add(j * len);
+            for t in (0..len).step_by(8) {
+                let v = _mm256_loadu_si256(run.add(t) as *const __m256i);
+                *acc = _mm256_max_epi32(_mm256_and_si256(v, abs), *acc);
+            }
+        }
+        #[inline(always)]
+        unsafe fn pair(a: __m256i, b: __m256i) -> __m256i {
+            _mm256_max_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b))
+        }
+        #[inline(always)]
+        unsafe fn quad(ab: __m256i, cd: __m256i) -> __m256i {
+            _mm256_max_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd))
+        }
+        let lo = quad(pair(m[0], m[1]), pair(m[2], m[3]));
+        let hi = quad(pair(m[4], m[5]), pair(m[6], m[7]));
+        _mm256_max_epi32(
+            _mm256_permute2x128_si256::<0x20>(lo, hi),
+            _mm256_permute2x128_si256::<0x31>(lo, hi),
+        )
+    }
+
     /// max |x| of each of eight runs of `len` values (a multiple of 8) from `p`, `p + len`, ...:
     /// lane j is run j's. NaNs passed over, as [`max_abs`].
     #[inline(always)]
@@ -863,6 +894,44 @@ pub(crate) mod x86 {
             _mm256_div_ps(v, d)
         };
         codec.encode8(q)
+    }
+
+    /// [`encode_run`] of integer codes by the checked multiply ([`int_codes8_recip`]) by `r`,
+    /// the reciprocal of `e`, when the caller knows every value is finite and every |x / e|
+    /// below `Encode::unclamped_below` (its run's largest |x| over e, by the division, is): no
+    /// clamp and no check of the inputs, and the flags of the whole run tested once (a run
+    /// with a flagged lane is encoded again by the division, over the codes already stored).
+    /// The values past the last whole 32 go by the division.
+    #[inline(always)]
+    pub(crate) unsafe fn encode_run_recip_in_range<C: Encode>(
+        codec: C,
+        xs: &[f32],
+        e: f32,
+        r: f32,
+        out: &mut [u8],
+        stream: bool,
+    ) {
+        let n = xs.len();
+        assert_eq!(out.len(), n, "codes of a run");
+        let stream = stream && (out.as_ptr() as usize).is_multiple_of(16);
+        let rv = _mm256_set1_ps(r);
+        let (src, dst) = (xs.as_ptr(), out.as_mut_ptr());
+        let mut near = _mm256_set1_epi32(-1);
+        let mut i = 0;
+        // i + 32 <= n = xs.len() = out.len(): loads and stores in bounds.
+        while i + 32 <= n {
+            let p = src.add(i);
+            let mut c = [_mm256_setzero_si256(); 4];
+            for (k, ck) in c.iter_mut().enumerate() {
+                let v = _mm256_loadu_ps(p.add(8 * k));
+                // In range: the clamp bounds are not read.
+                *ck = int_codes8_recip::<true>(v, rv, rv, rv, &mut near);
+            }
+            store32(dst.add(i), recip_bytes32(c[0], c[1], c[2], c[3]), stream);
+            i += 32;
+        }
+        let from = if recip_was_near(near) { 0 } else { i };
+        encode_run_with::<C, false, false>(codec, &xs[from..], e, &mut out[from..], stream);
     }
 
     /// [`encode_run`] of integer codes by the checked multiply ([`int_codes8_recip`]) by
