@@ -509,9 +509,95 @@ fn quantize_in_pool(
     {
         return crate::search::quantize_searched(x, None, layout, opts, None, out);
     }
+    #[cfg(target_arch = "x86_64")]
+    if calibrating(explicit) && opts.calibration == Calibration::MinMax && layout.per_tensor {
+        if let (Input::F32(xs), true) = (x, crate::simd::has_avx2()) {
+            return quantize_per_tensor_avx2(xs, layout, opts, out);
+        }
+    }
     let scales = compute_scales(x, layout, opts, explicit)?;
     encode_values(x, layout, scales.effective(), opts.rounding, out)?;
     Ok(scales)
+}
+
+/// A per-tensor scale from max |x| (f32 input, AVX2): `compute_scales` + `encode_values`, the
+/// same bits, with the maximum taken over the |x| bit patterns, so a non-finite input is
+/// refused after that pass, and integer codes of one a byte then encoded by the checked
+/// multiply without the clamp or the input check when every quotient is in range (the
+/// largest |x| over the scale, by the division, below `Encode::unclamped_below`): half the
+/// work a value of the general encode's.
+#[cfg(target_arch = "x86_64")]
+fn quantize_per_tensor_avx2(
+    xs: &[f32],
+    layout: &Layout,
+    opts: &QuantizeOptions,
+    out: StorageMut<'_>,
+) -> Result<Scales> {
+    #[target_feature(enable = "avx2")]
+    unsafe fn max_bits(xs: &[f32]) -> u32 {
+        crate::simd::x86::max_abs_bits_prefetching(xs)
+    }
+    let top = xs
+        .par_chunks(MIN_TASK_ELEMS)
+        // SAFETY: the caller checked the CPU has AVX2.
+        .map(|c| unsafe { max_bits(c) })
+        .reduce(|| 0, u32::max);
+    if top > f32::MAX.to_bits() {
+        return Err(first_non_finite(Input::F32(xs)));
+    }
+    let k = FusedKernel::new(layout, opts, false);
+    let (alpha, e) = (f32::from_bits(top), k.scale(f32::from_bits(top)));
+    let p = &layout.packing;
+    let quick = |out: &mut StorageMut<'_>| -> bool {
+        let StorageMut::U8(words) = out else {
+            return false;
+        };
+        if p.per != 1 || p.swapped || p.masks_bytes() {
+            return false;
+        }
+        let Some(r) = crate::simd::checked_reciprocal(e) else {
+            return false;
+        };
+        with_codec!(&layout.scheme, opts.rounding, |codec| {
+            match codec.int_range().and(codec.unclamped_below()) {
+                Some(b) if alpha / e < b => {
+                    let stream = layout.num_elements >= crate::simd::x86::STREAM_MIN_BYTES;
+                    words
+                        .par_chunks_mut(MIN_TASK_ELEMS)
+                        .zip(xs.par_chunks(MIN_TASK_ELEMS))
+                        .for_each(|(o, c)| unsafe { encode_quick(codec, c, e, r, o, stream) });
+                    true
+                }
+                _ => false,
+            }
+        })
+    };
+    let mut out = out;
+    if !quick(&mut out) {
+        encode_values(Input::F32(xs), layout, &[e], opts.rounding, out)?;
+    }
+    Ok(Scales::new(vec![e], None))
+}
+
+/// [`quantize_per_tensor_avx2`]'s encode of a chunk (finite, in range: see there).
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn encode_quick<C: Encode>(
+    codec: C,
+    xs: &[f32],
+    e: f32,
+    r: f32,
+    out: &mut [u8],
+    stream: bool,
+) {
+    crate::simd::x86::encode_run_recip_in_range::<C, true>(codec, xs, e, r, out, stream);
+    if stream {
+        // The non-temporal stores are weakly ordered: done before the task says it is done.
+        std::arch::x86_64::_mm_sfence();
+    }
 }
 
 /// Elements per piece of the one-pass kernel: 64 KiB of f32 stays in L2 between measuring a
@@ -1641,6 +1727,94 @@ pub(crate) mod tests {
             }
         }
         // The data must reach the values where the product alone would be wrong.
+        assert!(
+            misses > 100,
+            "only {misses} values where the product and division differ"
+        );
+    }
+
+    /// Per-tensor scales from max |x| on f32 input (`quantize_per_tensor_avx2` where the CPU
+    /// has AVX2: the quick encode of integer codes one a byte, the general one for other
+    /// stores) against `compute_scales` + `encode_values`: values a few ulps from half-integer
+    /// multiples of the scale (where the product by 1 / e and the division round apart),
+    /// lengths around the 32s and the chunks, every integer range, rounding, scale rounding
+    /// and store; all zeros; a NaN or an infinity anywhere, refused naming the first.
+    #[test]
+    fn per_tensor_max_abs_matches_two_pass() {
+        let mut rng = Rng::new(43);
+        let mut misses = 0;
+        for n in [0, 1, 31, 33, 1000, MIN_TASK_ELEMS + 77, 3 * MIN_TASK_ELEMS] {
+            for value in [QuantValue::Q8S, QuantValue::Q4S, QuantValue::Q2S] {
+                for (i, store) in STORES.into_iter().enumerate() {
+                    let dtype = [ScaleDtype::F32, ScaleDtype::F16, ScaleDtype::BF16][i];
+                    let scheme = QuantScheme::default()
+                        .with_value(value)
+                        .with_store(store)
+                        .per_tensor(dtype);
+                    let Ok(layout) = Layout::new(&scheme, &[n]) else {
+                        continue;
+                    };
+                    let opts = QuantizeOptions {
+                        calibration: Calibration::MinMax,
+                        rounding: [Rounding::HalfAway, Rounding::HalfEven][n % 2],
+                        scale_rounding: [ScaleRounding::Up, ScaleRounding::Nearest][i % 2],
+                    };
+                    let k = FusedKernel::new(&layout, &opts, false);
+                    let alpha = f32::from_bits(0x3000_0000 + rng.below(0x1800_0000) as u32);
+                    let e = k.scale(alpha);
+                    let (_, qmax) = value.range();
+                    let mut x: Vec<f32> = (0..n)
+                        .map(|_| {
+                            let h = rng.below(2 * qmax as usize) as f64 - qmax as f64 + 0.5;
+                            let near = (h * e as f64) as f32;
+                            let step = rng.below(9) as i32 - 4;
+                            let v =
+                                f32::from_bits((near.to_bits() as i32).wrapping_add(step) as u32);
+                            if v.abs() < alpha {
+                                v
+                            } else {
+                                near.clamp(-alpha, alpha)
+                            }
+                        })
+                        .collect();
+                    if n > 0 {
+                        x[rng.below(n)] = alpha;
+                    }
+                    misses += x
+                        .iter()
+                        .filter(|&&v| (v * (1.0 / e)).round() != (v / e).round())
+                        .count();
+                    let mut cases = vec![x.clone(), vec![0.0; n]];
+                    if n > 0 {
+                        for bad in [f32::NAN, f32::INFINITY, f32::from_bits(0xFFC0_1234)] {
+                            let mut y = x.clone();
+                            let at = rng.below(n);
+                            y[at] = bad;
+                            y[rng.below(at + 1)] = -f32::INFINITY;
+                            cases.push(y);
+                        }
+                    }
+                    for y in &cases {
+                        let input = Input::F32(y);
+                        let want = compute_scales(input, &layout, &opts, None).and_then(|s| {
+                            let mut w = Words::filled(&layout, 0xA5A5_A5A5);
+                            encode_values(input, &layout, s.effective(), opts.rounding, w.as_mut())
+                                .map(|()| (s.stored, w))
+                        });
+                        let mut w = Words::filled(&layout, 0x5A5A_5A5A);
+                        let got = quantize(input, &layout, &opts, None, w.as_mut())
+                            .map(|s| (s.stored, w));
+                        match (got, want) {
+                            (Ok(a), Ok(b)) => assert_eq!(a, b, "{scheme} n={n} {opts:?}"),
+                            (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
+                            (a, b) => {
+                                panic!("{scheme} n={n}: {:?} against {:?}", a.is_ok(), b.is_ok())
+                            }
+                        }
+                    }
+                }
+            }
+        }
         assert!(
             misses > 100,
             "only {misses} values where the product and division differ"
