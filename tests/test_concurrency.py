@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -534,3 +535,33 @@ def test_polling_stops_at_its_deadline_and_when_the_pool_is_replaced():
         time.sleep(0.2)
         assert time.process_time() - c0 < 0.05
     """)
+
+
+@pytest.mark.skipif(sys.platform != "linux" or platform.machine() != "x86_64",
+                    reason="fesetround through glibc's libm, on x86-64")
+def test_a_callers_rounding_mode_changes_nothing():
+    """A thread that set rounding toward -inf (``fesetround``, as a library may) gets the
+    same bytes, from a small call (run on that thread) and a large one (on the pool), and its
+    mode back. The values' quotients by the scale are exact ties under round to nearest (code
+    away from 0) and fall just below under rounding down (one code less)."""
+    proc = _run("""
+        import ctypes, ctypes.util
+        import numpy as np, blockquant as bq
+        e = np.float32(0.0371)
+        x = np.array([2.8752499, 3.3946497, 2.9494498, 1.3541499], np.float32)
+        small, large = np.tile(x, 64), np.tile(x, 2**18)
+        want = [bq.quantize(a, "int8", scales=[e]).values.tobytes() for a in (small, large)]
+        libm = ctypes.CDLL(ctypes.util.find_library("m"))
+        FE_DOWNWARD, FE_TONEAREST = 0x400, 0
+        assert libm.fesetround(FE_DOWNWARD) == 0
+        # The mode took effect on this thread: numpy's division now rounds the quotient down.
+        assert (x / e)[0] < np.float32(77.5), x / e
+        got = [bq.quantize(a, "int8", scales=[e]).values.tobytes() for a in (small, large)]
+        mode = libm.fegetround()
+        libm.fesetround(FE_TONEAREST)
+        assert mode == FE_DOWNWARD, mode
+        assert [np.frombuffer(w, np.int8)[0] for w in want] == [78, 78]
+        assert got == want
+        print("ok")
+    """)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

@@ -27,6 +27,12 @@
 //! ([`install_sized`]), so that the parallel loops inside run there, one after another, and
 //! never reach rayon's global pool. Larger calls from such a thread are handed over with the
 //! thread blocked at once ([`hand_over_and_block`]).
+//!
+//! The floating-point environment: every kernel's arithmetic is SPEC's, IEEE round to nearest
+//! with subnormals kept, which on x86-64 is what MXCSR says. A caller may have changed it (a
+//! library loaded with flush-to-zero, `fesetround`), so the workers set the default when they
+//! start, and a call run on the calling thread sets it for its length and puts the caller's
+//! back after ([`FpEnv`]).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -117,6 +123,8 @@ fn current() -> Arc<ThreadPool> {
         ThreadPoolBuilder::new()
             .num_threads(default_threads())
             .thread_name(|i| format!("blockquant-{i}"))
+            // A worker inherits the MXCSR of the thread that built the pool.
+            .start_handler(|_| FpEnv::set_default())
             .build()
             .expect("building the thread pool"),
     );
@@ -322,8 +330,76 @@ fn run_inline<R: Send>(own: &ThreadPool, f: impl FnOnce() -> R + Send) -> R {
     }
     INLINE.set(true);
     let _leave = Leave;
+    let _env = FpEnv::enter();
     // Inline: this thread is the pool's worker.
     own.install(f)
+}
+
+/// The caller's MXCSR while a call runs on its thread with the default one: put back (status
+/// flags too) when dropped, also on a panic. Not x86-64: nothing to do (other targets have no
+/// such mode in the kernels' reach here).
+struct FpEnv(#[cfg(target_arch = "x86_64")] Option<u32>);
+
+impl FpEnv {
+    /// Round to nearest, no flush-to-zero or denormals-are-zero, every exception masked.
+    #[cfg(target_arch = "x86_64")]
+    const DEFAULT: u32 = 0x1F80;
+    /// The status flags (bits 0-5), kept as they are.
+    #[cfg(target_arch = "x86_64")]
+    const FLAGS: u32 = 0x3F;
+
+    /// The default environment on this thread, the caller's kept to put back.
+    fn enter() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let old = mxcsr();
+            if old & !Self::FLAGS == Self::DEFAULT {
+                return Self(None);
+            }
+            set_mxcsr(Self::DEFAULT | (old & Self::FLAGS));
+            Self(Some(old))
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Self()
+    }
+
+    /// The default environment on this thread for good (a worker's, at its start).
+    fn set_default() {
+        #[cfg(target_arch = "x86_64")]
+        set_mxcsr(Self::DEFAULT | (mxcsr() & Self::FLAGS));
+    }
+}
+
+impl Drop for FpEnv {
+    fn drop(&mut self) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(old) = self.0 {
+            set_mxcsr(old);
+        }
+    }
+}
+
+/// This thread's MXCSR. (Inline assembly: `_mm_getcsr` is deprecated.)
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn mxcsr() -> u32 {
+    let mut v: u32 = 0;
+    // SAFETY: stmxcsr stores 4 bytes at the address of `v`, which is valid and writable.
+    unsafe {
+        std::arch::asm!("stmxcsr [{}]", in(reg) &mut v, options(nostack, preserves_flags));
+    }
+    v
+}
+
+/// Set this thread's MXCSR to `v`, which must have no reserved bit set (16-31): one read by
+/// [`mxcsr`], or the default with such a one's status flags.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn set_mxcsr(v: u32) {
+    debug_assert_eq!(v >> 16, 0, "reserved MXCSR bits");
+    // SAFETY: ldmxcsr reads 4 bytes at the address of `v`; with the reserved bits clear it
+    // cannot fault. Changing the rounding mode is this function's purpose.
+    unsafe {
+        std::arch::asm!("ldmxcsr [{}]", in(reg) &v, options(nostack, preserves_flags));
+    }
 }
 
 /// Test hook: panic on a worker thread of the pool (the binding proves this surfaces as an
