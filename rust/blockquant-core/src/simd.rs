@@ -223,8 +223,14 @@ pub(crate) mod x86 {
                 *acc = _mm256_max_epi32(v, *acc);
             }
         }
-        // Fold the eight vectors into one of their eight maxima, as `max_abs_8runs`. (Inner
-        // functions, not closures: a closure is not compiled for AVX2 when it is not inlined.)
+        fold_max8_epi32(&m)
+    }
+
+    /// Lane j: the largest i32 lane of `m[j]` (the eight vectors folded into one of their
+    /// maxima, as `max_abs_8runs` folds its floats). Inner functions, not closures: a closure
+    /// is not compiled for AVX2 when it is not inlined.
+    #[inline(always)]
+    unsafe fn fold_max8_epi32(m: &[__m256i; 8]) -> __m256i {
         #[inline(always)]
         unsafe fn pair(a: __m256i, b: __m256i) -> __m256i {
             _mm256_max_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b))
@@ -256,20 +262,7 @@ pub(crate) mod x86 {
                 *acc = _mm256_max_epi32(_mm256_and_si256(v, abs), *acc);
             }
         }
-        #[inline(always)]
-        unsafe fn pair(a: __m256i, b: __m256i) -> __m256i {
-            _mm256_max_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b))
-        }
-        #[inline(always)]
-        unsafe fn quad(ab: __m256i, cd: __m256i) -> __m256i {
-            _mm256_max_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd))
-        }
-        let lo = quad(pair(m[0], m[1]), pair(m[2], m[3]));
-        let hi = quad(pair(m[4], m[5]), pair(m[6], m[7]));
-        _mm256_max_epi32(
-            _mm256_permute2x128_si256::<0x20>(lo, hi),
-            _mm256_permute2x128_si256::<0x31>(lo, hi),
-        )
+        fold_max8_epi32(&m)
     }
 
     /// max |x| of each of eight runs of `len` values (a multiple of 8) from `p`, `p + len`, ...:
