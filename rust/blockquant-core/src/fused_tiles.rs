@@ -396,7 +396,7 @@ unsafe fn run_avx2<'l, C: Encode, S: Sink<'l>>(
                     off += bc;
                 }
                 if quick {
-                    x86::encode_run_recip_in_range::<C, false>(codec, run, e, 1.0 / e, o, stream);
+                    x86::encode_run_recip_in_range::<C, false>(codec, run, e, o, stream);
                 } else {
                     bad |= x86::encode_run_or_zero(codec, run, e, o, stream);
                 }

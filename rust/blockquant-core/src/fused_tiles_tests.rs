@@ -8,6 +8,7 @@ use crate::codec::{minifloat, E2M1Code, FloatCode, IntHalfAway, IntHalfEven, Rou
 use crate::error::QuantError;
 use crate::lookup::LookupCode;
 use crate::pack::tests::{Rng, Words, EDGES};
+use crate::quantize::tests::{near_tie, product_misses};
 use crate::quantize::{compute_scales, encode_values, quantize, QuantizeOptions, Scales};
 use crate::scale::ScaleRounding;
 use crate::scheme::{QuantScheme, QuantStore, QuantValue, ScaleDtype};
@@ -274,7 +275,6 @@ fn tiles_equal_two_passes_near_half_integers() {
                         scale_rounding: [ScaleRounding::Up, ScaleRounding::Nearest][r],
                     };
                     let k = FusedKernel::new(&layout, &opts, false);
-                    let (_, qmax) = value.range();
                     let (rows, cols) = (shape[0], shape[1]);
                     let (br, bc) = (block[0], block[1]);
                     let mut x = vec![0.0f32; rows * cols];
@@ -284,18 +284,9 @@ fn tiles_equal_two_passes_near_half_integers() {
                             let e = k.scale(alpha);
                             for i in gr * br..(gr + 1) * br {
                                 for j in gc * bc..(gc + 1) * bc {
-                                    let h = rng.below(2 * qmax as usize) as f64 - qmax as f64 + 0.5;
-                                    let near = (h * e as f64) as f32;
-                                    let step = rng.below(9) as i32 - 4;
-                                    let v = f32::from_bits(
-                                        (near.to_bits() as i32).wrapping_add(step) as u32,
-                                    );
-                                    let v = if v.abs() < alpha {
-                                        v
-                                    } else {
-                                        near.clamp(-alpha, alpha)
-                                    };
-                                    misses += ((v * (1.0 / e)).round() != (v / e).round()) as usize;
+                                    let v = near_tie(&mut rng, value, e);
+                                    let v = if v.abs() < alpha { v } else { 0.0 };
+                                    misses += product_misses(value, rounding, &[v], &[e]);
                                     x[i * cols + j] = v;
                                 }
                             }

@@ -381,7 +381,7 @@ impl Drop for FpEnv {
 
 /// This thread's MXCSR. (Inline assembly: `_mm_getcsr` is deprecated.)
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn mxcsr() -> u32 {
+fn mxcsr() -> u32 {
     let mut v: u32 = 0;
     // SAFETY: stmxcsr stores 4 bytes at the address of `v`, which is valid and writable.
     unsafe {
@@ -393,7 +393,7 @@ pub(crate) fn mxcsr() -> u32 {
 /// Set this thread's MXCSR to `v`, which must have no reserved bit set (16-31): one read by
 /// [`mxcsr`], or the default with such a one's status flags.
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn set_mxcsr(v: u32) {
+fn set_mxcsr(v: u32) {
     debug_assert_eq!(v >> 16, 0, "reserved MXCSR bits");
     // SAFETY: ldmxcsr reads 4 bytes at the address of `v`; with the reserved bits clear it
     // cannot fault. Changing the rounding mode is this function's purpose.

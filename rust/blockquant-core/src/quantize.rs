@@ -531,7 +531,7 @@ fn quantize_per_tensor_avx2(
     xs: &[f32],
     layout: &Layout,
     opts: &QuantizeOptions,
-    out: StorageMut<'_>,
+    mut out: StorageMut<'_>,
 ) -> Result<Scales> {
     #[target_feature(enable = "avx2")]
     unsafe fn max_bits(xs: &[f32]) -> u32 {
@@ -545,59 +545,59 @@ fn quantize_per_tensor_avx2(
     if top > f32::MAX.to_bits() {
         return Err(first_non_finite(Input::F32(xs)));
     }
-    let k = FusedKernel::new(layout, opts, false);
-    let (alpha, e) = (f32::from_bits(top), k.scale(f32::from_bits(top)));
+    let alpha = f32::from_bits(top);
+    let e = FusedKernel::new(layout, opts, false).scale(alpha);
     let p = &layout.packing;
-    let quick = |out: &mut StorageMut<'_>| -> bool {
-        let StorageMut::U8(words) = out else {
-            return false;
-        };
-        if p.per != 1 || p.swapped || p.masks_bytes() {
-            return false;
+    let quick = match &mut out {
+        StorageMut::U8(words) if p.per == 1 && !p.swapped && !p.masks_bytes() => {
+            with_codec!(&layout.scheme, opts.rounding, |codec| {
+                encode_in_range(codec, xs, layout, alpha, e, words)
+            })
         }
-        let Some(r) = crate::simd::checked_reciprocal(e) else {
-            return false;
-        };
-        with_codec!(&layout.scheme, opts.rounding, |codec| {
-            match codec.int_range().and(codec.unclamped_below()) {
-                Some(b) if alpha / e < b => {
-                    let stream = layout.num_elements >= crate::simd::x86::STREAM_MIN_BYTES;
-                    words
-                        .par_chunks_mut(MIN_TASK_ELEMS)
-                        .zip(xs.par_chunks(MIN_TASK_ELEMS))
-                        .for_each(|(o, c)| unsafe { encode_quick(codec, c, e, r, o, stream) });
-                    true
-                }
-                _ => false,
-            }
-        })
+        _ => false,
     };
-    let mut out = out;
-    if !quick(&mut out) {
+    if !quick {
         encode_values(Input::F32(xs), layout, &[e], opts.rounding, out)?;
     }
     Ok(Scales::new(vec![e], None))
 }
 
-/// [`quantize_per_tensor_avx2`]'s encode of a chunk (finite, in range: see there).
-///
-/// # Safety
-/// The CPU must have AVX2.
+/// [`quantize_per_tensor_avx2`]'s quick encode into codes one a byte, when it applies (integer
+/// codes, a checked reciprocal of `e`, the largest |x| `alpha` over `e` in range); returns
+/// whether it did.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn encode_quick<C: Encode>(
+fn encode_in_range<C: Encode>(
     codec: C,
     xs: &[f32],
+    layout: &Layout,
+    alpha: f32,
     e: f32,
-    r: f32,
-    out: &mut [u8],
-    stream: bool,
-) {
-    crate::simd::x86::encode_run_recip_in_range::<C, true>(codec, xs, e, r, out, stream);
-    if stream {
-        // The non-temporal stores are weakly ordered: done before the task says it is done.
-        std::arch::x86_64::_mm_sfence();
+    words: &mut [u8],
+) -> bool {
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[target_feature(enable = "avx2")]
+    unsafe fn chunk<C: Encode>(codec: C, xs: &[f32], e: f32, out: &mut [u8], stream: bool) {
+        crate::simd::x86::encode_run_recip_in_range::<C, true>(codec, xs, e, out, stream);
+        if stream {
+            // The non-temporal stores are weakly ordered: done before the task says it is done.
+            std::arch::x86_64::_mm_sfence();
+        }
     }
+    let in_range = codec
+        .int_range()
+        .and(codec.unclamped_below())
+        .is_some_and(|b| alpha / e < b);
+    if !in_range || crate::simd::checked_reciprocal(e).is_none() {
+        return false;
+    }
+    let stream = layout.num_elements >= crate::simd::x86::STREAM_MIN_BYTES;
+    words
+        .par_chunks_mut(MIN_TASK_ELEMS)
+        .zip(xs.par_chunks(MIN_TASK_ELEMS))
+        // SAFETY: the caller checked the CPU has AVX2.
+        .for_each(|(o, c)| unsafe { chunk(codec, c, e, o, stream) });
+    true
 }
 
 /// Elements per piece of the one-pass kernel: 64 KiB of f32 stays in L2 between measuring a
@@ -1595,46 +1595,38 @@ pub(crate) mod tests {
     /// On a CPU with AVX2 this compares the AVX2 build of the one-pass block kernel with the
     /// portable one (scales, codes, non-finite flag); without it both sides are portable and
     /// the test passes trivially. Non-finite input included: both builds must still agree.
-    /// `measure_encode` (the AVX2 build where the CPU has it) against its portable build on
-    /// `x`: scales, codes and the non-finite flag, with plain and non-temporal stores.
-    fn check_measure_encode<C: Encode>(
-        codec: C,
-        x: &[f32],
-        layout: &Layout,
-        opts: &QuantizeOptions,
-    ) {
-        let mut k = FusedKernel::new(layout, opts, false);
-        for p in pieces(layout) {
-            let xs = &x[p.start..p.start + p.len];
-            let (mut s1, mut s2) = (vec![-1.0f32; p.scales], vec![-2.0f32; p.scales]);
-            let (mut c1, mut c2) = (vec![1u8; p.len], vec![2u8; p.len]);
-            let b1 = measure_encode(codec, &k, &p, xs, &mut s1, &mut c1);
-            let b2 = measure_encode_portable(codec, &k, &p, xs, &mut s2, &mut c2);
-            let ctx = || format!("{} {opts:?} {:?} {p:?}", layout.scheme, layout.shape);
-            let (a, b): (Vec<u32>, Vec<u32>) = (
-                s1.iter().map(|&v| key(v)).collect(),
-                s2.iter().map(|&v| key(v)).collect(),
-            );
-            assert_eq!(a, b, "scales: {}", ctx());
-            assert_eq!(c1, c2, "codes: {}", ctx());
-            assert_eq!(b1, b2, "non-finite: {}", ctx());
-            // With the non-temporal stores of large storage: the same codes.
-            #[cfg(target_arch = "x86_64")]
-            {
-                k.stream = true;
-                let mut c3 = vec![3u8; p.len];
-                let b3 = measure_encode(codec, &k, &p, xs, &mut s1, &mut c3);
-                // SAFETY: SSE is part of x86-64.
-                unsafe { std::arch::x86_64::_mm_sfence() };
-                k.stream = false;
-                assert_eq!(c3, c2, "streamed codes: {}", ctx());
-                assert_eq!(b3, b2, "streamed non-finite: {}", ctx());
-            }
-        }
-    }
-
     #[test]
     fn measure_encode_avx2_build_matches_portable() {
+        fn check<C: Encode>(codec: C, x: &[f32], layout: &Layout, opts: &QuantizeOptions) {
+            let mut k = FusedKernel::new(layout, opts, false);
+            for p in pieces(layout) {
+                let xs = &x[p.start..p.start + p.len];
+                let (mut s1, mut s2) = (vec![-1.0f32; p.scales], vec![-2.0f32; p.scales]);
+                let (mut c1, mut c2) = (vec![1u8; p.len], vec![2u8; p.len]);
+                let b1 = measure_encode(codec, &k, &p, xs, &mut s1, &mut c1);
+                let b2 = measure_encode_portable(codec, &k, &p, xs, &mut s2, &mut c2);
+                let ctx = || format!("{} {opts:?} {:?} {p:?}", layout.scheme, layout.shape);
+                let (a, b): (Vec<u32>, Vec<u32>) = (
+                    s1.iter().map(|&v| key(v)).collect(),
+                    s2.iter().map(|&v| key(v)).collect(),
+                );
+                assert_eq!(a, b, "scales: {}", ctx());
+                assert_eq!(c1, c2, "codes: {}", ctx());
+                assert_eq!(b1, b2, "non-finite: {}", ctx());
+                // With the non-temporal stores of large storage: the same codes.
+                #[cfg(target_arch = "x86_64")]
+                {
+                    k.stream = true;
+                    let mut c3 = vec![3u8; p.len];
+                    let b3 = measure_encode(codec, &k, &p, xs, &mut s1, &mut c3);
+                    // SAFETY: SSE is part of x86-64.
+                    unsafe { std::arch::x86_64::_mm_sfence() };
+                    k.stream = false;
+                    assert_eq!(c3, c2, "streamed codes: {}", ctx());
+                    assert_eq!(b3, b2, "streamed non-finite: {}", ctx());
+                }
+            }
+        }
         let mut rng = Rng::new(12);
         for (shape, bc) in [
             (&[3, 1000][..], 37),
@@ -1665,72 +1657,12 @@ pub(crate) mod tests {
                     if dtype == ScaleDtype::UE8M0 && i % 2 == 0 {
                         opts.scale_rounding = ScaleRounding::Mx;
                     }
-                    with_codec!(&layout.scheme, opts.rounding, |codec| {
-                        check_measure_encode(codec, &x, &layout, &opts)
-                    });
+                    with_codec!(&layout.scheme, opts.rounding, |codec| check(
+                        codec, &x, &layout, &opts
+                    ));
                 }
             }
         }
-    }
-
-    /// The one-pass kernel's integer codes by the checked multiply (blocks of 16 and 32 in
-    /// groups of eight, scales that are not powers of two): every value but each block's
-    /// largest a few ulps from a half-integer multiple of the block's stored scale, where the
-    /// product by 1 / e and the division round apart, in every integer range, rounding and
-    /// scale rounding. Against the portable build (the division), bit for bit.
-    #[test]
-    fn measure_encode_near_half_integers_matches_portable() {
-        let mut rng = Rng::new(41);
-        let mut misses = 0;
-        for bc in [16, 32] {
-            for value in [QuantValue::Q8S, QuantValue::Q4S, QuantValue::Q2S] {
-                for dtype in [ScaleDtype::F16, ScaleDtype::F32, ScaleDtype::BF16] {
-                    let opts_all = all_opts();
-                    let minmax = opts_all
-                        .iter()
-                        .filter(|o| o.calibration == Calibration::MinMax);
-                    for opts in minmax {
-                        let shape = [3, 24 * bc];
-                        let layout =
-                            Layout::new(&one_level(value, QuantStore::Native, bc, dtype), &shape)
-                                .unwrap();
-                        let k = FusedKernel::new(&layout, opts, false);
-                        let (_, qmax) = value.range();
-                        let mut x = vec![0.0f32; shape[0] * shape[1]];
-                        for block in x.chunks_mut(bc) {
-                            let amax = f32::from_bits(0x3000_0000 + rng.below(0x1800_0000) as u32);
-                            let e = k.scale(amax);
-                            block[0] = if rng.below(2) == 0 { amax } else { -amax };
-                            for v in &mut block[1..] {
-                                let h = rng.below(2 * qmax as usize) as f64 - qmax as f64 + 0.5;
-                                let near = (h * e as f64) as f32;
-                                let step = rng.below(9) as i32 - 4;
-                                let w = f32::from_bits(
-                                    (near.to_bits() as i32).wrapping_add(step) as u32
-                                );
-                                *v = if w.abs() <= amax {
-                                    w
-                                } else {
-                                    near.clamp(-amax, amax)
-                                };
-                            }
-                            misses += block
-                                .iter()
-                                .filter(|&&v| (v * (1.0 / e)).round() != (v / e).round())
-                                .count();
-                        }
-                        with_codec!(&layout.scheme, opts.rounding, |codec| {
-                            check_measure_encode(codec, &x, &layout, opts)
-                        });
-                    }
-                }
-            }
-        }
-        // The data must reach the values where the product alone would be wrong.
-        assert!(
-            misses > 100,
-            "only {misses} values where the product and division differ"
-        );
     }
 
     /// Per-tensor scales from max |x| on f32 input (`quantize_per_tensor_avx2` where the CPU
@@ -1762,28 +1694,14 @@ pub(crate) mod tests {
                     let k = FusedKernel::new(&layout, &opts, false);
                     let alpha = f32::from_bits(0x3000_0000 + rng.below(0x1800_0000) as u32);
                     let e = k.scale(alpha);
-                    let (_, qmax) = value.range();
                     let mut x: Vec<f32> = (0..n)
-                        .map(|_| {
-                            let h = rng.below(2 * qmax as usize) as f64 - qmax as f64 + 0.5;
-                            let near = (h * e as f64) as f32;
-                            let step = rng.below(9) as i32 - 4;
-                            let v =
-                                f32::from_bits((near.to_bits() as i32).wrapping_add(step) as u32);
-                            if v.abs() < alpha {
-                                v
-                            } else {
-                                near.clamp(-alpha, alpha)
-                            }
-                        })
+                        .map(|_| near_tie(&mut rng, value, e))
+                        .map(|v| if v.abs() < alpha { v } else { 0.0 })
                         .collect();
                     if n > 0 {
                         x[rng.below(n)] = alpha;
                     }
-                    misses += x
-                        .iter()
-                        .filter(|&&v| (v * (1.0 / e)).round() != (v / e).round())
-                        .count();
+                    misses += product_misses(value, opts.rounding, &x, &vec![e; n]);
                     let mut cases = vec![x.clone(), vec![0.0; n]];
                     if n > 0 {
                         for bad in [f32::NAN, f32::INFINITY, f32::from_bits(0xFFC0_1234)] {
@@ -2039,7 +1957,7 @@ pub(crate) mod tests {
     /// A value a few ulps either side of a half-integer multiple of `e` within the code range
     /// of `value`: where the product by a rounded reciprocal of `e` and the division by it can
     /// round to different codes.
-    fn near_tie(rng: &mut Rng, value: QuantValue, e: f32) -> f32 {
+    pub(crate) fn near_tie(rng: &mut Rng, value: QuantValue, e: f32) -> f32 {
         let (_, qmin, qmax, _) = oracle::spec(value);
         let k = qmin + rng.below((qmax - qmin) as usize) as f64 + 0.5;
         let x = (k * e as f64) as f32;
@@ -2054,7 +1972,12 @@ pub(crate) mod tests {
 
     /// How many of `x` (all against `e`) the reciprocal's product would code differently
     /// from the division: the data must hold some for the tests below to mean anything.
-    fn product_misses(value: QuantValue, rounding: Rounding, x: &[f32], e: &[f32]) -> usize {
+    pub(crate) fn product_misses(
+        value: QuantValue,
+        rounding: Rounding,
+        x: &[f32],
+        e: &[f32],
+    ) -> usize {
         let one = |x: f32, e: f32| {
             let r = 1.0 / e;
             // A subnormal scale's reciprocal is infinite: the kernels divide then.

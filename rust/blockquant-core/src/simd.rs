@@ -916,10 +916,10 @@ pub(crate) mod x86 {
         codec.encode8(q)
     }
 
-    /// [`encode_run`] of integer codes by the checked multiply ([`int_codes8_recip`]) by `r`,
-    /// the reciprocal of `e`, when the caller knows every value is finite and every |x / e|
-    /// below `Encode::unclamped_below` (its run's largest |x| over e, by the division, is): no
-    /// clamp and no check of the inputs. The flags are tested once a span (a span with a
+    /// [`encode_run`] of integer codes by the checked multiply ([`int_codes8_recip`]) by 1 / e,
+    /// when the caller knows `e` has a [`super::checked_reciprocal`], every value is finite and
+    /// every |x / e| below `Encode::unclamped_below` (its run's largest |x| over e, by the
+    /// division, is): no clamp and no check of the inputs. The flags are tested once a span (a span with a
     /// flagged lane is encoded again by the division, over the codes already stored): the
     /// whole run, or with `LONG` (a run read straight from memory, its input then asked for
     /// [`PREFETCH_AHEAD`] values ahead) each 256 values, of which a few in a hundred are
@@ -930,14 +930,13 @@ pub(crate) mod x86 {
         codec: C,
         xs: &[f32],
         e: f32,
-        r: f32,
         out: &mut [u8],
         stream: bool,
     ) {
         let n = xs.len();
         assert_eq!(out.len(), n, "codes of a run");
         let stream = stream && (out.as_ptr() as usize).is_multiple_of(16);
-        let rv = _mm256_set1_ps(r);
+        let rv = _mm256_set1_ps(1.0 / e);
         let (src, dst) = (xs.as_ptr(), out.as_mut_ptr());
         let whole = n - n % 32;
         let mut i = 0;

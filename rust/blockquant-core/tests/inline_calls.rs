@@ -1,8 +1,9 @@
 //! Where `pool::install_sized` runs a call (`pool.rs`): small calls on the calling thread, as a
 //! rayon pool of one thread of its own, with nested calls and parallel loops kept there; large
-//! calls (past both sizes: the shared pool may have one thread) on the shared pool. A test binary of its own: each thread that makes a small call uses
-//! up one of the process's `MAX_OWN_POOLS` slots, which the crate's unit tests (a thread each)
-//! would exhaust; `own_pool_limit.rs`, which exhausts them, is another.
+//! calls (past both sizes: the shared pool may have one thread) on the shared pool. A test
+//! binary of its own: each thread that makes a small call uses up one of the process's
+//! `MAX_OWN_POOLS` slots, which the crate's unit tests (a thread each) would exhaust;
+//! `own_pool_limit.rs`, which exhausts them, is another.
 
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
