@@ -456,6 +456,86 @@ def test_out_of_memory_is_a_memory_error_and_the_process_lives():
     """)
 
 
+# ---- the workers pinned to CPUs (README, "Threads"; pool.rs) ----
+
+_WORKER_CPUS = """
+    import os, time
+    def worker_cpus(threads):
+        # The CPUs each of blockquant's `threads` workers may run on, by worker index, once a
+        # replaced pool's workers have exited.
+        deadline = time.monotonic() + 5
+        while True:
+            got = []
+            for tid in os.listdir("/proc/self/task"):
+                try:
+                    with open(f"/proc/self/task/{tid}/comm") as f:
+                        name = f.read().strip()
+                    cpus = os.sched_getaffinity(int(tid))
+                except OSError:
+                    continue  # a thread that just ended
+                if name.startswith("blockquant-"):
+                    got.append((int(name.split("-")[1]), cpus))
+            if len(got) == threads or time.monotonic() > deadline:
+                return [c for _, c in sorted(got, key=lambda t: t[0])]
+            time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("pin", [None, "1", "0"])
+def test_workers_are_pinned_one_to_a_cpu_when_they_match_the_cpus(pin):
+    """As many workers as CPUs: worker i on the i-th CPU alone (unless BLOCKQUANT_PIN_THREADS=0);
+    any other count: anywhere the process may run. The calling thread stays unpinned, the
+    bytes are the same, and a forked child (its own pool, pinned alike) completes its calls."""
+    if not (os.path.isdir("/proc/self/task") and hasattr(os, "sched_getaffinity")):
+        pytest.skip("needs Linux")
+    setting = "" if pin is None else f"os.environ['BLOCKQUANT_PIN_THREADS'] = {pin!r}"
+    _run(_WORKER_CPUS + f"""
+    {setting}
+    import numpy as np, blockquant as bq
+    allowed = sorted(os.sched_getaffinity(0))
+    n = len(allowed)
+    x = np.random.default_rng(5).standard_normal((1024, 1024)).astype(np.float32)
+    bq.set_num_threads(1)
+    want = [bq.quantize(x, s).to_bytes() for s in ("int8_block32", "nvfp4")]
+    for threads in (n, n + 1, n - 1):
+        if threads < 1:
+            continue
+        bq.set_num_threads(threads)
+        assert bq.get_num_threads() == threads
+        assert [bq.quantize(x, s).to_bytes() for s in ("int8_block32", "nvfp4")] == want
+        if threads == 1:
+            continue  # a pool of one thread hands large calls to its worker, unpinned
+        cpus = worker_cpus(threads)
+        assert len(cpus) == threads, cpus
+        if threads == n and {pin!r} != "0":
+            assert cpus == [{{c}} for c in allowed], (allowed, cpus)
+        else:
+            assert all(c == set(allowed) for c in cpus), (threads, allowed, cpus)
+        assert sorted(os.sched_getaffinity(0)) == allowed  # the caller: never pinned
+        pid = os.fork()
+        if pid == 0:
+            ok = [bq.quantize(x, s).to_bytes() for s in ("int8_block32", "nvfp4")] == want
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    """, timeout=60)
+
+
+@pytest.mark.parametrize("value", ["yes", "2", "", "off"])
+def test_a_bad_pin_variable_is_a_warning(value):
+    _run(f"""
+        import os, warnings
+        os.environ["BLOCKQUANT_PIN_THREADS"] = {value!r}
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            import blockquant as bq
+        assert any("BLOCKQUANT_PIN_THREADS" in str(x.message) for x in w), [str(x.message) for x in w]
+        import numpy as np
+        x = np.ones((512, 1024), np.float32)
+        assert bq.quantize(x, "int8").nbytes > 0
+    """)
+
+
 # ---- the workers' polling after a call (README, "Threads"; pool.rs) ----
 
 @pytest.mark.parametrize("value", ["abc", "-1", "1001", "", "2.5"])

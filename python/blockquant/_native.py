@@ -90,5 +90,19 @@ def _check_spin_variable() -> None:
         )
 
 
+def _check_pin_variable() -> None:
+    """The core reads BLOCKQUANT_PIN_THREADS (0: do not pin the workers to CPUs) and takes any
+    other value for the default, on: say so once for a value that is neither 0 nor 1."""
+    raw = os.environ.get("BLOCKQUANT_PIN_THREADS")
+    if raw is not None and raw.strip() not in ("0", "1"):
+        warnings.warn(
+            f"BLOCKQUANT_PIN_THREADS={raw!r} is neither 0 nor 1: ignored, blockquant pins its "
+            "workers as by default (one to a CPU when they are as many as the CPUs)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
 _check_thread_variable()
 _check_spin_variable()
+_check_pin_variable()

@@ -19,6 +19,17 @@
 //! that also does its own work between calls, the calls got faster (16 MiB int8_block32, two
 //! threads: median 2.0-2.15 ms -> 1.26-2.0 ms) but the loop as a whole did not, on this VM.
 //!
+//! Placing: each worker of a pool that has exactly as many workers as the CPUs the process may
+//! run on (two or more) is pinned to one of them, the i-th worker to the i-th CPU
+//! ([`pin_plan`]; `BLOCKQUANT_PIN_THREADS=0` turns it off). Unpinned, a worker woken by another
+//! was often queued on its waker's busy core while the other core stayed idle, and the two
+//! took turns on one core for the whole call: on the 2-core VM about half the two-thread calls
+//! of the benchmark ran at 1.0 CPU/wall (21 of 45 samples; 0 of 45 pinned), and the two-thread
+//! speed-up of int8_block32 went from 1.29 to 1.74, of NVFP4 from 1.09 to 1.88. A pool of another
+//! size (a bound below the CPU count, a CPU quota) is not pinned: which CPUs to take would be
+//! a guess, and pools of many processes would pile onto the first ones. The calling thread is
+//! never pinned.
+//!
 //! Small calls skip the hand-over: handing a call to a sleeping worker and being woken when it
 //! is done costs two wake-ups, 50-250 µs a call on these VMs (a quantize of 32 values took
 //! 127 µs on one thread), more than the work of any call below a few hundred thousand values
@@ -119,12 +130,19 @@ fn current() -> Arc<ThreadPool> {
         // would wait on them.
         std::mem::forget(stale);
     }
+    let threads = default_threads();
+    let pins = pin_plan(threads, &allowed_cpus(), pinning());
     let pool = Arc::new(
         ThreadPoolBuilder::new()
-            .num_threads(default_threads())
+            .num_threads(threads)
             .thread_name(|i| format!("blockquant-{i}"))
-            // A worker inherits the MXCSR of the thread that built the pool.
-            .start_handler(|_| FpEnv::set_default())
+            .start_handler(move |i| {
+                // A worker inherits the MXCSR of the thread that built the pool.
+                FpEnv::set_default();
+                if let Some(&cpu) = pins.as_ref().and_then(|p| p.get(i)) {
+                    pin_this_thread(cpu);
+                }
+            })
             .build()
             .expect("building the thread pool"),
     );
@@ -140,6 +158,58 @@ fn current() -> Arc<ThreadPool> {
         linger(&pool);
     }
     pool
+}
+
+/// Whether pools pin their workers ([`pin_plan`]): `BLOCKQUANT_PIN_THREADS`, `0` off, `1` (or
+/// unset, or any other value) on. Read at each pool's build, like the thread count.
+pub fn pinning() -> bool {
+    std::env::var("BLOCKQUANT_PIN_THREADS").map_or(true, |v| v.trim() != "0")
+}
+
+/// The CPU each worker of a pool of `threads` is pinned to, worker i to `allowed[i]`: when
+/// `on`, `threads` is two or more, and the process may run on exactly that many CPUs
+/// (`allowed`, in order); otherwise none is pinned.
+pub fn pin_plan(threads: usize, allowed: &[usize], on: bool) -> Option<Vec<usize>> {
+    (on && threads >= 2 && allowed.len() == threads).then(|| allowed.to_vec())
+}
+
+/// The CPUs the calling thread may run on, in order (empty where that cannot be known: then no
+/// pool is pinned).
+pub fn allowed_cpus() -> Vec<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: sched_getaffinity fills the zeroed set it is given, of the size it is told.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        if unsafe { libc::sched_getaffinity(0, size, &mut set) } != 0 {
+            // More CPUs than a cpu_set_t holds, say.
+            return Vec::new();
+        }
+        // SAFETY: CPU_ISSET reads the set within its size.
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+            .collect()
+    }
+    #[cfg(not(target_os = "linux"))]
+    Vec::new()
+}
+
+/// Keep the calling thread (a worker, at its start) on `cpu`. A refusal (a sandbox that
+/// forbids it) leaves the thread where it was.
+fn pin_this_thread(cpu: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: CPU_SET writes within the zeroed set, and sched_setaffinity reads it.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        if cpu < libc::CPU_SETSIZE as usize {
+            unsafe {
+                libc::CPU_SET(cpu, &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cpu;
 }
 
 /// Whether `pool`'s workers poll for work after a call: two or more of them, and a
