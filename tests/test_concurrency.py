@@ -521,32 +521,21 @@ def test_workers_are_pinned_one_to_a_cpu_when_they_match_the_cpus(pin):
     """, timeout=60)
 
 
-@pytest.mark.parametrize("value", ["yes", "2", "", "off"])
-def test_a_bad_pin_variable_is_a_warning(value):
-    _run(f"""
-        import os, warnings
-        os.environ["BLOCKQUANT_PIN_THREADS"] = {value!r}
-        with warnings.catch_warnings(record=True) as w:
-            warnings.simplefilter("always")
-            import blockquant as bq
-        assert any("BLOCKQUANT_PIN_THREADS" in str(x.message) for x in w), [str(x.message) for x in w]
-        import numpy as np
-        x = np.ones((512, 1024), np.float32)
-        assert bq.quantize(x, "int8").nbytes > 0
-    """)
-
-
 # ---- the workers' polling after a call (README, "Threads"; pool.rs) ----
 
-@pytest.mark.parametrize("value", ["abc", "-1", "1001", "", "2.5"])
-def test_a_bad_spin_variable_is_a_warning(value):
+@pytest.mark.parametrize("variable, value", [
+    *(("BLOCKQUANT_SPIN_MS", v) for v in ["abc", "-1", "1001", "", "2.5"]),
+    *(("BLOCKQUANT_PIN_THREADS", v) for v in ["yes", "2", "", "off"]),
+])
+def test_a_bad_pool_variable_is_a_warning(variable, value):
+    """The workers' polling time, or their pinning (above), set to a value the core ignores."""
     _run(f"""
         import os, warnings
-        os.environ["BLOCKQUANT_SPIN_MS"] = {value!r}
+        os.environ[{variable!r}] = {value!r}
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             import blockquant as bq
-        assert any("BLOCKQUANT_SPIN_MS" in str(x.message) for x in w), [str(x.message) for x in w]
+        assert any({variable!r} in str(x.message) for x in w), [str(x.message) for x in w]
         import numpy as np
         x = np.ones((512, 1024), np.float32)
         assert bq.quantize(x, "int8").nbytes > 0
