@@ -131,7 +131,7 @@ fn current() -> Arc<ThreadPool> {
         std::mem::forget(stale);
     }
     let threads = default_threads();
-    let pins = pin_plan(threads, &allowed_cpus(), pinning());
+    let pins = pin_plan(threads, allowed_cpus(), pinning());
     let pool = Arc::new(
         ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -140,7 +140,8 @@ fn current() -> Arc<ThreadPool> {
                 // A worker inherits the MXCSR of the thread that built the pool.
                 FpEnv::set_default();
                 if let Some(&cpu) = pins.as_ref().and_then(|p| p.get(i)) {
-                    pin_this_thread(cpu);
+                    // Refused: the worker runs unpinned.
+                    let _ = pin_this_thread(cpu);
                 }
             })
             .build()
@@ -169,8 +170,8 @@ pub fn pinning() -> bool {
 /// The CPU each worker of a pool of `threads` is pinned to, worker i to `allowed[i]`: when
 /// `on`, `threads` is two or more, and the process may run on exactly that many CPUs
 /// (`allowed`, in order); otherwise none is pinned.
-pub fn pin_plan(threads: usize, allowed: &[usize], on: bool) -> Option<Vec<usize>> {
-    (on && threads >= 2 && allowed.len() == threads).then(|| allowed.to_vec())
+pub fn pin_plan(threads: usize, allowed: Vec<usize>, on: bool) -> Option<Vec<usize>> {
+    (on && threads >= 2 && allowed.len() == threads).then_some(allowed)
 }
 
 /// The CPUs the calling thread may run on, in order (empty where that cannot be known: then no
@@ -194,22 +195,26 @@ pub fn allowed_cpus() -> Vec<usize> {
     Vec::new()
 }
 
-/// Keep the calling thread (a worker, at its start) on `cpu`. A refusal (a sandbox that
-/// forbids it) leaves the thread where it was.
-fn pin_this_thread(cpu: usize) {
+/// Keep the calling thread (a worker, at its start) on `cpu`; returns whether the system took
+/// the request. A refusal (a sandbox that forbids it) leaves the thread where it was.
+pub fn pin_this_thread(cpu: usize) -> bool {
     #[cfg(target_os = "linux")]
     {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return false;
+        }
         // SAFETY: CPU_SET writes within the zeroed set, and sched_setaffinity reads it.
         let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        if cpu < libc::CPU_SETSIZE as usize {
-            unsafe {
-                libc::CPU_SET(cpu, &mut set);
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-            }
+        unsafe {
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
         }
     }
     #[cfg(not(target_os = "linux"))]
-    let _ = cpu;
+    {
+        let _ = cpu;
+        false
+    }
 }
 
 /// Whether `pool`'s workers poll for work after a call: two or more of them, and a

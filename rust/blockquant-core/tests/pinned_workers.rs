@@ -2,7 +2,7 @@
 //! workers as the process has CPUs, anywhere it may otherwise. A test binary of its own: it
 //! sizes the shared pool.
 
-use blockquant_core::pool::{self, allowed_cpus, pin_plan};
+use blockquant_core::pool::{self, allowed_cpus, pin_plan, pin_this_thread, pinning};
 
 /// The CPUs each worker of the current pool may run on, by worker index.
 fn worker_cpus() -> Vec<Vec<usize>> {
@@ -13,30 +13,24 @@ fn worker_cpus() -> Vec<Vec<usize>> {
 
 #[test]
 fn the_plan() {
-    let four = [0, 1, 2, 3];
-    assert_eq!(pin_plan(4, &four, true), Some(four.to_vec()));
-    assert_eq!(pin_plan(4, &four, false), None, "turned off");
-    assert_eq!(pin_plan(2, &four, true), None, "fewer workers than CPUs");
-    assert_eq!(pin_plan(5, &four, true), None, "more workers than CPUs");
-    assert_eq!(pin_plan(1, &[3], true), None, "one worker");
-    assert_eq!(pin_plan(2, &[], true), None, "CPUs unknown");
+    let four = || vec![0, 1, 2, 3];
+    assert_eq!(pin_plan(4, four(), true), Some(four()));
+    assert_eq!(pin_plan(4, four(), false), None, "turned off");
+    assert_eq!(pin_plan(2, four(), true), None, "fewer workers than CPUs");
+    assert_eq!(pin_plan(5, four(), true), None, "more workers than CPUs");
+    assert_eq!(pin_plan(1, vec![3], true), None, "one worker");
+    assert_eq!(pin_plan(2, vec![], true), None, "CPUs unknown");
     // The allowed CPUs in order, whichever they are.
-    assert_eq!(pin_plan(2, &[5, 9], true), Some(vec![5, 9]));
+    assert_eq!(pin_plan(2, vec![5, 9], true), Some(vec![5, 9]));
 }
 
 /// Whether this system lets a thread keep itself to `cpu` (a sandbox may refuse, or accept and
 /// ignore it): tried on a thread of its own.
 #[cfg(target_os = "linux")]
 fn can_pin(cpu: usize) -> bool {
-    std::thread::spawn(move || {
-        // SAFETY: CPU_SET writes within the zeroed set, and sched_setaffinity reads it.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        unsafe { libc::CPU_SET(cpu, &mut set) };
-        let size = std::mem::size_of::<libc::cpu_set_t>();
-        (unsafe { libc::sched_setaffinity(0, size, &set) }) == 0 && allowed_cpus() == [cpu]
-    })
-    .join()
-    .unwrap()
+    std::thread::spawn(move || pin_this_thread(cpu) && allowed_cpus() == [cpu])
+        .join()
+        .unwrap()
 }
 
 #[test]
@@ -44,7 +38,7 @@ fn can_pin(cpu: usize) -> bool {
 fn workers_are_pinned_one_to_a_cpu_when_they_match_the_cpus() {
     let allowed = allowed_cpus();
     assert!(!allowed.is_empty());
-    if std::env::var("BLOCKQUANT_PIN_THREADS").is_ok_and(|v| v.trim() == "0") {
+    if !pinning() {
         return;
     }
     let n = allowed.len();
