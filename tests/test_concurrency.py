@@ -460,23 +460,32 @@ def test_out_of_memory_is_a_memory_error_and_the_process_lives():
 
 _WORKER_CPUS = """
     import os, time
-    def worker_cpus(threads):
-        # The CPUs each of blockquant's `threads` workers may run on, by worker index, once a
-        # replaced pool's workers have exited.
-        deadline = time.monotonic() + 5
+    def workers():
+        # {thread id: (worker index, CPUs it may run on)} for blockquant's live workers.
+        got = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    name = f.read().strip()
+                cpus = os.sched_getaffinity(int(tid))
+            except OSError:
+                continue  # a thread that just ended
+            if name.startswith("blockquant-"):
+                got[int(tid)] = (int(name.split("-")[1]), cpus)
+        return got
+
+    def worker_cpus(threads, replaced, want=None):
+        # The CPUs each of the current pool's `threads` workers may run on, by worker index.
+        # A replaced pool's workers (thread ids in `replaced`) end on their own time, and a new
+        # worker is named before its start handler pins it: wait until the old ones are gone and
+        # each index 0..threads-1 is there once (and, given `want`, until it is seen).
+        deadline = time.monotonic() + 10
         while True:
-            got = []
-            for tid in os.listdir("/proc/self/task"):
-                try:
-                    with open(f"/proc/self/task/{tid}/comm") as f:
-                        name = f.read().strip()
-                    cpus = os.sched_getaffinity(int(tid))
-                except OSError:
-                    continue  # a thread that just ended
-                if name.startswith("blockquant-"):
-                    got.append((int(name.split("-")[1]), cpus))
-            if len(got) == threads or time.monotonic() > deadline:
-                return [c for _, c in sorted(got, key=lambda t: t[0])]
+            got = workers()
+            cpus = [c for _, c in sorted(got.values(), key=lambda t: t[0])]
+            settled = not (replaced & got.keys()) and sorted(i for i, _ in got.values()) == list(range(threads))
+            if (settled and want in (None, cpus)) or time.monotonic() > deadline:
+                return cpus
             time.sleep(0.01)
 
     def can_pin(cpu):
@@ -516,17 +525,18 @@ def test_workers_are_pinned_one_to_a_cpu_when_they_match_the_cpus(pin):
     for threads in (n, n + 1, n - 1):
         if threads < 1:
             continue
+        replaced = set(workers())
         bq.set_num_threads(threads)
         assert bq.get_num_threads() == threads
         assert [bq.quantize(x, s).to_bytes() for s in ("int8_block32", "nvfp4")] == want
         if threads == 1:
             continue  # a pool of one thread hands large calls to its worker, unpinned
-        cpus = worker_cpus(threads)
-        assert len(cpus) == threads, cpus
         if threads == n and {pin!r} != "0" and can_pin(allowed[-1]):
-            assert cpus == [{{c}} for c in allowed], (allowed, cpus)
+            expect = [{{c}} for c in allowed]
         else:
-            assert all(c == set(allowed) for c in cpus), (threads, allowed, cpus)
+            expect = [set(allowed)] * threads
+        cpus = worker_cpus(threads, replaced, expect)
+        assert cpus == expect, (threads, allowed, cpus)
         assert sorted(os.sched_getaffinity(0)) == allowed  # the caller: never pinned
         pid = os.fork()
         if pid == 0:
