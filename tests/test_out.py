@@ -71,6 +71,46 @@ def _garbage(shape, dtype, seed):
     return raw.view(dtype).reshape(shape).copy()
 
 
+@pytest.mark.parametrize("scheme", ["nvfp4", "int4_block16", "nf4_block16",
+                                    "q4s/packed_u32_1/block8:ue4m3+tensor:f32"])
+@pytest.mark.parametrize("global_scale", [0.3712, 1e36])
+def test_two_level_dequantize_into_large_out_matches_the_reference(scheme, global_scale):
+    """4-bit two-level schemes over 16 MiB of float32 output (the non-temporal stores; the core
+    multiplies g into each block's scale as it reaches the block, not into an array first):
+    random codes, every UE4M3 scale including 0 and the largest, a g that takes b × g past
+    float32's largest for some blocks (capped there), into arrays of garbage at a 16-byte
+    boundary and 4 bytes past one: bit for bit the reference."""
+    from blockquant import reference as ref
+
+    rng = np.random.default_rng(17)
+    shape = (1024, 4112)  # rows of 257 blocks of 16
+    sch = bq.presets.resolve(scheme)
+    layout = sch.layout(shape)
+    bits = np.iinfo(layout.storage_dtype).bits
+    values = rng.integers(0, 2**bits, layout.storage_shape, dtype=np.uint64).astype(
+        layout.storage_dtype)
+    if sch.value.name == "Q4S":  # int4 symmetric: the nibble 8 (-8) is not a code
+        nib = values.astype(np.uint64)
+        for k in range(bits // 4):
+            field = (nib >> np.uint64(4 * k)) & np.uint64(0xF)
+            nib = np.where(field == 8, nib ^ np.uint64(1 << (4 * k)), nib)
+        values = nib.astype(layout.storage_dtype)
+    ue4m3 = np.arange(0x7F, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    scales = ue4m3[rng.integers(0, ue4m3.size, layout.scale_grid)]
+    qt = bq.QTensor.from_parts(values, scales, scheme=sch, shape=shape, global_scale=global_scale)
+    want = ref.dequantize(ref.from_bytes(qt.to_bytes(), sch, shape)).view(np.uint32)
+    if global_scale > 1:
+        assert (want == np.float32(np.finfo(np.float32).max).view(np.uint32)).any()
+    n = int(np.prod(shape))
+    for offset in (0, 1):
+        buf = _garbage((n + 8,), np.float32, offset)
+        start = (-buf.ctypes.data // 4) % 4 + offset  # 16-byte aligned, then `offset` f32 on
+        out = buf[start:start + n].reshape(shape)
+        assert qt.dequantize(out=out) is out
+        np.testing.assert_array_equal(out.view(np.uint32), want)
+    np.testing.assert_array_equal(qt.dequantize().view(np.uint32), want)
+
+
 @pytest.mark.parametrize("scheme", QSCHEMES)
 @pytest.mark.parametrize("shape", [(16, 64), (5, 48), (3, 7, 32), ()])
 def test_quantize_out_gets_the_same_bits_as_fresh_arrays(scheme, shape):

@@ -197,7 +197,8 @@ fn bench_dequantize(c: &mut Criterion) {
                         dequantize(
                             &layout,
                             black_box(q.as_ref()),
-                            scales.effective(),
+                            &scales.stored,
+                            scales.global,
                             Output::F32(&mut y),
                         )
                     })

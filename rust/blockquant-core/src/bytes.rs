@@ -239,7 +239,8 @@ mod fuzz_tests {
                             dequantize(
                                 &layout,
                                 st.as_storage(),
-                                parts.scales.effective(),
+                                &parts.scales.stored,
+                                parts.scales.global,
                                 Output::F32(&mut out),
                             );
                         }

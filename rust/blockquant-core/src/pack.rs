@@ -136,6 +136,90 @@ impl<'a> ScaleSlice<'a> {
     }
 }
 
+/// The scales dequantize multiplies block `i`'s values by: `effective_scale(stored[i], global)`,
+/// worked out as a kernel reaches the block. A two-level scheme's block scales b_i come with its
+/// g; a one-level scheme's scales (or effective scales already worked out) with g = 1, which
+/// changes none of them: s × 1 is s for every finite s in the pool's IEEE environment (no
+/// flush-to-zero), and the cap at f32::MAX leaves a finite s alone. Why not an array of b_i × g
+/// first: its allocation, page faults and pass cost a block-16 4-bit dequantize a third of its
+/// time.
+#[derive(Debug, Clone, Copy)]
+pub struct Effective<'a> {
+    stored: &'a [f32],
+    global: f32,
+}
+
+impl<'a> Effective<'a> {
+    /// `stored` (checked finite, as `check_stored` does), times `global` for a two-level scheme.
+    pub fn new(stored: &'a [f32], global: Option<f32>) -> Self {
+        Self {
+            stored,
+            global: global.unwrap_or(1.0),
+        }
+    }
+
+    /// Scales used as they are (one-level, or effective ones already worked out).
+    pub fn plain(scales: &'a [f32]) -> Self {
+        Self::new(scales, None)
+    }
+
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        self.stored.len()
+    }
+
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.stored.is_empty()
+    }
+
+    /// Block `i`'s effective scale.
+    #[inline(always)]
+    pub fn get(&self, i: usize) -> f32 {
+        crate::quantize::effective_scale(self.stored[i], self.global)
+    }
+
+    /// Blocks `range` of these.
+    #[inline(always)]
+    pub fn range(&self, range: std::ops::Range<usize>) -> Self {
+        Self {
+            stored: &self.stored[range],
+            global: self.global,
+        }
+    }
+
+    /// Each block's effective scale, in order.
+    #[inline(always)]
+    pub fn iter(&self) -> impl Iterator<Item = f32> + 'a {
+        let g = self.global;
+        self.stored
+            .iter()
+            .map(move |&b| crate::quantize::effective_scale(b, g))
+    }
+
+    /// The effective scales of blocks `first..` (at most [`SCALE_CHUNK`] of them): the
+    /// stored ones themselves when g is 1, else worked out into `buf` (a loop the compiler
+    /// vectorizes), so that a kernel's loop over blocks reads a plain slice either way.
+    #[inline(always)]
+    pub fn chunk<'b>(&self, first: usize, buf: &'b mut [f32; SCALE_CHUNK]) -> &'b [f32]
+    where
+        'a: 'b,
+    {
+        let stored = &self.stored[first..self.stored.len().min(first + SCALE_CHUNK)];
+        if self.global == 1.0 {
+            return stored;
+        }
+        let g = self.global;
+        for (e, &b) in buf.iter_mut().zip(stored) {
+            *e = crate::quantize::effective_scale(b, g);
+        }
+        &buf[..stored.len()]
+    }
+}
+
+/// Blocks an [`Effective::chunk`] holds.
+pub const SCALE_CHUNK: usize = 64;
+
 /// Pack consecutive codes into words, `per` fields per word, the first in the low bits; a last
 /// partial word gets zero padding. Eight codes at a time are squeezed together with shifts and
 /// masks inside one u64 (SWAR), which is little-endian bytes of the words either way.
@@ -653,7 +737,7 @@ avx2_dispatch! {
     fn decode_range_autovec[D: Decode, O: OutElem](
         dec: D,
         layout: &Layout,
-        effective: &[f32],
+        effective: Effective<'_>,
         start: usize,
         codes: &[u8],
         out: &mut [O],
@@ -666,7 +750,7 @@ avx2_dispatch! {
 fn decode_range<D: Decode, O: OutElem>(
     dec: D,
     layout: &Layout,
-    effective: &[f32],
+    effective: Effective<'_>,
     start: usize,
     codes: &[u8],
     out: &mut [O],
@@ -686,7 +770,7 @@ fn decode_range<D: Decode, O: OutElem>(
 unsafe fn decode_range_f32_avx2<D: Decode>(
     dec: D,
     layout: &Layout,
-    effective: &[f32],
+    effective: Effective<'_>,
     start: usize,
     codes: &[u8],
     out: &mut [f32],
@@ -705,7 +789,7 @@ unsafe fn decode_range_f32_avx2<D: Decode>(
 unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
     dec: D,
     layout: &Layout,
-    effective: &[f32],
+    effective: Effective<'_>,
     start: usize,
     codes: &[u8],
     out: &mut [f32],
@@ -719,13 +803,13 @@ unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
     if whole_blocks {
         // Every block a whole run and the grid row-major over them: block k of the range has
         // scale start / bc + k, no segment walk needed.
-        let eff = &effective[start / bc..start / bc + out.len() / bc];
+        let eff = effective.range(start / bc..start / bc + out.len() / bc);
         if bc.is_multiple_of(8) && (!STREAM || (out.as_ptr() as usize).is_multiple_of(16)) {
             // Blocks of whole vectors: one loop, no per-block run set-up.
             return crate::simd::x86::decode_blocks_8s::<D, STREAM>(dec, codes, eff, bc, out);
         }
         let blocks = codes.chunks_exact(bc).zip(out.chunks_exact_mut(bc));
-        for ((c, o), &e) in blocks.zip(eff) {
+        for ((c, o), e) in blocks.zip(eff.iter()) {
             crate::simd::x86::decode_run::<D, STREAM>(dec, c, e, o);
         }
         return;
@@ -733,7 +817,7 @@ unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
     for (pos, len, s) in Segments::new(layout, start, out.len()) {
         let o = pos - start;
         let (c, y) = (&codes[o..o + len], &mut out[o..o + len]);
-        crate::simd::x86::decode_run::<D, STREAM>(dec, c, effective[s], y);
+        crate::simd::x86::decode_run::<D, STREAM>(dec, c, effective.get(s), y);
     }
 }
 
@@ -741,13 +825,13 @@ unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
 fn decode_range_portable<D: Decode, O: OutElem>(
     dec: D,
     layout: &Layout,
-    effective: &[f32],
+    effective: Effective<'_>,
     start: usize,
     codes: &[u8],
     out: &mut [O],
 ) {
     for (pos, len, s) in Segments::new(layout, start, out.len()) {
-        let e = effective[s];
+        let e = effective.get(s);
         let o = pos - start;
         for (y, &c) in out[o..o + len].iter_mut().zip(&codes[o..o + len]) {
             *y = O::from_f32(dec.decode(c) * e);
@@ -760,7 +844,7 @@ pub fn decode_into<D: Decode, O: OutElem>(
     table: D,
     layout: &Layout,
     storage: Storage<'_>,
-    effective: &[f32],
+    effective: Effective<'_>,
     out: &mut [O],
 ) {
     if layout.packing.swapped {
@@ -785,7 +869,7 @@ fn unpack_words<W: Word, D: Decode, O: OutElem>(
     table: D,
     layout: &Layout,
     words: &[W],
-    effective: &[f32],
+    effective: Effective<'_>,
     out: &mut [O],
 ) {
     let p = &layout.packing;
@@ -874,7 +958,7 @@ unsafe fn decode_nibbles_f32<W: Word, D: Decode>(
     dec: D,
     layout: &Layout,
     words: &[W],
-    effective: &[f32],
+    effective: Effective<'_>,
     start: usize,
     chunk: &mut [f32],
     stream: bool,
@@ -892,7 +976,7 @@ unsafe fn decode_nibbles_f32<W: Word, D: Decode>(
         let (line, col) = (pos / n, pos % n);
         let take = (end - pos).min(n - col);
         let b = &bytes[line * line_bytes + col / 2..][..take / 2];
-        let eff = &effective[pos / bc..(pos + take) / bc];
+        let eff = effective.range(pos / bc..(pos + take) / bc);
         let o = &mut chunk[pos - start..pos - start + take];
         if stream {
             decode_nibble_blocks_8s::<D, true>(dec, b, eff, bc, o);
@@ -913,7 +997,7 @@ unsafe fn decode_nibbles_f32<W: Word, D: Decode>(
 fn decode_runs<D: Decode, O: OutElem>(
     table: D,
     layout: &Layout,
-    effective: &[f32],
+    effective: Effective<'_>,
     start: usize,
     chunk: &mut [O],
     run_len: impl Fn(usize) -> usize,
@@ -938,7 +1022,7 @@ fn decode_swapped<D: Decode, O: OutElem>(
     table: D,
     layout: &Layout,
     storage: Storage<'_>,
-    effective: &[f32],
+    effective: Effective<'_>,
     out: &mut [O],
 ) {
     let p = &layout.packing;
@@ -1644,9 +1728,9 @@ pub(crate) mod tests {
                     }
 
                     let mut yo = vec![0.0f32; len];
-                    dequantize(&lo, wo.as_ref(), &eff, Output::F32(&mut yo));
+                    dequantize(&lo, wo.as_ref(), &eff, None, Output::F32(&mut yo));
                     let mut yt = vec![0.0f32; len];
-                    dequantize(&lt, wt.as_ref(), &eff_t, Output::F32(&mut yt));
+                    dequantize(&lt, wt.as_ref(), &eff_t, None, Output::F32(&mut yt));
                     let yt = transpose_last_two(&yt, (a, inner, n));
                     let mask = (1u32 << value.bits()) - 1;
                     for f in 0..len {
@@ -1862,7 +1946,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn compare_decode_as<D: Decode, O: Key>(dec: D, layout: &Layout, eff: &[f32], codes: &[u8]) {
+    fn compare_decode_as<D: Decode, O: Key>(dec: D, layout: &Layout, eff: Effective, codes: &[u8]) {
         let len = codes.len();
         for (start, end) in [(0, len), (len / 3 + 1, len - len / 5)] {
             let mut simd = vec![O::default(); end - start];
@@ -1877,7 +1961,7 @@ pub(crate) mod tests {
 
     /// The non-temporal stores (taken for large outputs only) against the portable loop, the
     /// output at each 4-byte offset from a 16-byte boundary, from the start and mid-range.
-    fn compare_decode_streaming<D: Decode>(dec: D, layout: &Layout, eff: &[f32], codes: &[u8]) {
+    fn compare_decode_streaming<D: Decode>(dec: D, layout: &Layout, eff: Effective, codes: &[u8]) {
         #[cfg(target_arch = "x86_64")]
         if crate::simd::has_avx2() && crate::simd::has_f16c() {
             let len = codes.len();
@@ -1925,14 +2009,18 @@ pub(crate) mod tests {
             let codes: Vec<u8> = (0..layout.num_elements)
                 .map(|_| rng.byte() & field_mask)
                 .collect();
-            compare_decode_as::<D, f32>(dec, &layout, &eff, &codes);
-            compare_decode_as::<D, f64>(dec, &layout, &eff, &codes);
-            compare_decode_as::<D, F16Bits>(dec, &layout, &eff, &codes);
-            compare_decode_as::<D, BF16Bits>(dec, &layout, &eff, &codes);
-            compare_decode_streaming(dec, &layout, &eff, &codes);
+            // One-level, and two-level (g times each block's scale, as the kernels reach it).
+            for g in [None, Some(0.3712)] {
+                let e = Effective::new(&eff, g);
+                compare_decode_as::<D, f32>(dec, &layout, e, &codes);
+                compare_decode_as::<D, f64>(dec, &layout, e, &codes);
+                compare_decode_as::<D, F16Bits>(dec, &layout, e, &codes);
+                compare_decode_as::<D, BF16Bits>(dec, &layout, e, &codes);
+                compare_decode_streaming(dec, &layout, e, &codes);
+            }
             // And the f32 result against SPEC §7, for the fields that are codes.
             let mut y = vec![0.0f32; codes.len()];
-            decode_range(dec, &layout, &eff, 0, &codes, &mut y);
+            decode_range(dec, &layout, Effective::plain(&eff), 0, &codes, &mut y);
             for (f, (&c, &yv)) in codes.iter().zip(&y).enumerate() {
                 let field_bits = if native { 8 } else { value.bits() };
                 if let Some(v) = oracle::stored_value(value, field_bits, c as u32) {
@@ -1954,25 +2042,38 @@ pub(crate) mod tests {
         let mut rng = Rng::new(77);
         let nf4 = Codebook::new(&NAMED[0].1).unwrap();
         let table = decode_table(&nf4);
-        fn check<D: Decode>(dec: D, layout: &Layout, rng: &mut Rng, offset: usize) {
+        // `global`: a two-level scheme's g, multiplied into each block's scale as the kernel
+        // reaches it (the big values' products capped at f32::MAX).
+        fn check<D: Decode>(
+            dec: D,
+            layout: &Layout,
+            rng: &mut Rng,
+            offset: usize,
+            global: Option<f32>,
+        ) {
             let n = layout.num_elements;
             let bytes: Vec<u8> = (0..n / 2).map(|_| rng.byte()).collect();
             let words: Vec<u32> = bytes
                 .chunks_exact(4)
                 .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect();
-            let eff: Vec<f32> = (0..layout.num_scales)
-                .map(|k| match k % 5 {
+            let stored: Vec<f32> = (0..layout.num_scales)
+                .map(|k| match k % 7 {
                     0 => 0.0,
                     1 => 1e-40,
+                    2 => 3e38,
                     _ => rng.unit() * 3.0,
                 })
                 .collect();
+            let e = |k: usize| match global {
+                None => stored[k],
+                Some(g) => (stored[k] * g).min(f32::MAX), // SPEC: e = b × g, capped
+            };
             let bc = layout.block_cols();
             let want: Vec<u32> = (0..n)
                 .map(|i| {
                     let field = (bytes[i / 2] >> (4 * (i % 2))) & 0xF;
-                    (dec.decode(field) * eff[i / bc]).to_bits()
+                    (dec.decode(field) * e(i / bc)).to_bits()
                 })
                 .collect();
             let mut buf = vec![f32::NAN; n + 4];
@@ -1982,12 +2083,12 @@ pub(crate) mod tests {
                 Storage::U32(&words)
             };
             let out = &mut buf[offset..offset + n];
-            decode_into(dec, layout, storage, &eff, out);
+            decode_into(dec, layout, storage, Effective::new(&stored, global), out);
             let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
             let first = got.iter().zip(&want).position(|(a, b)| a != b);
             assert_eq!(
                 first, None,
-                "{} on {:?}, offset {offset}",
+                "{} on {:?}, offset {offset}, g {global:?}",
                 layout.scheme, layout.shape
             );
         }
@@ -2015,14 +2116,22 @@ pub(crate) mod tests {
                     layout.packing.word_bits as usize
                 );
                 for &off in offsets {
-                    match value {
-                        QuantValue::E2M1 => check(E2M1Decode, &layout, &mut rng, off),
-                        _ => check(IntDecode::new(&layout.packing), &layout, &mut rng, off),
+                    // One-level, and two-level with a g of no power of two (and one that
+                    // takes 3e38 past f32::MAX).
+                    for g in [None, Some(0.3712), Some(7.0)] {
+                        match value {
+                            QuantValue::E2M1 => check(E2M1Decode, &layout, &mut rng, off, g),
+                            _ => {
+                                let dec = IntDecode::new(&layout.packing);
+                                check(dec, &layout, &mut rng, off, g)
+                            }
+                        }
                     }
                 }
                 if value == QuantValue::Q4F {
                     let looked = Layout::new(&plain.with_codebook(nf4), &shape).unwrap();
-                    check(LookupDecode(&table), &looked, &mut rng, 0);
+                    check(LookupDecode(&table), &looked, &mut rng, 0, None);
+                    check(LookupDecode(&table), &looked, &mut rng, 0, Some(0.3712));
                 }
             }
         }

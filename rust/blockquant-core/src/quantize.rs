@@ -15,7 +15,8 @@ use crate::input::{Input, Window};
 use crate::layout::Layout;
 use crate::lookup::{decode_table, LookupCode};
 use crate::pack::{
-    encode_run, pack_last_axis, BF16Bits, F16Bits, OutElem, Segments, Storage, StorageMut, Word,
+    encode_run, pack_last_axis, BF16Bits, Effective, F16Bits, OutElem, Segments, Storage,
+    StorageMut, Word,
 };
 use crate::pool;
 use crate::scale::{check_scales, mx_scale_code, ScaleRounding};
@@ -1052,8 +1053,17 @@ pub enum Output<'a> {
 }
 
 /// x̂ = f32(decode(q)) × e into `out` (C order), converted to the output's type element by
-/// element (no full-size f32 temporary). Runs in the bounded pool.
-pub fn dequantize(layout: &Layout, storage: Storage<'_>, effective: &[f32], out: Output<'_>) {
+/// element (no full-size f32 temporary). `stored`: the stored scales (checked by
+/// [`check_stored`]), or effective ones already worked out; `global`: a two-level scheme's g,
+/// multiplied in block by block ([`Effective`]). Runs in the bounded pool.
+pub fn dequantize(
+    layout: &Layout,
+    storage: Storage<'_>,
+    stored: &[f32],
+    global: Option<f32>,
+    out: Output<'_>,
+) {
+    let effective = Effective::new(stored, global);
     pool::install_sized(layout.num_elements, || match out {
         Output::F32(o) => dequantize_into(layout, storage, effective, o),
         Output::F64(o) => dequantize_into(layout, storage, effective, o),
@@ -1065,7 +1075,7 @@ pub fn dequantize(layout: &Layout, storage: Storage<'_>, effective: &[f32], out:
 fn dequantize_into<O: OutElem>(
     layout: &Layout,
     storage: Storage<'_>,
-    effective: &[f32],
+    effective: Effective<'_>,
     out: &mut [O],
 ) {
     assert_eq!(out.len(), layout.num_elements, "output length");
@@ -1879,6 +1889,18 @@ pub(crate) mod tests {
             ),
             (nvfp4, &[4, 50], opts(MinMax, HalfAway, Nearest)),
             (nvfp4, &[3, 16], opts(MinMax, HalfAway, Up)),
+            // Two-level with int4 values in u32 words (the presets' int4_block16), along the
+            // last axis and along an outer one.
+            (
+                block(QuantValue::Q4F, QuantStore::PackedU32(0), &[16], UE4M3).per_tensor(F32),
+                &[5, 64],
+                opts(MinMax, HalfEven, Nearest),
+            ),
+            (
+                block(QuantValue::Q4S, QuantStore::PackedU32(1), &[8], UE4M3).per_tensor(F32),
+                &[10, 24],
+                opts(AbsMean, HalfAway, Up),
+            ),
             (
                 block(QuantValue::E4M3, QuantStore::Native, &[2, 3], BF16),
                 &[5, 7],
@@ -1923,11 +1945,29 @@ pub(crate) mod tests {
                 .collect();
             let mut w = Words::new(&layout);
             let scales = quantize(Input::F32(&x), &layout, &opts, None, w.as_mut()).unwrap();
+            // As the bindings call it (a two-level g multiplied in block by block), and against
+            // the effective scales worked out first: the same bits.
             let mut y = vec![0.0f32; n];
-            dequantize(&layout, w.as_ref(), scales.effective(), Output::F32(&mut y));
+            let st = w.as_ref();
+            dequantize(
+                &layout,
+                st,
+                &scales.stored,
+                scales.global,
+                Output::F32(&mut y),
+            );
+            let mut y_eff = vec![0.0f32; n];
+            dequantize(
+                &layout,
+                st,
+                scales.effective(),
+                None,
+                Output::F32(&mut y_eff),
+            );
+            let bits = |v: &[f32]| v.iter().map(|s| s.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&y), bits(&y_eff), "{scheme} {opts:?}");
 
             let (stored, global, eff) = spec_scales(&x, &layout, &opts);
-            let bits = |v: &[f32]| v.iter().map(|s| s.to_bits()).collect::<Vec<_>>();
             assert_eq!(
                 bits(&scales.stored),
                 bits(&stored),
@@ -2002,7 +2042,7 @@ pub(crate) mod tests {
     ) {
         let value = layout.scheme.value;
         let mut y = vec![0.0f32; x.len()];
-        dequantize(layout, w.as_ref(), eff, Output::F32(&mut y));
+        dequantize(layout, w.as_ref(), eff, None, Output::F32(&mut y));
         let mask = (1u32 << value.bits()) - 1;
         for (f, ((&y, &x), &e)) in y.iter().zip(x).zip(e).enumerate() {
             let q = oracle::quantize_one(value, rounding, x, e);

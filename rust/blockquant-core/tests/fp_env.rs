@@ -57,7 +57,13 @@ fn run(scheme: &QuantScheme, x: &[f32]) -> (Vec<u32>, Vec<u8>, Vec<u32>) {
     let opts = QuantizeOptions::default();
     let s = quantize(Input::F32(x), &layout, &opts, None, StorageMut::U8(&mut w)).unwrap();
     let mut y = vec![0.0f32; x.len()];
-    dequantize(&layout, Storage::U8(&w), s.effective(), Output::F32(&mut y));
+    dequantize(
+        &layout,
+        Storage::U8(&w),
+        &s.stored,
+        s.global,
+        Output::F32(&mut y),
+    );
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect();
     (bits(&s.stored), w, bits(&y))
 }

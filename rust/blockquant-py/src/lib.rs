@@ -621,13 +621,13 @@ fn dequantize<'py>(
         let layout = layout(scheme, &shape)?;
         let given = contiguous(&scales, "scales")?;
         q::check_stored(&layout, given, global_scale).map_err(to_py)?;
-        // One-level: the caller's scales as they are (a copy of the grid on every call would
-        // cost its page faults and a pass); two-level: b_i × g.
-        let two_level = global_scale.map(|g| q::effective_scales(given, g));
-        let eff = two_level.as_deref().unwrap_or(given);
+        // The caller's scales as they are, and a two-level g multiplied in block by block: a
+        // copy of the grid, or of b_i × g, on every call would cost its page faults and a pass.
         let run = |out: Output<'_>| {
             with_storage(values, &layout, |st| {
-                pool::install_sized(layout.num_elements, || q::dequantize(&layout, st, eff, out))
+                pool::install_sized(layout.num_elements, || {
+                    q::dequantize(&layout, st, given, global_scale, out)
+                })
             })
         };
         // A caller's array may alias an input or be read-only or strided: numpy's borrow
