@@ -148,6 +148,36 @@ def test_ties_with_explicit_scales(value, rounding):
         assert_same(ref.quantize(x, s2, **kw2), bq.quantize(x, s2, **kw2))
 
 
+@pytest.mark.parametrize("scheme", ["int8_block32", "int4_block32", "mxfp4", "mxfp8", "nvfp4",
+                                    "int4_block16", "q8f/native/block16:bf16",
+                                    "e5m2/native/block32:f32"])
+@pytest.mark.parametrize("rounding", ["half_away", "half_even"])
+def test_given_block_scales_equal_reference(scheme, rounding):
+    """Given scales on whole blocks of 16 and 32 (quantized eight blocks at a time): scales
+    from the data, others off the dtype's grid (rounded), zeros (the zero rule) and −0 (stored
+    as +0) alone in a group, scales small enough that values clamp or saturate, a row's tail of
+    blocks short of a group; a non-finite value is an error."""
+    sch = bq.presets.resolve(scheme)
+    rng = np.random.default_rng(19)
+    shape = (6, 19 * sch.block.size[-1])
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    qt = bq.quantize(x, sch, calibration="minmax")
+    given = qt.scales.copy()
+    given[1, 3] = 0.0
+    given[2, 5] = -0.0
+    given[3] *= np.float32(1.37)  # mostly off the grid
+    given[4] *= np.float32(0.05)  # values far past the range
+    kw = dict(rounding=rounding, scales=given, calibration="minmax")
+    if qt.global_scale is not None:
+        kw["global_scale"] = qt.global_scale
+    got, want = bq.quantize(x, sch, **kw), ref.quantize(x, sch, **kw)
+    assert_same(want, got)
+    assert not np.signbit(got.scales).any()
+    x[5, 40] = np.nan
+    with pytest.raises(bq.NonFiniteError):
+        bq.quantize(x, sch, **kw)
+
+
 @pytest.mark.parametrize("dtype", list(ScaleDtype))
 @pytest.mark.parametrize("mode", ["up", "nearest"])
 def test_round_scale_equals_reference(dtype, mode):

@@ -182,6 +182,29 @@ def test_bad_quantize_out_is_refused_and_left_alone():
     np.testing.assert_array_equal(x.view(np.uint32), before.view(np.uint32))
 
 
+@pytest.mark.parametrize("scheme", ["int8_block32", "nvfp4", "mxfp4"])
+def test_given_scales_may_be_an_out_array(scheme):
+    """quantize(x, scales=s, out=(v, s)) requantizes in place (the given scales are read into a
+    copy first), and so does an out values array over the given scales' memory: the bytes of a
+    call with scales of its own."""
+    x = np.random.default_rng(6).standard_normal((64, 256)).astype(np.float32)
+    q = bq.quantize(x, scheme)
+    s = q.scales.copy()
+    s[3, 2] *= np.float32(1.001)  # off the grid: rounded
+    kw = {} if q.global_scale is None else {"global_scale": q.global_scale}
+    want = bq.quantize(x, scheme, scales=s.copy(), **kw)
+    v = np.empty_like(q.values)
+    got = bq.quantize(x, scheme, scales=s, out=(v, s), **kw)
+    assert got.to_bytes() == want.to_bytes()
+    np.testing.assert_array_equal(s, want.scales)
+    buf = np.zeros(max(v.nbytes, s.nbytes), np.uint8)
+    vv = buf[: v.nbytes].view(v.dtype).reshape(v.shape)
+    ss = buf[: s.nbytes].view(np.float32).reshape(s.shape)
+    ss[...] = want.scales
+    got = bq.quantize(x, scheme, scales=ss, out=(vv, np.empty_like(s)), **kw)
+    assert got.to_bytes() == want.to_bytes()
+
+
 @pytest.mark.parametrize("scheme, shape", [("mxfp8", (2049, 2056)),
                                            ("e4m3/native/tensor:f32", (2049, 2049))])
 def test_e4m3_dequantize_into_large_out_matches_the_reference(scheme, shape):

@@ -111,6 +111,13 @@ def _explicit_scales(scales: Any) -> np.ndarray:
         if v >= _F32_OVERFLOW:
             raise ScaleError("scales must fit in float32")
         return np.array([v] if one is not scales else v, dtype=np.float32)
+    # A float32 array (a quantize's scales, a file's): one pass over the bit patterns says
+    # every value is finite and >= 0 (a pattern up to float32's largest), and the array is
+    # used as it is (C-contiguous), without the general path's float64 copy and its page
+    # faults. The core reads it into scales of its own before it writes anything.
+    if isinstance(scales, np.ndarray) and scales.dtype == np.float32:
+        if scales.size == 0 or int(scales.view(np.uint32).max()) <= 0x7F7FFFFF:
+            return np.ascontiguousarray(scales)
     try:
         raw = np.asarray(scales)
     except (TypeError, ValueError):
@@ -409,7 +416,8 @@ def quantize(
     ``out``: ``(values, scales)``, caller's arrays to write into instead of new ones (reused
     buffers skip the page faults of fresh memory), as ``scheme.layout(x.shape)`` describes them:
     ``storage_dtype`` in ``storage_shape`` and float32 in ``scale_grid``, C-contiguous, writeable,
-    sharing no memory with ``x``, ``scales`` or each other. A bad ``out`` is refused before
+    sharing no memory with ``x`` or each other (the given ``scales`` may be one of them: they
+    are copied first). A bad ``out`` is refused before
     anything is written; if quantizing itself fails (non-finite input, say), the arrays may be
     partly written. The returned QTensor holds read-only views of them: writing into the same
     arrays again changes it.
@@ -425,7 +433,9 @@ def quantize(
     w = None if weights is None else importance_weights(weights, xs.shape)
     out_v = out_s = None
     if out is not None:
-        out_v, out_s = _check_quantize_out(out, scheme, xs, given)
+        out_v, out_s = _check_quantize_out(out, scheme, xs)
+        if given is not None and (np.shares_memory(given, out_v) or np.shares_memory(given, out_s)):
+            given = given.copy()  # the caller's scales array is written as it is read: ours
     values, stored, g_out = _native.quantize(
         xs, kind, scheme._handle, cal, rnd, srnd, given, g, out_v, out_s, w
     )
@@ -435,9 +445,7 @@ def quantize(
     return QTensor._new(values, stored, g_out, scheme, xs.shape)
 
 
-def _check_quantize_out(
-    out: Any, scheme: QuantScheme, xs: np.ndarray, given: Optional[np.ndarray]
-) -> Tuple[np.ndarray, np.ndarray]:
+def _check_quantize_out(out: Any, scheme: QuantScheme, xs: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """quantize's ``out=(values, scales)``, checked before anything is written."""
     if not (isinstance(out, tuple) and len(out) == 2):
         raise TypeError(f"out must be a tuple (values, scales), got {type(out).__name__}")
@@ -455,7 +463,7 @@ def _check_quantize_out(
             raise ValueError(f"out {what} must have the shape {tuple(shape)}, got {arr.shape}")
         if not arr.flags.c_contiguous or not arr.flags.writeable:
             raise ValueError(f"out {what} must be a writeable C-contiguous array")
-        if np.shares_memory(arr, xs) or (given is not None and np.shares_memory(arr, given)):
+        if np.shares_memory(arr, xs):
             raise ValueError(f"out {what} shares memory with an input")
     if np.shares_memory(values, scales):
         raise ValueError("out values and scales share memory")

@@ -150,9 +150,25 @@ unsafe fn group_fast<C: Encode, const V: usize>(
         return false;
     };
     _mm256_storeu_ps(s0, e);
+    encode_group::<C, V>(codec, x0, bits, e, o0, k.stream);
+    true
+}
+
+/// Codes of eight blocks of `8 * V` values from `x0` (V = 2 or 4) into `o0`, block j divided
+/// by lane j of `e` (every lane non-zero, every value finite; `bits`: the blocks' maxima of
+/// the |x| bit patterns). `stream`: non-temporal stores where `o0` allows them.
+#[inline(always)]
+unsafe fn encode_group<C: Encode, const V: usize>(
+    codec: C,
+    x0: *const f32,
+    bits: __m256i,
+    e: __m256,
+    o0: *mut u8,
+    stream: bool,
+) {
     // Non-temporal stores need 16-byte alignment (numpy's storage has it; a block of 16 or
     // 32 codes keeps it).
-    let stream = k.stream && (o0 as usize).is_multiple_of(16);
+    let stream = stream && (o0 as usize).is_multiple_of(16);
     // No quotient needs clamping when each block's largest does not (the division is
     // monotone): the usual case, as the scale is max |x| over the half range, rounded.
     let in_range = codec.unclamped_below().is_some_and(|b| {
@@ -167,7 +183,7 @@ unsafe fn group_fast<C: Encode, const V: usize>(
         } else {
             encode_8blocks_recip::<C, V, false>(codec, x0, e, r, range, o0, stream);
         }
-        return true;
+        return;
     }
     match (mul, in_range) {
         (true, true) => encode_8blocks::<C, V, true, true>(codec, x0, d, o0, stream),
@@ -175,7 +191,63 @@ unsafe fn group_fast<C: Encode, const V: usize>(
         (false, true) => encode_8blocks::<C, V, false, true>(codec, x0, d, o0, stream),
         (false, false) => encode_8blocks::<C, V, false, false>(codec, x0, d, o0, stream),
     }
-    true
+}
+
+/// Codes of whole blocks of `bc` = 16 or 32 values (`xs`, `out` one code a byte) against
+/// given effective scales `eff`, one a block (explicit scales: no measuring): eight blocks at
+/// a time by the one-pass kernel's encode, a group with a zero scale (the zero rule) or a
+/// non-finite value block by block. The same bits as [`encode_run`] block by block. Returns
+/// whether any input was non-finite.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn encode_groups_given<C: Encode>(
+    codec: C,
+    bc: usize,
+    xs: &[f32],
+    eff: &[f32],
+    out: &mut [u8],
+    stream: bool,
+) -> bool {
+    let blocks = eff.len();
+    assert!(bc == 16 || bc == 32, "blocks of 16 or 32");
+    assert!(
+        xs.len() == blocks * bc && out.len() == xs.len(),
+        "whole blocks"
+    );
+    let mut bad = false;
+    let mut b = 0;
+    while b + 8 <= blocks {
+        // In bounds: blocks b..b + 8 lie within xs, eff and out.
+        let (x0, o0) = (xs.as_ptr().add(b * bc), out.as_mut_ptr().add(b * bc));
+        let e = _mm256_loadu_ps(eff.as_ptr().add(b));
+        let bits = match bc {
+            16 => x86::max_abs_bits_8runs::<2>(x0),
+            _ => x86::max_abs_bits_8runs::<4>(x0),
+        };
+        let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF));
+        let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps());
+        let general = _mm256_movemask_epi8(non_finite) != 0 || _mm256_movemask_ps(zero) != 0;
+        if general {
+            for (j, &e) in eff.iter().enumerate().skip(b).take(8) {
+                let r = j * bc..(j + 1) * bc;
+                let (run, o) = (&xs[r.clone()], &mut out[r]);
+                bad |= x86::encode_run_or_zero(codec, run, e, o, stream);
+            }
+        } else if bc == 16 {
+            encode_group::<C, 2>(codec, x0, bits, e, o0, stream);
+        } else {
+            encode_group::<C, 4>(codec, x0, bits, e, o0, stream);
+        }
+        b += 8;
+    }
+    for (j, &e) in eff.iter().enumerate().skip(b) {
+        let r = j * bc..(j + 1) * bc;
+        let (run, o) = (&xs[r.clone()], &mut out[r]);
+        bad |= x86::encode_run_or_zero(codec, run, e, o, stream);
+    }
+    bad
 }
 
 /// Codes of eight blocks of `8 * V` values from `x0` into `o0`: block j's values divided by

@@ -461,6 +461,23 @@ unsafe fn encode_range_avx2<C: Encode>(
     out: &mut [u8],
     stream: bool,
 ) -> bool {
+    let bc = layout.block_cols();
+    let whole_blocks = !layout.per_tensor
+        && (bc == 16 || bc == 32)
+        && layout.rows_map_directly()
+        && layout.row_len().is_multiple_of(bc)
+        && start.is_multiple_of(bc)
+        && out.len().is_multiple_of(bc)
+        && crate::simd::has_f16c();
+    if whole_blocks {
+        // Block k of the range has scale start / bc + k (as the decode's whole blocks): eight
+        // blocks at a time, as the one-pass kernel encodes them.
+        let k0 = start / bc - effective.base;
+        let eff = &effective.scales[k0..k0 + out.len() / bc];
+        let xs = &xs[start - x_start..start - x_start + out.len()];
+        // SAFETY: the CPU has AVX2 (this function's) and F16C, checked just above.
+        return crate::fused_avx2::encode_groups_given(codec, bc, xs, eff, out, stream);
+    }
     let mut bad = false;
     for (pos, len, s) in Segments::new(layout, start, out.len()) {
         let (o, i) = (pos - start, pos - x_start);

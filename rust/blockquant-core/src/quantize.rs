@@ -234,12 +234,25 @@ pub fn compute_scales(
             return Err(scale_count_error(layout, given.len()));
         }
         check_scales(given, "scales")?;
+        // Rounded to the dtype. Scales already in it (another quantize's, a file's: the usual
+        // case) are copied a chunk at a time once the vectorized check says so: rounding leaves
+        // every representable value as it is (tested), except −0, stored as +0.
+        let mut stored = vec![0.0f32; given.len()];
+        stored
+            .par_chunks_mut(MIN_TASK_ELEMS)
+            .zip(given.par_chunks(MIN_TASK_ELEMS))
+            .for_each(|(out, given)| {
+                let exact = first_unrepresentable(dtype, given).is_none()
+                    && !given.iter().any(|s| s.to_bits() == (-0.0f32).to_bits());
+                if exact {
+                    out.copy_from_slice(given);
+                } else {
+                    for (o, &s) in out.iter_mut().zip(given) {
+                        *o = dtype.round(s, mode);
+                    }
+                }
+            });
         // A two-level scheme without its per-tensor scale is reported by `from_stored`.
-        let stored: Vec<f32> = given
-            .par_iter()
-            .with_min_len(MIN_TASK_ELEMS)
-            .map(|&s| dtype.round(s, mode))
-            .collect();
         return Scales::from_stored(layout, stored, ex.global);
     }
     if opts.calibration == Calibration::Mse {
@@ -2106,6 +2119,72 @@ pub(crate) mod tests {
             misses > 1000,
             "only {misses} values where the product misses"
         );
+    }
+
+    /// Given scales on whole blocks of 16 and 32 values, eight blocks at a time
+    /// (`fused_avx2::encode_groups_given`), every value kind, one code a byte and packed:
+    /// values near rounding boundaries, values past the range (clamped or saturated), zero
+    /// scales (the zero rule) alone in a group or not, subnormal and huge scales, a tail of
+    /// blocks short of a group; the division's codes. A non-finite value anywhere is an error.
+    #[test]
+    fn given_scales_eight_blocks_at_a_time_take_the_divisions_codes() {
+        let mut rng = Rng::new(18);
+        for value in QuantValue::ALL {
+            let stores: &[QuantStore] = if value.bits() < 8 {
+                &[QuantStore::Native, QuantStore::PackedU32(0)]
+            } else {
+                &[QuantStore::Native]
+            };
+            for (&store, bc) in stores.iter().flat_map(|s| [(s, 16), (s, 32)]) {
+                for rounding in [Rounding::HalfAway, Rounding::HalfEven] {
+                    let scheme = one_level(value, store, bc, ScaleDtype::F32);
+                    // Rows of 19 blocks: two groups of eight and a tail of three.
+                    let layout = Layout::new(&scheme, &[4, 19 * bc]).unwrap();
+                    let per_row = layout.grid_cols();
+                    let eff: Vec<f32> = (0..layout.num_scales)
+                        .map(|k| match (k / per_row, rng.below(12)) {
+                            (1, _) if k % per_row == 5 => 0.0, // one zero in a group
+                            (2, 0) => 0.0,
+                            (_, 1) => f32::from_bits(1 + rng.below(0x007F_FFFF) as u32),
+                            (_, 2) => 2f32.powi(100 + rng.below(27) as i32),
+                            _ => 2f32.powi(rng.below(40) as i32 - 20) * (0.5 + rng.unit()),
+                        })
+                        .collect();
+                    let n = layout.num_elements;
+                    let e: Vec<f32> = (0..n).map(|f| eff[grid_index(&layout, f)]).collect();
+                    let (_, qmin, qmax, _) = oracle::spec(value);
+                    let x: Vec<f32> = e
+                        .iter()
+                        .map(|&e| {
+                            let v = match rng.below(3) {
+                                0 if INTS.contains(&value) => near_tie(&mut rng, value, e),
+                                // Up to twice the range: some clamp (or saturate).
+                                _ => (rng.unit() * 4.0 - 2.0) * (qmax - qmin) as f32 / 2.0 * e,
+                            };
+                            if v.is_finite() {
+                                v
+                            } else {
+                                e
+                            }
+                        })
+                        .collect();
+                    let mut w = Words::new(&layout);
+                    encode_values(Input::F32(&x), &layout, &eff, rounding, w.as_mut()).unwrap();
+                    let ctx = format!("{scheme} {rounding:?}");
+                    assert_division_codes(&layout, &w, &eff, &x, &e, rounding, &ctx);
+                    // One non-finite value, in a group or in the tail: an error.
+                    for at in [3 * bc + 1, 17 * bc + 2] {
+                        for bad in [f32::NAN, f32::INFINITY] {
+                            let mut y = x.clone();
+                            y[per_row * bc + at] = bad;
+                            let got =
+                                encode_values(Input::F32(&y), &layout, &eff, rounding, w.as_mut());
+                            assert!(got.is_err(), "{ctx}: {bad} at {at}");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// The one-pass kernel's blocks of 16 and 32 (eight at a time) with scales from the data:

@@ -207,6 +207,15 @@ fn ue8m0_round(s: f32, up: bool) -> u32 {
 
 /// Check caller-given scales: finite and ≥ 0 (SPEC §3).
 pub fn check_scales(scales: &[f32], what: &str) -> Result<()> {
+    // First one pass without a branch (it vectorizes) over the bit patterns: finite and ≥ 0
+    // is a pattern up to f32::MAX's, or −0's. The bad one is looked for only if there is one.
+    let bad = |s: &f32| {
+        let b = s.to_bits();
+        (b > f32::MAX.to_bits() && b != (-0.0f32).to_bits()) as u32
+    };
+    if scales.iter().fold(0, |any, s| any | bad(s)) == 0 {
+        return Ok(());
+    }
     if let Some((i, s)) = scales
         .iter()
         .enumerate()
@@ -228,6 +237,78 @@ pub fn check_scales(scales: &[f32], what: &str) -> Result<()> {
 mod tests {
     use super::*;
     use ScaleRounding::{Nearest, Up};
+
+    /// Scales are finite and ≥ 0 (−0 included): every other kind of value is refused, by index,
+    /// wherever it sits in a long array (the vectorized pass, then the search for it).
+    #[test]
+    fn check_scales_refuses_exactly_the_non_finite_and_negative() {
+        let values = [
+            0.0,
+            -0.0,
+            f32::from_bits(1),
+            f32::MAX,
+            1.5,
+            -f32::from_bits(1),
+            -1.0,
+            f32::MIN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7FC0_0001),
+            f32::from_bits(0xFF80_0001),
+        ];
+        for v in values {
+            let ok = v.is_finite() && v >= 0.0;
+            for (len, at) in [(1, 0), (1000, 0), (1000, 517), (1000, 999)] {
+                let mut s = vec![0.25f32; len];
+                s[at] = v;
+                match check_scales(&s, "scales") {
+                    Ok(()) => assert!(ok, "{v} accepted"),
+                    Err(e) => {
+                        assert!(!ok, "{v} refused");
+                        assert!(e.to_string().contains(&format!("at index {at}")), "{e}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Rounding leaves each value of the dtype as it is, in every mode the dtype takes (what
+    /// `compute_scales` relies on to copy given scales that are already in their dtype):
+    /// every code of the 16- and 8-bit dtypes, f32 at its edges and a spread of patterns.
+    #[test]
+    fn rounding_leaves_every_value_of_the_dtype_alone() {
+        let f32_bits = (0..=0x7F7F_FFFFu32).step_by(0x1_0001).chain([
+            0,
+            1,
+            0x007F_FFFF,
+            0x0080_0000,
+            0x7F7F_FFFF,
+        ]);
+        let cases: [(ScaleDtype, Vec<u32>); 5] = [
+            (ScaleDtype::F32, f32_bits.collect()),
+            (ScaleDtype::F16, (0..=0x7BFF).collect()),
+            (ScaleDtype::BF16, (0..=0x7F7F).collect()),
+            (ScaleDtype::UE4M3, (0..=0x7E).collect()),
+            (ScaleDtype::UE8M0, (0..=UE8M0_MAX_CODE).collect()),
+        ];
+        for (dtype, codes) in cases {
+            let modes: &[ScaleRounding] = if dtype == ScaleDtype::UE8M0 {
+                &[Up, Nearest, ScaleRounding::Mx]
+            } else {
+                &[Up, Nearest]
+            };
+            for code in codes {
+                let v = dtype.decode_code(code);
+                assert!(dtype.is_representable(v), "{dtype} {v:e}");
+                for &mode in modes {
+                    let r = dtype.round(v, mode);
+                    assert_eq!(r.to_bits(), v.to_bits(), "{dtype} {mode:?} {v:e}");
+                }
+            }
+        }
+    }
 
     fn next_up(v: f32) -> f32 {
         f32::from_bits(v.to_bits() + 1)
