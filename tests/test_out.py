@@ -71,6 +71,18 @@ def _garbage(shape, dtype, seed):
     return raw.view(dtype).reshape(shape).copy()
 
 
+def _assert_dequantizes_into_garbage(qt, want_bits):
+    """qt.dequantize(out=...) into float32 arrays of garbage at a 16-byte boundary and 4 bytes
+    past one (the non-temporal stores' two cases) gives exactly `want_bits`."""
+    n = int(np.prod(qt.shape))
+    for offset in (0, 1):
+        buf = _garbage((n + 8,), np.float32, offset)
+        start = (-buf.ctypes.data // 4) % 4 + offset  # 16-byte aligned, then `offset` f32 on
+        out = buf[start:start + n].reshape(qt.shape)
+        assert qt.dequantize(out=out) is out
+        np.testing.assert_array_equal(out.view(np.uint32), want_bits)
+
+
 @pytest.mark.parametrize("scheme", ["nvfp4", "int4_block16", "nf4_block16",
                                     "q4s/packed_u32_1/block8:ue4m3+tensor:f32"])
 @pytest.mark.parametrize("global_scale", [0.3712, 1e36])
@@ -101,13 +113,7 @@ def test_two_level_dequantize_into_large_out_matches_the_reference(scheme, globa
     want = ref.dequantize(ref.from_bytes(qt.to_bytes(), sch, shape)).view(np.uint32)
     if global_scale > 1:
         assert (want == np.float32(np.finfo(np.float32).max).view(np.uint32)).any()
-    n = int(np.prod(shape))
-    for offset in (0, 1):
-        buf = _garbage((n + 8,), np.float32, offset)
-        start = (-buf.ctypes.data // 4) % 4 + offset  # 16-byte aligned, then `offset` f32 on
-        out = buf[start:start + n].reshape(shape)
-        assert qt.dequantize(out=out) is out
-        np.testing.assert_array_equal(out.view(np.uint32), want)
+    _assert_dequantizes_into_garbage(qt, want)
     np.testing.assert_array_equal(qt.dequantize().view(np.uint32), want)
 
 
@@ -221,10 +227,4 @@ def test_e4m3_dequantize_into_large_out_matches_the_reference(scheme, shape):
     scales = bq.quantize(rng.standard_normal(shape).astype(np.float32), sch).scales
     qt = bq.QTensor.from_parts(values, scales, scheme=sch, shape=shape)
     want = ref.dequantize(ref.from_bytes(qt.to_bytes(), sch, shape)).view(np.uint32)
-    n = int(np.prod(shape))
-    for offset in (0, 1):
-        buf = _garbage((n + 8,), np.float32, offset)
-        start = (-buf.ctypes.data // 4) % 4 + offset  # 16-byte aligned, then `offset` f32 on
-        out = buf[start:start + n].reshape(shape)
-        assert qt.dequantize(out=out) is out
-        np.testing.assert_array_equal(out.view(np.uint32), want)
+    _assert_dequantizes_into_garbage(qt, want)
