@@ -197,18 +197,19 @@ impl<'a> Effective<'a> {
             .map(move |&b| crate::quantize::effective_scale(b, g))
     }
 
-    /// The effective scales of blocks `first..` (at most [`SCALE_CHUNK`] of them): the
-    /// stored ones themselves when g is 1, else worked out into `buf` (a loop the compiler
-    /// vectorizes), so that a kernel's loop over blocks reads a plain slice either way.
+    /// The effective scales of blocks `first..`, for a kernel that reads a plain slice: all
+    /// the stored ones from `first` on when g is 1 (one call, as a one-level scheme's kernel
+    /// always ran), else the next [`SCALE_CHUNK`] at most, worked out into `buf` (a loop the
+    /// compiler vectorizes).
     #[inline(always)]
     pub fn chunk<'b>(&self, first: usize, buf: &'b mut [f32; SCALE_CHUNK]) -> &'b [f32]
     where
         'a: 'b,
     {
-        let stored = &self.stored[first..self.stored.len().min(first + SCALE_CHUNK)];
         if self.global == 1.0 {
-            return stored;
+            return &self.stored[first..];
         }
+        let stored = &self.stored[first..self.stored.len().min(first + SCALE_CHUNK)];
         let g = self.global;
         for (e, &b) in buf.iter_mut().zip(stored) {
             *e = crate::quantize::effective_scale(b, g);
@@ -823,7 +824,15 @@ unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
         let eff = effective.range(start / bc..start / bc + out.len() / bc);
         if bc.is_multiple_of(8) && (!STREAM || (out.as_ptr() as usize).is_multiple_of(16)) {
             // Blocks of whole vectors: one loop, no per-block run set-up.
-            return crate::simd::x86::decode_blocks_8s::<D, STREAM>(dec, codes, eff, bc, out);
+            let (mut buf, mut k) = ([0.0f32; SCALE_CHUNK], 0);
+            while k < eff.len() {
+                let es = eff.chunk(k, &mut buf);
+                let r = k * bc..(k + es.len()) * bc;
+                let (c, o) = (&codes[r.clone()], &mut out[r]);
+                crate::simd::x86::decode_blocks_8s::<D, STREAM>(dec, c, es, bc, o);
+                k += es.len();
+            }
+            return;
         }
         let blocks = codes.chunks_exact(bc).zip(out.chunks_exact_mut(bc));
         for ((c, o), e) in blocks.zip(eff.iter()) {
@@ -995,10 +1004,19 @@ unsafe fn decode_nibbles_f32<W: Word, D: Decode>(
         let b = &bytes[line * line_bytes + col / 2..][..take / 2];
         let eff = effective.range(pos / bc..(pos + take) / bc);
         let o = &mut chunk[pos - start..pos - start + take];
-        if stream {
-            decode_nibble_blocks_8s::<D, true>(dec, b, eff, bc, o);
-        } else {
-            decode_nibble_blocks_8s::<D, false>(dec, b, eff, bc, o);
+        let (mut buf, mut k) = ([0.0f32; SCALE_CHUNK], 0);
+        while k < eff.len() {
+            let es = eff.chunk(k, &mut buf);
+            let (b, o) = (
+                &b[k * bc / 2..(k + es.len()) * bc / 2],
+                &mut o[k * bc..(k + es.len()) * bc],
+            );
+            if stream {
+                decode_nibble_blocks_8s::<D, true>(dec, b, es, bc, o);
+            } else {
+                decode_nibble_blocks_8s::<D, false>(dec, b, es, bc, o);
+            }
+            k += es.len();
         }
         pos += take;
     }

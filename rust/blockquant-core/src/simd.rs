@@ -91,7 +91,6 @@ pub(crate) mod x86 {
 
     use super::exact_reciprocal;
     use crate::codec::{Decode, Encode};
-    use crate::pack::{Effective, SCALE_CHUNK};
 
     /// Ask for the cache lines of `len` f32 values from `p`, which may lie past the end of the
     /// input: a prefetch never faults, and the pointer is never dereferenced.
@@ -654,7 +653,7 @@ pub(crate) mod x86 {
     pub(crate) unsafe fn decode_blocks_8s<D: Decode, const STREAM: bool>(
         dec: D,
         codes: &[u8],
-        eff: Effective<'_>,
+        eff: &[f32],
         bc: usize,
         out: &mut [f32],
     ) {
@@ -664,30 +663,25 @@ pub(crate) mod x86 {
             "whole blocks"
         );
         let (src, dst) = (codes.as_ptr(), out.as_mut_ptr());
-        let mut buf = [0.0f32; SCALE_CHUNK];
-        for first in (0..eff.len()).step_by(SCALE_CHUNK) {
-            let es = eff.chunk(first, &mut buf);
-            if D::HAS_DECODE16 && bc.is_multiple_of(16) {
-                for (j, &e) in es.iter().enumerate() {
-                    // Block k: codes and outputs k * bc .. (k + 1) * bc, within the n.
-                    let (c, o) = ((first + j) * bc, (first + j) * bc);
-                    decode16s::<D, STREAM>(
-                        dec,
-                        &codes[c..c + bc],
-                        _mm256_set1_ps(e),
-                        &mut out[o..o + bc],
-                    );
-                }
-                continue;
+        if D::HAS_DECODE16 && bc.is_multiple_of(16) {
+            for (k, &e) in eff.iter().enumerate() {
+                // Block k: codes and outputs k * bc .. (k + 1) * bc, within the n.
+                let (c, o) = (k * bc, k * bc);
+                decode16s::<D, STREAM>(
+                    dec,
+                    &codes[c..c + bc],
+                    _mm256_set1_ps(e),
+                    &mut out[o..o + bc],
+                );
             }
-            for (j, &e) in es.iter().enumerate() {
-                let (k, ev) = (first + j, _mm256_set1_ps(e));
-                // k * bc + t + 8 <= n: loads and stores in bounds.
-                for t in (k * bc..(k + 1) * bc).step_by(8) {
-                    let fields =
-                        _mm256_cvtepu8_epi32(_mm_loadl_epi64(src.add(t) as *const __m128i));
-                    store8::<STREAM>(dst.add(t), _mm256_mul_ps(dec.decode8(fields), ev));
-                }
+            return;
+        }
+        for (k, &e) in eff.iter().enumerate() {
+            let ev = _mm256_set1_ps(e);
+            // k * bc + t + 8 <= n: loads and stores in bounds.
+            for t in (k * bc..(k + 1) * bc).step_by(8) {
+                let fields = _mm256_cvtepu8_epi32(_mm_loadl_epi64(src.add(t) as *const __m128i));
+                store8::<STREAM>(dst.add(t), _mm256_mul_ps(dec.decode8(fields), ev));
             }
         }
     }
@@ -700,7 +694,7 @@ pub(crate) mod x86 {
     pub(crate) unsafe fn decode_nibble_blocks_8s<D: Decode, const STREAM: bool>(
         dec: D,
         bytes: &[u8],
-        eff: Effective<'_>,
+        eff: &[f32],
         bc: usize,
         out: &mut [f32],
     ) {
@@ -712,17 +706,14 @@ pub(crate) mod x86 {
         let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
         let low = _mm256_set1_epi32(0xF);
         let (src, dst) = (bytes.as_ptr(), out.as_mut_ptr());
-        let mut buf = [0.0f32; SCALE_CHUNK];
-        for first in (0..eff.len()).step_by(SCALE_CHUNK) {
-            for (j, &e) in eff.chunk(first, &mut buf).iter().enumerate() {
-                let (k, ev) = (first + j, _mm256_set1_ps(e));
-                // k * bc + t + 8 <= n: the four bytes from t / 2 and the eight outputs in bounds.
-                for t in (k * bc..(k + 1) * bc).step_by(8) {
-                    let four = (src.add(t / 2) as *const i32).read_unaligned();
-                    let fields =
-                        _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(four), shifts), low);
-                    store8::<STREAM>(dst.add(t), _mm256_mul_ps(dec.decode8(fields), ev));
-                }
+        for (k, &e) in eff.iter().enumerate() {
+            let ev = _mm256_set1_ps(e);
+            // k * bc + t + 8 <= n: the four bytes from t / 2 and the eight outputs in bounds.
+            for t in (k * bc..(k + 1) * bc).step_by(8) {
+                let four = (src.add(t / 2) as *const i32).read_unaligned();
+                let fields =
+                    _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(four), shifts), low);
+                store8::<STREAM>(dst.add(t), _mm256_mul_ps(dec.decode8(fields), ev));
             }
         }
     }
