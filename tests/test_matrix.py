@@ -153,29 +153,33 @@ def test_ties_with_explicit_scales(value, rounding):
                                     "e5m2/native/block32:f32"])
 @pytest.mark.parametrize("rounding", ["half_away", "half_even"])
 def test_given_block_scales_equal_reference(scheme, rounding):
-    """Given scales on whole blocks of 16 and 32 (quantized eight blocks at a time): scales
-    from the data, others off the dtype's grid (rounded), zeros (the zero rule) and −0 (stored
-    as +0) alone in a group, scales small enough that values clamp or saturate, a row's tail of
-    blocks short of a group; a non-finite value is an error."""
+    """Given scales on whole blocks of 16 and 32 (quantized eight blocks at a time; E2M1 packed
+    in registers): scales from the data, others off the dtype's grid (rounded), zeros (the
+    zero rule) and −0 (stored as +0), scales small enough that values clamp or saturate, a
+    row's tail of blocks short of a group, rows cut into pieces; a non-finite value is an
+    error."""
     sch = bq.presets.resolve(scheme)
     rng = np.random.default_rng(19)
-    shape = (6, 19 * sch.block.size[-1])
-    x = (rng.standard_normal(shape) * 3).astype(np.float32)
-    qt = bq.quantize(x, sch, calibration="minmax")
-    given = qt.scales.copy()
-    given[1, 3] = 0.0
-    given[2, 5] = -0.0
-    given[3] *= np.float32(1.37)  # mostly off the grid
-    given[4] *= np.float32(0.05)  # values far past the range
-    kw = dict(rounding=rounding, scales=given, calibration="minmax")
-    if qt.global_scale is not None:
-        kw["global_scale"] = qt.global_scale
-    got, want = bq.quantize(x, sch, **kw), ref.quantize(x, sch, **kw)
-    assert_same(want, got)
-    assert not np.signbit(got.scales).any()
-    x[5, 40] = np.nan
-    with pytest.raises(bq.NonFiniteError):
-        bq.quantize(x, sch, **kw)
+    # Rows of 19 blocks (two groups of eight and a tail), and rows longer than the kernels'
+    # pieces (cut inside a row).
+    for shape in [(6, 19 * sch.block.size[-1]), (2, 40000)]:
+        x = (rng.standard_normal(shape) * 3).astype(np.float32)
+        qt = bq.quantize(x, sch, calibration="minmax")
+        given = qt.scales.copy()
+        flat = given.reshape(-1)
+        flat[rng.integers(0, flat.size, 3)] = 0.0
+        flat[rng.integers(0, flat.size, 3)] = -0.0
+        flat[: flat.size // 4] *= np.float32(1.37)  # mostly off the grid
+        flat[-flat.size // 4:] *= np.float32(0.05)  # values far past the range
+        kw = dict(rounding=rounding, scales=given, calibration="minmax")
+        if qt.global_scale is not None:
+            kw["global_scale"] = qt.global_scale
+        got, want = bq.quantize(x, sch, **kw), ref.quantize(x, sch, **kw)
+        assert_same(want, got)
+        assert not np.signbit(got.scales).any()
+        x[1, -5] = np.nan
+        with pytest.raises(bq.NonFiniteError):
+            bq.quantize(x, sch, **kw)
 
 
 @pytest.mark.parametrize("dtype", list(ScaleDtype))

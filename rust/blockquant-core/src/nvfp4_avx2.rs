@@ -369,13 +369,7 @@ pub(crate) unsafe fn one_level_piece(
         };
         if let Some(e) = crate::fused_avx2::checked_scales8(k, bits) {
             _mm256_storeu_ps(sc.as_mut_ptr().add(b), e);
-            let (mul, d) = x86::divisor_lanes(e);
-            match (bc, mul) {
-                (16, true) => encode_8blocks::<2, true>(x0, d, o0, stream),
-                (16, false) => encode_8blocks::<2, false>(x0, d, o0, stream),
-                (_, true) => encode_8blocks::<4, true>(x0, d, o0, stream),
-                (_, false) => encode_8blocks::<4, false>(x0, d, o0, stream),
-            }
+            encode_group(bc, x0, e, o0, stream);
         } else {
             // A non-finite value or a zero scale in the group: block by block.
             for j in b..b + 8 {
@@ -394,6 +388,20 @@ pub(crate) unsafe fn one_level_piece(
     bad
 }
 
+/// [`encode_8blocks`] of eight blocks of `bc` = 16 or 32 values against the lanes of `e` (none
+/// 0): multiplied by the reciprocals where they are exact (powers of two: MX scales), divided
+/// otherwise.
+#[inline(always)]
+unsafe fn encode_group(bc: usize, x0: *const f32, e: __m256, o0: *mut u8, stream: bool) {
+    let (mul, d) = x86::divisor_lanes(e);
+    match (bc, mul) {
+        (16, true) => encode_8blocks::<2, true>(x0, d, o0, stream),
+        (16, false) => encode_8blocks::<2, false>(x0, d, o0, stream),
+        (_, true) => encode_8blocks::<4, true>(x0, d, o0, stream),
+        (_, false) => encode_8blocks::<4, false>(x0, d, o0, stream),
+    }
+}
+
 /// One block of a one-level piece the scalar way (any input): α with NaNs passed over, its
 /// stored scale into `s`, its codes (those of 0 under a zero scale) packed two a byte into
 /// `out` from byte `at`. Returns whether the block had a non-finite value.
@@ -409,6 +417,93 @@ unsafe fn one_level_block(
     let codes = &mut codes[..run.len()];
     *s = k.scale(x86::max_abs(run));
     let bad = x86::encode_run_or_zero(E2M1Code, run, *s, codes, false);
+    nibble_pairs(codes, &mut out[at..]);
+    bad
+}
+
+/// Whether a call with given scales takes [`given_pieces`]: E2M1 two a byte of u8 storage
+/// ([`applies`]) along the last axis, blocks of 16 or 32 whole in every row.
+pub(crate) fn applies_given(layout: &Layout) -> bool {
+    let bc = layout.block_cols();
+    applies(layout)
+        && !layout.per_tensor
+        && layout.rows_map_directly()
+        && layout.packing.axis + 1 == layout.rank()
+        && (bc == 16 || bc == 32)
+        && layout.row_len().is_multiple_of(bc)
+}
+
+/// Quantize with given effective scales ([`applies_given`]; `eff` one a block, in order) into
+/// `words`, piece by piece in the pool: [`one_level_piece`]'s encode and in-register packing
+/// without its measuring. Returns whether any input was non-finite.
+pub(crate) fn given_pieces(x: Input<'_>, layout: &Layout, eff: &[f32], words: &mut [u8]) -> bool {
+    let bc = layout.block_cols();
+    let mut work = Vec::new();
+    let mut rest = words;
+    for p in crate::quantize::pieces(layout) {
+        let (w, r) = std::mem::take(&mut rest).split_at_mut(p.words);
+        rest = r;
+        work.push((p, w));
+    }
+    work.into_par_iter()
+        .map_init(Vec::new, |buf, (p, w)| {
+            let xs = x.read(p.start, p.len, buf);
+            let e = &eff[p.scale0..p.scale0 + p.scales];
+            // SAFETY: `applies_given` checked the CPU has AVX2 and F16C.
+            unsafe { given_piece(xs, e, bc, w) }
+        })
+        .reduce(|| false, |a, b| a | b)
+}
+
+/// One piece of [`given_pieces`]: eight blocks at a time divided by their scales `eff`
+/// (multiplied by the reciprocal when that is exact), rounded 32 at a time and packed two a
+/// byte into `out`; a group with a non-finite value or a zero scale, and the last blocks short
+/// of a group, block by block the scalar way.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn given_piece(xs: &[f32], eff: &[f32], bc: usize, out: &mut [u8]) -> bool {
+    let blocks = xs.len() / bc;
+    assert!(blocks * bc == xs.len() && eff.len() == blocks && out.len() * 2 == xs.len());
+    assert!(bc == 16 || bc == 32);
+    let mut bad = false;
+    let mut b = 0;
+    while b + 8 <= blocks {
+        // In bounds: blocks b..b + 8 lie within eff, xs and (at half a byte a value) out.
+        let x0 = xs.as_ptr().add(b * bc);
+        let o0 = out.as_mut_ptr().add(b * bc / 2);
+        let e = _mm256_loadu_ps(eff.as_ptr().add(b));
+        let bits = if bc == 16 {
+            x86::max_abs_bits_8runs::<2>(x0)
+        } else {
+            x86::max_abs_bits_8runs::<4>(x0)
+        };
+        let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF));
+        let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps());
+        if _mm256_movemask_epi8(non_finite) == 0 && _mm256_movemask_ps(zero) == 0 {
+            encode_group(bc, x0, e, o0, false);
+        } else {
+            for (j, &ej) in eff.iter().enumerate().skip(b).take(8) {
+                bad |= given_block(&xs[j * bc..(j + 1) * bc], ej, out, j * bc / 2);
+            }
+        }
+        b += 8;
+    }
+    for (j, &ej) in eff.iter().enumerate().skip(b) {
+        bad |= given_block(&xs[j * bc..(j + 1) * bc], ej, out, j * bc / 2);
+    }
+    bad
+}
+
+/// One block against its effective scale `e` the scalar way (any input, the zero rule too),
+/// packed two a byte into `out` from byte `at`. Returns whether the block had a non-finite
+/// value.
+#[inline(always)]
+unsafe fn given_block(run: &[f32], e: f32, out: &mut [u8], at: usize) -> bool {
+    let mut codes = [0u8; 32];
+    let codes = &mut codes[..run.len()];
+    let bad = x86::encode_run_or_zero(E2M1Code, run, e, codes, false);
     nibble_pairs(codes, &mut out[at..]);
     bad
 }

@@ -530,7 +530,17 @@ fn quantize_in_pool(
         }
     }
     let scales = compute_scales(x, layout, opts, explicit)?;
-    encode_values(x, layout, scales.effective(), opts.rounding, out)?;
+    match out {
+        // Given scales on E2M1 two a byte (MXFP4, NVFP4): packed in registers, as calibrating.
+        #[cfg(target_arch = "x86_64")]
+        StorageMut::U8(words) if crate::nvfp4_avx2::applies_given(layout) => {
+            check_rounding(layout, opts.rounding)?;
+            if crate::nvfp4_avx2::given_pieces(x, layout, scales.effective(), words) {
+                return Err(first_non_finite(x));
+            }
+        }
+        out => encode_values(x, layout, scales.effective(), opts.rounding, out)?,
+    }
     Ok(scales)
 }
 
@@ -713,7 +723,7 @@ pub(crate) struct Piece {
     pub(crate) scales: usize,
     /// Global index of the first storage word, and the count.
     word0: usize,
-    words: usize,
+    pub(crate) words: usize,
 }
 
 pub(crate) fn pieces(layout: &Layout) -> Vec<Piece> {
