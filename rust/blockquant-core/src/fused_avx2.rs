@@ -193,6 +193,16 @@ unsafe fn encode_group<C: Encode, const V: usize>(
     }
 }
 
+/// Whether a group of eight blocks with given scales `e` takes the eight-at-a-time path:
+/// every value finite (`bits`, the blocks' maxima of the |x| bit patterns, none past
+/// f32::MAX's) and no scale zero (the zero rule goes block by block).
+#[inline(always)]
+pub(crate) unsafe fn finite_and_nonzero(bits: __m256i, e: __m256) -> bool {
+    let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF));
+    let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps());
+    _mm256_movemask_epi8(non_finite) == 0 && _mm256_movemask_ps(zero) == 0
+}
+
 /// Codes of whole blocks of `bc` = 16 or 32 values (`xs`, `out` one code a byte) against
 /// given effective scales `eff`, one a block (explicit scales: no measuring): eight blocks at
 /// a time by the one-pass kernel's encode, a group with a zero scale (the zero rule) or a
@@ -226,10 +236,7 @@ pub(crate) unsafe fn encode_groups_given<C: Encode>(
             16 => x86::max_abs_bits_8runs::<2>(x0),
             _ => x86::max_abs_bits_8runs::<4>(x0),
         };
-        let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF));
-        let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps());
-        let general = _mm256_movemask_epi8(non_finite) != 0 || _mm256_movemask_ps(zero) != 0;
-        if general {
+        if !finite_and_nonzero(bits, e) {
             for (j, &e) in eff.iter().enumerate().skip(b).take(8) {
                 let r = j * bc..(j + 1) * bc;
                 let (run, o) = (&xs[r.clone()], &mut out[r]);
@@ -397,10 +404,7 @@ pub(crate) unsafe fn two_level_piece<C: Encode>(
         x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * bc);
         let bs = two_level_scales8(k, g, _mm256_loadu_ps(sc.as_ptr().add(b)));
         _mm256_storeu_ps(sc.as_mut_ptr().add(b), bs);
-        let e = _mm256_min_ps(
-            _mm256_mul_ps(bs, _mm256_set1_ps(g)),
-            _mm256_set1_ps(f32::MAX),
-        );
+        let e = effective8(bs, g);
         let bits = if bc == 16 {
             x86::max_abs_bits_8runs::<2>(x0)
         } else {
@@ -424,6 +428,15 @@ pub(crate) unsafe fn two_level_piece<C: Encode>(
         bad |= encode_run(codec, &xs[r.clone()], e, &mut out[r]);
     }
     bad
+}
+
+/// `effective_scale` of eight block scales `b` in the lanes: min(b × g, f32::MAX).
+#[inline(always)]
+pub(crate) unsafe fn effective8(b: __m256, g: f32) -> __m256 {
+    _mm256_min_ps(
+        _mm256_mul_ps(b, _mm256_set1_ps(g)),
+        _mm256_set1_ps(f32::MAX),
+    )
 }
 
 /// Block scales b_i of eight two-level blocks from their amplitudes: UE4M3 (NVFP4) and F16 in

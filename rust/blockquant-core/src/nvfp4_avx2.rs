@@ -235,10 +235,7 @@ pub(crate) unsafe fn encode_piece(
         // In bounds: blocks b..b + 8 lie within sc, xs and (at half a byte a value) out.
         let x0 = xs.as_ptr().add(b * bc);
         let o0 = out.as_mut_ptr().add(b * bc / 2);
-        let e = _mm256_min_ps(
-            _mm256_mul_ps(_mm256_loadu_ps(sc.as_ptr().add(b)), _mm256_set1_ps(g)),
-            _mm256_set1_ps(f32::MAX),
-        );
+        let e = crate::fused_avx2::effective8(_mm256_loadu_ps(sc.as_ptr().add(b)), g);
         let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps());
         if _mm256_movemask_ps(zero) == 0 {
             if bc == 16 {
@@ -433,29 +430,27 @@ pub(crate) fn applies_given(layout: &Layout) -> bool {
         && layout.row_len().is_multiple_of(bc)
 }
 
-/// Quantize with given effective scales ([`applies_given`]; `eff` one a block, in order) into
-/// `words`, piece by piece in the pool: [`one_level_piece`]'s encode and in-register packing
-/// without its measuring. Returns whether any input was non-finite.
-pub(crate) fn given_pieces(x: Input<'_>, layout: &Layout, eff: &[f32], words: &mut [u8]) -> bool {
+/// Quantize with given scales ([`applies_given`]) into `words`, piece by piece in the pool:
+/// [`one_level_piece`]'s encode and in-register packing without its measuring. `stored`: the
+/// block scales, one a block in order (only read), each block's e = min(b × g, f32::MAX) worked
+/// out eight at a time (`g` = 1 for a one-level scheme, which changes no scale). Returns
+/// whether any input was non-finite.
+pub(crate) fn given_pieces(
+    x: Input<'_>,
+    layout: &Layout,
+    stored: &mut [f32],
+    g: f32,
+    words: &mut [u8],
+) -> bool {
     let bc = layout.block_cols();
-    let mut work = Vec::new();
-    let mut rest = words;
-    for p in crate::quantize::pieces(layout) {
-        let (w, r) = std::mem::take(&mut rest).split_at_mut(p.words);
-        rest = r;
-        work.push((p, w));
-    }
-    work.into_par_iter()
-        .map_init(Vec::new, |buf, (p, w)| {
-            let xs = x.read(p.start, p.len, buf);
-            let e = &eff[p.scale0..p.scale0 + p.scales];
-            // SAFETY: `applies_given` checked the CPU has AVX2 and F16C.
-            unsafe { given_piece(xs, e, bc, w) }
-        })
-        .reduce(|| false, |a, b| a | b)
+    let pieces = crate::quantize::pieces(layout);
+    crate::quantize::fused_pieces(x, &pieces, stored, words, |_, xs, sc, w, _| {
+        // SAFETY: `applies_given` checked the CPU has AVX2 and F16C.
+        unsafe { given_piece(xs, sc, g, bc, w) }
+    })
 }
 
-/// One piece of [`given_pieces`]: eight blocks at a time divided by their scales `eff`
+/// One piece of [`given_pieces`]: eight blocks at a time divided by their effective scales
 /// (multiplied by the reciprocal when that is exact), rounded 32 at a time and packed two a
 /// byte into `out`; a group with a non-finite value or a zero scale, and the last blocks short
 /// of a group, block by block the scalar way.
@@ -463,35 +458,34 @@ pub(crate) fn given_pieces(x: Input<'_>, layout: &Layout, eff: &[f32], words: &m
 /// # Safety
 /// The CPU must have AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn given_piece(xs: &[f32], eff: &[f32], bc: usize, out: &mut [u8]) -> bool {
+unsafe fn given_piece(xs: &[f32], stored: &[f32], g: f32, bc: usize, out: &mut [u8]) -> bool {
     let blocks = xs.len() / bc;
-    assert!(blocks * bc == xs.len() && eff.len() == blocks && out.len() * 2 == xs.len());
+    assert!(blocks * bc == xs.len() && stored.len() == blocks && out.len() * 2 == xs.len());
     assert!(bc == 16 || bc == 32);
+    let e_of = |b: f32| crate::quantize::effective_scale(b, g);
     let mut bad = false;
     let mut b = 0;
     while b + 8 <= blocks {
-        // In bounds: blocks b..b + 8 lie within eff, xs and (at half a byte a value) out.
+        // In bounds: blocks b..b + 8 lie within stored, xs and (at half a byte a value) out.
         let x0 = xs.as_ptr().add(b * bc);
         let o0 = out.as_mut_ptr().add(b * bc / 2);
-        let e = _mm256_loadu_ps(eff.as_ptr().add(b));
+        let e = crate::fused_avx2::effective8(_mm256_loadu_ps(stored.as_ptr().add(b)), g);
         let bits = if bc == 16 {
             x86::max_abs_bits_8runs::<2>(x0)
         } else {
             x86::max_abs_bits_8runs::<4>(x0)
         };
-        let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF));
-        let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps());
-        if _mm256_movemask_epi8(non_finite) == 0 && _mm256_movemask_ps(zero) == 0 {
+        if crate::fused_avx2::finite_and_nonzero(bits, e) {
             encode_group(bc, x0, e, o0, false);
         } else {
-            for (j, &ej) in eff.iter().enumerate().skip(b).take(8) {
-                bad |= given_block(&xs[j * bc..(j + 1) * bc], ej, out, j * bc / 2);
+            for (j, &sj) in stored.iter().enumerate().skip(b).take(8) {
+                bad |= given_block(&xs[j * bc..(j + 1) * bc], e_of(sj), out, j * bc / 2);
             }
         }
         b += 8;
     }
-    for (j, &ej) in eff.iter().enumerate().skip(b) {
-        bad |= given_block(&xs[j * bc..(j + 1) * bc], ej, out, j * bc / 2);
+    for (j, &sj) in stored.iter().enumerate().skip(b) {
+        bad |= given_block(&xs[j * bc..(j + 1) * bc], e_of(sj), out, j * bc / 2);
     }
     bad
 }

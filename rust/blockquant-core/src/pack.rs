@@ -158,11 +158,6 @@ impl<'a> Effective<'a> {
         }
     }
 
-    /// Scales used as they are (one-level, or effective ones already worked out).
-    pub fn plain(scales: &'a [f32]) -> Self {
-        Self::new(scales, None)
-    }
-
     #[inline(always)]
     pub fn len(&self) -> usize {
         self.stored.len()
@@ -2055,7 +2050,7 @@ pub(crate) mod tests {
             }
             // And the f32 result against SPEC §7, for the fields that are codes.
             let mut y = vec![0.0f32; codes.len()];
-            decode_range(dec, &layout, Effective::plain(&eff), 0, &codes, &mut y);
+            decode_range(dec, &layout, Effective::new(&eff, None), 0, &codes, &mut y);
             for (f, (&c, &yv)) in codes.iter().zip(&y).enumerate() {
                 let field_bits = if native { 8 } else { value.bits() };
                 if let Some(v) = oracle::stored_value(value, field_bits, c as u32) {

@@ -529,13 +529,15 @@ fn quantize_in_pool(
             return quantize_per_tensor_avx2(xs, layout, opts, out);
         }
     }
-    let scales = compute_scales(x, layout, opts, explicit)?;
+    #[allow(unused_mut)] // mutable for the x86-64 path's pieces (which only read it)
+    let mut scales = compute_scales(x, layout, opts, explicit)?;
     match out {
-        // Given scales on E2M1 two a byte (MXFP4, NVFP4): packed in registers, as calibrating.
+        // Given scales on E2M1 two a byte (MXFP4, NVFP4): packed in registers, as calibrating,
+        // the two-level e = b × g worked out eight at a time (no array of them).
         #[cfg(target_arch = "x86_64")]
         StorageMut::U8(words) if crate::nvfp4_avx2::applies_given(layout) => {
-            check_rounding(layout, opts.rounding)?;
-            if crate::nvfp4_avx2::given_pieces(x, layout, scales.effective(), words) {
+            let g = scales.global.unwrap_or(1.0);
+            if crate::nvfp4_avx2::given_pieces(x, layout, &mut scales.stored, g, words) {
                 return Err(first_non_finite(x));
             }
         }
@@ -723,7 +725,7 @@ pub(crate) struct Piece {
     pub(crate) scales: usize,
     /// Global index of the first storage word, and the count.
     word0: usize,
-    pub(crate) words: usize,
+    words: usize,
 }
 
 pub(crate) fn pieces(layout: &Layout) -> Vec<Piece> {
@@ -1036,7 +1038,7 @@ pub(crate) fn encode_pieces(
     }
 }
 
-fn fused_pieces<W: Word>(
+pub(crate) fn fused_pieces<W: Word>(
     x: Input<'_>,
     pieces: &[Piece],
     stored: &mut [f32],
