@@ -117,6 +117,36 @@ def test_two_level_dequantize_into_large_out_matches_the_reference(scheme, globa
     np.testing.assert_array_equal(qt.dequantize().view(np.uint32), want)
 
 
+@pytest.mark.parametrize("scheme, shape", [
+    ("q8s/native/block128x128:f32", (2100, 2048)),  # the last grid row of partial blocks
+    ("q8s/native/block2x3x32:bf16", (3, 1400, 1024)),  # rows ragged on both outer axes
+    ("e2m1/packed_u32_0/block128x128:f32", (2048, 2176)),
+    ("e2m1/packed_native0/block16x16:bf16", (2050, 2048)),
+])
+def test_blocks_spanning_rows_dequantize_into_large_out_matches_the_reference(scheme, shape):
+    """Blocks over several rows that tile each row (each row reads its own run of the scale
+    grid), over 16 MiB of float32 output (the non-temporal stores), random codes and scales of
+    many magnitudes, into arrays of garbage at a 16-byte boundary and 4 bytes past one: bit for
+    bit the reference."""
+    from blockquant import reference as ref
+
+    rng = np.random.default_rng(19)
+    sch = bq.presets.resolve(scheme)
+    layout = sch.layout(shape)
+    dt = np.dtype(layout.storage_dtype)
+    if sch.value.name == "Q8S":  # int8 symmetric: -128 is not a code
+        values = rng.integers(-127, 128, layout.storage_shape).astype(dt)
+    else:  # E2M1: every nibble is a code
+        raw_shape = (*layout.storage_shape[:-1], layout.storage_shape[-1] * dt.itemsize)
+        values = rng.integers(0, 256, raw_shape, dtype=np.uint8).view(dt)
+    scales = np.exp2(rng.integers(-20, 20, layout.scale_grid)) * rng.uniform(1, 2, layout.scale_grid)
+    scales = scales.astype(ml_dtypes.bfloat16).astype(np.float32)  # values of F32 and BF16 alike
+    qt = bq.QTensor.from_parts(values, scales, scheme=sch, shape=shape)
+    want = ref.dequantize(ref.from_bytes(qt.to_bytes(), sch, shape)).view(np.uint32)
+    _assert_dequantizes_into_garbage(qt, want)
+    np.testing.assert_array_equal(qt.dequantize().view(np.uint32), want)
+
+
 @pytest.mark.parametrize("scheme", QSCHEMES)
 @pytest.mark.parametrize("shape", [(16, 64), (5, 48), (3, 7, 32), ()])
 def test_quantize_out_gets_the_same_bits_as_fresh_arrays(scheme, shape):

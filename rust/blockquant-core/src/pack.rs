@@ -807,27 +807,34 @@ unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
     codes: &[u8],
     out: &mut [f32],
 ) {
-    let bc = layout.block_cols();
+    let (n, bc) = (layout.row_len(), layout.block_cols());
     let whole_blocks = !layout.per_tensor
-        && layout.rows_map_directly()
-        && layout.row_len().is_multiple_of(bc)
+        && n.is_multiple_of(bc)
         && start.is_multiple_of(bc)
         && out.len().is_multiple_of(bc);
-    if whole_blocks {
+    // Blocks of whole vectors: one loop over a run of blocks, no per-block run set-up.
+    let vectors = bc.is_multiple_of(8) && (!STREAM || (out.as_ptr() as usize).is_multiple_of(16));
+    if whole_blocks && vectors && !layout.rows_map_directly() {
+        // Blocks spanning rows (2-D and up) that tile each row: a row's blocks are a run of
+        // its grid row, so the range goes a row (or the part of one it holds) at a time.
+        let (mut pos, end) = (start, start + out.len());
+        while pos < end {
+            let (row, col) = (pos / n, pos % n);
+            let take = (end - pos).min(n - col);
+            let first = layout.grid_row_offset(row) + col / bc;
+            let r = pos - start..pos - start + take;
+            let eff = effective.range(first..first + take / bc);
+            decode_block_run::<D, STREAM>(dec, &codes[r.clone()], eff, bc, &mut out[r]);
+            pos += take;
+        }
+        return;
+    }
+    if whole_blocks && layout.rows_map_directly() {
         // Every block a whole run and the grid row-major over them: block k of the range has
         // scale start / bc + k, no segment walk needed.
         let eff = effective.range(start / bc..start / bc + out.len() / bc);
-        if bc.is_multiple_of(8) && (!STREAM || (out.as_ptr() as usize).is_multiple_of(16)) {
-            // Blocks of whole vectors: one loop, no per-block run set-up.
-            let (mut buf, mut k) = ([0.0f32; SCALE_CHUNK], 0);
-            while k < eff.len() {
-                let es = eff.chunk(k, &mut buf);
-                let r = k * bc..(k + es.len()) * bc;
-                let (c, o) = (&codes[r.clone()], &mut out[r]);
-                crate::simd::x86::decode_blocks_8s::<D, STREAM>(dec, c, es, bc, o);
-                k += es.len();
-            }
-            return;
+        if vectors {
+            return decode_block_run::<D, STREAM>(dec, codes, eff, bc, out);
         }
         let blocks = codes.chunks_exact(bc).zip(out.chunks_exact_mut(bc));
         for ((c, o), e) in blocks.zip(eff.iter()) {
@@ -839,6 +846,27 @@ unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
         let o = pos - start;
         let (c, y) = (&codes[o..o + len], &mut out[o..o + len]);
         crate::simd::x86::decode_run::<D, STREAM>(dec, c, effective.get(s), y);
+    }
+}
+
+/// The codes of consecutive whole blocks of `bc` values (a multiple of 8), block k's scale
+/// `eff`'s k-th, into `out` (16-byte aligned when `STREAM`), 64 scales at a time.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn decode_block_run<D: Decode, const STREAM: bool>(
+    dec: D,
+    codes: &[u8],
+    eff: Effective<'_>,
+    bc: usize,
+    out: &mut [f32],
+) {
+    let (mut buf, mut k) = ([0.0f32; SCALE_CHUNK], 0);
+    while k < eff.len() {
+        let es = eff.chunk(k, &mut buf);
+        let r = k * bc..(k + es.len()) * bc;
+        let (c, o) = (&codes[r.clone()], &mut out[r]);
+        crate::simd::x86::decode_blocks_8s::<D, STREAM>(dec, c, es, bc, o);
+        k += es.len();
     }
 }
 
@@ -949,9 +977,9 @@ fn unpack_words<W: Word, D: Decode, O: OutElem>(
 }
 
 /// Whether f32 output of 4-bit fields packed along the last axis decodes straight from the
-/// words ([`decode_nibbles_f32`]): AVX2 and F16C, one-level 1-D blocks of whole vectors that
-/// tile the rows, tasks of whole blocks; Some(whether the stores stream), None otherwise (and
-/// when streaming stores would find `out` unaligned).
+/// words ([`decode_nibbles_f32`]): AVX2 and F16C, blocks (of any rank) whose extent along the
+/// rows is whole vectors and tiles them, tasks of whole blocks; Some(whether the stores
+/// stream), None otherwise (and when streaming stores would find `out` unaligned).
 #[cfg(target_arch = "x86_64")]
 fn nibble_blocks(layout: &Layout, field_bits: usize, task: usize, out: &[f32]) -> Option<bool> {
     let bc = layout.block_cols();
@@ -959,7 +987,6 @@ fn nibble_blocks(layout: &Layout, field_bits: usize, task: usize, out: &[f32]) -
         && crate::simd::has_avx2()
         && crate::simd::has_f16c()
         && !layout.per_tensor
-        && layout.rows_map_directly()
         && bc.is_multiple_of(8)
         && layout.row_len().is_multiple_of(bc)
         && task.is_multiple_of(bc);
@@ -993,11 +1020,12 @@ unsafe fn decode_nibbles_f32<W: Word, D: Decode>(
     let (mut pos, end) = (start, start + chunk.len());
     while pos < end {
         // A run to the end of the line or the chunk; both are block boundaries, and with
-        // whole blocks tiling the rows, block pos / bc holds value pos.
+        // whole blocks tiling the rows, the run's blocks are a run of the line's grid row.
         let (line, col) = (pos / n, pos % n);
         let take = (end - pos).min(n - col);
         let b = &bytes[line * line_bytes + col / 2..][..take / 2];
-        let eff = effective.range(pos / bc..(pos + take) / bc);
+        let first = layout.grid_row_offset(line) + col / bc;
+        let eff = effective.range(first..first + take / bc);
         let o = &mut chunk[pos - start..pos - start + take];
         let (mut buf, mut k) = ([0.0f32; SCALE_CHUNK], 0);
         while k < eff.len() {
@@ -1976,9 +2004,17 @@ pub(crate) mod tests {
         }
     }
 
+    /// The ranges the decode tests take of `len` values: all, one from mid-block to mid-block,
+    /// and one of whole blocks starting mid-row.
+    fn ranges(layout: &Layout, len: usize) -> [(usize, usize); 3] {
+        let bc = layout.block_cols();
+        let (a, b) = (len / 3 / bc * bc, (len - len / 5) / bc * bc);
+        [(0, len), (len / 3 + 1, len - len / 5), (a, b.max(a))]
+    }
+
     fn compare_decode_as<D: Decode, O: Key>(dec: D, layout: &Layout, eff: Effective, codes: &[u8]) {
         let len = codes.len();
-        for (start, end) in [(0, len), (len / 3 + 1, len - len / 5)] {
+        for (start, end) in ranges(layout, len) {
             let mut simd = vec![O::default(); end - start];
             let mut port = vec![O::default(); end - start];
             decode_range(dec, layout, eff, start, &codes[start..end], &mut simd);
@@ -1994,8 +2030,7 @@ pub(crate) mod tests {
     fn compare_decode_streaming<D: Decode>(dec: D, layout: &Layout, eff: Effective, codes: &[u8]) {
         #[cfg(target_arch = "x86_64")]
         if crate::simd::has_avx2() && crate::simd::has_f16c() {
-            let len = codes.len();
-            for (start, end) in [(0, len), (len / 3 + 1, len - len / 5)] {
+            for (start, end) in ranges(layout, codes.len()) {
                 let mut port = vec![0.0f32; end - start];
                 decode_range_portable(dec, layout, eff, start, &codes[start..end], &mut port);
                 for off in 0..4 {
@@ -2018,15 +2053,29 @@ pub(crate) mod tests {
 
     fn compare_decode<D: Decode>(dec: D, value: QuantValue, native: bool, seed: u64) {
         let mut rng = Rng::new(seed);
-        // Whole blocks of a row (the no-walk path) and ragged ones.
-        for (rows, n, bc) in [
+        // Whole blocks of a row (the no-walk path) and ragged ones; blocks spanning rows that
+        // tile them (a row at a time) and that do not (the segment walk).
+        let q8 = scheme(QuantValue::Q8S, QuantStore::Native, None);
+        let spanning = [
+            (vec![6, 256], vec![2, 32]),
+            (vec![3, 5, 64], vec![2, 2, 16]),
+            (vec![256, 384], vec![128, 128]),
+            (vec![7, 96], vec![3, 8]),
+            (vec![4, 100], vec![2, 37]),
+        ]
+        .map(|(shape, block)| {
+            let s = q8.per_block(&block, ScaleDtype::F32).unwrap();
+            Layout::new(&s, &shape).unwrap()
+        });
+        let rows = [
             (3, 1000, 37),
             (1, 5000, 64),
             (7, 33, 1),
             (5, 256, 32),
             (3, 96, 8),
-        ] {
-            let layout = row_blocks(rows, n, bc);
+        ]
+        .map(|(rows, n, bc)| row_blocks(rows, n, bc));
+        for layout in rows.into_iter().chain(spanning) {
             let eff: Vec<f32> = (0..layout.num_scales)
                 .map(|_| sample_scale(&mut rng))
                 .collect();
@@ -2099,11 +2148,10 @@ pub(crate) mod tests {
                 None => stored[k],
                 Some(g) => (stored[k] * g).min(f32::MAX), // SPEC: e = b × g, capped
             };
-            let bc = layout.block_cols();
             let want: Vec<u32> = (0..n)
                 .map(|i| {
                     let field = (bytes[i / 2] >> (4 * (i % 2))) & 0xF;
-                    (dec.decode(field) * e(i / bc)).to_bits()
+                    (dec.decode(field) * e(grid_index(layout, i))).to_bits()
                 })
                 .collect();
             let mut buf = vec![f32::NAN; n + 4];
@@ -2129,17 +2177,20 @@ pub(crate) mod tests {
             (QuantValue::E2M1, QuantStore::PackedU32(0)),
             (QuantValue::Q4F, QuantStore::PackedU32(0)),
         ] {
-            for (shape, bc) in [
-                (vec![3, 64], 16),
-                (vec![7, 48], 24),
-                (vec![5, 40], 8),
-                (vec![96], 32),
-                (vec![2, 1 << 17], 32),
-                (vec![1 << 10, 1 << 12], 16),
+            // 1-D blocks, and blocks spanning rows (the grid row found a row at a time).
+            for (shape, block) in [
+                (vec![3, 64], vec![16]),
+                (vec![7, 48], vec![24]),
+                (vec![5, 40], vec![8]),
+                (vec![96], vec![32]),
+                (vec![2, 1 << 17], vec![32]),
+                (vec![1 << 10, 1 << 12], vec![16]),
+                (vec![7, 3, 64], vec![2, 2, 16]),
+                (vec![384, 512], vec![128, 128]),
             ] {
                 let big = shape.iter().product::<usize>() >= 1 << 22;
                 let offsets: &[usize] = if big { &[0, 1] } else { &[0] };
-                let plain = scheme(value, store, Some(&[bc]));
+                let plain = scheme(value, store, Some(&block));
                 let layout = Layout::new(&plain, &shape).unwrap();
                 assert_eq!(
                     layout.packing.field_bits as usize * layout.packing.per,
