@@ -1,7 +1,8 @@
 //! The one-pass kernel's AVX2 path for whole blocks of a multiple of 8 values (block-32 int8,
 //! MX formats, ...): eight blocks at a time.
 //!
-//! Blocks of 16 or 32 values, the common case, take a path with no per-block branch: the eight
+//! Blocks of a multiple of 16 values (16 and 32, the common case; 64, 128, ... as GPTQ-style
+//! groups) take a path with no per-block branch: the eight
 //! blocks' maxima as integer maxima of the |x| bit patterns (for finite values the same order
 //! as the floats; a NaN or an infinity shows as a maximum at or past the infinity's pattern,
 //! so one compare finds a group with a non-finite value), their scales rounded in vector
@@ -91,9 +92,12 @@ pub(crate) unsafe fn measure_encode_groups<C: Encode>(
         if bc != 16 && bc != 32 {
             x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * bc);
         }
+        // The block lengths as constants where they are the common ones.
         let done = match bc {
-            16 => group_fast::<C, 2>(codec, k, x0, s0, o0),
-            32 => group_fast::<C, 4>(codec, k, x0, s0, o0),
+            16 => group_fast::<C, 2>(codec, k, x0, 16, s0, o0),
+            32 => group_fast::<C, 4>(codec, k, x0, 32, s0, o0),
+            _ if bc.is_multiple_of(32) => group_fast::<C, 4>(codec, k, x0, bc, s0, o0),
+            _ if bc.is_multiple_of(16) => group_fast::<C, 2>(codec, k, x0, bc, s0, o0),
             _ => false,
         };
         if !done {
@@ -134,40 +138,54 @@ unsafe fn group_general<C: Encode>(
     bad
 }
 
-/// Eight blocks of `8 * V` values from `x0` (V = 2 or 4), their scales to `s0` and codes to
-/// `o0`, when every value is finite and every scale non-zero; returns false, having written
-/// nothing, otherwise (the caller then runs [`group_general`]).
+/// Eight blocks of `bc` values from `x0` (a multiple of 8 · V, V = 2 or 4), their scales to
+/// `s0` and codes to `o0`, when every value is finite and every scale non-zero; returns false,
+/// having written nothing, otherwise (the caller then runs [`group_general`]).
 #[inline(always)]
 unsafe fn group_fast<C: Encode, const V: usize>(
     codec: C,
     k: &FusedKernel<'_>,
     x0: *const f32,
+    bc: usize,
     s0: *mut f32,
     o0: *mut u8,
 ) -> bool {
-    let bits = x86::max_abs_bits_8runs::<V>(x0);
+    let bits = max_abs_bits_8blocks::<V>(x0, bc);
     let Some(e) = checked_scales8(k, bits) else {
         return false;
     };
     _mm256_storeu_ps(s0, e);
-    encode_group::<C, V>(codec, x0, bits, e, o0, k.stream);
+    encode_group::<C, V>(codec, x0, bc, bits, e, o0, k.stream);
     true
 }
 
-/// Codes of eight blocks of `8 * V` values from `x0` (V = 2 or 4) into `o0`, block j divided
-/// by lane j of `e` (every lane non-zero, every value finite; `bits`: the blocks' maxima of
-/// the |x| bit patterns). `stream`: non-temporal stores where `o0` allows them.
+/// The largest |x| bit pattern of each of eight blocks of `bc` values (a multiple of 8 · V)
+/// from `x0`: lane j is block j's.
+#[inline(always)]
+unsafe fn max_abs_bits_8blocks<const V: usize>(x0: *const f32, bc: usize) -> __m256i {
+    if bc == 8 * V {
+        x86::max_abs_bits_8runs::<V>(x0)
+    } else {
+        x86::max_abs_bits_8runs_len(x0, bc)
+    }
+}
+
+/// Codes of eight blocks of `bc` values from `x0` (a multiple of 8 · V, V = 2 or 4) into
+/// `o0`, block j divided by lane j of `e` (every lane non-zero, every value finite; `bits`:
+/// the blocks' maxima of the |x| bit patterns), `8 * V` values at a time. `stream`:
+/// non-temporal stores where `o0` allows them.
 #[inline(always)]
 unsafe fn encode_group<C: Encode, const V: usize>(
     codec: C,
     x0: *const f32,
+    bc: usize,
     bits: __m256i,
     e: __m256,
     o0: *mut u8,
     stream: bool,
 ) {
-    // Non-temporal stores need 16-byte alignment (numpy's storage has it; a block of 16 or
-    // 32 codes keeps it).
+    // Non-temporal stores need 16-byte alignment (numpy's storage has it; runs of 16 or 32
+    // codes keep it).
     let stream = stream && (o0 as usize).is_multiple_of(16);
     // No quotient needs clamping when each block's largest does not (the division is
     // monotone): the usual case, as the scale is max |x| over the half range, rounded.
@@ -179,17 +197,17 @@ unsafe fn encode_group<C: Encode, const V: usize>(
     if let (false, Some(range), true) = (mul, codec.int_range(), x86::checked_reciprocal_lanes(e)) {
         let r = _mm256_div_ps(_mm256_set1_ps(1.0), e);
         if in_range {
-            encode_8blocks_recip::<C, V, true>(codec, x0, e, r, range, o0, stream);
+            encode_8blocks_recip::<C, V, true>(codec, x0, bc, e, r, range, o0, stream);
         } else {
-            encode_8blocks_recip::<C, V, false>(codec, x0, e, r, range, o0, stream);
+            encode_8blocks_recip::<C, V, false>(codec, x0, bc, e, r, range, o0, stream);
         }
         return;
     }
     match (mul, in_range) {
-        (true, true) => encode_8blocks::<C, V, true, true>(codec, x0, d, o0, stream),
-        (true, false) => encode_8blocks::<C, V, true, false>(codec, x0, d, o0, stream),
-        (false, true) => encode_8blocks::<C, V, false, true>(codec, x0, d, o0, stream),
-        (false, false) => encode_8blocks::<C, V, false, false>(codec, x0, d, o0, stream),
+        (true, true) => encode_8blocks::<C, V, true, true>(codec, x0, bc, d, o0, stream),
+        (true, false) => encode_8blocks::<C, V, true, false>(codec, x0, bc, d, o0, stream),
+        (false, true) => encode_8blocks::<C, V, false, true>(codec, x0, bc, d, o0, stream),
+        (false, false) => encode_8blocks::<C, V, false, false>(codec, x0, bc, d, o0, stream),
     }
 }
 
@@ -203,7 +221,7 @@ pub(crate) unsafe fn finite_and_nonzero(bits: __m256i, e: __m256) -> bool {
     _mm256_movemask_epi8(non_finite) == 0 && _mm256_movemask_ps(zero) == 0
 }
 
-/// Codes of whole blocks of `bc` = 16 or 32 values (`xs`, `out` one code a byte) against
+/// Codes of whole blocks of `bc` values, a multiple of 16 (`xs`, `out` one code a byte) against
 /// given effective scales `eff`, one a block (explicit scales: no measuring): eight blocks at
 /// a time by the one-pass kernel's encode, a group with a zero scale (the zero rule) or a
 /// non-finite value block by block. The same bits as [`encode_run`] block by block. Returns
@@ -221,7 +239,7 @@ pub(crate) unsafe fn encode_groups_given<C: Encode>(
     stream: bool,
 ) -> bool {
     let blocks = eff.len();
-    assert!(bc == 16 || bc == 32, "blocks of 16 or 32");
+    assert!(bc.is_multiple_of(16), "blocks of a multiple of 16 values");
     assert!(
         xs.len() == blocks * bc && out.len() == xs.len(),
         "whole blocks"
@@ -234,7 +252,8 @@ pub(crate) unsafe fn encode_groups_given<C: Encode>(
         let e = _mm256_loadu_ps(eff.as_ptr().add(b));
         let bits = match bc {
             16 => x86::max_abs_bits_8runs::<2>(x0),
-            _ => x86::max_abs_bits_8runs::<4>(x0),
+            32 => x86::max_abs_bits_8runs::<4>(x0),
+            _ => x86::max_abs_bits_8runs_len(x0, bc),
         };
         if !finite_and_nonzero(bits, e) {
             for (j, &e) in eff.iter().enumerate().skip(b).take(8) {
@@ -243,9 +262,13 @@ pub(crate) unsafe fn encode_groups_given<C: Encode>(
                 bad |= x86::encode_run_or_zero(codec, run, e, o, stream);
             }
         } else if bc == 16 {
-            encode_group::<C, 2>(codec, x0, bits, e, o0, stream);
+            encode_group::<C, 2>(codec, x0, 16, bits, e, o0, stream);
+        } else if bc == 32 {
+            encode_group::<C, 4>(codec, x0, 32, bits, e, o0, stream);
+        } else if bc.is_multiple_of(32) {
+            encode_group::<C, 4>(codec, x0, bc, bits, e, o0, stream);
         } else {
-            encode_group::<C, 4>(codec, x0, bits, e, o0, stream);
+            encode_group::<C, 2>(codec, x0, bc, bits, e, o0, stream);
         }
         b += 8;
     }
@@ -257,11 +280,12 @@ pub(crate) unsafe fn encode_groups_given<C: Encode>(
     bad
 }
 
-/// Codes of eight blocks of `8 * V` values from `x0` into `o0`: block j's values divided by
-/// lane j of `d` (multiplied by it when `MUL`), encoded (without the clamp when `IN_RANGE`:
-/// every quotient below `codec.unclamped_below()`), packed to bytes in order; stored
-/// non-temporally with `stream` (`o0` 16-byte aligned). Loops, not closures: a closure is not
-/// reliably inlined into the AVX2 caller (the lane search calls this too).
+/// Codes of eight blocks of `bc` values (a multiple of 8 · V) from `x0` into `o0`: block j's
+/// values divided by lane j of `d` (multiplied by it when `MUL`), encoded (without the clamp
+/// when `IN_RANGE`: every quotient below `codec.unclamped_below()`), packed to bytes in order,
+/// `8 * V` at a time; stored non-temporally with `stream` (`o0` 16-byte aligned). Loops, not
+/// closures: a closure is not reliably inlined into the AVX2 caller (the lane search calls
+/// this too).
 #[inline(always)]
 pub(crate) unsafe fn encode_8blocks<
     C: Encode,
@@ -271,6 +295,7 @@ pub(crate) unsafe fn encode_8blocks<
 >(
     codec: C,
     x0: *const f32,
+    bc: usize,
     d: __m256,
     o0: *mut u8,
     stream: bool,
@@ -279,25 +304,27 @@ pub(crate) unsafe fn encode_8blocks<
     _mm256_storeu_ps(ds.as_mut_ptr(), d);
     for (j, &dj) in ds.iter().enumerate() {
         let dv = _mm256_set1_ps(dj);
-        let (x, o) = (x0.add(j * 8 * V), o0.add(j * 8 * V));
-        let mut c = [_mm256_setzero_si256(); V];
-        for (t, ct) in c.iter_mut().enumerate() {
-            if t % 2 == 0 {
-                x86::prefetch_line(x.wrapping_add(8 * t + x86::PREFETCH_AHEAD));
+        for run in (j * bc..(j + 1) * bc).step_by(8 * V) {
+            let (x, o) = (x0.add(run), o0.add(run));
+            let mut c = [_mm256_setzero_si256(); V];
+            for (t, ct) in c.iter_mut().enumerate() {
+                if t % 2 == 0 {
+                    x86::prefetch_line(x.wrapping_add(8 * t + x86::PREFETCH_AHEAD));
+                }
+                let v = _mm256_loadu_ps(x.add(8 * t));
+                let q = if MUL {
+                    _mm256_mul_ps(v, dv)
+                } else {
+                    _mm256_div_ps(v, dv)
+                };
+                *ct = if IN_RANGE {
+                    codec.encode8_in_range(q)
+                } else {
+                    codec.encode8(q)
+                };
             }
-            let v = _mm256_loadu_ps(x.add(8 * t));
-            let q = if MUL {
-                _mm256_mul_ps(v, dv)
-            } else {
-                _mm256_div_ps(v, dv)
-            };
-            *ct = if IN_RANGE {
-                codec.encode8_in_range(q)
-            } else {
-                codec.encode8(q)
-            };
+            store_codes(&c, o, stream);
         }
-        store_codes(&c, o, stream);
     }
 }
 
@@ -335,9 +362,11 @@ unsafe fn store16(o: *mut u8, bytes: __m128i, stream: bool) {
 /// division, over the codes already stored. One test a group instead of one a block kept the
 /// branch and its compare off the loop of every block.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)] // the kernel's state, all of it read in the loop
 unsafe fn encode_8blocks_recip<C: Encode, const V: usize, const IN_RANGE: bool>(
     codec: C,
     x0: *const f32,
+    bc: usize,
     e: __m256,
     r: __m256,
     (lo, hi): (f32, f32),
@@ -350,27 +379,29 @@ unsafe fn encode_8blocks_recip<C: Encode, const V: usize, const IN_RANGE: bool>(
     let mut near = _mm256_set1_epi32(-1);
     for (j, &rj) in rs.iter().enumerate() {
         let rv = _mm256_set1_ps(rj);
-        let (x, o) = (x0.add(j * 8 * V), o0.add(j * 8 * V));
-        let mut c = [_mm256_setzero_si256(); V];
-        for (t, ct) in c.iter_mut().enumerate() {
-            if t % 2 == 0 {
-                x86::prefetch_line(x.wrapping_add(8 * t + x86::PREFETCH_AHEAD));
+        for run in (j * bc..(j + 1) * bc).step_by(8 * V) {
+            let (x, o) = (x0.add(run), o0.add(run));
+            let mut c = [_mm256_setzero_si256(); V];
+            for (t, ct) in c.iter_mut().enumerate() {
+                if t % 2 == 0 {
+                    x86::prefetch_line(x.wrapping_add(8 * t + x86::PREFETCH_AHEAD));
+                }
+                let v = _mm256_loadu_ps(x.add(8 * t));
+                *ct = x86::int_codes8_recip::<IN_RANGE>(v, rv, lov, hiv, &mut near);
             }
-            let v = _mm256_loadu_ps(x.add(8 * t));
-            *ct = x86::int_codes8_recip::<IN_RANGE>(v, rv, lov, hiv, &mut near);
-        }
-        if V == 4 {
-            x86::store32(
-                o,
-                x86::recip_bytes32(c[0], c[1], c[V - 2], c[V - 1]),
-                stream,
-            );
-        } else {
-            store16(o, x86::recip_bytes16(c[0], c[1]), stream);
+            if V == 4 {
+                x86::store32(
+                    o,
+                    x86::recip_bytes32(c[0], c[1], c[V - 2], c[V - 1]),
+                    stream,
+                );
+            } else {
+                store16(o, x86::recip_bytes16(c[0], c[1]), stream);
+            }
         }
     }
     if x86::recip_was_near(near) {
-        encode_8blocks::<C, V, false, IN_RANGE>(codec, x0, e, o0, stream);
+        encode_8blocks::<C, V, false, IN_RANGE>(codec, x0, bc, e, o0, stream);
     }
 }
 

@@ -504,10 +504,10 @@ unsafe fn codes_from_brackets<Q: Dequant, const V: usize>(q: Q, g: &Group, e: __
 unsafe fn encode8<C: Encode, const V: usize>(codec: C, x0: *const f32, e: __m256, o0: *mut u8) {
     match x86::divisor_lanes(e) {
         (true, r) => {
-            crate::fused_avx2::encode_8blocks::<C, V, true, false>(codec, x0, r, o0, false)
+            crate::fused_avx2::encode_8blocks::<C, V, true, false>(codec, x0, 8 * V, r, o0, false)
         }
         (false, e) => {
-            crate::fused_avx2::encode_8blocks::<C, V, false, false>(codec, x0, e, o0, false)
+            crate::fused_avx2::encode_8blocks::<C, V, false, false>(codec, x0, 8 * V, e, o0, false)
         }
     }
 }
