@@ -30,14 +30,18 @@ pub(crate) fn whole_blocks_of_8s(k: &FusedKernel<'_>) -> bool {
         && k.layout.row_len().is_multiple_of(bc)
 }
 
-/// The stored scales of eight blocks from their amplitudes: F32, F16 and MX scales in vector
-/// lanes (others one at a time, as the scalar path).
+/// The stored scales of eight blocks from their amplitudes: F32, F16, BF16 and MX scales in
+/// vector lanes (others one at a time, as the scalar path).
 #[inline(always)]
 pub(crate) unsafe fn scales8(k: &FusedKernel<'_>, alpha: __m256) -> __m256 {
     let mode = k.opts.scale_rounding;
     match (k.dtype, mode) {
         (ScaleDtype::F32, _) => _mm256_div_ps(alpha, _mm256_set1_ps(k.half_range)),
         (ScaleDtype::F16, ScaleRounding::Up | ScaleRounding::Nearest) => x86::round_f16_8(
+            _mm256_div_ps(alpha, _mm256_set1_ps(k.half_range)),
+            mode == ScaleRounding::Up,
+        ),
+        (ScaleDtype::BF16, ScaleRounding::Up | ScaleRounding::Nearest) => x86::round_bf16_8(
             _mm256_div_ps(alpha, _mm256_set1_ps(k.half_range)),
             mode == ScaleRounding::Up,
         ),
@@ -470,8 +474,8 @@ pub(crate) unsafe fn effective8(b: __m256, g: f32) -> __m256 {
     )
 }
 
-/// Block scales b_i of eight two-level blocks from their amplitudes: UE4M3 (NVFP4) and F16 in
-/// vector lanes, g = 0 one at a time as the scalar path.
+/// Block scales b_i of eight two-level blocks from their amplitudes: UE4M3 (NVFP4), F16 and
+/// BF16 in vector lanes, g = 0 one at a time as the scalar path.
 #[inline(always)]
 pub(crate) unsafe fn two_level_scales8(k: &FusedKernel<'_>, g: f32, alpha: __m256) -> __m256 {
     let mode = k.opts.scale_rounding;
@@ -494,6 +498,9 @@ pub(crate) unsafe fn two_level_scales8(k: &FusedKernel<'_>, g: f32, alpha: __m25
         }
         (ScaleDtype::F16, ScaleRounding::Up | ScaleRounding::Nearest) => {
             x86::round_f16_8(s(), mode == ScaleRounding::Up)
+        }
+        (ScaleDtype::BF16, ScaleRounding::Up | ScaleRounding::Nearest) => {
+            x86::round_bf16_8(s(), mode == ScaleRounding::Up)
         }
         _ => scalar(),
     }

@@ -317,6 +317,32 @@ pub(crate) mod x86 {
         _mm256_cvtph_ps(_mm_min_epu16(h, _mm_set1_epi16(0x7BFF)))
     }
 
+    /// Eight f32 ≥ 0 (finite, or +inf) rounded to bfloat16 values (SPEC §4), as f32: `up` the
+    /// smallest value ≥ s, else the nearest (ties to even); both saturate at bfloat16's largest
+    /// (code 0x7F7F). bfloat16 is f32's top half with f32's exponent range, so every f32 (its
+    /// subnormals included) rounds by its bit pattern shifted right by 16, the integer way;
+    /// a carry into the exponent is the right next value, and one past 0x7F7F is the
+    /// saturation. Equal to `ScaleDtype::BF16.round` (tested on every non-negative f32).
+    #[inline(always)]
+    pub(crate) unsafe fn round_bf16_8(s: __m256, up: bool) -> __m256 {
+        let bits = _mm256_castps_si256(s);
+        let code = if up {
+            // Truncate, then one up where any dropped bit is set.
+            let low = _mm256_and_si256(bits, _mm256_set1_epi32(0xFFFF));
+            let exact = _mm256_cmpeq_epi32(low, _mm256_setzero_si256());
+            // exact is all ones (−1) where nothing was dropped: code + 1 + exact.
+            let t = _mm256_srli_epi32::<16>(bits);
+            _mm256_add_epi32(_mm256_add_epi32(t, _mm256_set1_epi32(1)), exact)
+        } else {
+            // Nearest, ties to even: add 0x7FFF plus the kept part's lowest bit, truncate.
+            let odd = _mm256_and_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(1));
+            let bias = _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd);
+            _mm256_srli_epi32::<16>(_mm256_add_epi32(bits, bias))
+        };
+        let code = _mm256_min_epi32(code, _mm256_set1_epi32(0x7F7F));
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(code))
+    }
+
     /// Eight f32 ≥ 0 rounded to UE4M3 values (SPEC §4), as f32: `up` the smallest value ≥ s,
     /// else the nearest (ties to even); both saturate at 448. The nearest code is E4M3's
     /// encoder's (which saturates); for `up`, when its value lies below s the next code up is the
@@ -1455,6 +1481,18 @@ mod tests {
                     } else {
                         ScaleRounding::Nearest
                     };
+                    _mm256_storeu_ps(got.as_mut_ptr(), super::x86::round_bf16_8(v, up));
+                    for (&s, &g) in lanes.iter().zip(&got) {
+                        let want = ScaleDtype::BF16.round(s, mode);
+                        assert_eq!(g.to_bits(), want.to_bits(), "bf16 {mode:?} {s:e}");
+                    }
+                }
+                for up in [false, true] {
+                    let mode = if up {
+                        ScaleRounding::Up
+                    } else {
+                        ScaleRounding::Nearest
+                    };
                     _mm256_storeu_ps(got.as_mut_ptr(), super::x86::round_ue4m3_8(v, up));
                     for (&s, &g) in lanes.iter().zip(&got) {
                         let want = ScaleDtype::UE4M3.round(s, mode);
@@ -1480,9 +1518,14 @@ mod tests {
     fn vector_scales_equal_scalar_on_a_sweep() {
         check_scales(0, 4093, (1u32 << 31) / 4093 / 8 * 8);
         // Around f16's subnormals, its largest value and the saturation point; UE4M3's
-        // subnormals, smallest normal and largest value (448).
+        // subnormals, smallest normal and largest value (448); bfloat16's largest value,
+        // f32's subnormals and smallest normal (bfloat16's too), and the infinity.
         for b in [
-            0x3A80_0000u32,
+            0x7F7F_0000u32,
+            0x7F80_0000,
+            0x0000_2000,
+            0x0080_0000,
+            0x3A80_0000,
             0x3C80_0000,
             0x43E0_0000,
             0x43E8_0000,
