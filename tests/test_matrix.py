@@ -133,23 +133,26 @@ def test_options_equal_reference(scheme, calibration, rounding, scale_rounding, 
     assert_same(ref.quantize(x, scheme, **kw), bq.quantize(x, scheme, **kw))
 
 
-LONG_BLOCK_SCHEMES = [
+WHOLE_BLOCK_SCHEMES = [
     QuantScheme(QuantValue.Q8S, QuantStore.Native).per_block([64], ScaleDtype.BF16),
     QuantScheme(QuantValue.Q4S, QuantStore.packed_u32(0)).per_block([128], ScaleDtype.F16),
     QuantScheme(QuantValue.Q8F, QuantStore.Native).per_block([48], ScaleDtype.F32),
     QuantScheme(QuantValue.E4M3, QuantStore.Native).per_block([128], ScaleDtype.BF16),
     QuantScheme(QuantValue.Q2S, QuantStore.packed_u32(0)).per_block([32], ScaleDtype.BF16),
+    QuantScheme(QuantValue.Q8S, QuantStore.Native).per_block([32], ScaleDtype.UE4M3),
+    QuantScheme(QuantValue.E2M1, QuantStore.packed_native(0)).per_block([16], ScaleDtype.UE4M3),
 ]
 
 
-@pytest.mark.parametrize("scheme", LONG_BLOCK_SCHEMES, ids=repr)
+@pytest.mark.parametrize("scheme", WHOLE_BLOCK_SCHEMES, ids=repr)
 @pytest.mark.parametrize("rounding, scale_rounding",
                          list(itertools.product(["half_away", "half_even"], ["up", "nearest"])))
 @pytest.mark.parametrize("magnitude", [1.0, 1e30, 1e-30])
 def test_whole_blocks_of_any_multiple_of_16_equal_reference(scheme, rounding, scale_rounding,
                                                             magnitude):
-    """Rows of whole blocks of 32 to 128 values, eight blocks at a time in the core's one-pass
-    kernel (its scales rounded to F16 and BF16 in vector lanes), against the reference."""
+    """Rows of whole blocks of 16 to 128 values, eight blocks at a time in the core's one-pass
+    kernels (their scales rounded to F16, BF16 and UE4M3 in vector lanes), against the
+    reference."""
     x = data((24, 1536), seed=11, magnitude=magnitude)
     kw = dict(rounding=rounding, scale_rounding=scale_rounding)
     assert_same(ref.quantize(x, scheme, **kw), bq.quantize(x, scheme, **kw))

@@ -30,8 +30,8 @@ pub(crate) fn whole_blocks_of_8s(k: &FusedKernel<'_>) -> bool {
         && k.layout.row_len().is_multiple_of(bc)
 }
 
-/// The stored scales of eight blocks from their amplitudes: F32, F16, BF16 and MX scales in
-/// vector lanes (others one at a time, as the scalar path).
+/// The stored scales of eight blocks from their amplitudes: F32, F16, BF16, UE4M3 and MX
+/// scales in vector lanes (others one at a time, as the scalar path).
 #[inline(always)]
 pub(crate) unsafe fn scales8(k: &FusedKernel<'_>, alpha: __m256) -> __m256 {
     let mode = k.opts.scale_rounding;
@@ -42,6 +42,10 @@ pub(crate) unsafe fn scales8(k: &FusedKernel<'_>, alpha: __m256) -> __m256 {
             mode == ScaleRounding::Up,
         ),
         (ScaleDtype::BF16, ScaleRounding::Up | ScaleRounding::Nearest) => x86::round_bf16_8(
+            _mm256_div_ps(alpha, _mm256_set1_ps(k.half_range)),
+            mode == ScaleRounding::Up,
+        ),
+        (ScaleDtype::UE4M3, ScaleRounding::Up | ScaleRounding::Nearest) => x86::round_ue4m3_8(
             _mm256_div_ps(alpha, _mm256_set1_ps(k.half_range)),
             mode == ScaleRounding::Up,
         ),
