@@ -119,3 +119,30 @@ def test_issue_13_case_equals_reference(threads):
     assert_same(rq, bq.quantize(x, scheme))
     out = (np.empty_like(rq.values), np.empty_like(rq.scales))
     assert_same(rq, bq.quantize(x, scheme, out=out))
+
+
+@pytest.mark.parametrize("scheme", [
+    QuantScheme(QuantValue.Q8S, QuantStore.Native).per_block([1025, 1], ScaleDtype.F32),
+    QuantScheme(QuantValue.Q4S, QuantStore.packed_u32(0)).per_block([1025, 1], ScaleDtype.F16),
+    QuantScheme(QuantValue.E4M3, QuantStore.Native).per_block([1025, 1], ScaleDtype.BF16),
+    QuantScheme(QuantValue.E2M1, QuantStore.packed_native(0)).per_block([1025, 1], ScaleDtype.UE8M0),
+], ids=str)
+def test_column_blocks_of_many_rows_equal_reference(scheme, threads):
+    """Column blocks (block [rows, 1]) whose grid row is too large for one tile: two passes over
+    whole rows (the column maxima, then the encode) instead of tiles of a few columns; rows of
+    1030 values (ragged against the vectors), a partial last grid row, a NaN refused."""
+    x = data((2100, 1030), seed=8)
+    rq = ref.quantize(x, scheme)
+    assert_same(rq, bq.quantize(x, scheme))
+    x[1500, 7] = np.nan
+    with pytest.raises(bq.NonFiniteError):
+        bq.quantize(x, scheme)
+
+
+def test_large_column_blocks_equal_reference(threads):
+    """Column blocks over 16 Mi values: the codes go to memory with non-temporal stores, rows of
+    4100 bytes starting at every alignment."""
+    x = np.random.default_rng(9).standard_normal((4100, 4100)).astype(np.float32)
+    scheme = QuantScheme(QuantValue.Q8S, QuantStore.Native).per_block([1025, 1], ScaleDtype.F32)
+    rq = ref.quantize(x, scheme)
+    assert_same(rq, bq.quantize(x, scheme))

@@ -188,7 +188,20 @@ unsafe fn max_abs_blocks_8s(cols: &[f32], bc: usize, out: &mut [f32]) {
 pub(crate) unsafe fn max_abs_bits_blocks(cols: &[f32], bc: usize, out: &mut [f32]) {
     use std::arch::x86_64::*;
     let mut done = 0;
-    if bc.is_multiple_of(8) {
+    if bc == 1 {
+        // Column blocks ([rows, 1]): each value is its block's run in this row, eight
+        // neighbouring blocks a vector.
+        let abs = _mm256_set1_epi32(0x7FFF_FFFF);
+        let n = cols.len().min(out.len());
+        while done + 8 <= n {
+            // In bounds: done + 8 <= both lengths.
+            let v = _mm256_loadu_si256(cols.as_ptr().add(done) as *const __m256i);
+            let o = out.as_mut_ptr().add(done) as *mut __m256i;
+            let m = _mm256_max_epi32(_mm256_and_si256(v, abs), _mm256_loadu_si256(o));
+            _mm256_storeu_si256(o, m);
+            done += 8;
+        }
+    } else if bc.is_multiple_of(8) {
         let groups = (cols.len() / bc).min(out.len()) / 8;
         for g in 0..groups {
             // In bounds: blocks 8g..8g + 8 are whole within cols and out.

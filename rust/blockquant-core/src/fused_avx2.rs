@@ -339,7 +339,7 @@ pub(crate) unsafe fn encode_8blocks<
 /// A block's `8 * V` codes (V = 2 or 4 vectors of i32 codes 0..=255) as bytes, in order, to
 /// `o`: non-temporal with `stream` (`o` 16-byte aligned).
 #[inline(always)]
-unsafe fn store_codes<const V: usize>(c: &[__m256i; V], o: *mut u8, stream: bool) {
+pub(crate) unsafe fn store_codes<const V: usize>(c: &[__m256i; V], o: *mut u8, stream: bool) {
     // The packs work within 128-bit halves; this puts the dwords back in order.
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     let ab = _mm256_packus_epi32(c[0], c[1]);

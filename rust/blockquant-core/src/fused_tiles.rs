@@ -18,6 +18,10 @@
 //! while the row of t is encoded. Measuring waits on memory, encoding (from cache) on the
 //! divider; interleaved, the two overlap.
 //!
+//! Column blocks ([rows, 1]) take eight blocks a vector, in the measuring and the encode
+//! (lane-varying divisors); when their grid row is too large for one tile they go in two
+//! passes over whole rows instead (`run_columns`, which says why).
+//!
 //! The arithmetic is `compute_scales`' and `encode_values`' (max |x|, `stored_scale`, one
 //! IEEE division a value), so the bytes and scales are the same bits.
 
@@ -223,6 +227,9 @@ fn run<'l, C: Encode, S: Sink<'l>>(
     let layout = k.layout;
     #[cfg(target_arch = "x86_64")]
     if let (Input::F32(xs), true) = (x, avx2) {
+        if layout.block_cols() == 1 && tiles.per_grid_row > 1 {
+            return run_columns::<C, S>(codec, xs, k, sc, words, sizes);
+        }
         return run_pipelined::<C, S>(codec, xs, k, tiles, sc, words, sizes);
     }
     let tile_elems = rows_per_block(layout) * tiles.blocks * layout.block_cols();
@@ -237,6 +244,88 @@ fn run<'l, C: Encode, S: Sink<'l>>(
             },
         )
         .reduce(|| false, |a, b| a | b)
+}
+
+/// Column blocks ([rows, 1]) whose grid row is too large for a tile: two passes over memory,
+/// each reading whole tensor rows in order. A tile of some columns would read each of its
+/// rows as a short run a whole row apart, and such runs (a power of two apart, as tensor rows
+/// often are) fall into the same few cache sets and evict each other before the encode comes
+/// back to them: on a 4096 × 4096 block [4096, 1] int8 quantize the tiles took 33 ms, their
+/// encode waiting on memory. Pass 1 takes each grid row's column maxima (the tasks' partial
+/// maxima combined: a maximum does not depend on the order), pass 2 encodes its rows against
+/// the scales, a row a task step.
+#[cfg(target_arch = "x86_64")]
+fn run_columns<'l, C: Encode, S: Sink<'l>>(
+    codec: C,
+    xs: &[f32],
+    k: &FusedKernel<'l>,
+    sc: Shared<f32>,
+    words: Shared<S::W>,
+    sizes: Sizes,
+) -> bool {
+    let layout = k.layout;
+    let n = layout.row_len();
+    let grid_rows = layout.num_scales / n;
+    let min_rows = (sizes.task_elems / n.max(1)).max(1);
+    let mut bad = false;
+    let mut rows = Vec::new();
+    for g in 0..grid_rows {
+        rows.clear();
+        for_each_row_in_grid_row(layout, g, |r| rows.push(r));
+        // Pass 1: the maxima of the |x| patterns (a NaN shows in its column's, see below).
+        let maxima = rows
+            .par_iter()
+            .with_min_len(min_rows)
+            .fold(
+                || vec![0.0f32; n],
+                |mut m, &r| {
+                    // SAFETY: the caller checked the CPU has AVX2.
+                    unsafe {
+                        crate::calibrate::max_abs_bits_blocks(&xs[r * n..(r + 1) * n], 1, &mut m)
+                    };
+                    m
+                },
+            )
+            .reduce_with(|mut a, b| {
+                for (a, b) in a.iter_mut().zip(&b) {
+                    *a = f32::from_bits(a.to_bits().max(b.to_bits()));
+                }
+                a
+            })
+            .unwrap_or_else(|| vec![0.0; n]);
+        // SAFETY: only this loop writes grid row g's scales, and no task is running.
+        let scales = unsafe { sc.part(g * n, n) };
+        for (s, &a) in scales.iter_mut().zip(&maxima) {
+            // A NaN maximum (the input holds a NaN: the call fails) becomes infinity, as the
+            // largest |x| it stands for could be; the encode then finds the NaN.
+            *s = k.scale(if a.is_nan() { f32::INFINITY } else { a });
+        }
+        let scales: &[f32] = scales;
+        // Pass 2: each row against the scales, straight into its storage.
+        bad |= rows
+            .par_iter()
+            .with_min_len(min_rows)
+            .map_init(
+                || {
+                    let mut sink = S::new(layout, words);
+                    sink.set_tile(0, n);
+                    sink
+                },
+                |sink, &r| {
+                    // SAFETY: each row is one task step, which writes only its own words; the
+                    // caller checked the CPU has AVX2.
+                    unsafe {
+                        let out = sink.out(r);
+                        let xr = &xs[r * n..(r + 1) * n];
+                        let bad = encode_row_of_columns(codec, xr, scales, out, k.stream);
+                        sink.done(r);
+                        bad
+                    }
+                },
+            )
+            .reduce(|| false, |a, b| a | b);
+    }
+    bad
 }
 
 /// Runs of consecutive tiles, each a task, in which tile t + 1 is measured while tile t is
@@ -389,6 +478,13 @@ unsafe fn run_avx2<'l, C: Encode, S: Sink<'l>>(
             };
             let xr = &xs[r * n + c0..r * n + c0 + w];
             let out = sink.out(r);
+            if bc == 1 {
+                // Column blocks: a scale a value, eight of them a vector.
+                x86::prefetch(ahead.0, ahead.1);
+                bad |= encode_row_of_columns(codec, xr, scales, out, stream);
+                sink.done(r);
+                continue;
+            }
             let mut off = 0;
             for ((run, o), &e) in xr.chunks(bc).zip(out.chunks_mut(bc)).zip(scales.iter()) {
                 if off < ahead.1 {
@@ -651,6 +747,88 @@ unsafe fn tile_avx2<'l, C: Encode, S: Sink<'l>>(
         std::arch::x86_64::_mm_sfence();
     }
     bad
+}
+
+/// A tile row of column blocks (block [rows, 1]): value c divided by its own block's stored
+/// scale `scales[c]`, eight values a vector (lane-varying divisors; the division of
+/// `encode_run`, so the same codes), codes one a byte into `out`, 32 at a time (non-temporal
+/// with `stream` where `out` allows, then fenced), the rest eight at a time. Values with a
+/// zero scale among their vector's (the zero rule) go one at a time. Returns whether any
+/// value was not finite.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn encode_row_of_columns<C: Encode>(
+    codec: C,
+    xr: &[f32],
+    scales: &[f32],
+    out: &mut [u8],
+    stream: bool,
+) -> bool {
+    use std::arch::x86_64::*;
+    let n = xr.len();
+    assert!(scales.len() == n && out.len() == n);
+    let abs = _mm256_set1_epi32(0x7FFF_FFFF);
+    let mut big = _mm256_setzero_si256();
+    let mut bad = false;
+    let mut c = 0;
+    let zero = _mm256_setzero_ps();
+    let base = out.as_ptr() as usize;
+    let mut streamed = false;
+    while c + 32 <= n {
+        // In bounds: c + 32 <= n, the length of all three.
+        let (x, s) = (xr.as_ptr().add(c), scales.as_ptr().add(c));
+        let e: [__m256; 4] = std::array::from_fn(|t| _mm256_loadu_ps(s.add(8 * t)));
+        let zeros = e.iter().fold(0, |m, &e| {
+            m | _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(e, zero))
+        });
+        if zeros != 0 {
+            break; // a zero scale here: the loop below takes it eight at a time
+        }
+        let mut codes = [_mm256_setzero_si256(); 4];
+        for (t, code) in codes.iter_mut().enumerate() {
+            let v = _mm256_loadu_ps(x.add(8 * t));
+            big = _mm256_max_epi32(big, _mm256_and_si256(_mm256_castps_si256(v), abs));
+            *code = codec.encode8(_mm256_div_ps(v, e[t]));
+        }
+        let s = stream && (base + c).is_multiple_of(16);
+        streamed |= s;
+        crate::fused_avx2::store_codes::<4>(&codes, out.as_mut_ptr().add(c), s);
+        c += 32;
+    }
+    if streamed {
+        // The non-temporal stores are weakly ordered: done before the task says it is done.
+        _mm_sfence();
+    }
+    while c + 8 <= n {
+        // In bounds: c + 8 <= n, the length of all three.
+        let v = _mm256_loadu_ps(xr.as_ptr().add(c));
+        let e = _mm256_loadu_ps(scales.as_ptr().add(c));
+        let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps());
+        if _mm256_movemask_ps(zero) != 0 {
+            for j in c..c + 8 {
+                let (x, o) = (&xr[j..j + 1], &mut out[j..j + 1]);
+                bad |= crate::simd::x86::encode_run_or_zero(codec, x, scales[j], o, false);
+            }
+        } else {
+            big = _mm256_max_epi32(big, _mm256_and_si256(_mm256_castps_si256(v), abs));
+            let code = codec.encode8(_mm256_div_ps(v, e));
+            // Eight i32 codes (0..=255) to eight bytes, in order.
+            let w = _mm256_packus_epi32(code, code);
+            let b = _mm256_packus_epi16(w, w);
+            let lo = _mm_cvtsi128_si32(_mm256_castsi256_si128(b)) as u32;
+            let hi = _mm_cvtsi128_si32(_mm256_extracti128_si256::<1>(b)) as u32;
+            let bytes = (lo as u64) | ((hi as u64) << 32);
+            std::ptr::write_unaligned(out.as_mut_ptr().add(c) as *mut u64, bytes.to_le());
+        }
+        c += 8;
+    }
+    for j in c..n {
+        let (x, o) = (&xr[j..j + 1], &mut out[j..j + 1]);
+        bad |= crate::simd::x86::encode_run_or_zero(codec, x, scales[j], o, false);
+    }
+    // A value past f32::MAX's pattern is an infinity or a NaN.
+    let non_finite = _mm256_cmpgt_epi32(big, _mm256_set1_epi32(0x7F7F_FFFF));
+    bad | (_mm256_movemask_epi8(non_finite) != 0)
 }
 
 #[cfg(test)]

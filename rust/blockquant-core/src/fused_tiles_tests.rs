@@ -156,7 +156,7 @@ fn scheme(value: QuantValue, store: QuantStore, block: &[usize], dtype: ScaleDty
 
 /// Shapes and blocks: ragged edges on every axis, 3-D blocks, blocks whose last dim is 1, a
 /// block wider than its axis, tiles several to a grid row.
-const CASES: [(&[usize], &[usize]); 10] = [
+const CASES: [(&[usize], &[usize]); 12] = [
     (&[37, 45], &[8, 8]),
     (&[20, 300], &[4, 32]),
     (&[5, 7, 30], &[2, 3, 8]),
@@ -167,6 +167,9 @@ const CASES: [(&[usize], &[usize]); 10] = [
     (&[6, 2000], &[2, 16]),
     (&[3, 4, 50], &[2, 1, 7]),
     (&[7, 9], &[4, 32]),
+    // Column blocks, eight to a vector: rows of whole vectors and a tail.
+    (&[40, 77], &[8, 1]),
+    (&[5, 3, 40], &[2, 3, 1]),
 ];
 
 fn stores() -> [QuantStore; 4] {
@@ -321,8 +324,12 @@ fn non_finite_input_is_refused_naming_the_first() {
         (QuantValue::E2M1, QuantStore::PackedNative(0)),
         (QuantValue::Q2S, QuantStore::PackedNative(0)),
     ] {
-        let layout = Layout::new(&scheme(value, store, &[8, 8], ScaleDtype::BF16), &shape).unwrap();
-        for pos in [0, 44, 45 * 8, n - 1, n / 2, 45 * 36 + 40] {
+        for (block, pos) in [&[8, 8], &[8, 1]]
+            .into_iter()
+            .flat_map(|b| [0, 44, 45 * 8, n - 1, n / 2, 45 * 36 + 40, 45 * 3 + 17].map(|p| (b, p)))
+        {
+            let layout =
+                Layout::new(&scheme(value, store, block, ScaleDtype::BF16), &shape).unwrap();
             for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
                 let mut x = clean.clone();
                 x[pos] = bad;
