@@ -122,10 +122,15 @@ def test_two_level_dequantize_into_large_out_matches_the_reference(scheme, globa
     ("q8s/native/block2x3x32:bf16", (3, 1400, 1024)),  # rows ragged on both outer axes
     ("e2m1/packed_u32_0/block128x128:f32", (2048, 2176)),
     ("e2m1/packed_native0/block16x16:bf16", (2050, 2048)),
+    # Blocks narrower than a vector: a scale a value; rows of 2050 start 8 bytes off 16.
+    ("q8s/native/block1025x1:f32", (2050, 2050)),
+    ("e2m1/packed_native0/block1025x1:bf16", (2050, 2050)),
+    ("q8s/native/block3x5:f32", (2050, 2050)),
 ])
 def test_blocks_spanning_rows_dequantize_into_large_out_matches_the_reference(scheme, shape):
     """Blocks over several rows that tile each row (each row reads its own run of the scale
-    grid), over 16 MiB of float32 output (the non-temporal stores), random codes and scales of
+    grid), and blocks narrower than a vector (their scales spread a value at a time), over
+    16 MiB of float32 output (the non-temporal stores), random codes and scales of
     many magnitudes, into arrays of garbage at a 16-byte boundary and 4 bytes past one: bit for
     bit the reference."""
     from blockquant import reference as ref

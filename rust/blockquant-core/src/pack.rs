@@ -812,6 +812,42 @@ unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
         && n.is_multiple_of(bc)
         && start.is_multiple_of(bc)
         && out.len().is_multiple_of(bc);
+    if !layout.per_tensor && bc < 8 {
+        // Blocks narrower than a vector ([rows, 1] column blocks, [4, 4], ...): each row's
+        // scales spread over its values, 64 at a time, then eight values a vector (streamed
+        // where the run starts on a 16-byte boundary: rows of a length not a multiple of
+        // four start off one).
+        let (mut pos, end) = (start, start + out.len());
+        let mut es = [0.0f32; SCALE_CHUNK];
+        while pos < end {
+            let (row, col) = (pos / n, pos % n);
+            let take = (end - pos).min(n - col).min(SCALE_CHUNK);
+            let first = layout.grid_row_offset(row);
+            let es = if bc == 1 {
+                // Column blocks: the values' scales are a run of the grid row.
+                effective
+                    .range(first + col..first + col + take)
+                    .chunk(0, &mut es)
+            } else {
+                let (mut j, mut b, mut left) = (0, col / bc, bc - col % bc);
+                while j < take {
+                    let k = left.min(take - j);
+                    es[j..j + k].fill(effective.get(first + b));
+                    (j, b, left) = (j + k, b + 1, bc);
+                }
+                &es[..take]
+            };
+            let r = pos - start..pos - start + take;
+            let (c, y) = (&codes[r.clone()], &mut out[r]);
+            if STREAM && (y.as_ptr() as usize).is_multiple_of(16) {
+                crate::simd::x86::decode_lanes::<D, true>(dec, c, es, y);
+            } else {
+                crate::simd::x86::decode_lanes::<D, false>(dec, c, es, y);
+            }
+            pos += take;
+        }
+        return;
+    }
     // Blocks of whole vectors: one loop over a run of blocks, no per-block run set-up.
     let vectors = bc.is_multiple_of(8) && (!STREAM || (out.as_ptr() as usize).is_multiple_of(16));
     if whole_blocks && vectors && !layout.rows_map_directly() {
@@ -2062,6 +2098,10 @@ pub(crate) mod tests {
             (vec![256, 384], vec![128, 128]),
             (vec![7, 96], vec![3, 8]),
             (vec![4, 100], vec![2, 37]),
+            // Narrower than a vector: a scale spread over each value.
+            (vec![9, 70], vec![3, 5]),
+            (vec![40, 77], vec![8, 1]),
+            (vec![5, 3, 41], vec![2, 3, 1]),
         ]
         .map(|(shape, block)| {
             let s = q8.per_block(&block, ScaleDtype::F32).unwrap();

@@ -672,6 +672,36 @@ pub(crate) mod x86 {
         }
     }
 
+    /// `out[i] = dec.decode(codes[i]) * es[i]`: a scale a value (blocks narrower than a
+    /// vector, whose scales the caller spread over their values), eight at a time, the last
+    /// few one at a time (the same product). With `STREAM`, `out` is 16-byte aligned and the
+    /// vector stores are non-temporal.
+    #[inline(always)]
+    pub(crate) unsafe fn decode_lanes<D: Decode, const STREAM: bool>(
+        dec: D,
+        codes: &[u8],
+        es: &[f32],
+        out: &mut [f32],
+    ) {
+        let n = out.len();
+        assert!(codes.len() == n && es.len() == n, "a scale a value");
+        let mut t = 0;
+        while t + 8 <= n {
+            // t + 8 <= n: loads and stores in bounds.
+            let fields =
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64(codes.as_ptr().add(t) as *const __m128i));
+            let e = _mm256_loadu_ps(es.as_ptr().add(t));
+            store8::<STREAM>(
+                out.as_mut_ptr().add(t),
+                _mm256_mul_ps(dec.decode8(fields), e),
+            );
+            t += 8;
+        }
+        for i in t..n {
+            out[i] = dec.decode(codes[i]) * es[i];
+        }
+    }
+
     /// [`decode_run`] of whole blocks of `bc` values (a multiple of 8), block k against
     /// `eff[k]`: `codes` and `out` hold `eff.len()` blocks. With `STREAM`, `out` is 16-byte
     /// aligned (so is every eight values' start) and the stores are non-temporal.
