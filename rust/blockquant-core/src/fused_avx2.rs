@@ -35,20 +35,16 @@ pub(crate) fn whole_blocks_of_8s(k: &FusedKernel<'_>) -> bool {
 #[inline(always)]
 pub(crate) unsafe fn scales8(k: &FusedKernel<'_>, alpha: __m256) -> __m256 {
     let mode = k.opts.scale_rounding;
+    let up = mode == ScaleRounding::Up;
+    // The raw scales α / half_range, which the roundings below take (one division a group).
+    let s = _mm256_div_ps(alpha, _mm256_set1_ps(k.half_range));
     match (k.dtype, mode) {
-        (ScaleDtype::F32, _) => _mm256_div_ps(alpha, _mm256_set1_ps(k.half_range)),
-        (ScaleDtype::F16, ScaleRounding::Up | ScaleRounding::Nearest) => x86::round_f16_8(
-            _mm256_div_ps(alpha, _mm256_set1_ps(k.half_range)),
-            mode == ScaleRounding::Up,
-        ),
-        (ScaleDtype::BF16, ScaleRounding::Up | ScaleRounding::Nearest) => x86::round_bf16_8(
-            _mm256_div_ps(alpha, _mm256_set1_ps(k.half_range)),
-            mode == ScaleRounding::Up,
-        ),
-        (ScaleDtype::UE4M3, ScaleRounding::Up | ScaleRounding::Nearest) => x86::round_ue4m3_8(
-            _mm256_div_ps(alpha, _mm256_set1_ps(k.half_range)),
-            mode == ScaleRounding::Up,
-        ),
+        (ScaleDtype::F32, _) => s,
+        (ScaleDtype::F16, ScaleRounding::Up | ScaleRounding::Nearest) => x86::round_f16_8(s, up),
+        (ScaleDtype::BF16, ScaleRounding::Up | ScaleRounding::Nearest) => x86::round_bf16_8(s, up),
+        (ScaleDtype::UE4M3, ScaleRounding::Up | ScaleRounding::Nearest) => {
+            x86::round_ue4m3_8(s, up)
+        }
         (ScaleDtype::UE8M0, ScaleRounding::Mx) if k.emax >= 0 => x86::mx_scale_8(alpha, k.emax),
         _ => {
             let mut a = [0.0f32; 8];
@@ -100,14 +96,7 @@ pub(crate) unsafe fn measure_encode_groups<C: Encode>(
         if bc != 16 && bc != 32 {
             x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * bc);
         }
-        // The block lengths as constants where they are the common ones.
-        let done = match bc {
-            16 => group_fast::<C, 2>(codec, k, x0, 16, s0, o0),
-            32 => group_fast::<C, 4>(codec, k, x0, 32, s0, o0),
-            _ if bc.is_multiple_of(32) => group_fast::<C, 4>(codec, k, x0, bc, s0, o0),
-            _ if bc.is_multiple_of(16) => group_fast::<C, 2>(codec, k, x0, bc, s0, o0),
-            _ => false,
-        };
+        let done = bc.is_multiple_of(16) && group_fast(codec, k, x0, bc, s0, o0);
         if !done {
             bad |= group_general(codec, k, &xs[b * bc..(b + 8) * bc], &mut sc[b..b + 8], {
                 &mut out[b * bc..(b + 8) * bc]
@@ -146,11 +135,11 @@ unsafe fn group_general<C: Encode>(
     bad
 }
 
-/// Eight blocks of `bc` values from `x0` (a multiple of 8 · V, V = 2 or 4), their scales to
-/// `s0` and codes to `o0`, when every value is finite and every scale non-zero; returns false,
-/// having written nothing, otherwise (the caller then runs [`group_general`]).
+/// Eight blocks of `bc` values from `x0` (a multiple of 16), their scales to `s0` and codes to
+/// `o0`, when every value is finite and every scale non-zero; returns false, having written
+/// nothing, otherwise (the caller then runs [`group_general`]).
 #[inline(always)]
-unsafe fn group_fast<C: Encode, const V: usize>(
+unsafe fn group_fast<C: Encode>(
     codec: C,
     k: &FusedKernel<'_>,
     x0: *const f32,
@@ -158,23 +147,43 @@ unsafe fn group_fast<C: Encode, const V: usize>(
     s0: *mut f32,
     o0: *mut u8,
 ) -> bool {
-    let bits = max_abs_bits_8blocks::<V>(x0, bc);
+    let bits = max_abs_bits_8blocks(x0, bc);
     let Some(e) = checked_scales8(k, bits) else {
         return false;
     };
     _mm256_storeu_ps(s0, e);
-    encode_group::<C, V>(codec, x0, bc, bits, e, o0, k.stream);
+    encode_group_of(codec, x0, bc, bits, e, o0, k.stream);
     true
 }
 
-/// The largest |x| bit pattern of each of eight blocks of `bc` values (a multiple of 8 · V)
-/// from `x0`: lane j is block j's.
+/// The largest |x| bit pattern of each of eight blocks of `bc` values (a multiple of 16) from
+/// `x0`: lane j is block j's; the common lengths 16 and 32 as constants.
 #[inline(always)]
-unsafe fn max_abs_bits_8blocks<const V: usize>(x0: *const f32, bc: usize) -> __m256i {
-    if bc == 8 * V {
-        x86::max_abs_bits_8runs::<V>(x0)
-    } else {
-        x86::max_abs_bits_8runs_len(x0, bc)
+unsafe fn max_abs_bits_8blocks(x0: *const f32, bc: usize) -> __m256i {
+    match bc {
+        16 => x86::max_abs_bits_8runs::<2>(x0),
+        32 => x86::max_abs_bits_8runs::<4>(x0),
+        _ => x86::max_abs_bits_8runs_len(x0, bc),
+    }
+}
+
+/// [`encode_group`] of eight blocks of `bc` values, a multiple of 16: 32 values at a time
+/// where 32 divides `bc`, else 16; the common lengths 16 and 32 as constants.
+#[inline(always)]
+unsafe fn encode_group_of<C: Encode>(
+    codec: C,
+    x0: *const f32,
+    bc: usize,
+    bits: __m256i,
+    e: __m256,
+    o0: *mut u8,
+    stream: bool,
+) {
+    match bc {
+        16 => encode_group::<C, 2>(codec, x0, 16, bits, e, o0, stream),
+        32 => encode_group::<C, 4>(codec, x0, 32, bits, e, o0, stream),
+        _ if bc.is_multiple_of(32) => encode_group::<C, 4>(codec, x0, bc, bits, e, o0, stream),
+        _ => encode_group::<C, 2>(codec, x0, bc, bits, e, o0, stream),
     }
 }
 
@@ -258,25 +267,15 @@ pub(crate) unsafe fn encode_groups_given<C: Encode>(
         // In bounds: blocks b..b + 8 lie within xs, eff and out.
         let (x0, o0) = (xs.as_ptr().add(b * bc), out.as_mut_ptr().add(b * bc));
         let e = _mm256_loadu_ps(eff.as_ptr().add(b));
-        let bits = match bc {
-            16 => x86::max_abs_bits_8runs::<2>(x0),
-            32 => x86::max_abs_bits_8runs::<4>(x0),
-            _ => x86::max_abs_bits_8runs_len(x0, bc),
-        };
+        let bits = max_abs_bits_8blocks(x0, bc);
         if !finite_and_nonzero(bits, e) {
             for (j, &e) in eff.iter().enumerate().skip(b).take(8) {
                 let r = j * bc..(j + 1) * bc;
                 let (run, o) = (&xs[r.clone()], &mut out[r]);
                 bad |= x86::encode_run_or_zero(codec, run, e, o, stream);
             }
-        } else if bc == 16 {
-            encode_group::<C, 2>(codec, x0, 16, bits, e, o0, stream);
-        } else if bc == 32 {
-            encode_group::<C, 4>(codec, x0, 32, bits, e, o0, stream);
-        } else if bc.is_multiple_of(32) {
-            encode_group::<C, 4>(codec, x0, bc, bits, e, o0, stream);
         } else {
-            encode_group::<C, 2>(codec, x0, bc, bits, e, o0, stream);
+            encode_group_of(codec, x0, bc, bits, e, o0, stream);
         }
         b += 8;
     }

@@ -753,7 +753,7 @@ unsafe fn tile_avx2<'l, C: Encode, S: Sink<'l>>(
 /// scale `scales[c]`, eight values a vector (lane-varying divisors; the division of
 /// `encode_run`, so the same codes), codes one a byte into `out`, 32 at a time (non-temporal
 /// with `stream` where `out` allows, then fenced), the rest eight at a time. Values with a
-/// zero scale among their vector's (the zero rule) go one at a time. Returns whether any
+/// zero scale among their 32 (or 8) go one at a time (the zero rule). Returns whether any
 /// value was not finite.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
@@ -767,6 +767,22 @@ unsafe fn encode_row_of_columns<C: Encode>(
     use std::arch::x86_64::*;
     let n = xr.len();
     assert!(scales.len() == n && out.len() == n);
+    // Values `r` one at a time, each a run of its own (the zero rule, the tail).
+    #[inline(always)]
+    unsafe fn each<C: Encode>(
+        codec: C,
+        r: std::ops::Range<usize>,
+        xr: &[f32],
+        scales: &[f32],
+        out: &mut [u8],
+    ) -> bool {
+        let mut bad = false;
+        for j in r {
+            let (x, o) = (&xr[j..j + 1], &mut out[j..j + 1]);
+            bad |= crate::simd::x86::encode_run_or_zero(codec, x, scales[j], o, false);
+        }
+        bad
+    }
     let abs = _mm256_set1_epi32(0x7FFF_FFFF);
     let mut big = _mm256_setzero_si256();
     let mut bad = false;
@@ -782,7 +798,9 @@ unsafe fn encode_row_of_columns<C: Encode>(
             m | _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(e, zero))
         });
         if zeros != 0 {
-            break; // a zero scale here: the loop below takes it eight at a time
+            bad |= each(codec, c..c + 32, xr, scales, out);
+            c += 32;
+            continue;
         }
         let mut codes = [_mm256_setzero_si256(); 4];
         for (t, code) in codes.iter_mut().enumerate() {
@@ -803,12 +821,8 @@ unsafe fn encode_row_of_columns<C: Encode>(
         // In bounds: c + 8 <= n, the length of all three.
         let v = _mm256_loadu_ps(xr.as_ptr().add(c));
         let e = _mm256_loadu_ps(scales.as_ptr().add(c));
-        let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps());
-        if _mm256_movemask_ps(zero) != 0 {
-            for j in c..c + 8 {
-                let (x, o) = (&xr[j..j + 1], &mut out[j..j + 1]);
-                bad |= crate::simd::x86::encode_run_or_zero(codec, x, scales[j], o, false);
-            }
+        if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(e, zero)) != 0 {
+            bad |= each(codec, c..c + 8, xr, scales, out);
         } else {
             big = _mm256_max_epi32(big, _mm256_and_si256(_mm256_castps_si256(v), abs));
             let code = codec.encode8(_mm256_div_ps(v, e));
@@ -822,10 +836,7 @@ unsafe fn encode_row_of_columns<C: Encode>(
         }
         c += 8;
     }
-    for j in c..n {
-        let (x, o) = (&xr[j..j + 1], &mut out[j..j + 1]);
-        bad |= crate::simd::x86::encode_run_or_zero(codec, x, scales[j], o, false);
-    }
+    bad |= each(codec, c..n, xr, scales, out);
     // A value past f32::MAX's pattern is an infinity or a NaN.
     let non_finite = _mm256_cmpgt_epi32(big, _mm256_set1_epi32(0x7F7F_FFFF));
     bad | (_mm256_movemask_epi8(non_finite) != 0)

@@ -848,15 +848,19 @@ unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
         }
         return;
     }
-    // Blocks of whole vectors: one loop over a run of blocks, no per-block run set-up.
     let vectors = bc.is_multiple_of(8) && (!STREAM || (out.as_ptr() as usize).is_multiple_of(16));
-    if whole_blocks && vectors && !layout.rows_map_directly() {
-        // Blocks spanning rows (2-D and up) that tile each row: a row's blocks are a run of
-        // its grid row, so the range goes a row (or the part of one it holds) at a time.
+    if whole_blocks && vectors {
+        // Blocks of whole vectors that tile the rows: one loop over a run of blocks, no
+        // per-block run set-up. A row's blocks are a run of its grid row; with 1-D blocks the
+        // grid rows follow each other, so the whole range is one run.
         let (mut pos, end) = (start, start + out.len());
         while pos < end {
             let (row, col) = (pos / n, pos % n);
-            let take = (end - pos).min(n - col);
+            let take = if layout.rows_map_directly() {
+                end - pos
+            } else {
+                (end - pos).min(n - col)
+            };
             let first = layout.grid_row_offset(row) + col / bc;
             let r = pos - start..pos - start + take;
             let eff = effective.range(first..first + take / bc);
@@ -869,9 +873,6 @@ unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
         // Every block a whole run and the grid row-major over them: block k of the range has
         // scale start / bc + k, no segment walk needed.
         let eff = effective.range(start / bc..start / bc + out.len() / bc);
-        if vectors {
-            return decode_block_run::<D, STREAM>(dec, codes, eff, bc, out);
-        }
         let blocks = codes.chunks_exact(bc).zip(out.chunks_exact_mut(bc));
         for ((c, o), e) in blocks.zip(eff.iter()) {
             crate::simd::x86::decode_run::<D, STREAM>(dec, c, e, o);
