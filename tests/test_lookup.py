@@ -39,6 +39,7 @@ LEVELS = {
     "block32-ue8m0": lambda s: s.per_block([32], D.UE8M0),
     "two-level-ue4m3": lambda s: s.per_block([16], D.UE4M3).per_tensor(D.F32),
     "two-level-f16": lambda s: s.per_block([8], D.F16).per_tensor(D.F32),
+    "two-level-f16-32": lambda s: s.per_block([32], D.F16).per_tensor(D.F32),
 }
 
 
@@ -64,8 +65,12 @@ def _scheme(value, store, book, level="tensor"):
 
 @pytest.mark.parametrize("store", STORES, ids=str)
 @pytest.mark.parametrize("level", list(LEVELS))
-def test_core_equals_reference(store, level):
-    x = _data((6, 40))
+@pytest.mark.parametrize("shape", [(6, 40), (6, 128)], ids=str)
+def test_core_equals_reference(store, level, shape):
+    """Rows of 40 cut blocks of 16 and 32 (the general path); rows of 128 are whole groups of
+    eight blocks of 16 or 32, which the one-pass and two-level kernels take, an all-zero row
+    among them (the zero rule: the code of 0 is the entry nearest +0, not field 0)."""
+    x = _data(shape)
     for value, books in [(V.Q4F, Q4_BOOKS), (V.Q4S, Q4_BOOKS), (V.Q2S, Q2_BOOKS)]:
         for book in books.values():
             s = _scheme(value, store, book, level)
@@ -99,6 +104,10 @@ def test_explicit_scales_and_global_scale():
     _same(bq.quantize(x, s, scales=scales), ref.quantize(x, s, scales=scales))
     t = _scheme(V.Q4F, S.Native, bq.codebooks.NF4, "two-level-ue4m3")
     for kw in [dict(global_scale=0.01), dict(scales=np.ones((4, 2)), global_scale=0.5)]:
+        _same(bq.quantize(x, t, **kw), ref.quantize(x, t, **kw))
+    # Whole groups of eight blocks (the two-level kernels), one all zero, under a given g.
+    x = _data((4, 256))
+    for kw in [dict(global_scale=0.01), dict(global_scale=0.0), dict(global_scale=3e-40)]:
         _same(bq.quantize(x, t, **kw), ref.quantize(x, t, **kw))
 
 

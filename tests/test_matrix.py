@@ -210,6 +210,39 @@ def test_given_block_scales_equal_reference(scheme, rounding):
             bq.quantize(x, sch, **kw)
 
 
+@pytest.mark.parametrize("scheme", ["nvfp4", "e2m1/packed_u32_0/block32:f16+tensor:f32",
+                                    "q4s/packed_u32_0/block16:ue4m3+tensor:f32",
+                                    "e4m3/native/block32:f16+tensor:f32"])
+@pytest.mark.parametrize("scale_rounding", ["up", "nearest"])
+def test_given_global_scale_with_calibrated_blocks_equals_reference(scheme, scale_rounding):
+    """A two-level scheme's per-tensor scale g given, its block scales calibrated (the
+    two-level kernels, g taken instead of derived): the derived g, ones below and above it
+    (block scales saturate, or values clamp and blocks take subnormal scales), 0 (every block to
+    the code of 0), a subnormal g and f32's largest; rows of whole groups of eight blocks, rows
+    with a tail, rows cut into pieces. A bad g is an error that writes nothing; a non-finite
+    value is an error."""
+    sch = bq.presets.resolve(scheme)
+    rng = np.random.default_rng(23)
+    for shape in [(6, 19 * sch.block.size[-1]), (4, 8 * sch.block.size[-1]), (2, 40000)]:
+        x = (rng.standard_normal(shape) * 3).astype(np.float32)
+        x[1, : 3 * sch.block.size[-1]] = 0.0
+        derived = bq.quantize(x, sch, calibration="minmax").global_scale
+        for g in [derived, derived * 0.013, derived * 0.6, derived * 7.5, 0.0, 1e-40, 3.4e38]:
+            kw = dict(global_scale=g, calibration="minmax", scale_rounding=scale_rounding)
+            got, want = bq.quantize(x, sch, **kw), ref.quantize(x, sch, **kw)
+            assert_same(want, got)
+            assert got.global_scale == np.float32(g)
+        template = bq.quantize(x, sch)
+        out = (np.full_like(template.values, 0x5A), np.full_like(template.scales, 7.0))
+        for bad in [-1.0, np.inf, np.nan]:
+            with pytest.raises(bq.ScaleError):
+                bq.quantize(x, sch, global_scale=bad, out=out)
+        assert (out[0] == 0x5A).all() and (out[1] == 7.0).all()
+        x[1, -5] = np.nan
+        with pytest.raises(bq.NonFiniteError):
+            bq.quantize(x, sch, global_scale=derived, out=out)
+
+
 @pytest.mark.parametrize("dtype", list(ScaleDtype))
 @pytest.mark.parametrize("mode", ["up", "nearest"])
 def test_round_scale_equals_reference(dtype, mode):

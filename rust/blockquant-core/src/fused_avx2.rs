@@ -450,7 +450,8 @@ pub(crate) unsafe fn two_level_piece<C: Encode>(
         };
         let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF));
         bad |= _mm256_movemask_epi8(non_finite) != 0;
-        // The zero rule: a block whose e is 0 gets codes 0 (its quotients are masked away).
+        // The zero rule: a block whose e is 0 gets the code of 0 (its quotients are masked
+        // away).
         let keep = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_NEQ_UQ>(e, _mm256_setzero_ps()));
         if bc == 16 {
             encode_8blocks_masked::<C, 2>(codec, x0, e, keep, o0);
@@ -510,7 +511,7 @@ pub(crate) unsafe fn two_level_scales8(k: &FusedKernel<'_>, g: f32, alpha: __m25
 }
 
 /// [`encode_8blocks`] (division) with block j's bytes kept where lane j of `keep` is all ones,
-/// zeroed where it is 0.
+/// each the code of 0 (the zero rule) where it is 0.
 #[inline(always)]
 unsafe fn encode_8blocks_masked<C: Encode, const V: usize>(
     codec: C,
@@ -523,6 +524,8 @@ unsafe fn encode_8blocks_masked<C: Encode, const V: usize>(
     _mm256_storeu_ps(ds.as_mut_ptr(), d);
     _mm256_storeu_si256(ks.as_mut_ptr() as *mut __m256i, keep);
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    // Not always 0: a codebook's is the index of its entry nearest +0.
+    let zero = _mm256_set1_epi8(codec.zero_code() as i8);
     for j in 0..8 {
         let dv = _mm256_set1_ps(ds[j]);
         let kv = _mm256_set1_epi32(ks[j]);
@@ -534,11 +537,11 @@ unsafe fn encode_8blocks_masked<C: Encode, const V: usize>(
             let ab = _mm256_packus_epi32(c[0], c[1]);
             let cd = _mm256_packus_epi32(c[2], c[3]);
             let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order);
-            _mm256_storeu_si256(o as *mut __m256i, _mm256_and_si256(bytes, kv));
+            _mm256_storeu_si256(o as *mut __m256i, _mm256_blendv_epi8(zero, bytes, kv));
         } else {
             let ab = _mm256_packus_epi32(c[0], c[1]);
             let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, ab), order);
-            let bytes = _mm256_and_si256(bytes, kv);
+            let bytes = _mm256_blendv_epi8(zero, bytes, kv);
             _mm_storeu_si128(o as *mut __m128i, _mm256_castsi256_si128(bytes));
         }
     }

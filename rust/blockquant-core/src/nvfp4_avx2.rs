@@ -503,13 +503,14 @@ unsafe fn given_block(run: &[f32], e: f32, out: &mut [u8], at: usize) -> bool {
 }
 
 /// The whole quantize of an NVFP4-like call ([`applies`]): pass 1, g from the largest
-/// amplitude, pass 2 into `words`, the block scales into `stored` (the grid's size: the
+/// amplitude (or `global`, the caller's g, already checked), pass 2 into `words`, the block scales into `stored` (the grid's size: the
 /// caller's array or a new vector); returns g. A non-finite input is refused after pass 1,
 /// `words` untouched (`stored` then holds amplitudes).
 pub(crate) fn quantize_nvfp4(
     x: Input<'_>,
     layout: &Layout,
     opts: &crate::quantize::QuantizeOptions,
+    global: Option<f32>,
     words: &mut [u8],
     stored: &mut [f32],
 ) -> crate::Result<f32> {
@@ -523,7 +524,7 @@ pub(crate) fn quantize_nvfp4(
     }
     let k = FusedKernel::new(layout, opts, false);
     // The largest amplitude stands for all of them (g depends on the maximum alone).
-    let g = derived_global(&[f32::from_bits(top)], k.half_range, k.dtype);
+    let g = global.unwrap_or_else(|| derived_global(&[f32::from_bits(top)], k.half_range, k.dtype));
     // Hand each piece its scales and bytes, in order. (Taking the last pieces first, which
     // pass 1 read last, was slower: a tensor larger than the cache leaves little of itself
     // there, and each piece then started a new stream against the prefetcher: pass 2 alone

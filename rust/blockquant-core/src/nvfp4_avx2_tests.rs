@@ -167,29 +167,55 @@ fn nvfp4(bc: usize) -> QuantScheme {
         .per_tensor(ScaleDtype::F32)
 }
 
-fn two_pass(x: Input<'_>, layout: &Layout, opts: &QuantizeOptions) -> (Scales, Words) {
-    let scales = compute_scales(x, layout, opts, None).unwrap();
+fn two_pass(
+    x: Input<'_>,
+    layout: &Layout,
+    opts: &QuantizeOptions,
+    global: Option<f32>,
+) -> (Scales, Words) {
+    let explicit = crate::quantize::ExplicitScales {
+        scales: None,
+        global,
+    };
+    let scales = compute_scales(x, layout, opts, Some(explicit)).unwrap();
     let mut w = Words::filled(layout, 0xA5);
     encode_values(x, layout, scales.effective(), opts.rounding, w.as_mut()).unwrap();
     (scales, w)
 }
 
-fn kernel(x: Input<'_>, layout: &Layout, opts: &QuantizeOptions) -> crate::Result<(Scales, Words)> {
+fn kernel(
+    x: Input<'_>,
+    layout: &Layout,
+    opts: &QuantizeOptions,
+    global: Option<f32>,
+) -> crate::Result<(Scales, Words)> {
     assert!(applies(layout));
     let mut w = Words::filled(layout, 0x5A);
     let Words::U8(bytes) = &mut w else {
         unreachable!("E2M1 two a byte is u8 storage")
     };
     let mut stored = vec![0.0; layout.num_scales];
-    let g = crate::pool::install(|| quantize_nvfp4(x, layout, opts, bytes, &mut stored))?;
+    let g = crate::pool::install(|| quantize_nvfp4(x, layout, opts, global, bytes, &mut stored))?;
     Ok((Scales::new(stored, Some(g)), w))
 }
 
 fn assert_same(x: &[f32], shape: &[usize], bc: usize, opts: &QuantizeOptions, what: &str) {
+    assert_same_given(x, shape, bc, opts, None, what);
+}
+
+/// [`assert_same`] under the caller's per-tensor scale `global` (None: derived).
+fn assert_same_given(
+    x: &[f32],
+    shape: &[usize],
+    bc: usize,
+    opts: &QuantizeOptions,
+    global: Option<f32>,
+    what: &str,
+) {
     let layout = Layout::new(&nvfp4(bc), shape).unwrap();
-    let (s2, w2) = two_pass(Input::F32(x), &layout, opts);
-    let (s1, w1) = kernel(Input::F32(x), &layout, opts).unwrap();
-    let ctx = || format!("{what}: {shape:?}, blocks of {bc}, {opts:?}");
+    let (s2, w2) = two_pass(Input::F32(x), &layout, opts, global);
+    let (s1, w1) = kernel(Input::F32(x), &layout, opts, global).unwrap();
+    let ctx = || format!("{what}: {shape:?}, blocks of {bc}, {opts:?}, g {global:?}");
     let bits = |v: &[f32]| v.iter().map(|s| s.to_bits()).collect::<Vec<_>>();
     assert_eq!(
         bits(&s1.stored),
@@ -284,6 +310,56 @@ fn nvfp4_kernel_matches_two_pass() {
     }
 }
 
+/// The caller's per-tensor scale g in place of the derived one: the kernel's block scales and
+/// codes against the two-pass path's under the same g. The g's: 0 (every block to 0), a
+/// subnormal and a tiny one (block scales saturate at the dtype's largest), ones below and
+/// above the derived g (values clamp at ±6, or blocks take small and subnormal scales), the
+/// largest f32 (every b × g past f32::MAX where b is not 0).
+#[test]
+fn nvfp4_kernel_takes_a_given_global_scale() {
+    if !avx2() {
+        return;
+    }
+    let mut rng = Rng::new(17);
+    let all_opts =
+        [ScaleRounding::Up, ScaleRounding::Nearest].map(|scale_rounding| QuantizeOptions {
+            scale_rounding,
+            ..QuantizeOptions::default()
+        });
+    for bc in [16usize, 32] {
+        for shape in [
+            vec![3, 8 * bc],
+            vec![2, 13 * bc],
+            vec![(1 << 14) / bc + 9, bc * 3],
+        ] {
+            let n: usize = shape.iter().product();
+            let r: Vec<f32> = (0..n).map(|_| rng.unit() * 3.0).collect();
+            let mut z = r.clone();
+            z[bc..2 * bc].fill(0.0);
+            let derived = 3.0 / 6.0 / 448.0;
+            for g in [
+                0.0,
+                1e-44,
+                1e-30,
+                derived * 0.013,
+                derived * 0.37,
+                derived,
+                derived * 5.5,
+                1.0,
+                3e30,
+                f32::MAX,
+            ] {
+                for opts in &all_opts {
+                    assert_same_given(&r, &shape, bc, opts, Some(g), "random");
+                    assert_same_given(&z, &shape, bc, opts, Some(g), "a zero block");
+                }
+            }
+            let t = ties(n / bc, bc);
+            assert_same_given(&t, &shape, bc, &all_opts[0], Some(1.0), "ties");
+        }
+    }
+}
+
 /// NaN and ±inf refused with the first one's index, wherever they fall (a full group, a tail
 /// block), and the storage left as it was.
 #[test]
@@ -311,7 +387,7 @@ fn nvfp4_kernel_refuses_non_finite_unchanged() {
         let opts = QuantizeOptions::default();
         let mut stored = vec![0.0; layout.num_scales];
         let got = crate::pool::install(|| {
-            quantize_nvfp4(Input::F32(&x), &layout, &opts, bytes, &mut stored)
+            quantize_nvfp4(Input::F32(&x), &layout, &opts, None, bytes, &mut stored)
         });
         match got {
             Err(QuantError::NonFinite { index, value }) => {
@@ -393,7 +469,7 @@ fn one_level_kernel_matches_two_pass() {
                     let layout = Layout::new(&one_level(bc, dtype), &shape).unwrap();
                     assert!(applies_one_level(&layout, opts.calibration));
                     let ctx = format!("{shape:?}, blocks of {bc}, {dtype}, {opts:?}");
-                    let (s2, w2) = two_pass(Input::F32(&x), &layout, &opts);
+                    let (s2, w2) = two_pass(Input::F32(&x), &layout, &opts, None);
                     let bits = |v: &[f32]| v.iter().map(|s| s.to_bits()).collect::<Vec<_>>();
                     // Through `quantize`.
                     let mut w1 = Words::filled(&layout, 0x5A);
@@ -505,7 +581,15 @@ fn time_nvfp4() {
         best[3] = best[3].min(t.elapsed().as_secs_f64() * 1e3);
         let t = std::time::Instant::now();
         crate::pool::install(|| {
-            quantize_nvfp4(Input::F32(&x), &layout, &opts, &mut bytes, &mut stored).unwrap()
+            quantize_nvfp4(
+                Input::F32(&x),
+                &layout,
+                &opts,
+                None,
+                &mut bytes,
+                &mut stored,
+            )
+            .unwrap()
         });
         best[0] = best[0].min(t.elapsed().as_secs_f64() * 1e3);
         let t = std::time::Instant::now();

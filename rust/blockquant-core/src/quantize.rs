@@ -220,38 +220,11 @@ pub fn compute_scales(
     let mode = opts.scale_rounding;
     dtype.check_rounding(mode)?;
     let ex = explicit.unwrap_or_default();
-    match (ex.global, scheme.is_two_level()) {
-        (Some(_), false) => {
-            return Err(QuantError::UnexpectedGlobalScale {
-                scheme: scheme.to_string(),
-            })
-        }
-        (Some(g), true) => check_scales(&[g], "the per-tensor scale")?,
-        (None, _) => {}
-    }
+    check_global(scheme, ex.global)?;
     if let Some(given) = ex.scales {
-        if given.len() != layout.num_scales {
-            return Err(scale_count_error(layout, given.len()));
-        }
-        check_scales(given, "scales")?;
-        // Rounded to the dtype. Scales already in it (another quantize's, a file's: the usual
-        // case) are copied a chunk at a time once the vectorized check says so: rounding leaves
-        // every representable value as it is (tested), except −0, stored as +0.
+        check_given(layout, given)?;
         let mut stored = vec![0.0f32; given.len()];
-        stored
-            .par_chunks_mut(MIN_TASK_ELEMS)
-            .zip(given.par_chunks(MIN_TASK_ELEMS))
-            .for_each(|(out, given)| {
-                let exact = first_unrepresentable(dtype, given).is_none()
-                    && !given.iter().any(|s| s.to_bits() == (-0.0f32).to_bits());
-                if exact {
-                    out.copy_from_slice(given);
-                } else {
-                    for (o, &s) in out.iter_mut().zip(given) {
-                        *o = dtype.round(s, mode);
-                    }
-                }
-            });
+        round_given(dtype, mode, given, &mut stored);
         // A two-level scheme without its per-tensor scale is reported by `from_stored`.
         return Scales::from_stored(layout, stored, ex.global);
     }
@@ -279,6 +252,47 @@ pub fn compute_scales(
         .unwrap_or_else(|| derived_global(&alpha, half_range, dtype));
     let stored = round_all(to_block, g);
     Ok(Scales::new(stored, Some(g)))
+}
+
+/// A caller's per-tensor scale g: refused for a one-level scheme, else finite and >= 0.
+fn check_global(scheme: &crate::QuantScheme, global: Option<f32>) -> Result<()> {
+    match (global, scheme.is_two_level()) {
+        (Some(_), false) => Err(QuantError::UnexpectedGlobalScale {
+            scheme: scheme.to_string(),
+        }),
+        (Some(g), true) => check_scales(&[g], "the per-tensor scale"),
+        (None, _) => Ok(()),
+    }
+}
+
+/// A caller's scales: one a block of the grid, each finite and >= 0.
+fn check_given(layout: &Layout, given: &[f32]) -> Result<()> {
+    if given.len() != layout.num_scales {
+        return Err(scale_count_error(layout, given.len()));
+    }
+    check_scales(given, "scales")
+}
+
+/// Checked scales rounded to `dtype` into `stored` (as long), in the pool. Scales already in
+/// it (another quantize's, a file's: the usual case) are copied a chunk at a time once the
+/// vectorized check says so: rounding leaves every representable value as it is (tested),
+/// except −0, stored as +0. Every value written is one of the dtype's.
+fn round_given(dtype: ScaleDtype, mode: ScaleRounding, given: &[f32], stored: &mut [f32]) {
+    assert_eq!(given.len(), stored.len(), "scale count");
+    stored
+        .par_chunks_mut(MIN_TASK_ELEMS)
+        .zip(given.par_chunks(MIN_TASK_ELEMS))
+        .for_each(|(out, given)| {
+            let exact = first_unrepresentable(dtype, given).is_none()
+                && !given.iter().any(|s| s.to_bits() == (-0.0f32).to_bits());
+            if exact {
+                out.copy_from_slice(given);
+            } else {
+                for (o, &s) in out.iter_mut().zip(given) {
+                    *o = dtype.round(s, mode);
+                }
+            }
+        });
 }
 
 /// A two-level block's raw scale in the block dtype's units: ÷ g. A caller's g of 0 (or a
@@ -427,8 +441,9 @@ enum Direct<'a> {
     Declined(StorageMut<'a>),
 }
 
-/// The kernels that write the stored scales straight into `scales` (the grid's size): the
-/// one-pass kernel and NVFP4's. The options are checked first either way.
+/// The kernels that write the stored scales straight into `scales` (the grid's size): given
+/// scales rounded there, the one-pass and tile kernels, NVFP4's. The options are checked first
+/// either way.
 fn quantize_direct<'a>(
     x: Input<'_>,
     layout: &Layout,
@@ -438,6 +453,11 @@ fn quantize_direct<'a>(
     scales: &mut [f32],
 ) -> Result<Direct<'a>> {
     check_options(layout, opts)?;
+    if let Some(given) = explicit.and_then(|e| e.scales) {
+        let global = explicit.and_then(|e| e.global);
+        quantize_given(x, layout, opts, given, global, out, scales)?;
+        return Ok(Direct::Done(global));
+    }
     if one_pass(layout, opts, explicit) || tiled(layout, opts, explicit) {
         quantize_fused(x, layout, opts, out, scales)?;
         return Ok(Direct::Done(None));
@@ -445,10 +465,51 @@ fn quantize_direct<'a>(
     match out {
         #[cfg(target_arch = "x86_64")]
         StorageMut::U8(words) if nvfp4_path(layout, opts, explicit) => {
-            let g = crate::nvfp4_avx2::quantize_nvfp4(x, layout, opts, words, scales)?;
+            let global = given_global(layout, explicit)?;
+            let g = crate::nvfp4_avx2::quantize_nvfp4(x, layout, opts, global, words, scales)?;
             Ok(Direct::Done(Some(g)))
         }
         out => Ok(Direct::Declined(out)),
+    }
+}
+
+/// Quantize against the caller's block scales: checked as [`compute_scales`] checks them,
+/// rounded to the dtype straight into `scales` (the caller's array under `quantize_into`, no
+/// vector of them between), then the values against them. A bad scale or g is refused before
+/// anything is written.
+fn quantize_given(
+    x: Input<'_>,
+    layout: &Layout,
+    opts: &QuantizeOptions,
+    given: &[f32],
+    global: Option<f32>,
+    out: StorageMut<'_>,
+    scales: &mut [f32],
+) -> Result<()> {
+    let scheme = &layout.scheme;
+    check_global(scheme, global)?;
+    check_given(layout, given)?;
+    if scheme.is_two_level() && global.is_none() {
+        return Err(QuantError::MissingGlobalScale {
+            scheme: scheme.to_string(),
+        });
+    }
+    round_given(scheme.scale_dtype(), opts.scale_rounding, given, scales);
+    match out {
+        // E2M1 two a byte (MXFP4, NVFP4): packed in registers, the two-level e = b × g worked
+        // out eight at a time (no array of them).
+        #[cfg(target_arch = "x86_64")]
+        StorageMut::U8(words) if crate::nvfp4_avx2::applies_given(layout) => {
+            let g = global.unwrap_or(1.0);
+            if crate::nvfp4_avx2::given_pieces(x, layout, scales, g, words) {
+                return Err(first_non_finite(x));
+            }
+            Ok(())
+        }
+        out => match global {
+            Some(g) => encode_values(x, layout, &effective_scales(scales, g), opts.rounding, out),
+            None => encode_values(x, layout, scales, opts.rounding, out),
+        },
     }
 }
 
@@ -464,6 +525,20 @@ fn check_options(layout: &Layout, opts: &QuantizeOptions) -> Result<()> {
 /// Whether the call works its scales out (neither block scales nor a global scale given).
 fn calibrating(explicit: Option<ExplicitScales<'_>>) -> bool {
     explicit.is_none_or(|e| e.scales.is_none() && e.global.is_none())
+}
+
+/// Whether the call works its block scales out: none given. A two-level scheme's per-tensor
+/// scale g may be given all the same (a model's g fixed ahead, say): the two-level kernels take
+/// it instead of deriving it from the amplitudes, the rest of their work unchanged.
+fn calibrating_blocks(explicit: Option<ExplicitScales<'_>>) -> bool {
+    explicit.is_none_or(|e| e.scales.is_none())
+}
+
+/// The caller's per-tensor scale g, checked as [`compute_scales`] checks it.
+fn given_global(layout: &Layout, explicit: Option<ExplicitScales<'_>>) -> Result<Option<f32>> {
+    let global = explicit.and_then(|e| e.global);
+    check_global(&layout.scheme, global)?;
+    Ok(global)
 }
 
 /// Whether [`quantize_direct`] takes the one-pass kernel.
@@ -492,7 +567,7 @@ fn nvfp4_path(
     opts: &QuantizeOptions,
     explicit: Option<ExplicitScales<'_>>,
 ) -> bool {
-    calibrating(explicit)
+    calibrating_blocks(explicit)
         && opts.calibration == Calibration::MinMax
         && two_level_fusable(layout)
         && crate::nvfp4_avx2::applies(layout)
@@ -508,13 +583,14 @@ fn quantize_in_pool(
     out: StorageMut<'_>,
 ) -> Result<Scales> {
     #[cfg(target_arch = "x86_64")]
-    if calibrating(explicit)
+    if calibrating_blocks(explicit)
         && opts.calibration == Calibration::MinMax
         && two_level_fusable(layout)
         && crate::simd::has_avx2()
         && crate::simd::has_f16c()
     {
-        return quantize_two_level(x, layout, opts, out);
+        let global = given_global(layout, explicit)?;
+        return quantize_two_level(x, layout, opts, global, out);
     }
     #[cfg(target_arch = "x86_64")]
     if calibrating(explicit)
@@ -529,20 +605,9 @@ fn quantize_in_pool(
             return quantize_per_tensor_avx2(xs, layout, opts, out);
         }
     }
-    #[allow(unused_mut)] // mutable for the x86-64 path's pieces (which only read it)
-    let mut scales = compute_scales(x, layout, opts, explicit)?;
-    match out {
-        // Given scales on E2M1 two a byte (MXFP4, NVFP4): packed in registers, as calibrating,
-        // the two-level e = b × g worked out eight at a time (no array of them).
-        #[cfg(target_arch = "x86_64")]
-        StorageMut::U8(words) if crate::nvfp4_avx2::applies_given(layout) => {
-            let g = scales.global.unwrap_or(1.0);
-            if crate::nvfp4_avx2::given_pieces(x, layout, &mut scales.stored, g, words) {
-                return Err(first_non_finite(x));
-            }
-        }
-        out => encode_values(x, layout, scales.effective(), opts.rounding, out)?,
-    }
+    // Given block scales went to `quantize_given`.
+    let scales = compute_scales(x, layout, opts, explicit)?;
+    encode_values(x, layout, scales.effective(), opts.rounding, out)?;
     Ok(scales)
 }
 
@@ -657,7 +722,7 @@ fn two_level_fusable(layout: &Layout) -> bool {
 }
 
 /// A two-level scheme in two passes over memory: every block's amplitude (into a small array,
-/// in parallel), g from their maximum, then per piece its block scales b_i from those
+/// in parallel), g from their maximum (unless `global` gives it), then per piece its block scales b_i from those
 /// amplitudes, each block's values against e_i = b_i × g while the piece is in cache, packed.
 /// The arithmetic of `compute_scales` + `encode_values` (the same bits, tested), without their
 /// third pass (the effective scales).
@@ -666,12 +731,13 @@ fn quantize_two_level(
     x: Input<'_>,
     layout: &Layout,
     opts: &QuantizeOptions,
+    global: Option<f32>,
     out: StorageMut<'_>,
 ) -> Result<Scales> {
     // The amplitudes, turned into the stored block scales in place by pass 2.
     let mut stored = amplitudes(x, layout, Calibration::MinMax);
     let k = FusedKernel::new(layout, opts, false);
-    let g = derived_global(&stored, k.half_range, k.dtype);
+    let g = global.unwrap_or_else(|| derived_global(&stored, k.half_range, k.dtype));
     let pieces = pieces(layout);
     let bad = with_codec!(&layout.scheme, opts.rounding, |codec| {
         let encode = |_: &Piece, xs: &[f32], sc: &mut [f32], codes: &mut [u8]| {
@@ -1562,11 +1628,17 @@ pub(crate) mod tests {
             (&[PIECE + 64], 16),
             (&[5, 160], 32),
         ];
+        // Codebooks too: their code of 0 (the zero rule's) is the index of the entry nearest +0,
+        // NF4's 7, IQ4_NL's (no zero entry) 7 as well, not 0.
+        let nf4 = Some(crate::lookup::Codebook::new(&crate::lookup::NF4).unwrap());
+        let iq4nl = Some(crate::lookup::Codebook::new(&crate::lookup::IQ4_NL).unwrap());
         let values = [
-            QuantValue::E2M1,
-            QuantValue::E4M3,
-            QuantValue::Q4S,
-            QuantValue::Q8F,
+            (QuantValue::E2M1, None),
+            (QuantValue::E4M3, None),
+            (QuantValue::Q4S, None),
+            (QuantValue::Q8F, None),
+            (QuantValue::Q4F, nf4),
+            (QuantValue::Q4S, iq4nl),
         ];
         // The block dtypes a two-level scheme takes.
         let dtypes = [UE4M3, F16];
@@ -1575,12 +1647,17 @@ pub(crate) mod tests {
             let n: usize = shape.iter().product();
             let tiny: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 1e-44).collect();
             for x in [Inputs::new(tensor(&mut rng, n)), Inputs::new(tiny)] {
-                for value in values {
+                for (value, codebook) in values {
                     for store in STORES {
                         let dtype = dtypes[k % dtypes.len()];
                         let mut opts = all_opts()[k % 8];
                         opts.calibration = Calibration::MinMax;
-                        let scheme = one_level(value, store, bc, dtype).per_tensor(F32);
+                        let mut scheme = one_level(value, store, bc, dtype).per_tensor(F32);
+                        if let Some(cb) = codebook {
+                            // A codebook has its own tie rule: half-even is refused.
+                            scheme = scheme.with_codebook(cb);
+                            opts.rounding = Rounding::HalfAway;
+                        }
                         let layout = Layout::new(&scheme, shape).unwrap();
                         assert!(two_level_fusable(&layout));
                         let input = x.get(k);
@@ -1594,6 +1671,30 @@ pub(crate) mod tests {
                         assert_eq!(s1.effective(), s2.effective(), "{}", ctx());
                         if let Some(i) = (0..w1.len()).find(|&i| w1.get(i) != w2.get(i)) {
                             panic!("word {i}: {:#x} vs {:#x}: {}", w1.get(i), w2.get(i), ctx());
+                        }
+                        // The caller's g (block scales calibrated): the same kernels, against
+                        // `compute_scales` under that g. A g between those of the inputs, one
+                        // that saturates every block scale, 0, and the largest f32.
+                        let g = [2.5e-4, 1e-40, 0.0, f32::MAX][k % 4];
+                        let explicit = Some(ExplicitScales {
+                            scales: None,
+                            global: Some(g),
+                        });
+                        let s2 = compute_scales(input, &layout, &opts, explicit).unwrap();
+                        let mut w2 = Words::filled(&layout, 0xA5A5_A5A5);
+                        encode_values(input, &layout, s2.effective(), opts.rounding, w2.as_mut())
+                            .unwrap();
+                        let mut w1 = Words::filled(&layout, 0x5A5A_5A5A);
+                        let s1 = quantize(input, &layout, &opts, explicit, w1.as_mut()).unwrap();
+                        assert_eq!(bits(&s1.stored), bits(&s2.stored), "g {g}: {}", ctx());
+                        assert_eq!(s1.global, Some(g));
+                        if let Some(i) = (0..w1.len()).find(|&i| w1.get(i) != w2.get(i)) {
+                            panic!(
+                                "g {g}, word {i}: {:#x} vs {:#x}: {}",
+                                w1.get(i),
+                                w2.get(i),
+                                ctx()
+                            );
                         }
                         k += 1;
                     }
