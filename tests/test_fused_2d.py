@@ -146,3 +146,17 @@ def test_large_column_blocks_equal_reference(threads):
     scheme = QuantScheme(QuantValue.Q8S, QuantStore.Native).per_block([1025, 1], ScaleDtype.F32)
     rq = ref.quantize(x, scheme)
     assert_same(rq, bq.quantize(x, scheme))
+
+
+def test_large_blocks_of_8_equal_small_calls(threads):
+    """Blocks of 8 over 16 Mi values: eight code bytes a block to memory with non-temporal
+    stores, against the same rows quantized 64 at a time (small outputs, cached stores; those
+    equal the reference in test_matrix)."""
+    x = np.random.default_rng(10).standard_normal((4096, 4096)).astype(np.float32)
+    x[7, 16:24] = 0.0  # the zero rule in a group
+    scheme = QuantScheme(QuantValue.Q8S, QuantStore.Native).per_block([8], ScaleDtype.F16)
+    big = bq.quantize(x, scheme)
+    for r in range(0, 4096, 64):
+        part = bq.quantize(x[r:r + 64], scheme)
+        np.testing.assert_array_equal(big.values[r:r + 64], part.values)
+        np.testing.assert_array_equal(big.scales[r:r + 64], part.scales)

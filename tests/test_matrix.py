@@ -141,6 +141,12 @@ WHOLE_BLOCK_SCHEMES = [
     QuantScheme(QuantValue.Q2S, QuantStore.packed_u32(0)).per_block([32], ScaleDtype.BF16),
     QuantScheme(QuantValue.Q8S, QuantStore.Native).per_block([32], ScaleDtype.UE4M3),
     QuantScheme(QuantValue.E2M1, QuantStore.packed_native(0)).per_block([16], ScaleDtype.UE4M3),
+    # Blocks of 8, a vector each; UE8M0 scales rounded up or to nearest (not the MX rule).
+    QuantScheme(QuantValue.Q8S, QuantStore.Native).per_block([8], ScaleDtype.F16),
+    QuantScheme(QuantValue.Q4F, QuantStore.packed_u32(0)).per_block([8], ScaleDtype.BF16),
+    QuantScheme(QuantValue.E5M2, QuantStore.Native).per_block([8], ScaleDtype.UE8M0),
+    QuantScheme(QuantValue.E4M3, QuantStore.Native).per_block([32], ScaleDtype.UE8M0),
+    QuantScheme(QuantValue.Q4S, QuantStore.packed_u32(0)).per_block([64], ScaleDtype.UE8M0),
 ]
 
 
@@ -150,8 +156,8 @@ WHOLE_BLOCK_SCHEMES = [
 @pytest.mark.parametrize("magnitude", [1.0, 1e30, 1e-30])
 def test_whole_blocks_of_any_multiple_of_16_equal_reference(scheme, rounding, scale_rounding,
                                                             magnitude):
-    """Rows of whole blocks of 16 to 128 values, eight blocks at a time in the core's one-pass
-    kernels (their scales rounded to F16, BF16 and UE4M3 in vector lanes), against the
+    """Rows of whole blocks of 8 to 128 values, eight blocks at a time in the core's one-pass
+    kernels (their scales rounded to F16, BF16, UE4M3 and UE8M0 in vector lanes), against the
     reference."""
     x = data((24, 1536), seed=11, magnitude=magnitude)
     kw = dict(rounding=rounding, scale_rounding=scale_rounding)

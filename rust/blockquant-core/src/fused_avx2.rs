@@ -1,8 +1,8 @@
 //! The one-pass kernel's AVX2 path for whole blocks of a multiple of 8 values (block-32 int8,
 //! MX formats, ...): eight blocks at a time.
 //!
-//! Blocks of a multiple of 16 values (16 and 32, the common case; 64, 128, ... as GPTQ-style
-//! groups) take a path with no per-block branch: the eight
+//! Blocks of 8 or a multiple of 16 values (16 and 32, the common case; 64, 128, ... as
+//! GPTQ-style groups) take a path with no per-block branch: the eight
 //! blocks' maxima as integer maxima of the |x| bit patterns (for finite values the same order
 //! as the floats; a NaN or an infinity shows as a maximum at or past the infinity's pattern,
 //! so one compare finds a group with a non-finite value), their scales rounded in vector
@@ -30,8 +30,9 @@ pub(crate) fn whole_blocks_of_8s(k: &FusedKernel<'_>) -> bool {
         && k.layout.row_len().is_multiple_of(bc)
 }
 
-/// The stored scales of eight blocks from their amplitudes: F32, F16, BF16, UE4M3 and MX
-/// scales in vector lanes (others one at a time, as the scalar path).
+/// The stored scales of eight blocks from their amplitudes, in vector lanes: F32, F16, BF16,
+/// UE4M3, UE8M0 (MX scales of a codebook whose largest entry is below 1 one at a time, as the
+/// scalar path).
 #[inline(always)]
 pub(crate) unsafe fn scales8(k: &FusedKernel<'_>, alpha: __m256) -> __m256 {
     let mode = k.opts.scale_rounding;
@@ -46,6 +47,9 @@ pub(crate) unsafe fn scales8(k: &FusedKernel<'_>, alpha: __m256) -> __m256 {
             x86::round_ue4m3_8(s, up)
         }
         (ScaleDtype::UE8M0, ScaleRounding::Mx) if k.emax >= 0 => x86::mx_scale_8(alpha, k.emax),
+        (ScaleDtype::UE8M0, ScaleRounding::Up | ScaleRounding::Nearest) => {
+            x86::round_ue8m0_8(s, up)
+        }
         _ => {
             let mut a = [0.0f32; 8];
             _mm256_storeu_ps(a.as_mut_ptr(), alpha);
@@ -96,7 +100,7 @@ pub(crate) unsafe fn measure_encode_groups<C: Encode>(
         if bc != 16 && bc != 32 {
             x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * bc);
         }
-        let done = bc.is_multiple_of(16) && group_fast(codec, k, x0, bc, s0, o0);
+        let done = eight_at_a_time(bc) && group_fast(codec, k, x0, bc, s0, o0);
         if !done {
             bad |= group_general(codec, k, &xs[b * bc..(b + 8) * bc], &mut sc[b..b + 8], {
                 &mut out[b * bc..(b + 8) * bc]
@@ -135,7 +139,14 @@ unsafe fn group_general<C: Encode>(
     bad
 }
 
-/// Eight blocks of `bc` values from `x0` (a multiple of 16), their scales to `s0` and codes to
+/// Whether blocks of `bc` values take [`group_fast`] and [`encode_group_of`]: 8 (a vector a
+/// block) or a multiple of 16.
+#[inline(always)]
+pub(crate) fn eight_at_a_time(bc: usize) -> bool {
+    bc == 8 || bc.is_multiple_of(16)
+}
+
+/// Eight blocks of `bc` values from `x0` ([`eight_at_a_time`]), their scales to `s0` and codes to
 /// `o0`, when every value is finite and every scale non-zero; returns false, having written
 /// nothing, otherwise (the caller then runs [`group_general`]).
 #[inline(always)]
@@ -156,19 +167,21 @@ unsafe fn group_fast<C: Encode>(
     true
 }
 
-/// The largest |x| bit pattern of each of eight blocks of `bc` values (a multiple of 16) from
-/// `x0`: lane j is block j's; the common lengths 16 and 32 as constants.
+/// The largest |x| bit pattern of each of eight blocks of `bc` values (8 or a multiple of 16)
+/// from `x0`: lane j is block j's; the common lengths 8, 16 and 32 as constants.
 #[inline(always)]
 unsafe fn max_abs_bits_8blocks(x0: *const f32, bc: usize) -> __m256i {
     match bc {
+        8 => x86::max_abs_bits_8runs::<1>(x0),
         16 => x86::max_abs_bits_8runs::<2>(x0),
         32 => x86::max_abs_bits_8runs::<4>(x0),
         _ => x86::max_abs_bits_8runs_len(x0, bc),
     }
 }
 
-/// [`encode_group`] of eight blocks of `bc` values, a multiple of 16: 32 values at a time
-/// where 32 divides `bc`, else 16; the common lengths 16 and 32 as constants.
+/// [`encode_group`] of eight blocks of `bc` values, 8 or a multiple of 16: 32 values at a time
+/// where 32 divides `bc`, else 16 (8 for blocks of 8); the common lengths 8, 16 and 32 as
+/// constants.
 #[inline(always)]
 unsafe fn encode_group_of<C: Encode>(
     codec: C,
@@ -180,6 +193,7 @@ unsafe fn encode_group_of<C: Encode>(
     stream: bool,
 ) {
     match bc {
+        8 => encode_group::<C, 1>(codec, x0, 8, bits, e, o0, stream),
         16 => encode_group::<C, 2>(codec, x0, 16, bits, e, o0, stream),
         32 => encode_group::<C, 4>(codec, x0, 32, bits, e, o0, stream),
         _ if bc.is_multiple_of(32) => encode_group::<C, 4>(codec, x0, bc, bits, e, o0, stream),
@@ -187,7 +201,7 @@ unsafe fn encode_group_of<C: Encode>(
     }
 }
 
-/// Codes of eight blocks of `bc` values from `x0` (a multiple of 8 · V, V = 2 or 4) into
+/// Codes of eight blocks of `bc` values from `x0` (a multiple of 8 · V, V = 1, 2 or 4) into
 /// `o0`, block j divided by lane j of `e` (every lane non-zero, every value finite; `bits`:
 /// the blocks' maxima of the |x| bit patterns), `8 * V` values at a time. `stream`:
 /// non-temporal stores where `o0` allows them.
@@ -238,7 +252,7 @@ pub(crate) unsafe fn finite_and_nonzero(bits: __m256i, e: __m256) -> bool {
     _mm256_movemask_epi8(non_finite) == 0 && _mm256_movemask_ps(zero) == 0
 }
 
-/// Codes of whole blocks of `bc` values, a multiple of 16 (`xs`, `out` one code a byte) against
+/// Codes of whole blocks of `bc` values, 8 or a multiple of 16 (`xs`, `out` one code a byte) against
 /// given effective scales `eff`, one a block (explicit scales: no measuring): eight blocks at
 /// a time by the one-pass kernel's encode, a group with a zero scale (the zero rule) or a
 /// non-finite value block by block. The same bits as [`encode_run`] block by block. Returns
@@ -256,7 +270,10 @@ pub(crate) unsafe fn encode_groups_given<C: Encode>(
     stream: bool,
 ) -> bool {
     let blocks = eff.len();
-    assert!(bc.is_multiple_of(16), "blocks of a multiple of 16 values");
+    assert!(
+        eight_at_a_time(bc),
+        "blocks of 8 or a multiple of 16 values"
+    );
     assert!(
         xs.len() == blocks * bc && out.len() == xs.len(),
         "whole blocks"
@@ -315,7 +332,8 @@ pub(crate) unsafe fn encode_8blocks<
             let (x, o) = (x0.add(run), o0.add(run));
             let mut c = [_mm256_setzero_si256(); V];
             for (t, ct) in c.iter_mut().enumerate() {
-                if t % 2 == 0 {
+                // One request a 64-byte line.
+                if (run + 8 * t) % 16 == 0 {
                     x86::prefetch_line(x.wrapping_add(8 * t + x86::PREFETCH_AHEAD));
                 }
                 let v = _mm256_loadu_ps(x.add(8 * t));
@@ -335,13 +353,21 @@ pub(crate) unsafe fn encode_8blocks<
     }
 }
 
-/// A block's `8 * V` codes (V = 2 or 4 vectors of i32 codes 0..=255) as bytes, in order, to
-/// `o`: non-temporal with `stream` (`o` 16-byte aligned).
+/// A block's `8 * V` codes (V = 1, 2 or 4 vectors of i32 codes 0..=255) as bytes, in order, to
+/// `o`: non-temporal with `stream` (`o` 16-byte aligned, or 8 for V = 1).
 #[inline(always)]
 pub(crate) unsafe fn store_codes<const V: usize>(c: &[__m256i; V], o: *mut u8, stream: bool) {
+    if V == 1 {
+        // Codes 0..=255 saturate to themselves through the unsigned packs.
+        let w = _mm256_packus_epi32(c[0], c[0]);
+        let w = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256::<1>(w));
+        store8(o, w, stream);
+        return;
+    }
     // The packs work within 128-bit halves; this puts the dwords back in order.
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    let ab = _mm256_packus_epi32(c[0], c[1]);
+    // c[1] (V is 2 or 4 here; the index stays in bounds when V is 1).
+    let ab = _mm256_packus_epi32(c[0], c[V.min(2) - 1]);
     if V == 4 {
         let cd = _mm256_packus_epi32(c[V - 2], c[V - 1]);
         let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order);
@@ -349,6 +375,18 @@ pub(crate) unsafe fn store_codes<const V: usize>(c: &[__m256i; V], o: *mut u8, s
     } else {
         let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, ab), order);
         store16(o, _mm256_castsi256_si128(bytes), stream);
+    }
+}
+
+/// Eight code bytes to `o`, from the dwords 0 and 2 of `w` (the two 128-bit halves' packs of
+/// one vector of codes): non-temporal (`o` 8-byte aligned) or not.
+#[inline(always)]
+unsafe fn store8(o: *mut u8, w: __m128i, stream: bool) {
+    let bytes = _mm_cvtsi128_si64(_mm_shuffle_epi32::<0b00_00_10_00>(w));
+    if stream {
+        _mm_stream_si64(o as *mut i64, bytes);
+    } else {
+        (o as *mut i64).write_unaligned(bytes);
     }
 }
 
@@ -390,20 +428,27 @@ unsafe fn encode_8blocks_recip<C: Encode, const V: usize, const IN_RANGE: bool>(
             let (x, o) = (x0.add(run), o0.add(run));
             let mut c = [_mm256_setzero_si256(); V];
             for (t, ct) in c.iter_mut().enumerate() {
-                if t % 2 == 0 {
+                // One request a 64-byte line.
+                if (run + 8 * t) % 16 == 0 {
                     x86::prefetch_line(x.wrapping_add(8 * t + x86::PREFETCH_AHEAD));
                 }
                 let v = _mm256_loadu_ps(x.add(8 * t));
                 *ct = x86::int_codes8_recip::<IN_RANGE>(v, rv, lov, hiv, &mut near);
             }
-            if V == 4 {
+            if V == 1 {
+                // i32 codes within [-128, 127]: the signed packs keep them.
+                let w = _mm256_packs_epi32(c[0], c[0]);
+                let w =
+                    _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256::<1>(w));
+                store8(o, w, stream);
+            } else if V == 4 {
                 x86::store32(
                     o,
                     x86::recip_bytes32(c[0], c[1], c[V - 2], c[V - 1]),
                     stream,
                 );
             } else {
-                store16(o, x86::recip_bytes16(c[0], c[1]), stream);
+                store16(o, x86::recip_bytes16(c[0], c[V - 1]), stream);
             }
         }
     }

@@ -459,7 +459,7 @@ unsafe fn encode_range_avx2<C: Encode>(
 ) -> bool {
     let bc = layout.block_cols();
     let whole_blocks = !layout.per_tensor
-        && bc.is_multiple_of(16)
+        && crate::fused_avx2::eight_at_a_time(bc)
         && layout.rows_map_directly()
         && layout.row_len().is_multiple_of(bc)
         && start.is_multiple_of(bc)

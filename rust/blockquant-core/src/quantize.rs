@@ -1774,8 +1774,9 @@ pub(crate) mod tests {
             (&[3, 512], 32),
             (&[2, 1024], 64),
             (&[2 * PIECE + 8], 8),
-            // Whole blocks of a multiple of 16 in groups of eight: the fused kernel's fast path
-            // (16 and 32 with their lengths as constants).
+            // Whole blocks of 8 or a multiple of 16 in groups of eight: the fused kernel's fast
+            // path (8, 16 and 32 with their lengths as constants).
+            (&[4, 256], 8),
             (&[4, 256], 16),
             (&[2, 4096], 32),
             (&[3, 768], 48),
@@ -2237,7 +2238,7 @@ pub(crate) mod tests {
         );
     }
 
-    /// Given scales on whole blocks of 16, 32, 48 and 128 values, eight blocks at a time
+    /// Given scales on whole blocks of 8, 16, 32, 48 and 128 values, eight blocks at a time
     /// (`fused_avx2::encode_groups_given`), every value kind, one code a byte and packed:
     /// values near rounding boundaries, values past the range (clamped or saturated), zero
     /// scales (the zero rule) alone in a group or not, subnormal and huge scales, a tail of
@@ -2251,7 +2252,7 @@ pub(crate) mod tests {
             } else {
                 &[QuantStore::Native]
             };
-            let sizes = [16, 32, 48, 128];
+            let sizes = [8, 16, 32, 48, 128];
             for (&store, bc) in stores.iter().flat_map(|s| sizes.map(|bc| (s, bc))) {
                 for rounding in [Rounding::HalfAway, Rounding::HalfEven] {
                     let scheme = one_level(value, store, bc, ScaleDtype::F32);
@@ -2304,7 +2305,8 @@ pub(crate) mod tests {
         }
     }
 
-    /// The one-pass kernel's blocks of 16, 32, 48 and 128 (eight at a time) with scales from the data:
+    /// The one-pass kernel's blocks of 8, 16, 32, 48 and 128 (eight at a time) with scales from
+    /// the data:
     /// each block's largest value sets its scale, the others lie at the edge of a rounding
     /// boundary of that scale; the division's codes.
     #[test]
@@ -2312,7 +2314,7 @@ pub(crate) mod tests {
         let mut rng = Rng::new(17);
         let mut misses = 0;
         for value in INTS {
-            for bc in [16, 32, 48, 128] {
+            for bc in [8, 16, 32, 48, 128] {
                 for dtype in [ScaleDtype::F16, ScaleDtype::F32, ScaleDtype::BF16] {
                     for rounding in [Rounding::HalfAway, Rounding::HalfEven] {
                         let scheme = one_level(value, QuantStore::Native, bc, dtype);

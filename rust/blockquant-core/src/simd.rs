@@ -343,6 +343,36 @@ pub(crate) mod x86 {
         _mm256_castsi256_ps(_mm256_slli_epi32::<16>(code))
     }
 
+    /// Eight f32 ≥ 0 (finite, or +inf) rounded to UE8M0 values (SPEC §4), as f32: powers of two
+    /// 2^(c − 127), c = 0..=254. A normal s of exponent field E and mantissa m takes E, plus one
+    /// where m is past the rounding point (up: m > 0; nearest: m ≥ half, a tie going up); an f32
+    /// subnormal lies between 2^-127 (m = 0x40_0000) and 2^-126, so there the point is 2^-127
+    /// (up) or the midpoint 0x60_0000 (nearest). One compare against a per-lane threshold, a
+    /// subtract of its mask, and a min saturate at 254; code 0 is 2^-127's subnormal pattern.
+    /// Equal to `ScaleDtype::UE8M0.round` (tested on every non-negative f32).
+    #[inline(always)]
+    pub(crate) unsafe fn round_ue8m0_8(s: __m256, up: bool) -> __m256 {
+        let bits = _mm256_castps_si256(s);
+        let exp = _mm256_srli_epi32::<23>(bits);
+        let man = _mm256_and_si256(bits, _mm256_set1_epi32(0x7F_FFFF));
+        // Rounds up past these mantissas (compared as man > t): normal, subnormal.
+        let (normal, sub) = if up {
+            (0, 0x40_0000)
+        } else {
+            (0x3F_FFFF, 0x5F_FFFF)
+        };
+        let subnormal = _mm256_cmpeq_epi32(exp, _mm256_setzero_si256());
+        let t = _mm256_blendv_epi8(_mm256_set1_epi32(normal), _mm256_set1_epi32(sub), subnormal);
+        // The compare's mask is −1 where it rounds up.
+        let code = _mm256_sub_epi32(exp, _mm256_cmpgt_epi32(man, t));
+        let code = _mm256_min_epi32(code, _mm256_set1_epi32(254));
+        // c << 23 for c ≥ 1; 2^-127's pattern 0x40_0000 for c = 0 (the max of the two).
+        _mm256_castsi256_ps(_mm256_max_epi32(
+            _mm256_slli_epi32::<23>(code),
+            _mm256_set1_epi32(0x40_0000),
+        ))
+    }
+
     /// Eight f32 ≥ 0 rounded to UE4M3 values (SPEC §4), as f32: `up` the smallest value ≥ s,
     /// else the nearest (ties to even); both saturate at 448. The nearest code is E4M3's
     /// encoder's (which saturates); for `up`, when its value lies below s the next code up is the
@@ -1529,6 +1559,18 @@ mod tests {
                         assert_eq!(g.to_bits(), want.to_bits(), "ue4m3 {mode:?} {s:e}");
                     }
                 }
+                for up in [false, true] {
+                    let mode = if up {
+                        ScaleRounding::Up
+                    } else {
+                        ScaleRounding::Nearest
+                    };
+                    _mm256_storeu_ps(got.as_mut_ptr(), super::x86::round_ue8m0_8(v, up));
+                    for (&s, &g) in lanes.iter().zip(&got) {
+                        let want = ScaleDtype::UE8M0.round(s, mode);
+                        assert_eq!(g.to_bits(), want.to_bits(), "ue8m0 {mode:?} {s:e}");
+                    }
+                }
                 for emax in [0, 2, 6, 8, 15] {
                     _mm256_storeu_ps(got.as_mut_ptr(), super::x86::mx_scale_8(v, emax));
                     for (&s, &g) in lanes.iter().zip(&got) {
@@ -1549,9 +1591,13 @@ mod tests {
         check_scales(0, 4093, (1u32 << 31) / 4093 / 8 * 8);
         // Around f16's subnormals, its largest value and the saturation point; UE4M3's
         // subnormals, smallest normal and largest value (448); bfloat16's largest value,
-        // f32's subnormals and smallest normal (bfloat16's too), and the infinity.
+        // f32's subnormals and smallest normal (bfloat16's too), and the infinity; UE8M0's
+        // subnormal rounding points (2^-127, 1.5 · 2^-127) and its largest value, 2^127.
         for b in [
-            0x7F7F_0000u32,
+            0x0040_0000u32,
+            0x0060_0000,
+            0x7F00_0000,
+            0x7F7F_0000,
             0x7F80_0000,
             0x0000_2000,
             0x0080_0000,
