@@ -256,6 +256,14 @@ fn ties(blocks: usize, bc: usize) -> Vec<f32> {
     x
 }
 
+/// The default options under each scale rounding NVFP4 takes.
+fn scale_roundings() -> [QuantizeOptions; 2] {
+    [ScaleRounding::Up, ScaleRounding::Nearest].map(|scale_rounding| QuantizeOptions {
+        scale_rounding,
+        ..QuantizeOptions::default()
+    })
+}
+
 /// The kernel against the two-pass path: ties at every midpoint, zero blocks (the zero rule,
 /// alone and in a group of eight), subnormal and huge inputs, random data, on block counts
 /// that are and are not multiples of 8 and pieces past one row, in every scale rounding.
@@ -265,11 +273,7 @@ fn nvfp4_kernel_matches_two_pass() {
         return;
     }
     let mut rng = Rng::new(13);
-    let all_opts =
-        [ScaleRounding::Up, ScaleRounding::Nearest].map(|scale_rounding| QuantizeOptions {
-            scale_rounding,
-            ..QuantizeOptions::default()
-        });
+    let all_opts = scale_roundings();
     for bc in [16usize, 32] {
         for shape in [
             vec![3, 8 * bc],
@@ -321,11 +325,7 @@ fn nvfp4_kernel_takes_a_given_global_scale() {
         return;
     }
     let mut rng = Rng::new(17);
-    let all_opts =
-        [ScaleRounding::Up, ScaleRounding::Nearest].map(|scale_rounding| QuantizeOptions {
-            scale_rounding,
-            ..QuantizeOptions::default()
-        });
+    let all_opts = scale_roundings();
     for bc in [16usize, 32] {
         for shape in [
             vec![3, 8 * bc],
