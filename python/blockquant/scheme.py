@@ -277,6 +277,15 @@ class QuantScheme:
             codebook=None if self.codebook is None else list(self.codebook),
         )
         object.__setattr__(self, "_handle", core)
+        # The fields' hash, once: the generated one hashes them (enums in Python code) on every
+        # call, and each layout lookup (`_layout`'s cache) asks for it.
+        object.__setattr__(self, "_hash", hash(
+            (self.value, self.store, self.mode, self.tensor, self.block, self.codebook)
+        ))
+
+    def __hash__(self) -> int:
+        # Equal schemes have equal identity fields (`options` is not compared), so equal hashes.
+        return self._hash  # type: ignore[attr-defined, no-any-return]
 
     def __reduce__(self) -> Any:
         # The core twin does not pickle; rebuilding it from the fields does.
