@@ -28,6 +28,25 @@ def test_schemes_are_immutable_hashable_values():
     assert a.block.size == (32,)
 
 
+def test_hash_follows_equality_through_copies_and_options():
+    """The hash is worked out once, at construction: schemes equal after any way of making them
+    (a copy, a pickle, a preset's options that equality ignores, the text form) hash equal, and
+    ones that differ in any identity field differ as dict keys."""
+    import copy
+    import pickle
+
+    s = bq.presets.nvfp4()
+    same = [copy.copy(s), copy.deepcopy(s), pickle.loads(pickle.dumps(s)), dataclasses.replace(s),
+            QuantScheme.parse(str(s)), dataclasses.replace(s, options=bq.presets.nf4_block16().options)]
+    for t in same:
+        assert t == s and hash(t) == hash(s)
+    others = [s.with_value(QuantValue.Q4S), s.with_store(QuantStore.Native),
+              s.per_block([32], ScaleDtype.UE4M3),
+              bq.presets.nf4_block16(), bq.presets.int4_block16()]
+    keys = {s: 0, **{o: i + 1 for i, o in enumerate(others)}}
+    assert len(keys) == len(others) + 1 and all(keys[t] == 0 for t in same)
+
+
 def test_builders_return_new_schemes():
     s = QuantScheme()
     t = s.with_store(QuantStore.Native)
