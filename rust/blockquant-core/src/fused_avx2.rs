@@ -216,7 +216,7 @@ unsafe fn encode_group<C: Encode, const V: usize>(
     stream: bool,
 ) {
     // Non-temporal stores need 16-byte alignment (numpy's storage has it; runs of 16 or 32
-    // codes keep it).
+    // codes keep it, and blocks of 8 the 8 bytes of their `_mm_stream_si64` stores).
     let stream = stream && (o0 as usize).is_multiple_of(16);
     // No quotient needs clamping when each block's largest does not (the division is
     // monotone): the usual case, as the scale is max |x| over the half range, rounded.
