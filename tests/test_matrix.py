@@ -147,6 +147,16 @@ WHOLE_BLOCK_SCHEMES = [
     QuantScheme(QuantValue.E5M2, QuantStore.Native).per_block([8], ScaleDtype.UE8M0),
     QuantScheme(QuantValue.E4M3, QuantStore.Native).per_block([32], ScaleDtype.UE8M0),
     QuantScheme(QuantValue.Q4S, QuantStore.packed_u32(0)).per_block([64], ScaleDtype.UE8M0),
+    # Blocks of three vectors, eight code bytes a step.
+    QuantScheme(QuantValue.Q8S, QuantStore.Native).per_block([24], ScaleDtype.F16),
+]
+
+PARTIAL_ROW_SCHEMES = [
+    QuantScheme(QuantValue.Q8S, QuantStore.Native).per_block([48], ScaleDtype.F16),
+    QuantScheme(QuantValue.Q8F, QuantStore.Native).per_block([24], ScaleDtype.BF16),
+    QuantScheme(QuantValue.Q4S, QuantStore.packed_u32(0)).per_block([40], ScaleDtype.F32),
+    QuantScheme(QuantValue.E4M3, QuantStore.Native).per_block([8], ScaleDtype.UE8M0),
+    QuantScheme(QuantValue.Q8S, QuantStore.Native).per_block([32], ScaleDtype.UE4M3),
 ]
 
 
@@ -154,7 +164,7 @@ WHOLE_BLOCK_SCHEMES = [
 @pytest.mark.parametrize("rounding, scale_rounding",
                          list(itertools.product(["half_away", "half_even"], ["up", "nearest"])))
 @pytest.mark.parametrize("magnitude", [1.0, 1e30, 1e-30])
-def test_whole_blocks_of_any_multiple_of_16_equal_reference(scheme, rounding, scale_rounding,
+def test_whole_blocks_of_any_multiple_of_8_equal_reference(scheme, rounding, scale_rounding,
                                                             magnitude):
     """Rows of whole blocks of 8 to 128 values, eight blocks at a time in the core's one-pass
     kernels (their scales rounded to F16, BF16, UE4M3 and UE8M0 in vector lanes), against the
@@ -165,6 +175,21 @@ def test_whole_blocks_of_any_multiple_of_16_equal_reference(scheme, rounding, sc
     given = ref.quantize(x, scheme, **kw).scales
     assert_same(ref.quantize(x, scheme, scales=given, rounding=rounding),
                 bq.quantize(x, scheme, scales=given, rounding=rounding))
+
+
+@pytest.mark.parametrize("scheme", PARTIAL_ROW_SCHEMES, ids=repr)
+@pytest.mark.parametrize("shape", [(13, 1000), (3, 20), (2, 40_000), (1, 16_400)])
+@pytest.mark.parametrize("rounding", ["half_away", "half_even"])
+def test_rows_ending_in_a_partial_block_equal_reference(scheme, shape, rounding):
+    """Blocks of a multiple of 8 along rows they do not divide: each row's whole blocks eight
+    at a time, its short last block alone (rows of one piece of the core's work, rows longer
+    than a piece and cut into several, rows shorter than a block), with zero blocks and a zero
+    row (the zero rule) among them, against the reference."""
+    x = data(shape, seed=sum(shape), magnitude=1.0)
+    x[-1, : min(96, shape[1])] = 0.0
+    x[0] = 0.0 if shape[0] > 2 else x[0]
+    kw = dict(rounding=rounding)
+    assert_same(ref.quantize(x, scheme, **kw), bq.quantize(x, scheme, **kw))
 
 
 @pytest.mark.parametrize("value", list(QuantValue))

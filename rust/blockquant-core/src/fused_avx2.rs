@@ -1,9 +1,8 @@
 //! The one-pass kernel's AVX2 path for whole blocks of a multiple of 8 values (block-32 int8,
 //! MX formats, ...): eight blocks at a time.
 //!
-//! Blocks of 8 or a multiple of 16 values (16 and 32, the common case; 64, 128, ... as
-//! GPTQ-style groups) take a path with no per-block branch: the eight
-//! blocks' maxima as integer maxima of the |x| bit patterns (for finite values the same order
+//! Every such block (16 and 32, the common case; 64, 128, ... as GPTQ-style groups; 8, 24,
+//! 40, ...) takes a path with no per-block branch: the eight blocks' maxima as integer maxima of the |x| bit patterns (for finite values the same order
 //! as the floats; a NaN or an infinity shows as a maximum at or past the infinity's pattern,
 //! so one compare finds a group with a non-finite value), their scales rounded in vector
 //! lanes, then each block divided by its scale (broadcast from the stored vector), encoded,
@@ -16,18 +15,60 @@ use std::arch::x86_64::*;
 use crate::calibrate::Calibration;
 use crate::codec::Encode;
 use crate::pack::encode_run;
-use crate::quantize::FusedKernel;
+use crate::quantize::{FusedKernel, Piece};
 use crate::scale::ScaleRounding;
 use crate::scheme::ScaleDtype;
 use crate::simd::x86;
 
-/// Every block a whole run of a multiple of 8 values, max |x| calibration: the case of
-/// [`measure_encode_groups`].
-pub(crate) fn whole_blocks_of_8s(k: &FusedKernel<'_>) -> bool {
-    let bc = k.layout.block_cols();
-    k.opts.calibration == Calibration::MinMax
-        && bc.is_multiple_of(8)
-        && k.layout.row_len().is_multiple_of(bc)
+/// Blocks of a multiple of 8 values along rows, max |x| calibration: the case of
+/// [`measure_encode_groups`] (every block a whole run) and [`measure_encode_rows`] (the last
+/// block of each row cut short).
+pub(crate) fn blocks_of_8s(k: &FusedKernel<'_>) -> bool {
+    k.opts.calibration == Calibration::MinMax && k.layout.block_cols().is_multiple_of(8)
+}
+
+/// One-pass kernel of a piece whose rows end in a partial block (a row length that `bc`, a
+/// multiple of 8, does not divide; rows mapping straight to scale rows): each row's whole
+/// blocks by [`measure_encode_groups`], then its last, short block on its own. A piece is whole
+/// rows or a block-aligned part of one row, so each of its row runs starts a block. Returns
+/// whether any input was non-finite.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn measure_encode_rows<C: Encode>(
+    codec: C,
+    k: &FusedKernel<'_>,
+    p: &Piece,
+    xs: &[f32],
+    sc: &mut [f32],
+    out: &mut [u8],
+) -> bool {
+    let (n, bc) = (k.layout.row_len(), k.layout.block_cols());
+    let mut bad = false;
+    let mut pos = p.start;
+    while pos < p.start + p.len {
+        let row = pos / n;
+        let run_end = (p.start + p.len).min((row + 1) * n);
+        let col = pos - row * n;
+        debug_assert!(col.is_multiple_of(bc), "a row run starts a block");
+        let (i, len) = (pos - p.start, run_end - pos);
+        let s = k.layout.grid_row_offset(row) + col / bc - p.scale0;
+        let whole = len - len % bc;
+        let r = i..i + whole;
+        bad |= measure_encode_groups(codec, k, &xs[r.clone()], &mut sc[s..s + whole / bc], {
+            &mut out[r]
+        });
+        if whole < len {
+            let r = i + whole..i + len;
+            let (run, o) = (&xs[r.clone()], &mut out[r]);
+            let e = k.scale(x86::max_abs(run));
+            sc[s + whole / bc] = e;
+            bad |= x86::encode_run_or_zero(codec, run, e, o, k.stream);
+        }
+        pos = run_end;
+    }
+    bad
 }
 
 /// The stored scales of eight blocks from their amplitudes, in vector lanes: F32, F16, BF16,
@@ -139,11 +180,11 @@ unsafe fn group_general<C: Encode>(
     bad
 }
 
-/// Whether blocks of `bc` values take [`group_fast`] and [`encode_group_of`]: 8 (a vector a
-/// block) or a multiple of 16.
+/// Whether blocks of `bc` values take [`group_fast`] and [`encode_group_of`]: any multiple of
+/// 8 (whole vectors a block).
 #[inline(always)]
 pub(crate) fn eight_at_a_time(bc: usize) -> bool {
-    bc == 8 || bc.is_multiple_of(16)
+    bc.is_multiple_of(8)
 }
 
 /// Eight blocks of `bc` values from `x0` ([`eight_at_a_time`]), their scales to `s0` and codes to
@@ -167,7 +208,7 @@ unsafe fn group_fast<C: Encode>(
     true
 }
 
-/// The largest |x| bit pattern of each of eight blocks of `bc` values (8 or a multiple of 16)
+/// The largest |x| bit pattern of each of eight blocks of `bc` values (a multiple of 8)
 /// from `x0`: lane j is block j's; the common lengths 8, 16 and 32 as constants.
 #[inline(always)]
 unsafe fn max_abs_bits_8blocks(x0: *const f32, bc: usize) -> __m256i {
@@ -179,8 +220,8 @@ unsafe fn max_abs_bits_8blocks(x0: *const f32, bc: usize) -> __m256i {
     }
 }
 
-/// [`encode_group`] of eight blocks of `bc` values, 8 or a multiple of 16: 32 values at a time
-/// where 32 divides `bc`, else 16 (8 for blocks of 8); the common lengths 8, 16 and 32 as
+/// [`encode_group`] of eight blocks of `bc` values, a multiple of 8: 32 values at a time
+/// where 32 divides `bc`, else 16 where 16 does, else 8; the common lengths 8, 16 and 32 as
 /// constants.
 #[inline(always)]
 unsafe fn encode_group_of<C: Encode>(
@@ -197,7 +238,8 @@ unsafe fn encode_group_of<C: Encode>(
         16 => encode_group::<C, 2>(codec, x0, 16, bits, e, o0, stream),
         32 => encode_group::<C, 4>(codec, x0, 32, bits, e, o0, stream),
         _ if bc.is_multiple_of(32) => encode_group::<C, 4>(codec, x0, bc, bits, e, o0, stream),
-        _ => encode_group::<C, 2>(codec, x0, bc, bits, e, o0, stream),
+        _ if bc.is_multiple_of(16) => encode_group::<C, 2>(codec, x0, bc, bits, e, o0, stream),
+        _ => encode_group::<C, 1>(codec, x0, bc, bits, e, o0, stream),
     }
 }
 
@@ -252,7 +294,7 @@ pub(crate) unsafe fn finite_and_nonzero(bits: __m256i, e: __m256) -> bool {
     _mm256_movemask_epi8(non_finite) == 0 && _mm256_movemask_ps(zero) == 0
 }
 
-/// Codes of whole blocks of `bc` values, 8 or a multiple of 16 (`xs`, `out` one code a byte) against
+/// Codes of whole blocks of `bc` values, a multiple of 8 (`xs`, `out` one code a byte) against
 /// given effective scales `eff`, one a block (explicit scales: no measuring): eight blocks at
 /// a time by the one-pass kernel's encode, a group with a zero scale (the zero rule) or a
 /// non-finite value block by block. The same bits as [`encode_run`] block by block. Returns
@@ -270,10 +312,7 @@ pub(crate) unsafe fn encode_groups_given<C: Encode>(
     stream: bool,
 ) -> bool {
     let blocks = eff.len();
-    assert!(
-        eight_at_a_time(bc),
-        "blocks of 8 or a multiple of 16 values"
-    );
+    assert!(eight_at_a_time(bc), "blocks of a multiple of 8 values");
     assert!(
         xs.len() == blocks * bc && out.len() == xs.len(),
         "whole blocks"

@@ -1002,9 +1002,15 @@ fn measure_encode<C: Encode>(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx2() {
-        if crate::fused_avx2::whole_blocks_of_8s(k) && crate::simd::has_f16c() {
-            // SAFETY: the CPU has AVX2 and F16C, checked just above.
-            return unsafe { crate::fused_avx2::measure_encode_groups(codec, k, xs, sc, out) };
+        if crate::fused_avx2::blocks_of_8s(k) && crate::simd::has_f16c() {
+            let layout = k.layout;
+            // SAFETY (both): the CPU has AVX2 and F16C, checked just above.
+            if layout.row_len().is_multiple_of(layout.block_cols()) {
+                return unsafe { crate::fused_avx2::measure_encode_groups(codec, k, xs, sc, out) };
+            }
+            if layout.rows_map_directly() {
+                return unsafe { crate::fused_avx2::measure_encode_rows(codec, k, p, xs, sc, out) };
+            }
         }
         // SAFETY: the CPU has AVX2, checked just above.
         return unsafe { measure_encode_avx2(codec, k, p, xs, sc, out) };
@@ -1781,6 +1787,14 @@ pub(crate) mod tests {
             (&[2, 4096], 32),
             (&[3, 768], 48),
             (&[2, 2048], 128),
+            // Rows that end in a partial block of a multiple-of-8 length: each row's whole
+            // blocks eight at a time, its last block alone (rows of one piece; rows split
+            // into pieces; a row shorter than a block).
+            (&[7, 1000], 48),
+            (&[5, 200], 24),
+            (&[9, 100], 8),
+            (&[2, PIECE + 100], 40),
+            (&[3, 20], 32),
         ] {
             let n: usize = shape.iter().product();
             let mut x = tensor(&mut rng, n);

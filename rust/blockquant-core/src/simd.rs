@@ -943,8 +943,14 @@ pub(crate) mod x86 {
         out: &mut [u8],
         stream: bool,
     ) -> bool {
-        let stream = stream && (out.as_ptr() as usize).is_multiple_of(16);
         let long = xs.len() > 256;
+        // A short run whose length is not a multiple of 32 stores its last codes through the
+        // cache, into a line whose other bytes the next run streams: a line written partly
+        // non-temporally and partly not is flushed in pieces, which made 48-value blocks
+        // seven times slower. Such runs go through the cache whole.
+        let stream = stream
+            && (out.as_ptr() as usize).is_multiple_of(16)
+            && (long || xs.len().is_multiple_of(32));
         if let (None, Some(range), Some(r)) = (
             exact_reciprocal(e),
             codec.int_range(),
