@@ -160,3 +160,28 @@ def test_large_blocks_of_8_equal_small_calls(threads):
         part = bq.quantize(x[r:r + 64], scheme)
         np.testing.assert_array_equal(big.values[r:r + 64], part.values)
         np.testing.assert_array_equal(big.scales[r:r + 64], part.scales)
+
+
+@pytest.mark.parametrize("shape, block", [((4104, 4090), 48), ((1_400_000, 12), 8),
+                                          ((4104, 4090), 12)])
+def test_large_partial_rows_equal_small_calls(threads, shape, block):
+    """Tensors large enough for non-temporal stores whose rows end in a partial block (or hold
+    one block and a part): each row's runs streamed, or stored through the cache where a row
+    mixes them, against the same rows quantized in small calls (cached stores throughout), and
+    dequantized against numpy's product of the codes and their blocks' scales."""
+    rng = np.random.default_rng(sum(shape) + block)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[3, :block] = 0.0  # the zero rule
+    scheme = QuantScheme(QuantValue.Q8S, QuantStore.Native).per_block([block], ScaleDtype.F16)
+    big = bq.quantize(x, scheme)
+    step = -(-shape[0] // 16)
+    for r in range(0, shape[0], step):
+        part = bq.quantize(x[r:r + step], scheme)
+        np.testing.assert_array_equal(big.values[r:r + step], part.values)
+        np.testing.assert_array_equal(big.scales[r:r + step], part.scales)
+    scale_per_value = np.repeat(big.scales.astype(np.float32), block, axis=1)[:, :shape[1]]
+    expected = big.values.astype(np.float32) * scale_per_value
+    np.testing.assert_array_equal(big.dequantize().view(np.uint32), expected.view(np.uint32))
+    out = np.full(shape, np.nan, np.float32)
+    big.dequantize(out=out)
+    np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))

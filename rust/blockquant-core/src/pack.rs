@@ -815,8 +815,8 @@ unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
     if !layout.per_tensor && bc < 8 {
         // Blocks narrower than a vector ([rows, 1] column blocks, [4, 4], ...): each row's
         // scales spread over its values, 64 at a time, then eight values a vector (streamed
-        // where the run starts on a 16-byte boundary: rows of a length not a multiple of
-        // four start off one).
+        // where the run is whole vectors from a 16-byte boundary: rows of a length not a
+        // multiple of four start off one).
         let (mut pos, end) = (start, start + out.len());
         let mut es = [0.0f32; SCALE_CHUNK];
         while pos < end {
@@ -839,7 +839,8 @@ unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
             };
             let r = pos - start..pos - start + take;
             let (c, y) = (&codes[r.clone()], &mut out[r]);
-            if STREAM && (y.as_ptr() as usize).is_multiple_of(16) {
+            // Streamed only when every store is (a run of whole vectors): see `decode_run`.
+            if STREAM && (y.as_ptr() as usize).is_multiple_of(16) && take.is_multiple_of(8) {
                 crate::simd::x86::decode_lanes::<D, true>(dec, c, es, y);
             } else {
                 crate::simd::x86::decode_lanes::<D, false>(dec, c, es, y);
@@ -874,15 +875,43 @@ unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
         // scale start / bc + k, no segment walk needed.
         let eff = effective.range(start / bc..start / bc + out.len() / bc);
         let blocks = codes.chunks_exact(bc).zip(out.chunks_exact_mut(bc));
+        // Blocks not of whole vectors (or `out` off a 16-byte boundary): streamed only when
+        // long, see `stream_runs`.
+        let stream = STREAM && crate::simd::x86::stream_runs(bc, false);
         for ((c, o), e) in blocks.zip(eff.iter()) {
-            crate::simd::x86::decode_run::<D, STREAM>(dec, c, e, o);
+            decode_run_streamed_or_not::<D, STREAM>(dec, c, e, o, stream);
         }
         return;
     }
+    // Runs of whole vectors from 16-byte boundaries when the blocks and rows are: then every
+    // store of every run streams; else only the long runs do (see `stream_runs`).
+    let all_whole = bc.is_multiple_of(8)
+        && n.is_multiple_of(8)
+        && (out.as_ptr() as usize).is_multiple_of(16)
+        && start.is_multiple_of(8);
     for (pos, len, s) in Segments::new(layout, start, out.len()) {
         let o = pos - start;
         let (c, y) = (&codes[o..o + len], &mut out[o..o + len]);
-        crate::simd::x86::decode_run::<D, STREAM>(dec, c, effective.get(s), y);
+        let stream = STREAM && crate::simd::x86::stream_runs(len, all_whole);
+        decode_run_streamed_or_not::<D, STREAM>(dec, c, effective.get(s), y, stream);
+    }
+}
+
+/// `decode_run` with non-temporal stores when `stream` (only ever with `STREAM`: the caller's
+/// task then ends with a fence).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn decode_run_streamed_or_not<D: Decode, const STREAM: bool>(
+    dec: D,
+    codes: &[u8],
+    e: f32,
+    out: &mut [f32],
+    stream: bool,
+) {
+    if STREAM && stream {
+        crate::simd::x86::decode_run::<D, true>(dec, codes, e, out);
+    } else {
+        crate::simd::x86::decode_run::<D, false>(dec, codes, e, out);
     }
 }
 

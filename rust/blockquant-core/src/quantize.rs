@@ -843,12 +843,17 @@ fn lcm(a: usize, b: usize) -> usize {
 
 /// Whether the one-pass kernels store their codes non-temporally: one a byte, unmasked,
 /// straight into final storage too large for the cache. (With per > 1 the kernel writes a code
-/// buffer, which must stay in cache for the packing.)
+/// buffer, which must stay in cache for the packing.) Rows that end in a partial block store
+/// it through the cache beside their streamed blocks, a mixed line (`x86::stream_runs`) a row:
+/// only rows long enough to make that a small part stream.
 pub(crate) fn streams(layout: &Layout) -> bool {
     #[cfg(target_arch = "x86_64")]
     return layout.packing.per == 1
         && !layout.packing.masks_bytes()
-        && layout.num_elements >= crate::simd::x86::STREAM_MIN_BYTES;
+        && layout.num_elements >= crate::simd::x86::STREAM_MIN_BYTES
+        && (layout.per_tensor
+            || layout.row_len().is_multiple_of(layout.block_cols())
+            || layout.row_len() >= crate::simd::x86::LONG_RUN);
     #[cfg(not(target_arch = "x86_64"))]
     false
 }

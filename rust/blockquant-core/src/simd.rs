@@ -621,7 +621,9 @@ pub(crate) mod x86 {
 
     /// `out[i] = dec.decode(codes[i]) * e` (same length), eight at a time. With `STREAM` the
     /// stores from the first 16-byte boundary on are non-temporal (see
-    /// [`STREAM_MIN_BYTES`]); the caller then ends its task with an `_mm_sfence`.
+    /// [`STREAM_MIN_BYTES`]); the caller then ends its task with an `_mm_sfence`. The head and
+    /// tail go through the cache: a caller that runs this on many short runs streams only
+    /// when they are all whole vectors ([`stream_runs`]).
     #[inline(always)]
     pub(crate) unsafe fn decode_run<D: Decode, const STREAM: bool>(
         dec: D,
@@ -944,13 +946,11 @@ pub(crate) mod x86 {
         stream: bool,
     ) -> bool {
         let long = xs.len() > 256;
-        // A short run whose length is not a multiple of 32 stores its last codes through the
-        // cache, into a line whose other bytes the next run streams: a line written partly
-        // non-temporally and partly not is flushed in pieces, which made 48-value blocks
-        // seven times slower. Such runs go through the cache whole.
+        // Streamed where every store is (32 codes at a time), or the run is long: see
+        // [`stream_runs`].
         let stream = stream
             && (out.as_ptr() as usize).is_multiple_of(16)
-            && (long || xs.len().is_multiple_of(32));
+            && stream_runs(xs.len(), xs.len().is_multiple_of(32));
         if let (None, Some(range), Some(r)) = (
             exact_reciprocal(e),
             codec.int_range(),
@@ -972,6 +972,22 @@ pub(crate) mod x86 {
             (None, true) => encode_run_with::<C, false, true>(codec, xs, e, out, stream),
         }
     }
+
+    /// Whether a kernel that stores runs one after another, non-temporally, stores this one so:
+    /// a run of `len` values, every one of them in a whole 8-value vector when `all_whole`.
+    /// A run's head and tail (a block of 12 values, say: 8 streamed, 4 not) go through the
+    /// cache, into lines whose other bytes the next runs stream; a line written partly
+    /// non-temporally and partly not is flushed in pieces, which made blocks of 12 fifty times
+    /// slower to dequantize. So short runs stream only when all of them are whole vectors; a
+    /// long run's two mixed lines are a small part of it.
+    #[inline(always)]
+    pub(crate) fn stream_runs(len: usize, all_whole: bool) -> bool {
+        all_whole || len >= LONG_RUN
+    }
+
+    /// A run this long streams even beside runs that do not: its at most two mixed lines are
+    /// under 1/30 of its stores.
+    pub(crate) const LONG_RUN: usize = 4096;
 
     /// Outputs (quantized codes, dequantized values) of at least this many bytes are written
     /// with non-temporal stores: a store that misses the cache otherwise reads its line first,
