@@ -25,3 +25,14 @@ else:
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+@pytest.fixture(params=[1, 2], ids=["1T", "2T"])
+def threads(request):
+    """The core's thread count for one test: one, then two (the thread count restored after)."""
+    import blockquant as bq
+
+    before = bq.get_num_threads()
+    bq.set_num_threads(request.param)
+    yield request.param
+    bq.set_num_threads(before)

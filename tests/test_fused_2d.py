@@ -47,14 +47,6 @@ def assert_same(rq, qt):
 SCALE_DTYPES = [ScaleDtype.F32, ScaleDtype.F16, ScaleDtype.BF16, ScaleDtype.UE8M0, ScaleDtype.UE4M3]
 
 
-@pytest.fixture(params=[1, 2], ids=["1T", "2T"])
-def threads(request):
-    before = bq.get_num_threads()
-    bq.set_num_threads(request.param)
-    yield request.param
-    bq.set_num_threads(before)
-
-
 @pytest.mark.parametrize("shape, block", GRIDS, ids=lambda p: str(p).replace(" ", ""))
 @pytest.mark.parametrize("store", STORES, ids=str)
 def test_every_value_and_scale_dtype_equal_reference(shape, block, store, threads):

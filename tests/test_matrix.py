@@ -192,6 +192,29 @@ def test_rows_ending_in_a_partial_block_equal_reference(scheme, shape, rounding)
     assert_same(ref.quantize(x, scheme, **kw), bq.quantize(x, scheme, **kw))
 
 
+@pytest.mark.parametrize("shape", [(30_000, 3), (5, 1400, 12), (90, 20), (33, 60), (14_000, 5)])
+@pytest.mark.parametrize("block, store", [
+    ([32], QuantStore.Native), ([8], QuantStore.packed_u32(0)), ([4], QuantStore.Native),
+    ([5], QuantStore.packed_native(0)), ([2, 2], QuantStore.Native), ([7, 1], QuantStore.Native),
+    ([16], QuantStore.packed_u32(0)),
+])
+def test_short_rows_dequantize_equal_reference(shape, block, store, threads):
+    """Rows shorter than 64 values (a conv kernel's rows of 3, rows of 12 or 60) dequantized
+    64 values at a time across rows, each value's scale spread from its block's: blocks wider
+    than the rows, cut by them, narrower than a vector, spanning rows, column blocks; packed
+    rows unpacked many at a time. Against the reference, on one and two threads (tasks that
+    start mid-row)."""
+    block = block[-len(shape):] if len(block) > len(shape) else block
+    scheme = QuantScheme(QuantValue.Q4S, store).per_block(block, ScaleDtype.F16)
+    x = data(shape, seed=sum(shape) + len(block))
+    rq, qt = ref.quantize(x, scheme), bq.quantize(x, scheme)
+    assert_same(rq, qt)
+    out = np.full(shape, np.nan, np.float32)
+    qt.dequantize(out=out)
+    np.testing.assert_array_equal(out.view(np.uint32),
+                                  rq.dequantize().astype(np.float32).view(np.uint32))
+
+
 @pytest.mark.parametrize("value", list(QuantValue))
 @pytest.mark.parametrize("rounding", ["half_away", "half_even"])
 def test_ties_with_explicit_scales(value, rounding):

@@ -788,7 +788,13 @@ unsafe fn decode_range_f32_avx2<D: Decode>(
     codes: &[u8],
     out: &mut [f32],
 ) {
-    if layout.num_elements * 4 >= crate::simd::x86::STREAM_MIN_BYTES {
+    // Large output streams, but not when called on many short runs (the packed fields' rows
+    // of 12 values, say) whose heads and tails would mix streamed and cached stores in the
+    // same lines (`x86::stream_runs`), and a fence each: only runs of whole vectors, or long.
+    let whole = out.len().is_multiple_of(8) && (out.as_ptr() as usize).is_multiple_of(16);
+    if layout.num_elements * 4 >= crate::simd::x86::STREAM_MIN_BYTES
+        && (whole || out.len() >= BUF / 2)
+    {
         decode_range_f32_avx2_with::<D, true>(dec, layout, effective, start, codes, out);
         // The non-temporal stores are weakly ordered: done before the task says it is done.
         std::arch::x86_64::_mm_sfence();
@@ -807,33 +813,55 @@ unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
     codes: &[u8],
     out: &mut [f32],
 ) {
+    if layout.per_tensor {
+        // One scale: the range is one run, whatever the rows' length.
+        return crate::simd::x86::decode_run::<D, STREAM>(dec, codes, effective.get(0), out);
+    }
     let (n, bc) = (layout.row_len(), layout.block_cols());
-    let whole_blocks = !layout.per_tensor
-        && n.is_multiple_of(bc)
-        && start.is_multiple_of(bc)
-        && out.len().is_multiple_of(bc);
-    if !layout.per_tensor && bc < 8 {
-        // Blocks narrower than a vector ([rows, 1] column blocks, [4, 4], ...): each row's
-        // scales spread over its values, 64 at a time, then eight values a vector (streamed
-        // where the run is whole vectors from a 16-byte boundary: rows of a length not a
-        // multiple of four start off one).
+    let whole_blocks =
+        n.is_multiple_of(bc) && start.is_multiple_of(bc) && out.len().is_multiple_of(bc);
+    let vectors = bc.is_multiple_of(8) && (!STREAM || (out.as_ptr() as usize).is_multiple_of(16));
+    if bc < 8 || (n < SCALE_CHUNK && !(whole_blocks && vectors)) {
+        // Blocks narrower than a vector ([rows, 1] column blocks, [4, 4], ...), or rows too
+        // short for runs (a conv kernel's rows of 3, blocks cut by rows of 12): the values'
+        // scales spread over them, 64 values at a time across rows, then eight values a
+        // vector (streamed where every chunk is whole vectors from a 16-byte boundary).
         let (mut pos, end) = (start, start + out.len());
+        let (mut row, mut col) = (pos / n, pos % n);
+        // The grid offset of `row` (a loop with divisions for blocks spanning rows): once a row.
+        let direct = layout.rows_map_directly();
+        let row_offset = |row: usize| match direct {
+            true => row * layout.grid_cols(),
+            false => layout.grid_row_offset(row),
+        };
+        let mut first = row_offset(row);
         let mut es = [0.0f32; SCALE_CHUNK];
         while pos < end {
-            let (row, col) = (pos / n, pos % n);
-            let take = (end - pos).min(n - col).min(SCALE_CHUNK);
-            let first = layout.grid_row_offset(row);
-            let es = if bc == 1 {
+            let take = (end - pos).min(SCALE_CHUNK);
+            let es = if bc == 1 && take <= n - col {
                 // Column blocks: the values' scales are a run of the grid row.
-                effective
+                let es = effective
                     .range(first + col..first + col + take)
-                    .chunk(0, &mut es)
+                    .chunk(0, &mut es);
+                col += take;
+                if col == n {
+                    (row, col) = (row + 1, 0);
+                    first = row_offset(row);
+                }
+                es
             } else {
-                let (mut j, mut b, mut left) = (0, col / bc, bc - col % bc);
+                let (mut j, mut b, mut left) = (0, first + col / bc, bc - col % bc);
                 while j < take {
-                    let k = left.min(take - j);
-                    es[j..j + k].fill(effective.get(first + b));
-                    (j, b, left) = (j + k, b + 1, bc);
+                    let k = left.min(n - col).min(take - j);
+                    es[j..j + k].fill(effective.get(b));
+                    (j, col, left) = (j + k, col + k, left - k);
+                    if col == n {
+                        (row, col) = (row + 1, 0);
+                        (first, left) = (row_offset(row), bc);
+                        b = first;
+                    } else if left == 0 {
+                        (b, left) = (b + 1, bc);
+                    }
                 }
                 &es[..take]
             };
@@ -849,7 +877,6 @@ unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
         }
         return;
     }
-    let vectors = bc.is_multiple_of(8) && (!STREAM || (out.as_ptr() as usize).is_multiple_of(16));
     if whole_blocks && vectors {
         // Blocks of whole vectors that tile the rows: one loop over a run of blocks, no
         // per-block run set-up. A row's blocks are a run of its grid row; with 1-D blocks the
@@ -1026,17 +1053,24 @@ fn unpack_words<W: Word, D: Decode, O: OutElem>(
         .enumerate()
         .for_each(|(ci, chunk)| {
             let start = ci * elems_per_task;
-            let run_len = |pos: usize| line_len - pos % line_len; // runs stop at line ends
+            // A run of codes may span lines (short rows: one decode call for many of them),
+            // each line's part unpacked from its own words.
             decode_runs(
                 table,
                 layout,
                 effective,
                 start,
                 chunk,
-                run_len,
+                |_| BUF,
                 |pos, codes| {
-                    let (line, col) = (pos / line_len, pos % line_len);
-                    unpack_fields(&words[line * nw..(line + 1) * nw], col, codes, per);
+                    let mut done = 0;
+                    while done < codes.len() {
+                        let (line, col) = ((pos + done) / line_len, (pos + done) % line_len);
+                        let k = (codes.len() - done).min(line_len - col);
+                        let w = &words[line * nw..(line + 1) * nw];
+                        unpack_fields(w, col, &mut codes[done..done + k], per);
+                        done += k;
+                    }
                 },
             );
         });
