@@ -215,6 +215,18 @@ def test_short_rows_dequantize_equal_reference(shape, block, store, threads):
                                   rq.dequantize().astype(np.float32).view(np.uint32))
 
 
+@pytest.mark.parametrize("shape", [(30_000, 3), (5, 1400, 12), (14_000, 5), (2, 3, 70)])
+@pytest.mark.parametrize("scheme", ["bitnet", "nvfp4", "int4_block32", "q4s/packed_u32_0/tensor:f32",
+                                    "e4m3/native/tensor:f32", "q2s/packed_native0/block8:bf16"])
+def test_short_rows_quantize_equal_reference(shape, scheme, threads):
+    """Rows shorter than a packed word's run or a block (a conv kernel's rows of 3): a
+    per-tensor scale as one run across rows, packed rows encoded many at a time and each packed
+    into its own words, a grid row a tensor row. Against the reference, one and two threads."""
+    x = data(shape, seed=sum(shape))
+    s = bq.presets.resolve(scheme)
+    assert_same(ref.quantize(x, s), bq.quantize(x, s))
+
+
 @pytest.mark.parametrize("value", list(QuantValue))
 @pytest.mark.parametrize("rounding", ["half_away", "half_even"])
 def test_ties_with_explicit_scales(value, rounding):

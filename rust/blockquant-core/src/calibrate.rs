@@ -59,17 +59,24 @@ pub fn amplitudes(x: Input<'_>, layout: &Layout, calibration: Calibration) -> Ve
         .with_min_len(grid_rows_per_task)
         .enumerate()
         .for_each(|(g, arow)| {
-            arow.par_chunks_mut(cols_per_task)
-                .enumerate()
-                .for_each(|(ci, achunk)| {
-                    let k0 = ci * cols_per_task;
-                    match calibration {
-                        Calibration::MinMax | Calibration::Mse => {
-                            max_abs_cols(x, layout, g, k0, achunk)
-                        }
-                        Calibration::AbsMean => mean_abs_cols(x, layout, g, k0, achunk),
+            let cols = |ci: usize, achunk: &mut [f32]| {
+                let k0 = ci * cols_per_task;
+                match calibration {
+                    Calibration::MinMax | Calibration::Mse => {
+                        max_abs_cols(x, layout, g, k0, achunk)
                     }
-                });
+                    Calibration::AbsMean => mean_abs_cols(x, layout, g, k0, achunk),
+                }
+            };
+            // A grid row of one task's columns (short rows: a conv kernel's rows of 3 are a
+            // grid row each) without a nested parallel loop's set-up.
+            if arow.len() <= cols_per_task {
+                cols(0, arow)
+            } else {
+                arow.par_chunks_mut(cols_per_task)
+                    .enumerate()
+                    .for_each(|(ci, achunk)| cols(ci, achunk));
+            }
         });
     alpha
 }
@@ -78,6 +85,11 @@ pub fn amplitudes(x: Input<'_>, layout: &Layout, calibration: Calibration) -> Ve
 pub(crate) fn for_each_row_in_grid_row(layout: &Layout, g: usize, mut f: impl FnMut(usize)) {
     let rank = layout.rank();
     let lead = rank - 1;
+    if !layout.per_tensor && layout.rows_map_directly() {
+        // Blocks one row high: grid row g is tensor row g (no odometer, no allocation).
+        f(g);
+        return;
+    }
     // Start and end of the row range on each leading axis.
     let mut lo = vec![0usize; lead];
     let mut hi = vec![0usize; lead];

@@ -246,25 +246,30 @@ fn pack_fields<W: Word>(codes: &[u8], words: &mut [W], per: usize) {
         (codes, words)
     };
     let mask = ((1u16 << bits) - 1) as u8;
-    let mut bytes = [0u8; BUF + 8];
-    let full = codes.len() / 8;
-    for (i, c8) in codes.chunks_exact(8).enumerate() {
-        let x = u64::from_le_bytes(c8.try_into().expect("8 codes"));
-        let v = squeeze8(x, bits);
-        bytes[i * bits..(i + 1) * bits].copy_from_slice(&v.to_le_bytes()[..bits]);
-    }
-    let mut bit = full * 8 * bits;
-    for &c in &codes[full * 8..] {
-        bytes[bit / 8] |= (c & mask) << (bit % 8);
-        bit += bits;
-    }
-    let wb = W::BITS as usize / 8;
-    for (w, b) in words.iter_mut().zip(bytes.chunks_exact(wb)) {
-        let mut v = 0u32;
-        for (k, &byte) in b.iter().enumerate() {
-            v |= (byte as u32) << (8 * k);
+    // 64 codes at a time (whole words for every field width) through a small zeroed buffer:
+    // a call on one short row's codes (rows of 12, say) zeroes 72 bytes, not a row's worth.
+    const CH: usize = 64;
+    for (codes, words) in codes.chunks(CH).zip(words.chunks_mut(CH / per)) {
+        let mut bytes = [0u8; CH + 8];
+        let full = codes.len() / 8;
+        for (i, c8) in codes.chunks_exact(8).enumerate() {
+            let x = u64::from_le_bytes(c8.try_into().expect("8 codes"));
+            let v = squeeze8(x, bits);
+            bytes[i * bits..(i + 1) * bits].copy_from_slice(&v.to_le_bytes()[..bits]);
         }
-        *w = W::from_u32(v);
+        let mut bit = full * 8 * bits;
+        for &c in &codes[full * 8..] {
+            bytes[bit / 8] |= (c & mask) << (bit % 8);
+            bit += bits;
+        }
+        let wb = W::BITS as usize / 8;
+        for (w, b) in words.iter_mut().zip(bytes.chunks_exact(wb)) {
+            let mut v = 0u32;
+            for (k, &byte) in b.iter().enumerate() {
+                v |= (byte as u32) << (8 * k);
+            }
+            *w = W::from_u32(v);
+        }
     }
 }
 
@@ -457,9 +462,13 @@ unsafe fn encode_range_avx2<C: Encode>(
     out: &mut [u8],
     stream: bool,
 ) -> bool {
+    if layout.per_tensor {
+        // One scale: the range is one run, whatever the rows' length.
+        let xs = &xs[start - x_start..start - x_start + out.len()];
+        return crate::simd::x86::encode_run_or_zero(codec, xs, effective.get(0), out, stream);
+    }
     let bc = layout.block_cols();
-    let whole_blocks = !layout.per_tensor
-        && crate::fused_avx2::eight_at_a_time(bc)
+    let whole_blocks = crate::fused_avx2::eight_at_a_time(bc)
         && layout.rows_map_directly()
         && layout.row_len().is_multiple_of(bc)
         && start.is_multiple_of(bc)
@@ -654,6 +663,22 @@ pub fn encode_words_last_axis<C: Encode, W: Word>(
     let w_end = w0 + words.len();
     while w < w_end {
         let (line, wi) = (w / nw, w % nw);
+        let lines = ((w_end - w) / nw).min(BUF / n_axis.max(1));
+        if wi == 0 && lines > 1 {
+            // Short lines: the codes of several in one call, each line then packed into its
+            // own words (its last one padded).
+            let (e0, len) = (line * n_axis, lines * n_axis);
+            bad |= encode_range(codec, x, layout, sc, e0, &mut codes[..len]);
+            let mine = &mut words[w - w0..w - w0 + lines * nw];
+            for (c, ws) in codes[..len]
+                .chunks_exact(n_axis)
+                .zip(mine.chunks_exact_mut(nw))
+            {
+                pack_fields(c, ws, per);
+            }
+            w += lines * nw;
+            continue;
+        }
         let take = (w_end - w).min(nw - wi).min(BUF / per);
         let e0 = line * n_axis + wi * per;
         let e1 = (line * n_axis + (wi + take) * per).min((line + 1) * n_axis);

@@ -48,6 +48,11 @@ pub(crate) fn encode_words<C: Encode, W: Word>(
         None => Thresholds::new(codec, e),
         Some(_) => None,
     };
+    if n_axis < 64 {
+        // No line holds a run of 64: every word by the general loop, in one call (not one a
+        // line, each zeroing its code buffer).
+        return encode_words_last_axis(codec, x, layout, sc, w0, words);
+    }
     let w_end = w0 + words.len();
     let mut bad = false;
     let mut w = w0;
