@@ -2,10 +2,11 @@
 //! MX formats, ...): eight blocks at a time.
 //!
 //! Every such block (16 and 32, the common case; 64, 128, ... as GPTQ-style groups; 8, 24,
-//! 40, ...) takes a path with no per-block branch: the eight blocks' maxima as integer maxima of the |x| bit patterns (for finite values the same order
-//! as the floats; a NaN or an infinity shows as a maximum at or past the infinity's pattern,
-//! so one compare finds a group with a non-finite value), their scales rounded in vector
-//! lanes, then each block divided by its scale (broadcast from the stored vector), encoded,
+//! 40, ...) takes a path with no per-block branch: the eight blocks' maxima as integer maxima
+//! of the |x| bit patterns (for finite values the same order as the floats; a NaN or an
+//! infinity shows as a maximum at or past the infinity's pattern, so one compare finds a group
+//! with a non-finite value), their scales rounded in vector lanes, then each block divided by
+//! its scale (broadcast from the stored vector), encoded,
 //! packed to bytes and stored. A group with a non-finite value or a zero scale (the zero rule)
 //! takes the general path, block by block, which gives the same bits on every input: the fast
 //! path only skips the checks that group needs.

@@ -813,12 +813,11 @@ unsafe fn decode_range_f32_avx2<D: Decode>(
     codes: &[u8],
     out: &mut [f32],
 ) {
-    // Large output streams, but not when called on many short runs (the packed fields' rows
-    // of 12 values, say) whose heads and tails would mix streamed and cached stores in the
-    // same lines (`x86::stream_runs`), and a fence each: only runs of whole vectors, or long.
+    // Large output streams, but a call is one of many runs (a task's, or the packed fields'
+    // codes a buffer at a time): only one of whole vectors, or a long one (`x86::stream_runs`).
     let whole = out.len().is_multiple_of(8) && (out.as_ptr() as usize).is_multiple_of(16);
     if layout.num_elements * 4 >= crate::simd::x86::STREAM_MIN_BYTES
-        && (whole || out.len() >= BUF / 2)
+        && crate::simd::x86::stream_runs(out.len(), whole)
     {
         decode_range_f32_avx2_with::<D, true>(dec, layout, effective, start, codes, out);
         // The non-temporal stores are weakly ordered: done before the task says it is done.
