@@ -215,6 +215,35 @@ def test_short_rows_dequantize_equal_reference(shape, block, store, threads):
                                   rq.dequantize().astype(np.float32).view(np.uint32))
 
 
+NARROW_SCHEMES = ["q8s/native/block4:f16", "q8f/native/block12:bf16", "q4s/packed_u32_0/block5:f16",
+                  "e2m1/packed_native0/block20:ue8m0", "e4m3/native/block3:f32",
+                  "q2s/packed_native0/block7:ue4m3", "q8s/native/block1:f16",
+                  "e5m2/native/block63:f16", "int8_block32", "int4_block32", "mxfp4", "mxfp8"]
+
+
+@pytest.mark.parametrize("scheme", NARROW_SCHEMES)
+@pytest.mark.parametrize("shape", [(2000, 3), (40, 1000), (300, 12), (7, 3, 61), (5000, 1)])
+@pytest.mark.parametrize("rounding", ["half_away", "half_even"])
+def test_narrow_blocks_quantize_equal_reference(scheme, shape, rounding, threads):
+    """Blocks under 64 values that are not whole vectors, back to back, eight at a time: short
+    blocks along rows (with and without a partial last one), and rows shorter than a block (a
+    conv kernel's rows of 3 under blocks of 32: each row one block), packed many short lines at
+    a time. Zero blocks among them (the zero rule: their group goes block by block), values a
+    scale's half-integer multiple (the checked reciprocal's flagged quotients). Against the
+    reference, one and two threads."""
+    x = data(shape, seed=sum(shape))
+    flat = x.reshape(-1)
+    flat[flat.size // 3: flat.size // 3 + 70] = 0.0
+    flat[-5:] = 0.0
+    rng = np.random.default_rng(len(flat))
+    # A block's largest |x| is 127 (or 7, 1) scale steps; halves of a step elsewhere: ties.
+    at = rng.integers(0, flat.size, flat.size // 20)
+    flat[at] = (rng.integers(-254, 255, at.size) / 2).astype(np.float32) * np.float32(0.0625)
+    kw = dict(rounding=rounding)
+    s = bq.presets.resolve(scheme)
+    assert_same(ref.quantize(x, s, **kw), bq.quantize(x, s, **kw))
+
+
 @pytest.mark.parametrize("shape", [(30_000, 3), (5, 1400, 12), (14_000, 5), (2, 3, 70)])
 @pytest.mark.parametrize("scheme", ["bitnet", "nvfp4", "int4_block32", "q4s/packed_u32_0/tensor:f32",
                                     "e4m3/native/tensor:f32", "q2s/packed_native0/block8:bf16"])

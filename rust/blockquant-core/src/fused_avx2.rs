@@ -13,7 +13,6 @@
 
 use std::arch::x86_64::*;
 
-use crate::calibrate::Calibration;
 use crate::codec::Encode;
 use crate::pack::encode_run;
 use crate::quantize::{FusedKernel, Piece};
@@ -21,18 +20,39 @@ use crate::scale::ScaleRounding;
 use crate::scheme::ScaleDtype;
 use crate::simd::x86;
 
-/// Blocks of a multiple of 8 values along rows, max |x| calibration: the case of
-/// [`measure_encode_groups`] (every block a whole run) and [`measure_encode_rows`] (the last
-/// block of each row cut short).
-pub(crate) fn blocks_of_8s(k: &FusedKernel<'_>) -> bool {
-    k.opts.calibration == Calibration::MinMax && k.layout.block_cols().is_multiple_of(8)
+/// Whether blocks of `m` values back to back take an eight-blocks kernel:
+/// [`measure_encode_groups`] for a multiple of 8, `fused_narrow`'s for a short length that is
+/// not one.
+pub(crate) fn blocks_of(m: usize) -> bool {
+    eight_at_a_time(m) || crate::fused_narrow::narrow(m)
 }
 
-/// One-pass kernel of a piece whose rows end in a partial block (a row length that `bc`, a
-/// multiple of 8, does not divide; rows mapping straight to scale rows): each row's whole
-/// blocks by [`measure_encode_groups`], then its last, short block on its own. A piece is whole
-/// rows or a block-aligned part of one row, so each of its row runs starts a block. Returns
-/// whether any input was non-finite.
+/// Whole blocks of `m` values back to back ([`blocks_of`]), max |x| calibration: the kernel
+/// for their length. Returns whether any input was non-finite.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn measure_encode_blocks<C: Encode>(
+    codec: C,
+    k: &FusedKernel<'_>,
+    m: usize,
+    xs: &[f32],
+    sc: &mut [f32],
+    out: &mut [u8],
+) -> bool {
+    if eight_at_a_time(m) {
+        measure_encode_groups(codec, k, m, xs, sc, out)
+    } else {
+        crate::fused_narrow::measure_encode_narrow(codec, k, m, xs, sc, out)
+    }
+}
+
+/// One-pass kernel of a piece whose rows end in a partial block (a row length longer than
+/// `bc`, which does not divide it, [`blocks_of`]; rows mapping straight to scale rows): each
+/// row's whole blocks by [`measure_encode_blocks`], then its last, short block on its own. A
+/// piece is whole rows or a block-aligned part of one row, so each of its row runs starts a
+/// block. Returns whether any input was non-finite.
 ///
 /// # Safety
 /// The CPU must have AVX2 and F16C.
@@ -57,17 +77,37 @@ pub(crate) unsafe fn measure_encode_rows<C: Encode>(
         let s = k.layout.grid_row_offset(row) + col / bc - p.scale0;
         let whole = len - len % bc;
         let r = i..i + whole;
-        bad |= measure_encode_groups(codec, k, &xs[r.clone()], &mut sc[s..s + whole / bc], {
+        bad |= measure_encode_blocks(codec, k, bc, &xs[r.clone()], &mut sc[s..s + whole / bc], {
             &mut out[r]
         });
         if whole < len {
-            let r = i + whole..i + len;
+            let (r, last) = (i + whole..i + len, s + whole / bc);
             let (run, o) = (&xs[r.clone()], &mut out[r]);
-            let e = k.scale(x86::max_abs(run));
-            sc[s + whole / bc] = e;
-            bad |= x86::encode_run_or_zero(codec, run, e, o, k.stream);
+            bad |= one_at_a_time(codec, k, len - whole, run, &mut sc[last..last + 1], o);
         }
         pos = run_end;
+    }
+    bad
+}
+
+/// Blocks of `bc` values back to back (`xs`, the last one possibly shorter), each measured,
+/// its stored scale worked out (into `sc`) and its codes encoded (into `out`) on its own: the
+/// general path, for any input (a non-finite value, a zero scale). Returns whether any input
+/// was non-finite.
+#[inline(always)]
+pub(crate) unsafe fn one_at_a_time<C: Encode>(
+    codec: C,
+    k: &FusedKernel<'_>,
+    bc: usize,
+    xs: &[f32],
+    sc: &mut [f32],
+    out: &mut [u8],
+) -> bool {
+    let mut bad = false;
+    for ((run, o), s) in xs.chunks(bc).zip(out.chunks_mut(bc)).zip(sc) {
+        let e = k.scale(x86::max_abs(run));
+        *s = e;
+        bad |= x86::encode_run_or_zero(codec, run, e, o, k.stream);
     }
     bad
 }
@@ -125,11 +165,11 @@ pub(crate) unsafe fn checked_scales8(k: &FusedKernel<'_>, bits: __m256i) -> Opti
 pub(crate) unsafe fn measure_encode_groups<C: Encode>(
     codec: C,
     k: &FusedKernel<'_>,
+    bc: usize,
     xs: &[f32],
     sc: &mut [f32],
     out: &mut [u8],
 ) -> bool {
-    let bc = k.layout.block_cols();
     let blocks = xs.len() / bc;
     assert!(blocks * bc == xs.len() && sc.len() == blocks && out.len() == xs.len());
     let mut bad = false;
@@ -150,14 +190,14 @@ pub(crate) unsafe fn measure_encode_groups<C: Encode>(
         }
         b += 8;
     }
-    for (b, s) in sc.iter_mut().enumerate().skip(b) {
-        let r = b * bc..(b + 1) * bc;
-        let (run, o) = (&xs[r.clone()], &mut out[r]);
-        let e = k.scale(x86::max_abs(run));
-        *s = e;
-        bad |= x86::encode_run_or_zero(codec, run, e, o, k.stream);
-    }
-    bad
+    bad | one_at_a_time(
+        codec,
+        k,
+        bc,
+        &xs[b * bc..],
+        &mut sc[b..],
+        &mut out[b * bc..],
+    )
 }
 
 /// Eight blocks, each a run of `bc` values, one at a time after their scales: any input.
@@ -261,12 +301,7 @@ unsafe fn encode_group<C: Encode, const V: usize>(
     // Non-temporal stores need 16-byte alignment (numpy's storage has it; runs of 16 or 32
     // codes keep it, and blocks of 8 the 8 bytes of their `_mm_stream_si64` stores).
     let stream = stream && (o0 as usize).is_multiple_of(16);
-    // No quotient needs clamping when each block's largest does not (the division is
-    // monotone): the usual case, as the scale is max |x| over the half range, rounded.
-    let in_range = codec.unclamped_below().is_some_and(|b| {
-        let top = _mm256_div_ps(_mm256_castsi256_ps(bits), e);
-        _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(top, _mm256_set1_ps(b))) == 0xFF
-    });
+    let in_range = in_range8(codec, bits, e);
     let (mul, d) = x86::divisor_lanes(e);
     if let (false, Some(range), true) = (mul, codec.int_range(), x86::checked_reciprocal_lanes(e)) {
         let r = _mm256_div_ps(_mm256_set1_ps(1.0), e);
@@ -283,6 +318,18 @@ unsafe fn encode_group<C: Encode, const V: usize>(
         (false, true) => encode_8blocks::<C, V, false, true>(codec, x0, bc, d, o0, stream),
         (false, false) => encode_8blocks::<C, V, false, false>(codec, x0, bc, d, o0, stream),
     }
+}
+
+/// Whether no quotient of eight blocks needs clamping: each block's largest (`bits`, the
+/// maxima of their |x| bit patterns, every value finite) over its scale (a lane of `e`, none
+/// zero) below `codec.unclamped_below()`. The division is monotone, so the rest are too: the
+/// usual case, as the scale is max |x| over the half range, rounded.
+#[inline(always)]
+pub(crate) unsafe fn in_range8<C: Encode>(codec: C, bits: __m256i, e: __m256) -> bool {
+    codec.unclamped_below().is_some_and(|b| {
+        let top = _mm256_div_ps(_mm256_castsi256_ps(bits), e);
+        _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(top, _mm256_set1_ps(b))) == 0xFF
+    })
 }
 
 /// Whether a group of eight blocks with given scales `e` takes the eight-at-a-time path:
@@ -421,7 +468,7 @@ pub(crate) unsafe fn store_codes<const V: usize>(c: &[__m256i; V], o: *mut u8, s
 /// Eight code bytes to `o`, from the dwords 0 and 2 of `w` (the two 128-bit halves' packs of
 /// one vector of codes): non-temporal (`o` 8-byte aligned) or not.
 #[inline(always)]
-unsafe fn store8(o: *mut u8, w: __m128i, stream: bool) {
+pub(crate) unsafe fn store8(o: *mut u8, w: __m128i, stream: bool) {
     let bytes = _mm_cvtsi128_si64(_mm_shuffle_epi32::<0b00_00_10_00>(w));
     if stream {
         _mm_stream_si64(o as *mut i64, bytes);

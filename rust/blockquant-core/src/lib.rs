@@ -16,6 +16,8 @@ pub mod codec;
 pub mod error;
 #[cfg(target_arch = "x86_64")]
 mod fused_avx2;
+#[cfg(target_arch = "x86_64")]
+mod fused_narrow;
 mod fused_tiles;
 pub mod ggml;
 pub mod input;

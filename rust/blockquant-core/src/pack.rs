@@ -700,19 +700,152 @@ pub fn pack_last_axis<W: Word>(
     w0: usize,
     words: &mut [W],
 ) {
+    // The codes a word as a constant: one short line after another (a conv kernel's rows of
+    // 3) spent most of their time in divisions by it.
+    match layout.packing.per {
+        1 => pack_lines::<W, 1>(layout, codes, start, w0, words),
+        2 => pack_lines::<W, 2>(layout, codes, start, w0, words),
+        4 => pack_lines::<W, 4>(layout, codes, start, w0, words),
+        8 => pack_lines::<W, 8>(layout, codes, start, w0, words),
+        16 => pack_lines::<W, 16>(layout, codes, start, w0, words),
+        _ => pack_lines::<W, 0>(layout, codes, start, w0, words),
+    }
+}
+
+/// [`pack_last_axis`] with `PER` codes a word (0: the layout's, not known at compile time).
+#[inline(always)]
+fn pack_lines<W: Word, const PER: usize>(
+    layout: &Layout,
+    codes: &[u8],
+    start: usize,
+    w0: usize,
+    words: &mut [W],
+) {
     let p = &layout.packing;
-    let (per, nw, n) = (p.per, p.words_axis, p.n_axis);
+    let per = if PER == 0 { p.per } else { PER };
+    debug_assert_eq!(per, p.per);
+    let (nw, n) = (p.words_axis, p.n_axis);
     let end = start + codes.len();
     let mut pos = start;
+    let (mut line, mut col) = (start / n, start % n);
+    debug_assert_eq!(col % per, 0, "a piece starts on a word boundary");
     while pos < end {
-        let (line, col) = (pos / n, pos % n);
-        debug_assert_eq!(col % per, 0, "a piece starts on a word boundary");
+        let lines = (end - pos) / n;
+        if col == 0 && n < FEW && lines > 1 {
+            let w = line * nw - w0;
+            let (c, w) = (
+                &codes[pos - start..][..lines * n],
+                &mut words[w..][..lines * nw],
+            );
+            pack_short_lines(c, n, w, per);
+            pos += lines * n;
+            line += lines;
+            continue;
+        }
         // At most BUF codes a call: `pack_fields` squeezes them through a stack buffer.
-        let take = (end.min((line + 1) * n) - pos).min(BUF);
+        let take = (end.min(line * n + n) - pos).min(BUF);
         let w = line * nw + col / per - w0;
-        let c = &codes[pos - start..pos - start + take];
-        pack_fields(c, &mut words[w..w + take.div_ceil(per)], per);
+        let (c, w) = (
+            &codes[pos - start..][..take],
+            &mut words[w..][..take.div_ceil(per)],
+        );
+        if take < FEW {
+            pack_few(c, w, per);
+        } else {
+            pack_fields(c, w, per);
+        }
         pos += take;
+        col += take;
+        if col == n {
+            (line, col) = (line + 1, 0);
+        }
+    }
+}
+
+/// Runs shorter than this are packed by [`pack_few`]: the short lines of a conv kernel's
+/// weight (rows of 3 codes, two words), where `pack_fields`' set-up cost several times the
+/// packing.
+const FEW: usize = 32;
+
+/// Whole lines of `n` codes each (`n` < [`FEW`]) into their words (`words`: `nw` a line,
+/// whole). Most lines by [`squeeze_lines`], the last ones (or all, on a big-endian machine) by
+/// [`pack_few`].
+#[inline(always)]
+fn pack_short_lines<W: Word>(codes: &[u8], n: usize, words: &mut [W], per: usize) {
+    let nw = words.len() / (codes.len() / n);
+    #[cfg(target_endian = "little")]
+    let done = squeeze_lines(codes, n, words, nw, per);
+    #[cfg(not(target_endian = "little"))]
+    let done = 0;
+    for (c, w) in codes
+        .chunks_exact(n)
+        .zip(words.chunks_exact_mut(nw))
+        .skip(done)
+    {
+        pack_few(c, w, per);
+    }
+}
+
+/// [`pack_short_lines`]' fast part: each line eight codes at a time, squeezed
+/// ([`squeeze8`]) and stored as 8 bytes at the line's next byte (the words' bytes are the
+/// packed stream in order, little-endian). A store runs past the line's own bytes into the
+/// next line's, which that line's stores then overwrite; its bytes past the line's fields are
+/// zero, so the line's last word's padding is too. Returns how many lines it packed: all but
+/// the last few, whose 8-byte reads or stores would leave the slices.
+#[cfg(target_endian = "little")]
+#[inline(always)]
+fn squeeze_lines<W: Word>(codes: &[u8], n: usize, words: &mut [W], nw: usize, per: usize) -> usize {
+    let bits = W::BITS as usize / per;
+    let line_bytes = nw * std::mem::size_of::<W>();
+    // SAFETY: the words' memory seen as bytes (u8 and u32 have no invalid bit patterns).
+    let bytes = unsafe {
+        std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, std::mem::size_of_val(words))
+    };
+    // A line's last eight codes start at `last`: the lines whose reads and stores there stay
+    // in bounds.
+    let last = (n - 1) / 8 * 8;
+    let fits = |len: usize, from: usize, step: usize| {
+        len.checked_sub(from + 8).map_or(0, |r| r / step + 1)
+    };
+    let lines = fits(codes.len(), last, n).min(fits(bytes.len(), last * bits / 8, line_bytes));
+    let keep = match n % 8 {
+        0 => u64::MAX,
+        r => (1u64 << (8 * r)) - 1,
+    };
+    let (from, to) = (codes.as_ptr(), bytes.as_mut_ptr());
+    for l in 0..lines {
+        let (c0, b0) = (l * n, l * line_bytes);
+        // A plain loop over the line's eights: an iterator's set-up, once a line of 3 codes,
+        // cost more than the packing.
+        let mut c = 0;
+        loop {
+            // SAFETY: for every line below `lines` and c up to `last`, the 8 codes read and the
+            // 8 bytes stored lie within `codes` and `bytes` (`fits`).
+            let x = u64::from_le(unsafe { (from.add(c0 + c) as *const u64).read_unaligned() });
+            let x = if c == last { x & keep } else { x };
+            let v = squeeze8(x, bits).to_le();
+            // SAFETY: as above.
+            unsafe { (to.add(b0 + c * bits / 8) as *mut u64).write_unaligned(v) };
+            if c == last {
+                break;
+            }
+            c += 8;
+        }
+    }
+    lines
+}
+
+/// [`pack_fields`] for a few codes: each word's fields or-ed together in turn.
+#[inline(always)]
+fn pack_few<W: Word>(codes: &[u8], words: &mut [W], per: usize) {
+    let bits = W::BITS as usize / per;
+    let mask = u32::MAX >> (32 - bits);
+    for (w, fields) in words.iter_mut().zip(codes.chunks(per)) {
+        let v = fields
+            .iter()
+            .enumerate()
+            .fold(0u32, |v, (k, &c)| v | (c as u32 & mask) << (k * bits));
+        *w = W::from_u32(v);
     }
 }
 
@@ -1650,12 +1783,14 @@ pub(crate) mod tests {
             let mut words = vec![W::from_u32(0xA5A5_A5A5); len.div_ceil(per)];
             pack_fields(&codes, &mut words, per);
             let got: Vec<u32> = words.iter().map(|w| w.to_u32()).collect();
-            assert_eq!(
-                got,
-                pack_oracle(&codes, per, W::BITS),
-                "{} per {per} len {len}",
-                W::BITS
-            );
+            let want = pack_oracle(&codes, per, W::BITS);
+            assert_eq!(got, want, "{} per {per} len {len}", W::BITS);
+            if len < 3 * FEW {
+                let mut words = vec![W::from_u32(0x5A5A_5A5A); len.div_ceil(per)];
+                pack_few(&codes, &mut words, per);
+                let got: Vec<u32> = words.iter().map(|w| w.to_u32()).collect();
+                assert_eq!(got, want, "pack_few: {} per {per} len {len}", W::BITS);
+            }
         }
     }
 
@@ -1668,6 +1803,37 @@ pub(crate) mod tests {
         }
         for per in [4, 8, 16] {
             check_pack::<u32>(per, &mut rng);
+        }
+    }
+
+    /// Many short lines at once (`pack_short_lines`: 8-byte stores that run into the next
+    /// line, the last lines one word at a time) against each line packed alone by the oracle,
+    /// over stale words; line counts around where the 8-byte reads and stores stop fitting.
+    fn check_short_lines<W: Word>(per: usize, rng: &mut Rng) {
+        for n in 1..FEW {
+            let nw = n.div_ceil(per);
+            for lines in [1, 2, 3, 4, 5, 9, 17, 40] {
+                let codes: Vec<u8> = (0..n * lines).map(|_| rng.byte()).collect();
+                let mut words = vec![W::from_u32(0xA5A5_A5A5); nw * lines];
+                pack_short_lines(&codes, n, &mut words, per);
+                let got: Vec<u32> = words.iter().map(|w| w.to_u32()).collect();
+                let want: Vec<u32> = codes
+                    .chunks(n)
+                    .flat_map(|line| pack_oracle(line, per, W::BITS))
+                    .collect();
+                assert_eq!(got, want, "{} per {per}, {lines} lines of {n}", W::BITS);
+            }
+        }
+    }
+
+    #[test]
+    fn short_lines_pack_as_each_line_alone() {
+        let mut rng = Rng::new(5);
+        for per in [1, 2, 4] {
+            check_short_lines::<u8>(per, &mut rng);
+        }
+        for per in [4, 8, 16] {
+            check_short_lines::<u32>(per, &mut rng);
         }
     }
 

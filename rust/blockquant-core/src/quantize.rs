@@ -993,9 +993,10 @@ impl<'a> FusedKernel<'a> {
     }
 }
 
-/// One block at a time while it is in L1: its α, its stored scale (into `sc`), its codes (into
-/// `out`, one a byte; `xs` and `out` hold just the piece). Returns whether any input was
-/// non-finite.
+/// A piece's blocks while they are in L1: their α, their stored scales (into `sc`), their codes
+/// (into `out`, one a byte; `xs` and `out` hold just the piece); eight blocks at a time where
+/// a kernel takes their length (`fused_avx2`, `fused_narrow`), else one at a time. Returns
+/// whether any input was non-finite.
 #[inline]
 fn measure_encode<C: Encode>(
     codec: C,
@@ -1007,14 +1008,19 @@ fn measure_encode<C: Encode>(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx2() {
-        if crate::fused_avx2::blocks_of_8s(k) && crate::simd::has_f16c() {
-            let layout = k.layout;
+        use crate::fused_avx2::{blocks_of, measure_encode_blocks, measure_encode_rows};
+        let (n, bc) = (k.layout.row_len(), k.layout.block_cols());
+        if k.opts.calibration == Calibration::MinMax && crate::simd::has_f16c() {
+            // Blocks back to back: rows of whole blocks, or rows shorter than a block (each
+            // one block, as a conv kernel's rows of 3 under blocks of 32). Else rows of whole
+            // blocks and a partial one.
+            let m = if n.is_multiple_of(bc) { bc } else { n };
             // SAFETY (both): the CPU has AVX2 and F16C, checked just above.
-            if layout.row_len().is_multiple_of(layout.block_cols()) {
-                return unsafe { crate::fused_avx2::measure_encode_groups(codec, k, xs, sc, out) };
+            if m <= bc && blocks_of(m) {
+                return unsafe { measure_encode_blocks(codec, k, m, xs, sc, out) };
             }
-            if layout.rows_map_directly() {
-                return unsafe { crate::fused_avx2::measure_encode_rows(codec, k, p, xs, sc, out) };
+            if n > bc && blocks_of(bc) {
+                return unsafe { measure_encode_rows(codec, k, p, xs, sc, out) };
             }
         }
         // SAFETY: the CPU has AVX2, checked just above.
@@ -1800,6 +1806,20 @@ pub(crate) mod tests {
             (&[9, 100], 8),
             (&[2, PIECE + 100], 40),
             (&[3, 20], 32),
+            // Blocks back to back of a length under 64 that is not a multiple of 8, eight at
+            // a time (`fused_narrow`): rows shorter than a block (a conv kernel's rows of 3,
+            // rows of 1 and 12, rows split over pieces), short blocks along rows, with and
+            // without a partial last block, and a group cut short at a piece's end.
+            (&[700, 3], 32),
+            (&[300, 1], 16),
+            (&[200, 12], 32),
+            (&[6000, 5], 8),
+            (&[4, 400], 4),
+            (&[3, 1000], 12),
+            (&[5, 101], 5),
+            (&[2, 997], 63),
+            (&[3, 130], 1),
+            (&[PIECE / 2 + 3, 3], 4),
         ] {
             let n: usize = shape.iter().product();
             let mut x = tensor(&mut rng, n);

@@ -265,6 +265,30 @@ pub(crate) mod x86 {
         fold_max8_epi32(&m)
     }
 
+    /// [`max_abs_bits_8runs_len`] for runs of any length `len` ≥ 1: each run's last part vector
+    /// is a masked load, whose lanes past the run read as 0 (below every |x| pattern but zero's)
+    /// and touch no memory, so nothing past the eighth run is read.
+    #[inline(always)]
+    pub(crate) unsafe fn max_abs_bits_8runs_any(p: *const f32, len: usize) -> __m256i {
+        let abs = _mm256_set1_epi32(0x7FFF_FFFF);
+        let whole = len - len % 8;
+        let tail = _mm256_cmpgt_epi32(
+            _mm256_set1_epi32((len % 8) as i32),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        );
+        let mut m = [_mm256_setzero_si256(); 8];
+        for (j, acc) in m.iter_mut().enumerate() {
+            let run = p.add(j * len);
+            for t in (0..whole).step_by(8) {
+                let v = _mm256_loadu_si256(run.add(t) as *const __m256i);
+                *acc = _mm256_max_epi32(_mm256_and_si256(v, abs), *acc);
+            }
+            let v = _mm256_maskload_epi32(run.add(whole) as *const i32, tail);
+            *acc = _mm256_max_epi32(_mm256_and_si256(v, abs), *acc);
+        }
+        fold_max8_epi32(&m)
+    }
+
     /// max |x| of each of eight runs of `len` values (a multiple of 8) from `p`, `p + len`, ...:
     /// lane j is run j's. NaNs passed over, as [`max_abs`].
     #[inline(always)]

@@ -1,0 +1,202 @@
+//! The one-pass kernel's AVX2 path for blocks back to back whose length `m` is under 64 and
+//! not a multiple of 8: blocks of 4, 12 or 20 along long rows, and the rows of a conv kernel.
+//! A (c_out, c_in, 3, 3) weight with blocks of 32 along its last axis has rows of 3, each row
+//! one block of 3: block by block, each block cost some 50 ns of set-up for 3 values.
+//!
+//! `fused_avx2`'s kernel needs whole vectors a block; this one takes eight blocks (8·m values,
+//! so m vectors) at a time:
+//! - the eight maxima of the |x| bit patterns, each block read by its whole vectors and a
+//!   masked load of its rest, folded into one vector's lanes;
+//! - the eight stored scales in lanes (`fused_avx2::checked_scales8`, the same as the scalar
+//!   rounding's);
+//! - the m vectors of values, each lane divided by its own block's scale: value i of the group
+//!   is in block i / m, and a permute spreads the scales' lanes to the values' by that pattern,
+//!   worked out once a piece ([`Spread`]).
+//!
+//! A group with a non-finite value or a zero scale (the zero rule) goes block by block, as in
+//! `fused_avx2`, which gives the same bits on every input.
+
+use std::arch::x86_64::*;
+
+use crate::codec::Encode;
+use crate::fused_avx2::{checked_scales8, in_range8, one_at_a_time, store8, store_codes};
+use crate::quantize::FusedKernel;
+use crate::simd::x86;
+
+/// Blocks shorter than this take [`measure_encode_narrow`] (when not a multiple of 8): the
+/// spreading patterns are m vectors, and a longer block's set-up is a small part of it anyway.
+const NARROW_MAX: usize = 64;
+
+/// Whether blocks of `m` values back to back take [`measure_encode_narrow`].
+pub(crate) fn narrow(m: usize) -> bool {
+    m > 0 && m < NARROW_MAX && !m.is_multiple_of(8)
+}
+
+/// Which block of a group each value is in: vector t of the group (values 8t … 8t + 7) takes
+/// its lanes' scales from lanes `pattern[t]` of the eight blocks' scales.
+struct Spread {
+    patterns: [__m256i; NARROW_MAX],
+    m: usize,
+}
+
+impl Spread {
+    #[inline(always)]
+    unsafe fn new(m: usize) -> Self {
+        let mut lanes = [[0i32; 8]; NARROW_MAX];
+        for (i, lane) in lanes.iter_mut().take(m).flatten().enumerate() {
+            *lane = (i / m) as i32;
+        }
+        Self {
+            patterns: lanes.map(|l| _mm256_loadu_si256(l.as_ptr() as *const __m256i)),
+            m,
+        }
+    }
+
+    #[inline(always)]
+    fn patterns(&self) -> &[__m256i] {
+        &self.patterns[..self.m]
+    }
+}
+
+/// One-pass kernel of a piece (`xs`, its scales `sc`, its codes `out`, one a byte) of whole
+/// blocks of `m` values back to back ([`narrow`]), max |x| calibration. Returns whether any
+/// input was non-finite.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn measure_encode_narrow<C: Encode>(
+    codec: C,
+    k: &FusedKernel<'_>,
+    m: usize,
+    xs: &[f32],
+    sc: &mut [f32],
+    out: &mut [u8],
+) -> bool {
+    assert!(narrow(m), "a short block that is not whole vectors");
+    let blocks = xs.len() / m;
+    assert!(blocks * m == xs.len() && sc.len() == blocks && out.len() == xs.len());
+    if blocks < 8 {
+        // No group (a row of a few blocks and a partial one): no patterns to work out.
+        return one_at_a_time(codec, k, m, xs, sc, out);
+    }
+    let spread = Spread::new(m);
+    let mut bad = false;
+    let mut b = 0;
+    while b + 8 <= blocks {
+        let r = b * m..(b + 8) * m;
+        // In bounds: blocks b..b + 8 lie within xs, sc and out.
+        let x0 = xs.as_ptr().add(r.start);
+        x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * m);
+        let bits = x86::max_abs_bits_8runs_any(x0, m);
+        if let Some(e) = checked_scales8(k, bits) {
+            _mm256_storeu_ps(sc.as_mut_ptr().add(b), e);
+            encode_group(
+                codec,
+                x0,
+                &spread,
+                bits,
+                e,
+                out.as_mut_ptr().add(r.start),
+                k.stream,
+            );
+        } else {
+            bad |= one_at_a_time(codec, k, m, &xs[r.clone()], &mut sc[b..b + 8], &mut out[r]);
+        }
+        b += 8;
+    }
+    bad | one_at_a_time(codec, k, m, &xs[b * m..], &mut sc[b..], &mut out[b * m..])
+}
+
+/// Codes of eight blocks of m values from `x0` into `o0`, block j divided by lane j of `e`
+/// (every lane non-zero, every value finite; `bits`: the blocks' maxima of the |x| bit
+/// patterns): the checked multiply by the reciprocals for integer codes, as `fused_avx2`'s
+/// groups, else the division (a multiply where every scale is a power of two). `stream`:
+/// non-temporal 8-byte stores where `o0` is 8-byte aligned (the group's stores are then all
+/// whole, so its lines are never mixed).
+#[inline(always)]
+unsafe fn encode_group<C: Encode>(
+    codec: C,
+    x0: *const f32,
+    spread: &Spread,
+    bits: __m256i,
+    e: __m256,
+    o0: *mut u8,
+    stream: bool,
+) {
+    let stream = stream && (o0 as usize).is_multiple_of(8);
+    let in_range = in_range8(codec, bits, e);
+    let (mul, d) = x86::divisor_lanes(e);
+    if let (false, Some(range), true) = (mul, codec.int_range(), x86::checked_reciprocal_lanes(e)) {
+        let r = _mm256_div_ps(_mm256_set1_ps(1.0), e);
+        let near = if in_range {
+            encode_recip::<true>(x0, spread, r, range, o0, stream)
+        } else {
+            encode_recip::<false>(x0, spread, r, range, o0, stream)
+        };
+        if !near {
+            return;
+        }
+        // A flagged quotient: the group again by the division, over the codes stored.
+    }
+    match (mul, in_range) {
+        (true, true) => encode_with::<C, true, true>(codec, x0, spread, d, o0, stream),
+        (true, false) => encode_with::<C, true, false>(codec, x0, spread, d, o0, stream),
+        (false, true) => encode_with::<C, false, true>(codec, x0, spread, d, o0, stream),
+        (false, false) => encode_with::<C, false, false>(codec, x0, spread, d, o0, stream),
+    }
+}
+
+/// Codes of a group's m vectors: each value divided by its block's lane of `d` (multiplied by
+/// it when `MUL`), encoded (without the clamp when `IN_RANGE`), 8 bytes a vector.
+#[inline(always)]
+unsafe fn encode_with<C: Encode, const MUL: bool, const IN_RANGE: bool>(
+    codec: C,
+    x0: *const f32,
+    spread: &Spread,
+    d: __m256,
+    o0: *mut u8,
+    stream: bool,
+) {
+    for (t, &pattern) in spread.patterns().iter().enumerate() {
+        let dv = _mm256_permutevar8x32_ps(d, pattern);
+        let v = _mm256_loadu_ps(x0.add(8 * t));
+        let q = if MUL {
+            _mm256_mul_ps(v, dv)
+        } else {
+            _mm256_div_ps(v, dv)
+        };
+        let c = if IN_RANGE {
+            codec.encode8_in_range(q)
+        } else {
+            codec.encode8(q)
+        };
+        store_codes::<1>(&[c], o0.add(8 * t), stream);
+    }
+}
+
+/// Integer codes of a group's m vectors by the checked multiply by the reciprocals `r` of the
+/// blocks' scales ([`x86::int_codes8_recip`]), 8 bytes a vector. Returns whether a value was
+/// flagged (its code then wrong: the caller encodes the group again by the division).
+#[inline(always)]
+unsafe fn encode_recip<const IN_RANGE: bool>(
+    x0: *const f32,
+    spread: &Spread,
+    r: __m256,
+    (lo, hi): (f32, f32),
+    o0: *mut u8,
+    stream: bool,
+) -> bool {
+    let (lov, hiv) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+    let mut near = _mm256_set1_epi32(-1);
+    for (t, &pattern) in spread.patterns().iter().enumerate() {
+        let rv = _mm256_permutevar8x32_ps(r, pattern);
+        let v = _mm256_loadu_ps(x0.add(8 * t));
+        let c = x86::int_codes8_recip::<IN_RANGE>(v, rv, lov, hiv, &mut near);
+        // i32 codes within [-128, 127]: the signed packs keep them.
+        let w = _mm256_packs_epi32(c, c);
+        let w = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256::<1>(w));
+        store8(o0.add(8 * t), w, stream);
+    }
+    x86::recip_was_near(near)
+}
