@@ -218,7 +218,9 @@ def test_short_rows_dequantize_equal_reference(shape, block, store, threads):
 NARROW_SCHEMES = ["q8s/native/block4:f16", "q8f/native/block12:bf16", "q4s/packed_u32_0/block5:f16",
                   "e2m1/packed_native0/block20:ue8m0", "e4m3/native/block3:f32",
                   "q2s/packed_native0/block7:ue4m3", "q8s/native/block1:f16",
-                  "e5m2/native/block63:f16", "int8_block32", "int4_block32", "mxfp4", "mxfp8"]
+                  "e5m2/native/block63:f16", "int8_block32", "int4_block32", "mxfp4", "mxfp8",
+                  "nvfp4", "e2m1/packed_native0/block4:ue4m3+tensor:f32",
+                  "q8s/native/block12:f16+tensor:f32"]
 
 
 @pytest.mark.parametrize("scheme", NARROW_SCHEMES)
@@ -228,7 +230,7 @@ def test_narrow_blocks_quantize_equal_reference(scheme, shape, rounding, threads
     """Blocks under 64 values that are not whole vectors, back to back, eight at a time: short
     blocks along rows (with and without a partial last one), and rows shorter than a block (a
     conv kernel's rows of 3 under blocks of 32: each row one block), packed many short lines at
-    a time. Zero blocks among them (the zero rule: their group goes block by block), values a
+    a time; two-level schemes too. Zero blocks among them (the zero rule: their group goes block by block), values a
     scale's half-integer multiple (the checked reciprocal's flagged quotients). Against the
     reference, one and two threads."""
     x = data(shape, seed=sum(shape))

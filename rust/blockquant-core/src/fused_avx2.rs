@@ -544,7 +544,7 @@ unsafe fn encode_8blocks_recip<C: Encode, const V: usize, const IN_RANGE: bool>(
     }
 }
 
-/// Pass 2 of a two-level scheme on a piece of whole blocks of 16 or 32 values: block scales
+/// Pass 2 of a two-level scheme on a piece of whole blocks of `bc` = 16 or 32 values: block scales
 /// b_i from the amplitudes `sc` holds on entry (replaced by the b_i, in place: no second
 /// array of the grid's size), each block's values against
 /// e_i = min(b_i × g, f32::MAX) (codes into `out`, one a byte). Returns whether any input was
@@ -557,11 +557,11 @@ pub(crate) unsafe fn two_level_piece<C: Encode>(
     codec: C,
     k: &FusedKernel<'_>,
     g: f32,
+    bc: usize,
     xs: &[f32],
     sc: &mut [f32],
     out: &mut [u8],
 ) -> bool {
-    let bc = k.layout.block_cols();
     let blocks = xs.len() / bc;
     assert!(blocks * bc == xs.len() && sc.len() == blocks);
     assert!(out.len() == xs.len() && (bc == 16 || bc == 32));

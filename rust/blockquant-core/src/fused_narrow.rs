@@ -19,8 +19,9 @@
 use std::arch::x86_64::*;
 
 use crate::codec::Encode;
-use crate::fused_avx2::{checked_scales8, in_range8, one_at_a_time, store8, store_codes};
-use crate::quantize::FusedKernel;
+use crate::fused_avx2::{checked_scales8, effective8, finite_and_nonzero, in_range8};
+use crate::fused_avx2::{one_at_a_time, store8, store_codes, two_level_scales8};
+use crate::quantize::{effective_scale, FusedKernel};
 use crate::simd::x86;
 
 /// Blocks shorter than this take [`measure_encode_narrow`] (when not a multiple of 8): the
@@ -106,6 +107,67 @@ pub(crate) unsafe fn measure_encode_narrow<C: Encode>(
         b += 8;
     }
     bad | one_at_a_time(codec, k, m, &xs[b * m..], &mut sc[b..], &mut out[b * m..])
+}
+
+/// Pass 2 of a two-level scheme on a piece of whole blocks of `m` values back to back
+/// ([`narrow`]), as `fused_avx2::two_level_piece`: block scales b_i from the amplitudes `sc`
+/// holds on entry (replaced by the b_i), each block's values against e_i = min(b_i × g,
+/// f32::MAX), codes into `out` (one a byte). A group with a non-finite value or a zero e_i
+/// goes block by block. Returns whether any input was non-finite.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn two_level_piece<C: Encode>(
+    codec: C,
+    k: &FusedKernel<'_>,
+    g: f32,
+    m: usize,
+    xs: &[f32],
+    sc: &mut [f32],
+    out: &mut [u8],
+) -> bool {
+    assert!(narrow(m), "a short block that is not whole vectors");
+    let blocks = xs.len() / m;
+    assert!(blocks * m == xs.len() && sc.len() == blocks && out.len() == xs.len());
+    let mut bad = false;
+    let mut b = 0;
+    let spread = (blocks >= 8).then(|| Spread::new(m));
+    while b + 8 <= blocks {
+        let r = b * m..(b + 8) * m;
+        // In bounds: blocks b..b + 8 lie within xs, sc and out.
+        let x0 = xs.as_ptr().add(r.start);
+        x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * m);
+        let bs = two_level_scales8(k, g, _mm256_loadu_ps(sc.as_ptr().add(b)));
+        _mm256_storeu_ps(sc.as_mut_ptr().add(b), bs);
+        let e = effective8(bs, g);
+        let bits = x86::max_abs_bits_8runs_any(x0, m);
+        if let (Some(spread), true) = (&spread, finite_and_nonzero(bits, e)) {
+            encode_group(
+                codec,
+                x0,
+                spread,
+                bits,
+                e,
+                out.as_mut_ptr().add(r.start),
+                false,
+            );
+        } else {
+            for (j, &s) in sc.iter().enumerate().skip(b).take(8) {
+                let r = j * m..(j + 1) * m;
+                let e = effective_scale(s, g);
+                bad |= crate::pack::encode_run(codec, &xs[r.clone()], e, &mut out[r]);
+            }
+        }
+        b += 8;
+    }
+    for (j, s) in sc.iter_mut().enumerate().skip(b) {
+        let r = j * m..(j + 1) * m;
+        *s = k.two_level_scale(*s, g);
+        let e = effective_scale(*s, g);
+        bad |= crate::pack::encode_run(codec, &xs[r.clone()], e, &mut out[r]);
+    }
+    bad
 }
 
 /// Codes of eight blocks of m values from `x0` into `o0`, block j divided by lane j of `e`

@@ -43,14 +43,9 @@ pub(crate) fn applies(layout: &Layout) -> bool {
 }
 
 /// Pass 1 of every piece (in the pool): the amplitudes into `stored` (one per block, in
-/// order). Returns the largest |x| bit pattern (past f32::MAX's when any input is not finite).
-pub(crate) fn amplitudes(
-    x: Input<'_>,
-    layout: &Layout,
-    pieces: &[Piece],
-    stored: &mut [f32],
-) -> u32 {
-    let bc = layout.block_cols();
+/// order), blocks of `bc` values back to back (`quantize::block_run`). Returns the largest |x|
+/// bit pattern (past f32::MAX's when any input is not finite).
+pub(crate) fn amplitudes(x: Input<'_>, bc: usize, pieces: &[Piece], stored: &mut [f32]) -> u32 {
     let mut work = Vec::with_capacity(pieces.len());
     let mut rest = stored;
     for p in pieces {
@@ -67,16 +62,17 @@ pub(crate) fn amplitudes(
         .reduce(|| 0, u32::max)
 }
 
-/// α = max |x| of each block of `bc` (16 or 32) values of `xs` into `sc`, as f32 from the
-/// maximum |x| bit pattern; returns the largest pattern (past f32::MAX's when a value is not
-/// finite).
+/// α = max |x| of each block of `bc` values of `xs` into `sc`, as f32 from the maximum |x|
+/// bit pattern; returns the largest pattern (past f32::MAX's when a value is not finite).
+/// Blocks of 16 and 32 with their lengths as constants, others (a conv kernel's rows of 3, say)
+/// with their last vector a masked load.
 ///
 /// # Safety
 /// The CPU must have AVX2.
 #[target_feature(enable = "avx2")]
 pub(crate) unsafe fn amplitude_piece(xs: &[f32], bc: usize, sc: &mut [f32]) -> u32 {
     let blocks = xs.len() / bc;
-    assert!(blocks * bc == xs.len() && sc.len() == blocks && (bc == 16 || bc == 32));
+    assert!(blocks * bc == xs.len() && sc.len() == blocks && bc > 0);
     let mut top = _mm256_setzero_si256();
     let mut b = 0;
     while b + 8 <= blocks {
@@ -85,10 +81,10 @@ pub(crate) unsafe fn amplitude_piece(xs: &[f32], bc: usize, sc: &mut [f32]) -> u
         // alone kept it at numpy's `max` pace (16 Mi values on Zen 3, one thread: 4.1-4.8 ms
         // with `x86::prefetch` 8 KiB ahead, 3.8-4.4 ms without, medians of 16 interleaved runs).
         let x0 = xs.as_ptr().add(b * bc);
-        let bits = if bc == 16 {
-            x86::max_abs_bits_8runs::<2>(x0)
-        } else {
-            x86::max_abs_bits_8runs::<4>(x0)
+        let bits = match bc {
+            16 => x86::max_abs_bits_8runs::<2>(x0),
+            32 => x86::max_abs_bits_8runs::<4>(x0),
+            _ => x86::max_abs_bits_8runs_any(x0, bc),
         };
         _mm256_storeu_si256(sc.as_mut_ptr().add(b) as *mut __m256i, bits);
         top = _mm256_max_epi32(top, bits);
@@ -518,7 +514,7 @@ pub(crate) fn quantize_nvfp4(
     assert_eq!(stored.len(), layout.num_scales, "scale count");
     let pieces = pieces(layout);
     // Every scale is written by pass 1 (the pieces tile the blocks).
-    let top = amplitudes(x, layout, &pieces, stored);
+    let top = amplitudes(x, layout.block_cols(), &pieces, stored);
     if top > f32::MAX.to_bits() {
         return Err(first_non_finite(x));
     }

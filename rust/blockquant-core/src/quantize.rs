@@ -571,6 +571,8 @@ fn nvfp4_path(
         && opts.calibration == Calibration::MinMax
         && two_level_fusable(layout)
         && crate::nvfp4_avx2::applies(layout)
+        && matches!(layout.block_cols(), 16 | 32)
+        && layout.row_len().is_multiple_of(layout.block_cols())
 }
 
 /// The kernels that compute the scales on their own (after [`quantize_direct`] declined; the
@@ -708,22 +710,43 @@ fn fusable(layout: &Layout) -> bool {
         && layout.num_elements > 0
 }
 
-/// Two-level block schemes (NVFP4) with blocks of 16 or 32 along the last axis, whole in every
-/// row, and storage packed along it: [`quantize_two_level`]'s case.
+/// Two-level block schemes (NVFP4) with blocks along the last axis, back to back
+/// ([`block_run`]) in runs of 16 or 32 values or short ones (`fused_narrow`), and storage
+/// packed along it: [`quantize_two_level`]'s case.
 fn two_level_fusable(layout: &Layout) -> bool {
-    let bc = layout.block_cols();
     !layout.per_tensor
         && layout.scheme.is_two_level()
         && layout.rows_map_directly()
         && layout.packing.axis + 1 == layout.rank()
         && layout.num_elements > 0
-        && (bc == 16 || bc == 32)
-        && layout.row_len().is_multiple_of(bc)
+        && block_run(layout).is_some_and(two_level_run)
+}
+
+/// Whether `quantize_two_level` has a kernel for blocks of `m` values back to back.
+fn two_level_run(m: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return m == 16 || m == 32 || crate::fused_narrow::narrow(m);
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// The length of the blocks when they lie back to back along the rows (blocks of one row):
+/// the block's when it divides the rows, the row's when the rows are shorter than a block
+/// (each row one block, as a conv kernel's rows of 3 under blocks of 32); None when the rows
+/// end in a partial block.
+pub(crate) fn block_run(layout: &Layout) -> Option<usize> {
+    let (n, bc) = (layout.row_len(), layout.block_cols());
+    match () {
+        _ if !layout.rows_map_directly() || n == 0 => None,
+        _ if n.is_multiple_of(bc) => Some(bc),
+        _ if n < bc => Some(n),
+        _ => None,
+    }
 }
 
 /// A two-level scheme in two passes over memory: every block's amplitude (into a small array,
-/// in parallel), g from their maximum (unless `global` gives it), then per piece its block scales b_i from those
-/// amplitudes, each block's values against e_i = b_i × g while the piece is in cache, packed.
+/// in parallel, `nvfp4_avx2::amplitudes`), g from their maximum (unless `global` gives it),
+/// then per piece its block scales b_i from those amplitudes, each block's values against e_i = b_i × g while the piece is in cache, packed.
 /// The arithmetic of `compute_scales` + `encode_values` (the same bits, tested), without their
 /// third pass (the effective scales).
 #[cfg(target_arch = "x86_64")]
@@ -734,15 +757,24 @@ fn quantize_two_level(
     global: Option<f32>,
     out: StorageMut<'_>,
 ) -> Result<Scales> {
-    // The amplitudes, turned into the stored block scales in place by pass 2.
-    let mut stored = amplitudes(x, layout, Calibration::MinMax);
+    // The amplitudes, turned into the stored block scales in place by pass 2; a non-finite
+    // input is refused after pass 1.
+    let m = block_run(layout).expect("blocks back to back");
+    let pieces = pieces(layout);
+    let mut stored = vec![0.0f32; layout.num_scales];
+    if crate::nvfp4_avx2::amplitudes(x, m, &pieces, &mut stored) > f32::MAX.to_bits() {
+        return Err(first_non_finite(x));
+    }
     let k = FusedKernel::new(layout, opts, false);
     let g = global.unwrap_or_else(|| derived_global(&stored, k.half_range, k.dtype));
-    let pieces = pieces(layout);
     let bad = with_codec!(&layout.scheme, opts.rounding, |codec| {
         let encode = |_: &Piece, xs: &[f32], sc: &mut [f32], codes: &mut [u8]| {
-            // SAFETY: the caller checked the CPU has AVX2 and F16C.
-            unsafe { crate::fused_avx2::two_level_piece(codec, &k, g, xs, sc, codes) }
+            // SAFETY (both): the caller checked the CPU has AVX2 and F16C.
+            if m == 16 || m == 32 {
+                unsafe { crate::fused_avx2::two_level_piece(codec, &k, g, m, xs, sc, codes) }
+            } else {
+                unsafe { crate::fused_narrow::two_level_piece(codec, &k, g, m, xs, sc, codes) }
+            }
         };
         match out {
             StorageMut::U8(words) if layout.packing.per == 1 => {
@@ -1011,16 +1043,16 @@ fn measure_encode<C: Encode>(
         use crate::fused_avx2::{blocks_of, measure_encode_blocks, measure_encode_rows};
         let (n, bc) = (k.layout.row_len(), k.layout.block_cols());
         if k.opts.calibration == Calibration::MinMax && crate::simd::has_f16c() {
-            // Blocks back to back: rows of whole blocks, or rows shorter than a block (each
-            // one block, as a conv kernel's rows of 3 under blocks of 32). Else rows of whole
-            // blocks and a partial one.
-            let m = if n.is_multiple_of(bc) { bc } else { n };
             // SAFETY (both): the CPU has AVX2 and F16C, checked just above.
-            if m <= bc && blocks_of(m) {
-                return unsafe { measure_encode_blocks(codec, k, m, xs, sc, out) };
-            }
-            if n > bc && blocks_of(bc) {
-                return unsafe { measure_encode_rows(codec, k, p, xs, sc, out) };
+            match block_run(k.layout) {
+                Some(m) if blocks_of(m) => {
+                    return unsafe { measure_encode_blocks(codec, k, m, xs, sc, out) };
+                }
+                // Rows of whole blocks and a partial one.
+                None if n > bc && blocks_of(bc) => {
+                    return unsafe { measure_encode_rows(codec, k, p, xs, sc, out) };
+                }
+                _ => {}
             }
         }
         // SAFETY: the CPU has AVX2, checked just above.
@@ -1638,12 +1670,19 @@ pub(crate) mod tests {
             return;
         }
         let mut rng = Rng::new(15);
-        let shapes: [(&[usize], usize); 5] = [
+        let shapes: [(&[usize], usize); 10] = [
             (&[4, 256], 16),
             (&[3, 96], 32),
             (&[2, 48], 16),
             (&[PIECE + 64], 16),
             (&[5, 160], 32),
+            // Short blocks back to back (`fused_narrow`): rows shorter than a block, blocks
+            // of 4 along rows, rows of 16 under blocks of 32.
+            (&[700, 3], 16),
+            (&[40, 12], 32),
+            (&[3, 400], 4),
+            (&[30, 16], 32),
+            (&[9, 1], 16),
         ];
         // Codebooks too: their code of 0 (the zero rule's) is the index of the entry nearest +0,
         // NF4's 7, IQ4_NL's (no zero entry) 7 as well, not 0.
