@@ -670,11 +670,15 @@ pub fn encode_words_last_axis<C: Encode, W: Word>(
             let (e0, len) = (line * n_axis, lines * n_axis);
             bad |= encode_range(codec, x, layout, sc, e0, &mut codes[..len]);
             let mine = &mut words[w - w0..w - w0 + lines * nw];
-            for (c, ws) in codes[..len]
-                .chunks_exact(n_axis)
-                .zip(mine.chunks_exact_mut(nw))
-            {
-                pack_fields(c, ws, per);
+            if n_axis < FEW {
+                pack_short_lines(&codes[..len], n_axis, mine, per);
+            } else {
+                for (c, ws) in codes[..len]
+                    .chunks_exact(n_axis)
+                    .zip(mine.chunks_exact_mut(nw))
+                {
+                    pack_fields(c, ws, per);
+                }
             }
             w += lines * nw;
             continue;
