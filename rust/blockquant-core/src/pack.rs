@@ -839,6 +839,87 @@ fn squeeze_lines<W: Word>(codes: &[u8], n: usize, words: &mut [W], nw: usize, pe
     lines
 }
 
+/// The inverse of [`pack_short_lines`]: whole lines of `n` fields each (`n` < [`FEW`]) from
+/// their words (`nw` a line) into `codes`. Most lines by [`expand_lines`], the last ones (or
+/// all, on a big-endian machine) by [`unpack_fields`].
+#[inline(always)]
+fn unpack_short_lines<W: Word>(words: &[W], n: usize, codes: &mut [u8], per: usize) {
+    let nw = words.len() / (codes.len() / n);
+    #[cfg(target_endian = "little")]
+    let done = expand_lines(words, n, nw, codes, per);
+    #[cfg(not(target_endian = "little"))]
+    let done = 0;
+    for (w, c) in words
+        .chunks_exact(nw)
+        .zip(codes.chunks_exact_mut(n))
+        .skip(done)
+    {
+        unpack_fields(w, 0, c, per);
+    }
+}
+
+/// [`unpack_short_lines`]' fast part: each line eight fields at a time, 8 bytes read at the
+/// line's next field and spread to one code a byte ([`expand8`]), stored as 8 codes. The
+/// codes past the line's end land in the next line's place, which that line's stores then
+/// overwrite. Returns how many lines it unpacked: all but the last few, whose 8-byte reads or
+/// stores would leave the slices.
+#[cfg(target_endian = "little")]
+#[inline(always)]
+fn expand_lines<W: Word>(words: &[W], n: usize, nw: usize, codes: &mut [u8], per: usize) -> usize {
+    let bits = W::BITS as usize / per;
+    let line_bytes = nw * std::mem::size_of::<W>();
+    // SAFETY: the words' memory seen as bytes.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(words.as_ptr() as *const u8, std::mem::size_of_val(words))
+    };
+    let last = (n - 1) / 8 * 8;
+    let fits = |len: usize, from: usize, step: usize| {
+        len.checked_sub(from + 8).map_or(0, |r| r / step + 1)
+    };
+    let lines = fits(codes.len(), last, n).min(fits(bytes.len(), last * bits / 8, line_bytes));
+    let (from, to) = (bytes.as_ptr(), codes.as_mut_ptr());
+    for l in 0..lines {
+        let (c0, b0) = (l * n, l * line_bytes);
+        let mut c = 0;
+        loop {
+            // SAFETY: for every line below `lines` and c up to `last`, the 8 bytes read and the
+            // 8 codes stored lie within `bytes` and `codes` (`fits`).
+            let x = u64::from_le(unsafe {
+                (from.add(b0 + c * bits / 8) as *const u64).read_unaligned()
+            });
+            let v = expand8(x, bits).to_le();
+            // SAFETY: as above.
+            unsafe { (to.add(c0 + c) as *mut u64).write_unaligned(v) };
+            if c == last {
+                break;
+            }
+            c += 8;
+        }
+    }
+    lines
+}
+
+/// The inverse of [`squeeze8`]: the low 8·bits bits of `x` as eight fields, one a byte.
+#[inline(always)]
+fn expand8(x: u64, bits: usize) -> u64 {
+    match bits {
+        8 => x,
+        4 => {
+            let x = x & 0xFFFF_FFFF;
+            let x = (x | (x << 16)) & 0x0000_FFFF_0000_FFFF;
+            let x = (x | (x << 8)) & 0x00FF_00FF_00FF_00FF;
+            (x | (x << 4)) & 0x0F0F_0F0F_0F0F_0F0F
+        }
+        2 => {
+            let x = x & 0xFFFF;
+            let x = (x | (x << 24)) & 0x0000_00FF_0000_00FF;
+            let x = (x | (x << 12)) & 0x000F_000F_000F_000F;
+            (x | (x << 6)) & 0x0303_0303_0303_0303
+        }
+        _ => unreachable!("fields are 2, 4 or 8 bits"),
+    }
+}
+
 /// [`pack_fields`] for a few codes: each word's fields or-ed together in turn.
 #[inline(always)]
 fn pack_few<W: Word>(codes: &[u8], words: &mut [W], per: usize) {
@@ -1227,6 +1308,14 @@ fn unpack_words<W: Word, D: Decode, O: OutElem>(
                     let mut done = 0;
                     while done < codes.len() {
                         let (line, col) = ((pos + done) / line_len, (pos + done) % line_len);
+                        let lines = (codes.len() - done) / line_len;
+                        if col == 0 && line_len < FEW && lines > 1 {
+                            let w = &words[line * nw..(line + lines) * nw];
+                            let c = &mut codes[done..done + lines * line_len];
+                            unpack_short_lines(w, line_len, c, per);
+                            done += lines * line_len;
+                            continue;
+                        }
                         let k = (codes.len() - done).min(line_len - col);
                         let w = &words[line * nw..(line + 1) * nw];
                         unpack_fields(w, col, &mut codes[done..done + k], per);
@@ -1826,12 +1915,23 @@ pub(crate) mod tests {
                     .flat_map(|line| pack_oracle(line, per, W::BITS))
                     .collect();
                 assert_eq!(got, want, "{} per {per}, {lines} lines of {n}", W::BITS);
+                // And back, every field of every line, over stale codes.
+                let mut back = vec![0xEEu8; codes.len()];
+                unpack_short_lines(&words, n, &mut back, per);
+                let mask = (u32::MAX >> (32 - W::BITS as usize / per)) as u8;
+                let want: Vec<u8> = codes.iter().map(|&c| c & mask).collect();
+                assert_eq!(
+                    back,
+                    want,
+                    "unpack: {} per {per}, {lines} lines of {n}",
+                    W::BITS
+                );
             }
         }
     }
 
     #[test]
-    fn short_lines_pack_as_each_line_alone() {
+    fn short_lines_pack_and_unpack_as_each_line_alone() {
         let mut rng = Rng::new(5);
         for per in [1, 2, 4] {
             check_short_lines::<u8>(per, &mut rng);
