@@ -155,12 +155,15 @@ def test_large_blocks_of_8_equal_small_calls(threads):
 
 
 @pytest.mark.parametrize("shape, block", [((4104, 4090), 48), ((1_400_000, 12), 8),
-                                          ((4104, 4090), 12)])
+                                          ((4104, 4090), 12), ((1100, 4096), 4),
+                                          ((1_400_000, 3), 32)])
 def test_large_partial_rows_equal_small_calls(threads, shape, block):
     """Tensors large enough for non-temporal stores whose rows end in a partial block (or hold
-    one block and a part): each row's runs streamed, or stored through the cache where a row
-    mixes them, against the same rows quantized in small calls (cached stores throughout), and
-    dequantized against numpy's product of the codes and their blocks' scales."""
+    one block and a part), or of short blocks back to back (blocks of 4, rows of 3 under blocks
+    of 32): each row's runs streamed, or stored through the cache where a row mixes them,
+    against the same rows quantized in small calls (cached stores throughout), and dequantized
+    against numpy's product of the codes and their blocks' scales, into an aligned `out` and
+    one 4 bytes off a 16-byte boundary."""
     rng = np.random.default_rng(sum(shape) + block)
     x = rng.standard_normal(shape).astype(np.float32)
     x[3, :block] = 0.0  # the zero rule
@@ -177,3 +180,6 @@ def test_large_partial_rows_equal_small_calls(threads, shape, block):
     out = np.full(shape, np.nan, np.float32)
     big.dequantize(out=out)
     np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))
+    off = np.full(out.size + 1, np.nan, np.float32)[1:].reshape(shape)
+    big.dequantize(out=off)
+    np.testing.assert_array_equal(off.view(np.uint32), expected.view(np.uint32))

@@ -15,12 +15,16 @@
 //!
 //! A group with a non-finite value or a zero scale (the zero rule) goes block by block, as in
 //! `fused_avx2`, which gives the same bits on every input.
+//!
+//! Dequantize's side ([`decode_blocks`]) spreads the scales the same way: eight blocks' scales
+//! in lanes, a permute a vector of values.
 
 use std::arch::x86_64::*;
 
-use crate::codec::Encode;
+use crate::codec::{Decode, Encode};
 use crate::fused_avx2::{checked_scales8, effective8, finite_and_nonzero, in_range8};
 use crate::fused_avx2::{one_at_a_time, store8, store_codes, two_level_scales8};
+use crate::pack::Effective;
 use crate::quantize::{effective_scale, FusedKernel};
 use crate::simd::x86;
 
@@ -261,4 +265,86 @@ unsafe fn encode_recip<const IN_RANGE: bool>(
         store8(o0.add(8 * t), w, stream);
     }
     x86::recip_was_near(near)
+}
+
+/// Dequantize of blocks of `m` values back to back ([`narrow`]; the codes `codes` of flat
+/// elements `start..`, one a byte) into `out`: eight blocks at a time from a block boundary,
+/// each vector of values times its lanes' scales spread from the eight blocks' (`effective`,
+/// all of the tensor's), the values before and after one at a time; the product of
+/// `Decode::decode` and the scale either way, as `x86::decode_lanes`. With `STREAM` every
+/// store is non-temporal (the one-at-a-time ones too, so no line is written both ways): the
+/// groups then start where `out` is 16-byte aligned too. Returns false, having written
+/// nothing, when no such start is near (`out` at an odd place for even blocks, or too short a
+/// range): the caller's general path then runs.
+#[inline(always)]
+pub(crate) unsafe fn decode_blocks<D: Decode, const STREAM: bool>(
+    dec: D,
+    effective: Effective<'_>,
+    m: usize,
+    start: usize,
+    codes: &[u8],
+    out: &mut [f32],
+) -> bool {
+    let n = out.len();
+    assert!(
+        narrow(m) && codes.len() == n,
+        "a code a value, short blocks"
+    );
+    // Block boundaries come every m values, 16-byte ones every 4: one of the first four
+    // boundaries is both, unless m is even and `out` is at an odd place.
+    let lead = (m - start % m) % m;
+    let aligned = |i: usize| !STREAM || (out.as_ptr().wrapping_add(i) as usize).is_multiple_of(16);
+    let Some(g0) = (0..4).map(|k| lead + k * m).find(|&i| aligned(i)) else {
+        return false;
+    };
+    if g0 + 8 * m > n {
+        return false;
+    }
+    one_at_a_time_out::<D, STREAM>(dec, effective, m, start, &codes[..g0], &mut out[..g0]);
+    let spread = Spread::new(m);
+    let (mut i, mut b) = (g0, (start + g0) / m);
+    while i + 8 * m <= n {
+        let e = effective.get8(b);
+        for (t, &pattern) in spread.patterns().iter().enumerate() {
+            // In bounds: values i .. i + 8m lie within codes and out.
+            let at = i + 8 * t;
+            let fields = _mm256_cvtepu8_epi32(_mm_loadl_epi64(codes.as_ptr().add(at) as *const _));
+            let v = _mm256_mul_ps(dec.decode8(fields), _mm256_permutevar8x32_ps(e, pattern));
+            x86::store8::<STREAM>(out.as_mut_ptr().add(at), v);
+        }
+        (i, b) = (i + 8 * m, b + 8);
+    }
+    one_at_a_time_out::<D, STREAM>(dec, effective, m, start + i, &codes[i..], &mut out[i..]);
+    true
+}
+
+/// `out[i] = dec.decode(codes[i]) × e` for the flat elements `start..` of blocks of `m` values
+/// back to back, e each one's block's scale; with `STREAM` non-temporal 4-byte stores.
+#[inline(always)]
+unsafe fn one_at_a_time_out<D: Decode, const STREAM: bool>(
+    dec: D,
+    effective: Effective<'_>,
+    m: usize,
+    start: usize,
+    codes: &[u8],
+    out: &mut [f32],
+) {
+    if codes.is_empty() {
+        return;
+    }
+    let (mut b, mut left) = (start / m, m - start % m);
+    let mut e = effective.get(b);
+    for (y, &c) in out.iter_mut().zip(codes) {
+        if left == 0 {
+            (b, left) = (b + 1, m);
+            e = effective.get(b);
+        }
+        let v = dec.decode(c) * e;
+        if STREAM {
+            _mm_stream_si32(y as *mut f32 as *mut i32, v.to_bits() as i32);
+        } else {
+            *y = v;
+        }
+        left -= 1;
+    }
 }

@@ -174,6 +174,18 @@ impl<'a> Effective<'a> {
         crate::quantize::effective_scale(self.stored[i], self.global)
     }
 
+    /// Blocks `i..i + 8`'s effective scales in vector lanes, as [`Effective::get`] gives them.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub(crate) unsafe fn get8(&self, i: usize) -> std::arch::x86_64::__m256 {
+        let b = &self.stored[i..i + 8];
+        let b = std::arch::x86_64::_mm256_loadu_ps(b.as_ptr());
+        crate::fused_avx2::effective8(b, self.global)
+    }
+
     /// Blocks `range` of these.
     #[inline(always)]
     pub fn range(&self, range: std::ops::Range<usize>) -> Self {
@@ -1060,6 +1072,13 @@ unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
         return crate::simd::x86::decode_run::<D, STREAM>(dec, codes, effective.get(0), out);
     }
     let (n, bc) = (layout.row_len(), layout.block_cols());
+    if let Some(m) = crate::quantize::block_run(layout).filter(|&m| crate::fused_narrow::narrow(m))
+    {
+        // Short blocks back to back (blocks of 4, a conv kernel's rows of 3): eight at a time.
+        if crate::fused_narrow::decode_blocks::<D, STREAM>(dec, effective, m, start, codes, out) {
+            return;
+        }
+    }
     let whole_blocks =
         n.is_multiple_of(bc) && start.is_multiple_of(bc) && out.len().is_multiple_of(bc);
     let vectors = bc.is_multiple_of(8) && (!STREAM || (out.as_ptr() as usize).is_multiple_of(16));
