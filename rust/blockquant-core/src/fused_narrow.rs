@@ -47,14 +47,13 @@ struct Spread {
 impl Spread {
     #[inline(always)]
     unsafe fn new(m: usize) -> Self {
-        let mut lanes = [[0i32; 8]; NARROW_MAX];
-        for (i, lane) in lanes.iter_mut().take(m).flatten().enumerate() {
-            *lane = (i / m) as i32;
+        let mut patterns = [_mm256_setzero_si256(); NARROW_MAX];
+        for (t, p) in patterns.iter_mut().take(m).enumerate() {
+            // Values 8t … 8t + 7 of the group are in blocks (8t + lane) / m.
+            let lanes: [i32; 8] = std::array::from_fn(|lane| ((8 * t + lane) / m) as i32);
+            *p = _mm256_loadu_si256(lanes.as_ptr() as *const __m256i);
         }
-        Self {
-            patterns: lanes.map(|l| _mm256_loadu_si256(l.as_ptr() as *const __m256i)),
-            m,
-        }
+        Self { patterns, m }
     }
 
     #[inline(always)]

@@ -817,13 +817,7 @@ fn squeeze_lines<W: Word>(codes: &[u8], n: usize, words: &mut [W], nw: usize, pe
     let bytes = unsafe {
         std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut u8, std::mem::size_of_val(words))
     };
-    // A line's last eight codes start at `last`: the lines whose reads and stores there stay
-    // in bounds.
-    let last = (n - 1) / 8 * 8;
-    let fits = |len: usize, from: usize, step: usize| {
-        len.checked_sub(from + 8).map_or(0, |r| r / step + 1)
-    };
-    let lines = fits(codes.len(), last, n).min(fits(bytes.len(), last * bits / 8, line_bytes));
+    let (lines, last) = eight_byte_lines(n, bits, line_bytes, codes.len(), bytes.len());
     let keep = match n % 8 {
         0 => u64::MAX,
         r => (1u64 << (8 * r)) - 1,
@@ -884,11 +878,7 @@ fn expand_lines<W: Word>(words: &[W], n: usize, nw: usize, codes: &mut [u8], per
     let bytes = unsafe {
         std::slice::from_raw_parts(words.as_ptr() as *const u8, std::mem::size_of_val(words))
     };
-    let last = (n - 1) / 8 * 8;
-    let fits = |len: usize, from: usize, step: usize| {
-        len.checked_sub(from + 8).map_or(0, |r| r / step + 1)
-    };
-    let lines = fits(codes.len(), last, n).min(fits(bytes.len(), last * bits / 8, line_bytes));
+    let (lines, last) = eight_byte_lines(n, bits, line_bytes, codes.len(), bytes.len());
     let (from, to) = (bytes.as_ptr(), codes.as_mut_ptr());
     for l in 0..lines {
         let (c0, b0) = (l * n, l * line_bytes);
@@ -909,6 +899,27 @@ fn expand_lines<W: Word>(words: &[W], n: usize, nw: usize, codes: &mut [u8], per
         }
     }
     lines
+}
+
+/// For [`squeeze_lines`] and [`expand_lines`], lines of `n` codes (one a byte, `codes_len` of
+/// them) and of `line_bytes` bytes of `bits`-bit fields (`bytes_len`): where a line's last
+/// eight codes start, and how many lines from the first have their 8-byte accesses there (8
+/// codes, and the 8 bytes from their first field) within both.
+#[cfg(target_endian = "little")]
+#[inline(always)]
+fn eight_byte_lines(
+    n: usize,
+    bits: usize,
+    line_bytes: usize,
+    codes_len: usize,
+    bytes_len: usize,
+) -> (usize, usize) {
+    let last = (n - 1) / 8 * 8;
+    let fits = |len: usize, from: usize, step: usize| {
+        len.checked_sub(from + 8).map_or(0, |r| r / step + 1)
+    };
+    let lines = fits(codes_len, last, n).min(fits(bytes_len, last * bits / 8, line_bytes));
+    (lines, last)
 }
 
 /// The inverse of [`squeeze8`]: the low 8·bits bits of `x` as eight fields, one a byte.
