@@ -73,9 +73,9 @@ def test_license_is_declared_once_and_its_files_exist():
         assert (ROOT / name).is_file() and (ROOT / name).stat().st_size > 500, name
     # PEP 639: no License :: classifier next to a license expression
     assert not [c for c in PROJECT["classifiers"] if c.startswith("License ::")]
-    # License-Expression and license-files need maturin >= 1.9.4
+    # License-Expression and license-files need maturin >= 1.9.4, editable-profile 1.10
     (backend,) = PYPROJECT["build-system"]["requires"]
-    assert re.fullmatch(r"maturin>=1\.(9\.[4-9]|[1-9]\d)[\d.]*,<2", backend), backend
+    assert re.fullmatch(r"maturin>=1\.([1-9]\d)[\d.]*,<2", backend), backend
 
 
 def test_abi3_floor_matches_requires_python():
@@ -99,6 +99,12 @@ def test_urls():
 
 def test_maturin_layout():
     assert MATURIN["module-name"] == "blockquant._core"
+    # `pip install -e` builds a profile of Cargo.toml's that keeps release optimisation; wheels
+    # build the release profile, with whole-program LTO
+    profiles = WORKSPACE["profile"]
+    assert profiles["release"]["lto"] == "fat"
+    editable = profiles[MATURIN["editable-profile"]]
+    assert editable["inherits"] == "release" and editable.get("opt-level", 3) == 3
     assert BINDING["lib"]["name"] == "_core" and BINDING["lib"]["crate-type"] == ["cdylib"]
     package = ROOT / MATURIN["python-source"] / "blockquant"
     for name in ["__init__.py", "py.typed", "_core.pyi"]:
