@@ -224,7 +224,7 @@ NARROW_SCHEMES = ["q8s/native/block4:f16", "q8f/native/block12:bf16", "q4s/packe
 
 
 @pytest.mark.parametrize("scheme", NARROW_SCHEMES)
-@pytest.mark.parametrize("shape", [(2000, 3), (40, 1000), (300, 12), (7, 3, 61), (5000, 1)])
+@pytest.mark.parametrize("shape", [(2000, 3), (40, 1000), (9, 4099), (300, 12), (7, 3, 61), (5000, 1)])
 @pytest.mark.parametrize("rounding", ["half_away", "half_even"])
 def test_narrow_blocks_quantize_equal_reference(scheme, shape, rounding, threads):
     """Blocks under 64 values that are not whole vectors, back to back, eight at a time: short

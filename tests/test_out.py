@@ -126,6 +126,11 @@ def test_two_level_dequantize_into_large_out_matches_the_reference(scheme, globa
     ("q8s/native/block1025x1:f32", (2050, 2050)),
     ("e2m1/packed_native0/block1025x1:bf16", (2050, 2050)),
     ("q8s/native/block3x5:f32", (2050, 2050)),
+    # Short blocks along rows of 2051 that end in a partial block, each row at another place
+    # against 16 bytes: row by row, eight blocks at a time.
+    ("q8s/native/block5:f32", (2050, 2051)),
+    ("q8s/native/block12:bf16", (2050, 2051)),
+    ("q8s/native/block3:f32", (2050, 2051)),
 ])
 def test_blocks_spanning_rows_dequantize_into_large_out_matches_the_reference(scheme, shape):
     """Blocks over several rows that tile each row (each row reads its own run of the scale

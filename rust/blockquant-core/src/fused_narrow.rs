@@ -317,6 +317,41 @@ pub(crate) unsafe fn decode_blocks<D: Decode, const STREAM: bool>(
     true
 }
 
+/// Dequantize of rows of `n` values that end in a partial block, blocks of `m` ([`narrow`])
+/// along them, row r's `gc` scales in grid row r (`effective`, all of the tensor's; the codes
+/// `codes` of flat elements `start..`, one a byte) into `out`: each row's part of the range by
+/// [`decode_blocks`] against the row's scales, which takes the partial block one value at a
+/// time with the rest of its tail (eight whole blocks at a time never reach it); one value at
+/// a time where [`decode_blocks`] finds no start.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn decode_rows<D: Decode, const STREAM: bool>(
+    dec: D,
+    effective: Effective<'_>,
+    m: usize,
+    n: usize,
+    gc: usize,
+    start: usize,
+    codes: &[u8],
+    out: &mut [f32],
+) {
+    assert!(narrow(m) && codes.len() == out.len() && gc == n.div_ceil(m));
+    let end = start + out.len();
+    let mut pos = start;
+    while pos < end {
+        let (row, col) = (pos / n, pos % n);
+        let stop = (pos - col + n).min(end);
+        let scales = effective.range(row * gc..(row + 1) * gc);
+        let (c, o) = (
+            &codes[pos - start..stop - start],
+            &mut out[pos - start..stop - start],
+        );
+        if !decode_blocks::<D, STREAM>(dec, scales, m, col, c, o) {
+            one_at_a_time_out::<D, STREAM>(dec, scales, m, col, c, o);
+        }
+        pos = stop;
+    }
+}
+
 /// `out[i] = dec.decode(codes[i]) × e` for the flat elements `start..` of blocks of `m` values
 /// back to back, e each one's block's scale; with `STREAM` non-temporal 4-byte stores.
 #[inline(always)]
