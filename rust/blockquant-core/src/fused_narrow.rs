@@ -318,23 +318,23 @@ pub(crate) unsafe fn decode_blocks<D: Decode, const STREAM: bool>(
 }
 
 /// Dequantize of rows of `n` values that end in a partial block, blocks of `m` ([`narrow`])
-/// along them, row r's `gc` scales in grid row r (`effective`, all of the tensor's; the codes
-/// `codes` of flat elements `start..`, one a byte) into `out`: each row's part of the range by
-/// [`decode_blocks`] against the row's scales, which takes the partial block one value at a
-/// time with the rest of its tail (eight whole blocks at a time never reach it); one value at
-/// a time where [`decode_blocks`] finds no start.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn decode_rows<D: Decode, const STREAM: bool>(
+/// along them, row r's scales in grid row r (`effective`, all of the tensor's; the codes
+/// `codes` of flat elements `start..`, one a byte) into `out`, through the cache: each row's
+/// part of the range by [`decode_blocks`] against the row's scales, which takes the partial
+/// block one value at a time with the rest of its tail (eight whole blocks at a time never
+/// reach it); one value at a time where [`decode_blocks`] finds no start. (Not for a streamed
+/// output: each row's head and tail would be 4-byte non-temporal stores, partial lines a row.)
+pub(crate) unsafe fn decode_rows<D: Decode>(
     dec: D,
     effective: Effective<'_>,
     m: usize,
     n: usize,
-    gc: usize,
     start: usize,
     codes: &[u8],
     out: &mut [f32],
 ) {
-    assert!(narrow(m) && codes.len() == out.len() && gc == n.div_ceil(m));
+    assert!(narrow(m) && codes.len() == out.len());
+    let gc = n.div_ceil(m);
     let end = start + out.len();
     let mut pos = start;
     while pos < end {
@@ -345,8 +345,8 @@ pub(crate) unsafe fn decode_rows<D: Decode, const STREAM: bool>(
             &codes[pos - start..stop - start],
             &mut out[pos - start..stop - start],
         );
-        if !decode_blocks::<D, STREAM>(dec, scales, m, col, c, o) {
-            one_at_a_time_out::<D, STREAM>(dec, scales, m, col, c, o);
+        if !decode_blocks::<D, false>(dec, scales, m, col, c, o) {
+            one_at_a_time_out::<D, false>(dec, scales, m, col, c, o);
         }
         pos = stop;
     }

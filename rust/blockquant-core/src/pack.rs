@@ -1099,10 +1099,7 @@ unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
         // the output streams: each row's head and tail would then be 4-byte non-temporal
         // stores, partial lines a row (block 5 on 4096 x 4096: 25 -> 82 ms, measured); the
         // path below spreads the scales across rows and stores whole vectors.
-        let gc = layout.grid_cols();
-        return crate::fused_narrow::decode_rows::<D, STREAM>(
-            dec, effective, bc, n, gc, start, codes, out,
-        );
+        return crate::fused_narrow::decode_rows(dec, effective, bc, n, start, codes, out);
     }
     let whole_blocks =
         n.is_multiple_of(bc) && start.is_multiple_of(bc) && out.len().is_multiple_of(bc);
