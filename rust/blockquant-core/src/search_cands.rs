@@ -109,6 +109,34 @@ pub(crate) struct Ctx {
     emax: i32,
     /// Two-level: the per-tensor scale g.
     global: Option<f32>,
+    /// Whether a block's distinct candidates are every stored value from its smallest
+    /// candidate to its largest when the smallest is normal ([`contiguous`]): the lanes then
+    /// list them instead of rounding every divisor's and dropping the repeats.
+    contiguous: bool,
+}
+
+/// Whether the rounded candidates of a block whose smallest candidate is a normal `dtype`
+/// value are exactly the `dtype` values from the smallest candidate to the largest, none
+/// skipped: true for UE4M3 (up or nearest) when the divisors, in order of size, are at most
+/// 1/16 apart (relative), as the 8- and 4-bit ones are (at most 1/31).
+///
+/// Why: a normal UE4M3 value m · 2^e (m = 8..15) takes every raw scale in an interval whose
+/// top is at least 1.0667 times its bottom: (m + ½) / (m − ½), or 8.5 / 7.75 at m = 8, to the
+/// nearest; m / (m − 1), or 8 / 7.5 at m = 8, rounding up. Raw scales at most 1.0625 apart
+/// (the f32 divisions add 2^-22 at most) cannot step over such an interval, so every value
+/// between the extremes is some candidate's. (The 2-bit divisors are 1.25 apart and skip
+/// values; F16's values are 2^-10 apart, so its candidates are nearly all distinct anyway.)
+fn contiguous(dtype: ScaleDtype, mode: ScaleRounding, denoms: &[f32]) -> bool {
+    let mut d: Vec<f64> = denoms.iter().map(|&v| f64::from(v)).collect();
+    d.sort_by(f64::total_cmp);
+    dtype == ScaleDtype::UE4M3
+        && matches!(mode, ScaleRounding::Up | ScaleRounding::Nearest)
+        && d.len() >= 3
+        && d[0] > 0.0
+        && d.windows(2).all(|w| w[1] > w[0] && w[1] / w[0] <= 1.0625)
+        // The lanes take candidate 1 as the largest scale and the last as the smallest.
+        && f64::from(denoms[1]) == d[0]
+        && f64::from(denoms[denoms.len() - 1]) == d[d.len() - 1]
 }
 
 impl Ctx {
@@ -116,16 +144,19 @@ impl Ctx {
         let scheme = &layout.scheme;
         let divs = divisors(scheme.value);
         // A codebook's half range is max |c_k|: the product may round, the reference's too.
-        let denoms = std::array::from_fn(|k| scheme.half_range() * divs[k.min(divs.len() - 1)]);
+        let denoms: [f32; MAX_CANDIDATES] =
+            std::array::from_fn(|k| scheme.half_range() * divs[k.min(divs.len() - 1)]);
+        let dtype = layout.scheme.scale_dtype();
         Self {
             denoms,
             n_divisors: divs.len(),
-            fast: FastRound::new(layout.scheme.scale_dtype()),
-            dtype: layout.scheme.scale_dtype(),
+            fast: FastRound::new(dtype),
+            dtype,
             mode,
             half_range: scheme.half_range(),
             emax: scheme.mx_emax(),
             global,
+            contiguous: contiguous(dtype, mode, &denoms[..divs.len()]),
         }
     }
 
@@ -235,7 +266,6 @@ mod lanes {
             alpha: __m256,
             out: &mut [__m256; MAX_CANDIDATES],
         ) -> usize {
-            let up = self.mode == ScaleRounding::Up;
             match (self.dtype, self.mode) {
                 (ScaleDtype::UE8M0, ScaleRounding::Mx) if self.emax >= 0 => {
                     // Code 0 is 2^-127, exponent field 0 as well.
@@ -264,34 +294,10 @@ mod lanes {
                 (
                     ScaleDtype::F16 | ScaleDtype::UE4M3,
                     ScaleRounding::Up | ScaleRounding::Nearest,
-                ) => {
-                    let n = self.n_divisors;
-                    // The global scale's case outside the loop: the compiler would otherwise
-                    // divide by g in every iteration and select, which doubles the divisions
-                    // of one-level schemes.
-                    macro_rules! fill {
-                        (|$raw:ident| $to_block:expr) => {
-                            for (k, o) in out[..n].iter_mut().enumerate() {
-                                let $raw = _mm256_div_ps(alpha, _mm256_set1_ps(self.denoms[k]));
-                                let raw = $to_block;
-                                *o = if self.dtype == ScaleDtype::F16 {
-                                    x86::round_f16_8(raw, up)
-                                } else {
-                                    x86::round_ue4m3_8(raw, up)
-                                };
-                            }
-                        };
-                    }
-                    match self.global {
-                        None => fill!(|raw| raw),
-                        Some(0.0) => fill!(|raw| {
-                            let _ = raw;
-                            _mm256_setzero_ps()
-                        }),
-                        Some(g) => fill!(|raw| _mm256_div_ps(raw, _mm256_set1_ps(g))),
-                    }
-                    compact(out, n)
-                }
+                ) => match self.listed8(alpha, out) {
+                    Some(m) => m,
+                    None => self.rounded8(alpha, out),
+                },
                 _ => {
                     let mut a = [0.0f32; 8];
                     _mm256_storeu_ps(a.as_mut_ptr(), alpha);
@@ -312,6 +318,110 @@ mod lanes {
                 }
             }
         }
+
+        /// [`Ctx::candidates8`] of F16 and UE4M3 scales (up or nearest) the general way: every
+        /// divisor's candidate rounded, then each lane's repeats dropped.
+        #[inline(always)]
+        pub(crate) unsafe fn rounded8(
+            &self,
+            alpha: __m256,
+            out: &mut [__m256; MAX_CANDIDATES],
+        ) -> usize {
+            let up = self.mode == ScaleRounding::Up;
+            let n = self.n_divisors;
+            // The global scale's case outside the loop: the compiler would otherwise
+            // divide by g in every iteration and select, which doubles the divisions
+            // of one-level schemes.
+            macro_rules! fill {
+                (|$raw:ident| $to_block:expr) => {
+                    for (k, o) in out[..n].iter_mut().enumerate() {
+                        let $raw = _mm256_div_ps(alpha, _mm256_set1_ps(self.denoms[k]));
+                        let raw = $to_block;
+                        *o = if self.dtype == ScaleDtype::F16 {
+                            x86::round_f16_8(raw, up)
+                        } else {
+                            x86::round_ue4m3_8(raw, up)
+                        };
+                    }
+                };
+            }
+            match self.global {
+                None => fill!(|raw| raw),
+                Some(0.0) => fill!(|raw| {
+                    let _ = raw;
+                    _mm256_setzero_ps()
+                }),
+                Some(g) => fill!(|raw| _mm256_div_ps(raw, _mm256_set1_ps(g))),
+            }
+            compact(out, n)
+        }
+
+        /// [`Ctx::candidates8`] of contiguous candidates ([`Ctx::contiguous`]), listed: only the
+        /// first candidate (minmax's) and the two extremes are rounded, and slot j ≥ 1 of a lane
+        /// holds its j-th value down from the largest, minmax's passed over, as dropping the
+        /// repeats of every divisor's candidate in search order would leave them (candidates
+        /// 1.. descend; the first lies between two of them). Normal UE4M3 values one apart have
+        /// bit patterns 2^20 apart. None (nothing written) unless every lane's smallest
+        /// candidate is normal: zero, subnormal and g = 0 go the general way.
+        #[inline(always)]
+        pub(crate) unsafe fn listed8(
+            &self,
+            alpha: __m256,
+            out: &mut [__m256; MAX_CANDIDATES],
+        ) -> Option<usize> {
+            if !self.contiguous || self.global == Some(0.0) {
+                return None;
+            }
+            let up = self.mode == ScaleRounding::Up;
+            let n = self.n_divisors;
+            macro_rules! candidate {
+                ($k:expr) => {{
+                    let raw = _mm256_div_ps(alpha, _mm256_set1_ps(self.denoms[$k]));
+                    let raw = match self.global {
+                        None => raw,
+                        Some(g) => _mm256_div_ps(raw, _mm256_set1_ps(g)),
+                    };
+                    x86::round_ue4m3_8(raw, up)
+                }};
+            }
+            let (first, top, bottom) = (candidate!(0), candidate!(1), candidate!(n - 1));
+            let normal = _mm256_cmp_ps::<_CMP_GE_OQ>(bottom, _mm256_set1_ps(2f32.powi(-6)));
+            if _mm256_movemask_ps(normal) != 0xFF {
+                return None;
+            }
+            let (first_bits, top_bits) = (_mm256_castps_si256(first), _mm256_castps_si256(top));
+            let step = _mm256_set1_epi32(1 << 20);
+            // Each lane's count of distinct values, and the most of them.
+            let count = _mm256_add_epi32(
+                _mm256_srli_epi32::<20>(_mm256_sub_epi32(top_bits, _mm256_castps_si256(bottom))),
+                _mm256_set1_epi32(1),
+            );
+            let m = hmax_epi32(count) as usize;
+            if m > n {
+                // Cannot be (each value is some divisor's); the general way if it were.
+                return None;
+            }
+            out[0] = first;
+            for (j, o) in out.iter_mut().enumerate().take(m).skip(1) {
+                let t = _mm256_sub_epi32(top_bits, _mm256_set1_epi32(((j - 1) << 20) as i32));
+                // At or below minmax's value: one further down, past it.
+                let past = _mm256_andnot_si256(_mm256_cmpgt_epi32(t, first_bits), step);
+                let v = _mm256_castsi256_ps(_mm256_sub_epi32(t, past));
+                // A lane with fewer values repeats the first in its spare slots.
+                let live = _mm256_cmpgt_epi32(count, _mm256_set1_epi32(j as i32));
+                *o = _mm256_blendv_ps(first, v, _mm256_castsi256_ps(live));
+            }
+            Some(m)
+        }
+    }
+
+    /// The largest of eight i32 lanes.
+    #[inline(always)]
+    unsafe fn hmax_epi32(v: __m256i) -> i32 {
+        let m = _mm_max_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let m = _mm_max_epi32(m, _mm_shuffle_epi32::<0b01_00_11_10>(m));
+        let m = _mm_max_epi32(m, _mm_shuffle_epi32::<0b10_11_00_01>(m));
+        _mm_cvtsi128_si32(m)
     }
 
     /// The first `n` candidate vectors with each lane's repeats dropped (order kept), its spare
@@ -366,13 +476,7 @@ mod lanes {
             out[slot] = v;
         }
         c[..N].copy_from_slice(&out);
-        // The most kept: a horizontal maximum.
-        let m = _mm_max_epi32(
-            _mm256_castsi256_si128(count),
-            _mm256_extracti128_si256::<1>(count),
-        );
-        let m = _mm_max_epi32(m, _mm_shuffle_epi32::<0b01_00_11_10>(m));
-        let m = _mm_max_epi32(m, _mm_shuffle_epi32::<0b10_11_00_01>(m));
-        _mm_cvtsi128_si32(m) as usize
+        // The most kept.
+        hmax_epi32(count) as usize
     }
 }

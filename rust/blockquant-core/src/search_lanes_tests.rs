@@ -170,6 +170,135 @@ fn lane_search_equals_block_search() {
     }
 }
 
+/// Eight blocks' candidates both ways: listed (None where the lanes would not list them) and
+/// every divisor's rounded with the repeats dropped; each as its count and its first `count`
+/// slots, lane by lane.
+type Slots = (usize, Vec<[u32; 8]>);
+
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn both_candidates(ctx: &Ctx, alpha: [f32; 8]) -> (Option<Slots>, Slots) {
+    let a = _mm256_loadu_ps(alpha.as_ptr());
+    let slots = |c: &[__m256; MAX_CANDIDATES], m: usize| {
+        let v = c[..m]
+            .iter()
+            .map(|v| {
+                let mut l = [0u32; 8];
+                _mm256_storeu_si256(l.as_mut_ptr() as *mut __m256i, _mm256_castps_si256(*v));
+                l
+            })
+            .collect();
+        (m, v)
+    };
+    let (mut listed, mut rounded) = (
+        [_mm256_setzero_ps(); MAX_CANDIDATES],
+        [_mm256_setzero_ps(); MAX_CANDIDATES],
+    );
+    let got = ctx.listed8(a, &mut listed).map(|m| slots(&listed, m));
+    let m = ctx.rounded8(a, &mut rounded);
+    (got, slots(&rounded, m))
+}
+
+/// Listing a block's UE4M3 candidates (the values from the smallest to the largest, minmax's
+/// first) gives exactly the slots that rounding every divisor's candidate and dropping each
+/// lane's repeats gives, and the same count: 8- and 4-bit values and a codebook, one and two
+/// levels (g from tiny to huge), up and nearest, amplitudes over 2^±40 with raw scales on
+/// UE4M3's midpoints (ties), on the normal range's bottom edge and past its top (saturation).
+/// Both the listing and the way around it (a lane's smallest candidate not normal, g = 0)
+/// must occur; 2-bit values, whose divisors skip values, are never listed.
+#[test]
+fn listed_candidates_equal_the_rounded_ones() {
+    use ScaleDtype::UE4M3;
+    if !(crate::simd::has_avx2() && crate::simd::has_f16c()) {
+        return;
+    }
+    let iq4nl = Codebook::new(&crate::lookup::IQ4_NL).unwrap();
+    let one = |v: QuantValue| {
+        QuantScheme::default()
+            .with_value(v)
+            .with_store(QuantStore::PackedU32(0))
+            .per_block(&[16], UE4M3)
+            .unwrap()
+    };
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let (mut listed, mut around) = (0usize, 0usize);
+    for base in [
+        one(QuantValue::Q4S),
+        one(QuantValue::Q4F),
+        one(QuantValue::Q8S),
+        one(QuantValue::E2M1),
+        one(QuantValue::E4M3),
+        one(QuantValue::Q4F).with_codebook(iq4nl),
+        one(QuantValue::Q2S),
+    ] {
+        let two_bit = base.value.bits() == 2;
+        for two_level in [false, true] {
+            let scheme = if two_level {
+                base.per_tensor(ScaleDtype::F32)
+            } else {
+                base
+            };
+            let layout = Layout::new(&scheme, &[1, 16]).unwrap();
+            let gs: Vec<Option<f32>> = if two_level {
+                [0.0, 1e-30, 2f32.powi(-20), 0.37, 1.0, 3.0, 1e3, 1e30]
+                    .map(Some)
+                    .to_vec()
+            } else {
+                vec![None]
+            };
+            for g in gs {
+                for mode in [ScaleRounding::Up, ScaleRounding::Nearest] {
+                    let ctx = Ctx::new(&layout, mode, g);
+                    let (h, gg) = (scheme.half_range(), g.unwrap_or(1.0));
+                    let divs = crate::search_cands::divisors(scheme.value);
+                    for _ in 0..400 {
+                        // Three groups in four with every lane's raw scales inside UE4M3's
+                        // range (listed, unless g is 0), the others anywhere.
+                        let inside = rng.below(4) != 0;
+                        let alpha: [f32; 8] = std::array::from_fn(|_| match rng.below(6) {
+                            0 if !inside => 0.0,
+                            // A UE4M3 midpoint (m + ½) · 2^e as some candidate's raw scale.
+                            0 | 1 => {
+                                let m = 8.0 + rng.below(8) as f32 + 0.5;
+                                let e = rng.below(12) as i32 - 2;
+                                let c = divs[rng.below(divs.len() as u64) as usize];
+                                m * 2f32.powi(e) * h * c * gg
+                            }
+                            // About the normal range's bottom (2^-6) and top (448).
+                            2 => 2f32.powi(-6) * h * gg * (1.1 + 0.2 * rng.unit().abs()),
+                            3 => 448.0 * h * gg * (0.8 + 0.5 * rng.unit().abs()),
+                            _ if inside => {
+                                2f32.powi(rng.below(14) as i32 - 5)
+                                    * h
+                                    * gg
+                                    * (1.0 + rng.unit().abs())
+                            }
+                            _ => {
+                                let e = rng.below(81) as i32 - 40;
+                                2f32.powi(e) * (1.0 + rng.unit().abs())
+                            }
+                        });
+                        let alpha = alpha.map(|a| if a.is_finite() { a } else { f32::MAX });
+                        // SAFETY: the CPU has AVX2 and F16C, checked above.
+                        let (got, want) = unsafe { both_candidates(&ctx, alpha) };
+                        match got {
+                            Some(got) => {
+                                assert!(!two_bit, "{scheme}: 2-bit candidates listed");
+                                assert_eq!(got, want, "{scheme} {mode:?} g {g:?} α {alpha:?}");
+                                listed += 1;
+                            }
+                            None => around += 1,
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        listed > 10_000 && around > 1_000,
+        "listed {listed}, around {around}"
+    );
+}
+
 /// Byte or u32 storage, whichever the layout's words are.
 fn storage<'a>(layout: &Layout, w8: &'a mut [u8], w32: &'a mut [u32]) -> StorageMut<'a> {
     if layout.packing.word_bytes() == 1 {
