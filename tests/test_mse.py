@@ -221,6 +221,25 @@ def test_non_finite_input_is_reported_as_for_minmax(impl):
         impl.quantize(x, "int4_block32", calibration="mse")
 
 
+@pytest.mark.parametrize("preset", ["int4_block16", "nf4_block16", "bq4_block16"])
+def test_two_level_presets_take_every_input_dtype_and_refuse_non_finite(preset):
+    # The core derives g from one reduction over the input and measures each block's amplitude
+    # as its search reads it: groups of eight blocks and a short last group, f64 and f16 input
+    # (converted piece by piece), and a NaN or infinity anywhere (g itself then non-finite).
+    s = bq.presets.PRESETS[preset]()
+    x = _data((5, 16 * 10)).astype(np.float64) * 3
+    for dtype in [np.float64, np.float32, np.float16]:
+        xx = x.astype(dtype)
+        _same(bq.quantize(xx, s), ref.quantize(xx, s))
+    for (row, col), bad in [((0, 0), np.nan), ((1, 130), np.inf), ((4, 159), -np.inf),
+                            ((3, 150), np.nan)]:
+        xx = x.astype(np.float32)
+        xx[row, col] = bad
+        for impl in (bq, ref):
+            with pytest.raises(bq.NonFiniteError, match=f"flat index {row * 160 + col}\\b"):
+                impl.quantize(xx, s)
+
+
 def test_empty_and_zero_d_inputs():
     for x in [np.zeros((0, 5), np.float32), np.float32(3.0), np.zeros((4,), np.float32)]:
         for s in ["int4_block32", "nvfp4", "int8", "mxfp4"]:

@@ -331,7 +331,7 @@ fn max_abs_portable(xs: &[f32]) -> f32 {
     m
 }
 
-fn tensor_amplitude(x: Input<'_>, calibration: Calibration) -> f32 {
+pub(crate) fn tensor_amplitude(x: Input<'_>, calibration: Calibration) -> f32 {
     let n = x.len();
     let chunks = n.div_ceil(MIN_TASK_ELEMS);
     let span = |c: usize| {

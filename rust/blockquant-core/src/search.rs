@@ -420,24 +420,24 @@ pub(crate) fn quantize_searched(
     use crate::codec::{minifloat, E2M1Code, FloatCode, IntHalfAway, IntHalfEven, Rounding};
     use crate::lookup::LookupCode;
     let scheme = &layout.scheme;
-    let (alpha, global) = if scheme.is_two_level() {
-        let alpha = amplitudes(x, layout, Calibration::MinMax);
-        let g = given_global.unwrap_or_else(|| {
-            crate::quantize::derived_global(&alpha, scheme.half_range(), scheme.scale_dtype())
-        });
-        (Some(alpha), Some(g))
-    } else {
-        (None, None)
-    };
+    // A two-level scheme's g needs only the largest amplitude, one reduction over the input
+    // (none when the caller gives g): the search measures each block's own amplitude as it
+    // reads the block, so no array of them is written here and read back there (the blocks'
+    // maxima and the tensor's are the same |x| values, whatever the order of taking them).
+    let global = scheme.is_two_level().then(|| {
+        given_global.unwrap_or_else(|| {
+            let top = crate::calibrate::tensor_amplitude(x, Calibration::MinMax);
+            crate::quantize::derived_global(&[top], scheme.half_range(), scheme.scale_dtype())
+        })
+    });
     let ctx = Ctx::new(layout, opts.scale_rounding, global);
     let mut stored = vec![0.0f32; layout.num_scales];
     let bad = with_dequant!(scheme, |q| {
         crate::quantize::with_codec!(scheme, opts.rounding, |codec| {
             crate::quantize::encode_pieces(x, layout, &mut stored, out, |p, xs, sc, codes| {
-                let a = alpha.as_ref().map(|a| &a[p.scale0..p.scale0 + p.scales]);
                 let ws = weights.map(|w| &w[p.start..p.start + p.len]);
                 // SAFETY: `searchable_in_one_pass` checked the CPU has AVX2 and F16C.
-                unsafe { crate::search_lanes::search_encode(q, codec, &ctx, xs, ws, a, sc, codes) }
+                unsafe { crate::search_lanes::search_encode(q, codec, &ctx, xs, ws, sc, codes) }
             })
         })
     });

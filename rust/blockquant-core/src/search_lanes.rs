@@ -514,8 +514,7 @@ unsafe fn encode8<C: Encode, const V: usize>(codec: C, x0: *const f32, e: __m256
 
 /// The one-pass mse quantize of a piece of whole blocks (`search::quantize_searched`): each
 /// eight blocks' scales searched into `sc` and their codes (one a byte) into `out` while they
-/// are in cache. `alpha`: the blocks' amplitudes (two-level), or None to measure them here.
-/// Returns whether any input was non-finite (then the scales and codes are meaningless).
+/// are in cache, each block's amplitude measured as it is read. Returns whether any input was non-finite (then the scales and codes are meaningless).
 ///
 /// # Safety
 /// The CPU must have AVX2 and F16C.
@@ -527,18 +526,16 @@ pub(crate) unsafe fn search_encode<Q: Dequant, C: Encode>(
     ctx: &Ctx,
     xs: &[f32],
     ws: Option<&[f32]>,
-    alpha: Option<&[f32]>,
     sc: &mut [f32],
     out: &mut [u8],
 ) -> bool {
     let blocks = sc.len();
     assert!(blocks > 0 && out.len() == xs.len() && ws.is_none_or(|w| w.len() == xs.len()));
-    assert!(alpha.is_none_or(|a| a.len() == blocks));
     match (xs.len() / blocks, ws) {
-        (16, None) => piece::<Q, C, 2, false>(q, codec, ctx, xs, None, alpha, sc, out),
-        (16, Some(w)) => piece::<Q, C, 2, true>(q, codec, ctx, xs, Some(w), alpha, sc, out),
-        (32, None) => piece::<Q, C, 4, false>(q, codec, ctx, xs, None, alpha, sc, out),
-        (32, Some(w)) => piece::<Q, C, 4, true>(q, codec, ctx, xs, Some(w), alpha, sc, out),
+        (16, None) => piece::<Q, C, 2, false>(q, codec, ctx, xs, None, sc, out),
+        (16, Some(w)) => piece::<Q, C, 2, true>(q, codec, ctx, xs, Some(w), sc, out),
+        (32, None) => piece::<Q, C, 4, false>(q, codec, ctx, xs, None, sc, out),
+        (32, Some(w)) => piece::<Q, C, 4, true>(q, codec, ctx, xs, Some(w), sc, out),
         _ => panic!("blocks of 16 or 32 values"),
     }
 }
@@ -551,7 +548,6 @@ unsafe fn piece<Q: Dequant, C: Encode, const V: usize, const W: bool>(
     ctx: &Ctx,
     xs: &[f32],
     ws: Option<&[f32]>,
-    alpha: Option<&[f32]>,
     sc: &mut [f32],
     out: &mut [u8],
 ) -> bool {
@@ -563,17 +559,14 @@ unsafe fn piece<Q: Dequant, C: Encode, const V: usize, const W: bool>(
     let mut group = Group::new();
     let mut b = 0;
     while b + 8 <= blocks {
-        // In bounds: blocks b..b + 8 lie within xs (ws), out, sc (and alpha).
+        // In bounds: blocks b..b + 8 lie within xs (ws), out and sc.
         let x0 = xs.as_ptr().add(b * bc);
         x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * bc);
         let bits = x86::max_abs_bits_8runs::<V>(x0);
         let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF));
         bad |= _mm256_movemask_epi8(non_finite) != 0;
-        let a = match alpha {
-            Some(a) => _mm256_loadu_ps(a.as_ptr().add(b)),
-            // A block with a NaN or infinity is measured as 0: the call fails anyway.
-            None => _mm256_castsi256_ps(_mm256_andnot_si256(non_finite, bits)),
-        };
+        // A block with a NaN or infinity is measured as 0: the call fails anyway.
+        let a = _mm256_castsi256_ps(_mm256_andnot_si256(non_finite, bits));
         let w0 = if W { wp.add(b * bc) } else { wp };
         let s = search8_in::<Q, V, W>(q, ctx, x0, w0, a, &mut group);
         _mm256_storeu_ps(sc.as_mut_ptr().add(b), s);
@@ -612,10 +605,7 @@ unsafe fn piece<Q: Dequant, C: Encode, const V: usize, const W: bool>(
         let (xs, out) = (&xs[b * bc..], &mut out[b * bc..]);
         let mut a = [0.0f32; 8];
         for (j, aj) in a.iter_mut().enumerate().take(blocks - b) {
-            *aj = match alpha {
-                Some(alpha) => alpha[b + j],
-                None => x86::max_abs(&xs[j * bc..(j + 1) * bc]),
-            };
+            *aj = x86::max_abs(&xs[j * bc..(j + 1) * bc]);
         }
         run::<Q, V, W>(
             q,
