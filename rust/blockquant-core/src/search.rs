@@ -95,7 +95,8 @@ fn combine(l: &[f32; 8]) -> f32 {
 }
 
 /// For each effective scale `eff[j]`, the chunk's combined lanes into `sums[j]` (meaningless
-/// where the reciprocal overflows: that error is +inf whatever the sum). The AVX2 kernel where the CPU has it.
+/// where the reciprocal overflows: that error is +inf whatever the sum). The AVX2 kernel where
+/// the CPU has it.
 #[inline(always)]
 fn chunk_sums<Q: Dequant>(q: Q, xs: &[f32], ws: Option<&[f32]>, eff: &[f32], sums: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]

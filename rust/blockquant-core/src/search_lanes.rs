@@ -514,7 +514,8 @@ unsafe fn encode8<C: Encode, const V: usize>(codec: C, x0: *const f32, e: __m256
 
 /// The one-pass mse quantize of a piece of whole blocks (`search::quantize_searched`): each
 /// eight blocks' scales searched into `sc` and their codes (one a byte) into `out` while they
-/// are in cache, each block's amplitude measured as it is read. Returns whether any input was non-finite (then the scales and codes are meaningless).
+/// are in cache, each block's amplitude measured as it is read. Returns whether any input was
+/// non-finite (then the scales and codes are meaningless).
 ///
 /// # Safety
 /// The CPU must have AVX2 and F16C.
