@@ -211,7 +211,16 @@ def _non_finite_cases() -> list[Case]:
     cases.append(quant("first-of-two", two, INT8B, NF, r"value nan at flat index 57$"))
     # Other input dtypes: the index is the element's, the value the float32 it became.
     cases += [
-        quant("f64-overflows-f32", with_bad(MIDDLE, 1e39, np.float64), INT8B, NF, "flat index 57"),
+        # A finite float64 too large for f32 is named as given, as the reference names it.
+        quant("f64-overflows-f32", with_bad(MIDDLE, 1e39, np.float64), INT8B, NF,
+              r"^non-finite value inf at flat index 57 \(1e\+39 overflows float32\)$"),
+        quant("f64-overflows-f32-negative", with_bad(LAST, -3.5e38, np.float64), INT8, NF,
+              rf"^non-finite value -inf at flat index {LAST} \(-3\.5e\+38 overflows float32\)$"),
+        quant("f64-overflows-f32-mse", with_bad(FIRST, 1.2345678901234567e300, np.float64),
+              NVFP4, NF, r"^non-finite value inf at flat index 0 "
+              r"\(1\.2345678901234567e\+300 overflows float32\)$", calibration="mse"),
+        quant("f64-nan", with_bad(MIDDLE, np.nan, np.float64), INT8B, NF,
+              r"^non-finite value nan at flat index 57$"),
         quant("f16-inf", with_bad(LAST, np.inf, np.float16), INT8B, NF, f"index {LAST}$"),
         quant("bf16-nan", with_bad(FIRST, np.nan, ml_dtypes.bfloat16), NVFP4, NF, "index 0$"),
         quant("big-endian-nan", with_bad(MIDDLE, np.nan, ">f8"), INT8, NF, "index 57$"),

@@ -31,12 +31,35 @@ pub enum QuantError {
     /// An unknown option name, such as `calibration="max"` (→ `QuantError`, the base class).
     #[error("{0}")]
     Option(String),
-    /// NaN or infinity in the input (→ `NonFiniteError`).
-    #[error("non-finite value {} at flat index {index}", python_float(*value))]
-    NonFinite { index: usize, value: f32 },
+    /// NaN or infinity in the input (→ `NonFiniteError`): `value` as it reached the kernels, and
+    /// `given`, a float64 input's own value where that is finite but too large for f32 (it became
+    /// ±inf on the way), named in the message as `blockquant.reference` names it.
+    #[error(
+        "non-finite value {} at flat index {index}{}",
+        python_float(*value),
+        overflow_note(*given)
+    )]
+    NonFinite {
+        index: usize,
+        value: f32,
+        given: Option<f64>,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, QuantError>;
+
+/// " (1e+300 overflows float32)" for a float64 input value beyond f32's range, the value as
+/// Python's `repr` prints it; empty otherwise. Beyond 3.4e38, `repr` is the shortest digits in
+/// scientific form with a signed exponent, which is Rust's `{:e}` with the `+` added.
+fn overflow_note(given: Option<f64>) -> String {
+    match given {
+        Some(v) => format!(
+            " ({} overflows float32)",
+            format!("{v:e}").replace('e', "e+")
+        ),
+        None => String::new(),
+    }
+}
 
 /// A float as Python prints it (`nan`, `inf`, `-inf`), so messages read the same from either side.
 pub(crate) fn python_float(v: f32) -> String {

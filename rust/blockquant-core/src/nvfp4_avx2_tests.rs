@@ -390,7 +390,7 @@ fn nvfp4_kernel_refuses_non_finite_unchanged() {
             quantize_nvfp4(Input::F32(&x), &layout, &opts, None, bytes, &mut stored)
         });
         match got {
-            Err(QuantError::NonFinite { index, value }) => {
+            Err(QuantError::NonFinite { index, value, .. }) => {
                 assert_eq!(index, first);
                 assert_eq!(value.to_bits(), x[first].to_bits());
             }
@@ -542,7 +542,7 @@ fn one_level_kernel_names_the_first_non_finite_value() {
             let mut w = Words::new(&layout);
             let got = crate::quantize::quantize(Input::F32(&x), &layout, &opts, None, w.as_mut());
             match got {
-                Err(QuantError::NonFinite { index, value }) => {
+                Err(QuantError::NonFinite { index, value, .. }) => {
                     assert_eq!((index, value.to_bits()), (pos, bad.to_bits()));
                 }
                 other => panic!("{bad} at {pos}: {other:?}"),

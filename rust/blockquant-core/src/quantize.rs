@@ -375,9 +375,15 @@ pub(crate) fn first_non_finite(x: Input<'_>) -> QuantError {
         let len = MIN_TASK_ELEMS.min(x.len() - start);
         let chunk = x.read(start, len, &mut buf);
         if let Some(i) = chunk.iter().position(|v| !v.is_finite()) {
+            let given = match x {
+                // A finite float64 that became ±inf: too large for f32.
+                Input::F64(v) if v[start + i].is_finite() => Some(v[start + i]),
+                _ => None,
+            };
             return QuantError::NonFinite {
                 index: start + i,
                 value: chunk[i],
+                given,
             };
         }
     }
@@ -1652,7 +1658,8 @@ pub(crate) mod tests {
                 fused,
                 QuantError::NonFinite {
                     index: PIECE + 5,
-                    value: f32::NEG_INFINITY
+                    value: f32::NEG_INFINITY,
+                    given: None,
                 }
             );
         }
@@ -1769,7 +1776,8 @@ pub(crate) mod tests {
                 got,
                 QuantError::NonFinite {
                     index: n / 2,
-                    value: f32::NEG_INFINITY
+                    value: f32::NEG_INFINITY,
+                    given: None,
                 }
             );
         }
