@@ -327,17 +327,12 @@ pub fn mse_scales(
 ) -> Scales {
     let scheme = &layout.scheme;
     let alpha = amplitudes(x, layout, Calibration::MinMax);
-    let global = if scheme.is_two_level() {
-        let half_range = scheme.half_range();
-        let max_raw = alpha.iter().fold(0.0f32, |m, &a| m.max(a)) / half_range;
-        Some(match given_global {
-            Some(g) => g,
-            None if max_raw == 0.0 => 1.0,
-            None => max_raw / scheme.scale_dtype().max_value(),
+    // g as the one-pass path (`quantize_searched`) derives it, by the same function.
+    let global = scheme.is_two_level().then(|| {
+        given_global.unwrap_or_else(|| {
+            crate::quantize::derived_global(&alpha, scheme.half_range(), scheme.scale_dtype())
         })
-    } else {
-        None
-    };
+    });
     let ctx = Ctx::new(layout, opts.scale_rounding, global);
     #[cfg(target_arch = "x86_64")]
     if crate::search_lanes::fits(layout) {
