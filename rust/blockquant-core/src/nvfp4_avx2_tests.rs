@@ -361,7 +361,8 @@ fn nvfp4_kernel_takes_a_given_global_scale() {
 }
 
 /// NaN and ±inf refused with the first one's index, wherever they fall (a full group, a tail
-/// block), and the storage left as it was.
+/// block), under a derived g (the storage left as it was: pass 1 finds them) and under given
+/// ones (the one-pass kernel, which stops where it finds one).
 #[test]
 fn nvfp4_kernel_refuses_non_finite_unchanged() {
     if !avx2() {
@@ -380,23 +381,27 @@ fn nvfp4_kernel_refuses_non_finite_unchanged() {
         let mut x: Vec<f32> = (0..n).map(|_| rng.unit()).collect();
         x[pos] = bad;
         let first = x.iter().position(|v| !v.is_finite()).unwrap();
-        let mut w = Words::filled(&layout, 0x5A);
-        let Words::U8(bytes) = &mut w else {
-            unreachable!()
-        };
-        let opts = QuantizeOptions::default();
-        let mut stored = vec![0.0; layout.num_scales];
-        let got = crate::pool::install(|| {
-            quantize_nvfp4(Input::F32(&x), &layout, &opts, None, bytes, &mut stored)
-        });
-        match got {
-            Err(QuantError::NonFinite { index, value, .. }) => {
-                assert_eq!(index, first);
-                assert_eq!(value.to_bits(), x[first].to_bits());
+        for global in [None, Some(0.01), Some(0.0), Some(f32::MAX)] {
+            let mut w = Words::filled(&layout, 0x5A);
+            let Words::U8(bytes) = &mut w else {
+                unreachable!()
+            };
+            let opts = QuantizeOptions::default();
+            let mut stored = vec![0.0; layout.num_scales];
+            let got = crate::pool::install(|| {
+                quantize_nvfp4(Input::F32(&x), &layout, &opts, global, bytes, &mut stored)
+            });
+            match got {
+                Err(QuantError::NonFinite { index, value, .. }) => {
+                    assert_eq!(index, first, "g {global:?}");
+                    assert_eq!(value.to_bits(), x[first].to_bits());
+                }
+                other => panic!("{bad} at {pos}, g {global:?}: {other:?}"),
             }
-            other => panic!("{bad} at {pos}: {other:?}"),
+            if global.is_none() {
+                assert!(bytes.iter().all(|&b| b == 0x5A), "storage written on error");
+            }
         }
-        assert!(bytes.iter().all(|&b| b == 0x5A), "storage written on error");
     }
 }
 
