@@ -326,6 +326,47 @@ CASES: list[Case] = _non_finite_cases() + [
     quant("global-bool", X32, NVFP4, TypeError, global_scale=True),
     quant("global-complex", X32, NVFP4, TypeError, global_scale=2j),
     quant("global-two-values", X32, NVFP4, TypeError, global_scale=np.array([1.0, 2.0])),
+    # One real number, as the reference takes it: not a list or array of one, not an int past
+    # 64 bits (an object to numpy; past 1e308, float() raised OverflowError).
+    quant("global-a-list-of-one", X32, NVFP4, TypeError, "one real number", global_scale=[2.0]),
+    quant("global-an-array-of-one", X32, NVFP4, TypeError, global_scale=np.array([[2.0]])),
+    quant("global-int-past-64-bits", X32, NVFP4, TypeError, global_scale=2**200),
+    quant("global-int-past-float64", X32, NVFP4, TypeError, global_scale=10**400),
+    # Several faults in one call: the one the reference checks first names the error (option
+    # names, the input's dtype, the options against the scheme, the shape, whether g belongs,
+    # g's value, the weights, the scales).
+    quant("order-option-name-before-dtype", np.ones(64, np.int32), INT8B, bq.QuantError,
+          calibration="bogus"),
+    quant("order-option-name-before-scales", X64, INT8B, bq.QuantError, calibration="bogus",
+          scales=np.ones(3)),
+    quant("order-mx-before-scales", X64, INT8B, bq.SchemeError, scale_rounding="mx",
+          scales=np.ones(3)),
+    quant("order-lookup-rounding-before-scales", X64, "q4s/native/block32:f16/lookup:nf4",
+          bq.SchemeError, rounding="half_even", scales=np.ones(3)),
+    quant("order-unexpected-global-before-its-value", X64, INT8B, bq.UnexpectedGlobalScaleError,
+          global_scale=-1.0),
+    quant("order-unexpected-global-before-its-type", X64, INT8B, bq.UnexpectedGlobalScaleError,
+          global_scale="x"),
+    quant("order-missing-global-before-scale-values", X64, NVFP4, bq.MissingGlobalScaleError,
+          scales=np.full(4, np.nan)),
+    quant("order-weights-before-scales", X64, INT8B, bq.QuantError, weights=np.ones(64),
+          scales=np.ones(3)),
+    # A block scheme takes scales in its grid's shape, even a grid of one: (1,), not a scalar
+    # (per-tensor schemes take one value in any shape).
+    quant("scales-a-scalar-for-a-grid-of-one", X32, INT8B, bq.ScaleError, scales=0.01),
+    quant("scales-a-numpy-scalar-for-a-grid-of-one", X32, INT8B, bq.ScaleError,
+          scales=np.float32(0.01)),
+    quant("scales-1x1-for-a-grid-of-one", X32, INT8B, bq.ScaleError, scales=[[0.01]]),
+    quant("scales-all-masked", X32, INT8B, bq.ScaleError,
+          scales=np.ma.array([np.nan], mask=[True], dtype=np.float32)),
+    # A name with a lone surrogate is no option's name (not a UnicodeEncodeError).
+    quant("calibration-a-lone-surrogate", X32, INT8, bq.QuantError, calibration="\ud800"),
+    quant("rounding-a-lone-surrogate", X32, INT8, bq.QuantError, rounding="\udfff"),
+    quant("scale-rounding-a-lone-surrogate", X32, INT8, bq.QuantError, scale_rounding="\ud800x"),
+    # An empty half-precision shape whose float32 form numpy cannot hold: from_bytes' answer.
+    quant("empty-float16-past-memory", np.empty((0, 2**61), np.float16), INT8, bq.LayoutError),
+    quant("empty-bfloat16-past-memory", np.empty((0, 2**61), ml_dtypes.bfloat16), INT8B,
+          bq.LayoutError),
     # -- Lookup mode: the codebook's rules, and what does not apply to it ------------------------
     quant("lookup-without-codebook", X8, lambda: QuantScheme().with_mode(QuantMode.Lookup),
           bq.SchemeError, "^Lookup mode needs a codebook"),
@@ -486,6 +527,15 @@ CASES: list[Case] = _non_finite_cases() + [
           bq.QuantError, ref=lambda: ref.round_scale([1.0], D.F16, mode="down")),
     other("round_scale-bool", lambda: bq.round_scale([True], D.F16), TypeError,
           ref=lambda: ref.round_scale([True], D.F16)),
+    other("round_scale-mode-a-lone-surrogate", lambda: bq.round_scale([1.0], D.F16, mode="\ud800"),
+          bq.QuantError, ref=lambda: ref.round_scale([1.0], D.F16, mode="\ud800")),
+    # from_bytes takes any buffer but one of Python objects (its bytes are pointers) or one
+    # numpy cannot export (bfloat16).
+    from_bytes("an-array-of-objects", np.array([object(), object()], dtype=object), INT8, (4,),
+               TypeError, "Python objects"),
+    from_bytes("a-bfloat16-array", np.zeros(18, ml_dtypes.bfloat16), INT8, (32,), TypeError),
+    from_bytes("a-string", "abcd" + "\0" * 4, INT8, (4,), TypeError),
+    from_parts("global-int-past-float64", V_NVFP4, S_NVFP4, NVFP4, X.shape, TypeError, g=10**400),
 ]
 
 
@@ -677,3 +727,78 @@ def test_a_python_number_as_scales_checks_as_the_same_value_in_an_array(v, form)
     assert outcome(given) == outcome(as_array)
     if isinstance(v, bool) or (isinstance(v, int) and v >= 2**64):
         assert outcome(given)[0] is TypeError
+
+
+def test_from_bytes_takes_any_buffer_of_plain_data_as_the_reference_does():
+    """bytes, bytearray, memoryview (strided too), a uint8 or float32 array, array.array and
+    mmap: each read as its bytes in C order, the same tensor in the core and the reference."""
+    import array
+    import mmap
+
+    qt = bq.quantize(X, INT8B)
+    blob = qt.to_bytes()
+    padded = np.frombuffer(blob, np.uint8).repeat(2)  # every byte twice: a strided view
+    with mmap.mmap(-1, len(blob)) as m:
+        m.write(blob)
+        for data in [blob, bytearray(blob), memoryview(blob), memoryview(padded)[::2],
+                     np.frombuffer(blob, np.uint8), array.array("B", blob), m]:
+            got = bq.QTensor.from_bytes(data, INT8B, X.shape)
+            want = ref.from_bytes(data, INT8B, X.shape)
+            assert got.to_bytes() == blob and ref.to_bytes(want) == blob, type(data)
+    # 12 int8 codes and a float32 scale are 16 bytes: four float32 numbers' worth.
+    small = bq.quantize(np.linspace(-1, 1, 12, dtype=np.float32), INT8).to_bytes()
+    f32 = np.frombuffer(small, np.float32)
+    assert bq.QTensor.from_bytes(f32, INT8, (12,)).to_bytes() == small
+    assert ref.to_bytes(ref.from_bytes(f32, INT8, (12,))) == small
+
+
+@pytest.mark.parametrize("block, shape", [
+    ([2**64 - 1], (3, 4)),
+    ([2**63], (3, 4)),
+    ([2**62, 2**62], (3, 4)),
+    ([2**32 + 1, 3], (3, 4)),
+    ([32], (0, 2**40)),
+    ([4, 2**40], (2**40, 0)),
+])
+def test_blocks_longer_than_their_axes_and_huge_empty_shapes_agree_with_the_reference(block, shape):
+    """A block longer than its axis covers the axis: the reference pads no tensor to it (nor
+    lists an empty grid's index arrays), and gives the core's scales and bytes."""
+    scheme = QuantScheme().per_block(block, D.F16)
+    x = np.random.default_rng(9).standard_normal(shape).astype(np.float32)
+    got, want = bq.quantize(x, scheme), ref.quantize(x, scheme)
+    assert got.scales.shape == want.scales.shape
+    assert got.to_bytes() == ref.to_bytes(want)
+    assert np.array_equal(got.dequantize(), ref.dequantize(want))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, "bfloat16"])
+def test_unaligned_input_is_read_as_any_other(dtype):
+    """An array at an odd offset into a buffer (gguf-py's view of a file whose tensor offset is
+    not aligned) quantizes as its aligned copy does: SPEC §11 takes any array numpy makes."""
+    dt = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    x = np.random.default_rng(3).standard_normal((4, 64)).astype(dt)
+    buf = np.zeros(x.nbytes + 1, np.uint8)
+    view = np.ndarray(x.shape, dt, buffer=buf.data, offset=1)
+    view[...] = x
+    assert not view.flags.aligned and view.flags.c_contiguous
+    for scheme in (INT8B, NVFP4, INT8):
+        assert bq.quantize(view, scheme).to_bytes() == bq.quantize(x, scheme).to_bytes()
+    if dt != np.float64 and dt.name != "bfloat16":
+        assert np.array_equal(bq.gguf.quantize(view, "Q8_0"), bq.gguf.quantize(x, "Q8_0"))
+
+
+def test_unaligned_out_arrays_are_refused_and_untouched():
+    """out= arrays must be aligned (the core writes them as typed slices): refused before
+    anything is written, with a message that says so."""
+    qt = bq.quantize(X, INT8B)
+    raw = np.zeros(qt.scales.nbytes + 1, np.uint8)
+    scales = np.ndarray(qt.scales.shape, np.float32, buffer=raw.data, offset=1)
+    values = np.zeros_like(qt.values)
+    with pytest.raises(ValueError, match="aligned"):
+        bq.quantize(X, INT8B, out=(values, scales))
+    assert not raw.any() and not values.any()
+    raw = np.zeros(X.nbytes + 1, np.uint8)
+    out = np.ndarray(X.shape, np.float32, buffer=raw.data, offset=1)
+    with pytest.raises(ValueError, match="aligned"):
+        qt.dequantize(out=out)
+    assert not raw.any()

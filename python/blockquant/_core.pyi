@@ -10,6 +10,8 @@ __all__ = [
     "Scheme",
     "Layout",
     "quantize",
+    "check_options",
+    "check_call",
     "dequantize",
     "to_bytes",
     "from_bytes",
@@ -69,6 +71,16 @@ class Layout:
 
 _Quantized = Tuple[npt.NDArray[np.generic], npt.NDArray[np.float32], Optional[float]]
 
+def check_options(calibration: str, rounding: str, scale_rounding: str) -> None: ...
+def check_call(
+    scheme: Scheme,
+    shape: Sequence[int],
+    calibration: str,
+    rounding: str,
+    scale_rounding: str,
+    has_scales: bool,
+    has_global: bool,
+) -> None: ...
 def quantize(
     x: npt.NDArray[np.generic],
     kind: str,

@@ -15,6 +15,8 @@ from . import _core
 from ._core import (
     Layout,
     Scheme,
+    check_call,
+    check_options,
     check_parts,
     dequantize,
     from_bytes,
@@ -31,6 +33,8 @@ from ._core import (
 __all__ = [
     "Layout",
     "Scheme",
+    "check_call",
+    "check_options",
     "check_parts",
     "dequantize",
     "from_bytes",

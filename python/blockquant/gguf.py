@@ -159,8 +159,8 @@ def _quantize(xs: np.ndarray, kind: str, t: GGMLType, out: Optional[np.ndarray])
                 raise TypeError(f"out must be a {view} array for {t.name}, got {out.dtype}")
             if out.shape != xs.shape:
                 raise LayoutError(f"out must have shape {xs.shape} for {t.name}, got {out.shape}")
-            if not out.flags.c_contiguous:
-                raise TypeError("out must be a C-contiguous array")
+            if not (out.flags.c_contiguous and out.flags.aligned):
+                raise TypeError("out must be an aligned, C-contiguous array")
             raw_out = out.view(np.uint8)
         else:
             raw_out = out

@@ -14,7 +14,9 @@ import numpy as np
 
 from .errors import QuantError
 
-__all__ = ["Calibration", "Rounding", "ScaleRounding", "QuantOptions", "importance_weights"]
+__all__ = [
+    "Calibration", "Rounding", "ScaleRounding", "QuantOptions", "as_bytes", "importance_weights"
+]
 
 #: How the scale of a block is chosen: from max |x|, from mean |x| (BitNet b1.58), or searched
 #: among candidates around max |x|'s for the least squared error ("mse", SPEC §3a).
@@ -76,3 +78,21 @@ def importance_weights(weights: Any, shape: tuple[int, ...]) -> np.ndarray:
             f"weights of shape {raw.shape} do not broadcast to the input's shape {shape}"
         ) from None
     return np.ascontiguousarray(full)
+
+
+def as_bytes(data: Any) -> bytes:
+    """``from_bytes``' data as bytes: any object with the buffer protocol (bytes, bytearray,
+    memoryview, mmap, a numpy array: its raw bytes, in C order), but not one that holds Python
+    objects, whose bytes are pointers. quantize's from_bytes and blockquant.reference's both
+    take their bytes here, so they accept the same objects."""
+    if isinstance(data, bytes):
+        return data
+    try:
+        view = memoryview(data)
+    except (TypeError, ValueError):  # no buffer, or numpy's refusal of a dtype (bfloat16's 'E')
+        raise TypeError(f"data must be bytes-like (bytes, bytearray, memoryview, a buffer), "
+                        f"got {type(data).__name__}") from None
+    with view:
+        if "O" in view.format:
+            raise TypeError("data holds Python objects, not bytes")
+        return view.tobytes()

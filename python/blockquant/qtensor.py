@@ -7,6 +7,7 @@ works. Wherever a scheme is taken, a preset name or a scheme text is accepted to
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from typing import Any, Optional, Tuple, Union
@@ -14,8 +15,8 @@ from typing import Any, Optional, Tuple, Union
 import numpy as np
 
 from . import _native
-from .errors import LayoutError, ScaleError
-from .options import Calibration, Rounding, ScaleRounding, importance_weights
+from .errors import LayoutError, QuantError, ScaleError
+from .options import Calibration, Rounding, ScaleRounding, as_bytes, importance_weights
 from .presets import resolve
 from .scheme import QuantScheme, QuantValue, ScaleDtype, _layout
 
@@ -58,8 +59,10 @@ def _as_input(x: Any) -> Tuple[np.ndarray, str]:
     native-order in its own dtype (copied only if it is not), half-precision types as uint16
     bit patterns. The core converts to f32 a piece at a time."""
     arr = _float_array(x)
-    if not (arr.flags.c_contiguous and arr.dtype.isnative):
-        arr = np.asarray(arr, dtype=arr.dtype.newbyteorder("="), order="C")
+    if not (arr.flags.c_contiguous and arr.flags.aligned and arr.dtype.isnative):
+        # A copy (np.array copies; np.asarray would keep an unaligned C-order array as it is:
+        # a view at an odd offset into a file's bytes, which the core cannot read as floats).
+        arr = np.array(arr, dtype=arr.dtype.newbyteorder("="), order="C")
     kind = _kind(arr.dtype)
     assert kind is not None  # _float_array checked it
     if kind in ("f16", "bf16"):
@@ -115,9 +118,11 @@ def _explicit_scales(scales: Any) -> np.ndarray:
     # every value is finite and >= 0 (a pattern up to float32's largest), and the array is
     # used as it is (C-contiguous), without the general path's float64 copy and its page
     # faults. The core reads it into scales of its own before it writes anything.
-    if isinstance(scales, np.ndarray) and scales.dtype == np.float32:
+    # (A plain ndarray: a subclass's max() may differ; np.ma's of an all-masked array is
+    # `masked`. Subclasses take the general path, which reads their data as np.asarray does.)
+    if type(scales) is np.ndarray and scales.dtype == np.float32 and scales.flags.aligned:
         if scales.size == 0 or int(scales.view(np.uint32).max()) <= 0x7F7FFFFF:
-            return np.ascontiguousarray(scales)
+            return np.asarray(scales, order="C")  # (not ascontiguousarray: 0-d stays 0-d)
     try:
         raw = np.asarray(scales)
     except (TypeError, ValueError):
@@ -135,17 +140,18 @@ def _explicit_scales(scales: Any) -> np.ndarray:
     # A finite float64 scale from halfway past f32's largest value on would become inf.
     if (arr >= _F32_OVERFLOW).any():
         raise ScaleError("scales must fit in float32")
-    return np.ascontiguousarray(arr.astype(np.float32))
+    return arr.astype(np.float32, order="C")
 
 
 def _scales_in_grid(scales: Any, grid: Any, scheme: QuantScheme, shape: Tuple[int, ...]) -> np.ndarray:
-    """Caller-given scales, checked, as float32 in the grid's shape (one value may stand for a
-    per-tensor grid of shape (1,))."""
+    """Caller-given scales, checked, as float32 in the grid's shape (a per-tensor scheme's one
+    scale in any shape holding one value: 2.0, [2.0], [[2.0]]; a block scheme's in the grid's
+    shape only, even when that is (1,))."""
     arr = _explicit_scales(scales)
     grid = tuple(grid)
     if arr.shape == grid:
         return arr
-    if arr.size == 1 and grid == (1,):
+    if arr.size == 1 and scheme.block is None:
         return arr.reshape(1)
     raise ScaleError(
         f"scales for {scheme!r} on shape {shape} have the grid shape {grid}, got {arr.shape}"
@@ -261,8 +267,7 @@ class QTensor:
         """Rebuild from :meth:`to_bytes` output; the length must match exactly."""
         scheme = _check_scheme(scheme)
         shape = _shape(shape)
-        buf = bytes(memoryview(data).cast("B")) if not isinstance(data, bytes) else data
-        values, scales, g = _native.from_bytes(buf, scheme._handle, shape)
+        values, scales, g = _native.from_bytes(as_bytes(data), scheme._handle, shape)
         return cls._new(values, scales, g, scheme, shape)
 
     @classmethod
@@ -370,16 +375,26 @@ def _output_dtype_name(dtype: Any) -> str:
 
 
 def _global_scale(g: Any) -> float:
+    """The caller's per-tensor scale g as the float32 value it becomes: refused as the
+    reference refuses it (``TypeError`` for what is not one real number, ``ScaleError`` for a
+    value that is not finite, negative or past float32)."""
     if isinstance(g, (bool, np.bool_)):  # bool is an int: not a scale
         raise TypeError(f"global_scale must be a real number, got {g!r}")
+    # An int past int64/uint64 is an object array to numpy, not a number: the reference
+    # refuses it so, and float() of one past 1e308 would raise OverflowError.
+    if isinstance(g, int) and not -(2**63) <= g < 2**64:
+        raise TypeError(f"global_scale must be a real number within 64 bits, got an int of "
+                        f"{g.bit_length()} bits")
     if not isinstance(g, (int, float, np.integer, np.floating)):
         try:
             a = np.asarray(g)
             if a.dtype.kind not in "fiu" and a.dtype.name != "bfloat16":
                 raise TypeError
-            g = a.astype(np.float64).reshape(())[()]
         except (TypeError, ValueError):
             raise TypeError(f"global_scale must be a number, got {type(g).__name__}") from None
+        if a.ndim != 0:  # [2.0] is a list of scales, not the scale
+            raise TypeError(f"global_scale is one real number, got shape {a.shape}")
+        g = a.astype(np.float64)[()]
     g64 = float(g)
     with np.errstate(over="ignore"):
         g32 = np.float32(g64)
@@ -422,17 +437,39 @@ def quantize(
     partly written. The returned QTensor holds read-only views of them: writing into the same
     arrays again changes it.
     """
+    # The checks in blockquant.reference's order, so that a call with several faults fails on
+    # the one the reference names: option names, the input's dtype, the options against the
+    # scheme, the scheme against the shape, whether g belongs, g's value, the weights, the
+    # scales; the data last, in the core.
     scheme = resolve(scheme)
     cal, rnd, srnd = scheme.options.resolve(calibration, rounding, scale_rounding)
+    if type(cal) is str and type(rnd) is str and type(srnd) is str:
+        _options_checked(cal, rnd, srnd)
+    else:
+        _native.check_options(cal, rnd, srnd)  # TypeError
     xs, kind = _as_input(x)
+    if xs.size == 0:
+        # numpy holds an empty float16 array of shape (0, 2**61), but not the float32 or uint32
+        # arrays of the same shape that quantize and dequantize make: refused as from_bytes
+        # refuses that shape.
+        _shape(xs.shape)
+    _call_checked(
+        scheme._handle, xs.shape, cal, rnd, srnd, scales is not None, global_scale is not None
+    )
+    g = None if global_scale is None else _global_scale(global_scale)
+    w = None
+    if weights is not None:
+        w = importance_weights(weights, xs.shape)
+        if cal != "mse" or scales is not None:
+            raise QuantError(
+                "weights= weighs the error of calibration='mse' and takes no explicit scales"
+            )
     given = None
     if scales is not None:
         # An array's shape is a tuple of ints >= 0: the cached layout without the checks of
         # `QuantScheme.layout` (a few microseconds of a small call).
         grid = _layout(scheme, xs.shape).scale_grid
         given = _scales_in_grid(scales, grid, scheme, xs.shape)
-    g = None if global_scale is None else _global_scale(global_scale)
-    w = None if weights is None else importance_weights(weights, xs.shape)
     out_v = out_s = None
     if out is not None:
         out_v, out_s = _check_quantize_out(out, scheme, xs)
@@ -445,6 +482,22 @@ def quantize(
         # Views, so the caller's arrays keep their own writeable flag.
         values, stored = values.view(), stored.view()
     return QTensor._new(values, stored, g_out, scheme, xs.shape)
+
+
+# The argument checks that read no value (names, options against the scheme, the shape) give
+# the same answer for the same arguments: remembered once passed, as `_layout` is (the two
+# native calls were about 0.5 µs of a 7 µs small call). Errors are not cached: raised again.
+@functools.lru_cache(maxsize=64)
+def _options_checked(cal: str, rnd: str, srnd: str) -> None:
+    _native.check_options(cal, rnd, srnd)
+
+
+# (Keyed by the scheme's compiled handle, hashed by identity: a QuantScheme's own hash walks
+# its fields, 0.2 µs.)
+@functools.lru_cache(maxsize=512)
+def _call_checked(handle: Any, dims: Tuple[int, ...], cal: str, rnd: str, srnd: str,
+                  has_scales: bool, has_global: bool) -> None:
+    _native.check_call(handle, dims, cal, rnd, srnd, has_scales, has_global)
 
 
 def _check_quantize_out(out: Any, scheme: QuantScheme, xs: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -463,8 +516,8 @@ def _check_quantize_out(out: Any, scheme: QuantScheme, xs: np.ndarray) -> Tuple[
             raise TypeError(f"out {what} must be a native-order {dtype} array, got {arr.dtype}")
         if arr.shape != tuple(shape):
             raise ValueError(f"out {what} must have the shape {tuple(shape)}, got {arr.shape}")
-        if not arr.flags.c_contiguous or not arr.flags.writeable:
-            raise ValueError(f"out {what} must be a writeable C-contiguous array")
+        if not (arr.flags.c_contiguous and arr.flags.aligned and arr.flags.writeable):
+            raise ValueError(f"out {what} must be a writeable, aligned, C-contiguous array")
         if np.shares_memory(arr, xs):
             raise ValueError(f"out {what} shares memory with an input")
     if np.shares_memory(values, scales):
@@ -488,8 +541,8 @@ def _check_out(out: Any, name: str, qt: QTensor) -> np.ndarray:
         raise TypeError(f"out must be a native-order {name} array, got {out.dtype}")
     if out.shape != qt.shape:
         raise ValueError(f"out must have the tensor's shape {qt.shape}, got {out.shape}")
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError("out must be a writeable C-contiguous array")
+    if not (out.flags.c_contiguous and out.flags.aligned and out.flags.writeable):
+        raise ValueError("out must be a writeable, aligned, C-contiguous array")
     if np.shares_memory(out, qt.values) or np.shares_memory(out, qt.scales):
         raise ValueError("out shares memory with the tensor it would be written from")
     return out.view(np.uint16) if name in ("float16", "bfloat16") else out

@@ -34,7 +34,7 @@ from .errors import (
     SchemeError,
     UnexpectedGlobalScaleError,
 )
-from .options import importance_weights
+from .options import as_bytes, importance_weights
 from .presets import resolve
 from .scheme import QuantMode, QuantScheme, QuantValue, ScaleDtype
 
@@ -349,7 +349,7 @@ def encode_scales(arr_f32, dtype: ScaleDtype) -> bytes:
 
 def decode_scales(data, dtype: ScaleDtype, n: int) -> np.ndarray:
     """``n`` scales from their bytes, as float32 (flat). Any bit pattern decodes (NaN, negative)."""
-    data = _as_bytes(data)
+    data = as_bytes(data)
     expected = n * dtype.nbytes
     if len(data) != expected:
         raise LayoutError(f"expected {expected} bytes for {n} {dtype} scales, got {len(data)}")
@@ -394,14 +394,18 @@ def _rank1(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _block_dims(shape1: tuple[int, ...], scheme: QuantScheme) -> tuple[int, ...]:
-    """The block size padded with leading 1s to the tensor's rank."""
+    """The block size padded with leading 1s to the tensor's rank, each dim at most its axis's
+    length (at least 1). A block longer than its axis holds the same elements as one the axis's
+    length: the same grid, counts and scales, without padding to a length (2**64 - 1, say) no
+    memory holds."""
     block = scheme.block.size
     if len(block) > len(shape1):
         raise SchemeError(
             f"a block of {len(block)} dims {list(block)} does not fit a tensor of rank "
             f"{len(shape1)} (shape {shape1}) under {scheme!r}"
         )
-    return (1,) * (len(shape1) - len(block)) + block
+    full = (1,) * (len(shape1) - len(block)) + block
+    return tuple(min(b, max(n, 1)) for n, b in zip(shape1, full))
 
 
 def scale_grid_shape(shape, scheme: QuantScheme) -> tuple[int, ...]:
@@ -467,6 +471,8 @@ def _scales_per_element(grid: np.ndarray, shape1, scheme: QuantScheme) -> np.nda
     """Each element's scale: the scale of the block it falls in (broadcast for per-tensor)."""
     if scheme.block is None:
         return np.broadcast_to(grid.reshape(()), shape1)
+    if math.prod(shape1) == 0:  # no element, however long the other axes (their index arrays)
+        return np.zeros(shape1, np.float32)
     block = _block_dims(shape1, scheme)
     index = np.ix_(*[np.arange(n) // b for n, b in zip(shape1, block)])
     return grid[index]
@@ -479,6 +485,8 @@ def _block_rows(x1: np.ndarray, scheme: QuantScheme):
         return x1.reshape(1, -1), np.array([x1.size], dtype=np.int64)
     block = _block_dims(x1.shape, scheme)
     grid = tuple(-(-n // b) for n, b in zip(x1.shape, block))
+    if x1.size == 0:  # no blocks (a grid dim is 0), however long the others: none to list
+        return np.zeros((0, math.prod(block)), x1.dtype), np.zeros(0, np.int64)
     padded = np.pad(x1, [(0, g * b - n) for n, b, g in zip(x1.shape, block, grid)])
     # (g0, b0, g1, b1, ...) -> (g0, g1, ..., b0, b1, ...) -> (blocks, elements per block)
     tiled = padded.reshape([d for gb in zip(grid, block) for d in gb])
@@ -623,12 +631,14 @@ def _input_as_f32(x) -> tuple[np.ndarray, np.ndarray]:
         a = np.asarray(x)
     except ValueError as e:  # a ragged nested list: not an array at all
         raise TypeError(f"quantize takes an array of floats: {e}") from None
-    if a.dtype.name == "bfloat16":
-        return a, a.astype(np.float32)
-    if a.dtype.kind != "f" or a.dtype.itemsize not in (2, 4, 8):
+    if a.dtype.name != "bfloat16" and (a.dtype.kind != "f" or a.dtype.itemsize not in (2, 4, 8)):
         raise TypeError(
             f"quantize takes float16, bfloat16, float32 or float64, got dtype {a.dtype}"
         )
+    if a.size == 0:  # an empty half-precision shape whose float32 form numpy cannot hold
+        _check_shape(a.shape)
+    if a.dtype.name == "bfloat16":
+        return a, a.astype(np.float32)
     with np.errstate(over="ignore"):  # float64 beyond f32 range: inf, reported below
         return a, a.astype(np.float32)
 
@@ -901,18 +911,12 @@ def _expected_nbytes(scheme: QuantScheme, shape) -> int:
     return storage + n_scales * scheme.scale_dtype.nbytes + (4 if scheme.is_two_level else 0)
 
 
-def _as_bytes(data) -> bytes:
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError(f"data is bytes-like, got {type(data).__name__}")
-    return bytes(data)
-
-
 def from_bytes(data, scheme: QuantScheme | str, shape) -> RefQTensor:
     """Rebuild a quantized tensor from to_bytes' layout. The length must match exactly; scales
     (and g) are kept exactly as decoded, -0 included, but a negative, NaN or infinite one is a
     LayoutError; so is a stored code quantize can never produce, or non-zero padding (SPEC §9:
     from_bytes accepts exactly what from_parts accepts). Scales are checked first (SPEC §12)."""
-    data = _as_bytes(data)
+    data = as_bytes(data)
     scheme = resolve(scheme)
     _check_scheme(scheme)
     shape = _check_shape(shape)

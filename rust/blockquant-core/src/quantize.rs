@@ -346,7 +346,7 @@ pub fn encode_values(
 ) -> Result<()> {
     assert_eq!(x.len(), layout.num_elements, "input length");
     assert_eq!(effective.len(), layout.num_scales, "scale count");
-    check_rounding(layout, rounding)?;
+    check_rounding(&layout.scheme, rounding)?;
     let bad = with_codec!(&layout.scheme, rounding, |codec| {
         crate::pack::encode_into(codec, Window::all(x), layout, effective, out)
     });
@@ -358,14 +358,43 @@ pub fn encode_values(
 
 /// `rounding` names how integer ties go; a codebook has its own tie rule, so asking it for
 /// half-even is refused rather than silently ignored.
-fn check_rounding(layout: &Layout, rounding: Rounding) -> Result<()> {
-    if layout.scheme.codebook.is_some() && rounding == Rounding::HalfEven {
+fn check_rounding(scheme: &crate::QuantScheme, rounding: Rounding) -> Result<()> {
+    if scheme.codebook.is_some() && rounding == Rounding::HalfEven {
         return Err(QuantError::Scheme(format!(
-            "rounding='half_even' does not apply to a Lookup scheme (a tie goes to the entry of larger magnitude), got {}",
-            layout.scheme
+            "rounding='half_even' does not apply to a Lookup scheme (a tie goes to the entry of larger magnitude), got {scheme}"
         )));
     }
     Ok(())
+}
+
+/// The checks of a quantize call that read no value of its arguments, in the order
+/// `blockquant.reference` makes them, so that a call with several faults fails on the same one
+/// in both: the scale rounding against the scale dtype, a codebook's tie rule, the scheme
+/// against the tensor's shape, then a per-tensor scale given to a one-level scheme, or missing
+/// beside a two-level scheme's block scales. (Before them come the option names and the
+/// input's dtype; after them the values of g, the weights and the scales, then the data.)
+/// Returns the call's layout.
+pub fn check_call(
+    scheme: &crate::QuantScheme,
+    shape: &[usize],
+    opts: &QuantizeOptions,
+    has_scales: bool,
+    has_global: bool,
+) -> Result<Layout> {
+    scheme.scale_dtype().check_rounding(opts.scale_rounding)?;
+    check_rounding(scheme, opts.rounding)?;
+    let layout = Layout::new(scheme, shape)?;
+    if has_global && !scheme.is_two_level() {
+        return Err(QuantError::UnexpectedGlobalScale {
+            scheme: scheme.to_string(),
+        });
+    }
+    if has_scales && !has_global && scheme.is_two_level() {
+        return Err(QuantError::MissingGlobalScale {
+            scheme: scheme.to_string(),
+        });
+    }
+    Ok(layout)
 }
 
 /// The first non-finite value of `x` (its flat index), once a kernel has seen one somewhere.
@@ -525,7 +554,7 @@ fn check_options(layout: &Layout, opts: &QuantizeOptions) -> Result<()> {
         .scheme
         .scale_dtype()
         .check_rounding(opts.scale_rounding)?;
-    check_rounding(layout, opts.rounding)
+    check_rounding(&layout.scheme, opts.rounding)
 }
 
 /// Whether the call works its scales out (neither block scales nor a global scale given).

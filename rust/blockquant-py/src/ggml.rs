@@ -130,7 +130,7 @@ fn contiguous_mut<'a, T: numpy::Element>(
     rw: &'a mut numpy::PyReadwriteArrayDyn<'_, T>,
 ) -> PyResult<&'a mut [T]> {
     rw.as_slice_mut()
-        .map_err(|_| PyTypeError::new_err("out must be a C-contiguous array"))
+        .map_err(|_| PyTypeError::new_err("out must be an aligned, C-contiguous array"))
 }
 
 /// Dequantize C-contiguous uint8 blocks of shape `(..., row_bytes)` to float32 `(..., row_len)`,
@@ -151,7 +151,7 @@ fn ggml_dequantize<'py>(
         let want = with_last(&shape, row_len);
         let src = blocks
             .as_slice()
-            .map_err(|_| PyTypeError::new_err("blocks must be a C-contiguous array"))?;
+            .map_err(|_| PyTypeError::new_err("blocks must be an aligned, C-contiguous array"))?;
         let arr = output::<f32>(py, out, &want, "float32", || {
             format!("{ty} blocks of shape {shape:?}")
         })?;

@@ -234,7 +234,11 @@ impl<'a, 'py, T: OptionName> FromPyObject<'a, 'py> for Opt<T> {
         let name = obj.cast::<pyo3::types::PyString>().map_err(|_| {
             PyTypeError::new_err(format!("{} is a string, got {}", T::WHAT, obj.get_type()))
         })?;
-        T::from_name(name.to_str()?).map(Opt).map_err(to_py)
+        // Lossy: a name with a lone surrogate ("\ud800") is no name of an option, refused by
+        // the core like any other (QuantError), not by UTF-8 encoding (UnicodeEncodeError).
+        T::from_name(&name.to_string_lossy())
+            .map(Opt)
+            .map_err(to_py)
     }
 }
 
@@ -243,7 +247,7 @@ fn contiguous<'a, T: numpy::Element>(
     what: &str,
 ) -> PyResult<&'a [T]> {
     a.as_slice()
-        .map_err(|_| PyTypeError::new_err(format!("{what} must be a C-contiguous array")))
+        .map_err(|_| PyTypeError::new_err(format!("{what} must be an aligned, C-contiguous array")))
 }
 
 /// The numpy dtype of a layout's value storage (SPEC §8).
@@ -328,7 +332,7 @@ fn with_storage_mut<R: Send>(
     let py = arr.py();
     fn not_ours<E>(_: E) -> PyErr {
         PyTypeError::new_err(
-            "out values must be a writeable C-contiguous array of the layout's storage dtype, \
+            "out values must be a writeable, aligned, C-contiguous array of the layout's storage dtype, \
              sharing no memory with the input",
         )
     }
@@ -439,7 +443,7 @@ fn with_input<R>(
 ) -> PyResult<R> {
     let bad = || {
         PyTypeError::new_err(format!(
-            "x of kind {kind:?} must be a C-contiguous array of its dtype"
+            "x of kind {kind:?} must be an aligned, C-contiguous array of its dtype"
         ))
     };
     match kind {
@@ -464,6 +468,45 @@ fn with_input<R>(
             "unknown input kind {kind:?}"
         ))),
     }
+}
+
+/// The option names of a quantize call, checked (`TypeError` for a non-string, `QuantError`
+/// for an unknown name) before the input's dtype is, as the reference checks them.
+#[pyfunction]
+fn check_options(
+    calibration: Opt<Calibration>,
+    rounding: Opt<Rounding>,
+    scale_rounding: Opt<ScaleRounding>,
+) -> PyResult<()> {
+    guarded(|| {
+        let _ = (calibration, rounding, scale_rounding);
+        Ok(())
+    })
+}
+
+/// The checks of a quantize call that need no value of its arguments (`q::check_call`), made
+/// by the Python side before it checks the values of g, the weights and the scales: a call
+/// with several faults then fails on the one the reference names.
+#[pyfunction]
+fn check_call(
+    scheme: &Bound<'_, Scheme>,
+    shape: Vec<usize>,
+    calibration: Opt<Calibration>,
+    rounding: Opt<Rounding>,
+    scale_rounding: Opt<ScaleRounding>,
+    has_scales: bool,
+    has_global: bool,
+) -> PyResult<()> {
+    guarded(|| {
+        let opts = QuantizeOptions {
+            calibration: calibration.0,
+            rounding: rounding.0,
+            scale_rounding: scale_rounding.0,
+        };
+        q::check_call(&scheme.get().0, &shape, &opts, has_scales, has_global)
+            .map(|_| ())
+            .map_err(to_py)
+    })
 }
 
 /// Quantize a C-contiguous float array (see `with_input` for `kind`). Returns
@@ -541,7 +584,7 @@ fn quantize<'py>(
             .map_err(|e| PyValueError::new_err(format!("out scales must be writeable: {e}")))?;
         let sc = scales_rw
             .as_slice_mut()
-            .map_err(|_| PyValueError::new_err("out scales must be C-contiguous"))?;
+            .map_err(|_| PyValueError::new_err("out scales must be aligned and C-contiguous"))?;
         let global = with_input(x, kind, |xs| {
             with_storage_mut(&storage, &layout, |out| {
                 pool::install_sized(layout.num_elements, || match w {
@@ -636,7 +679,7 @@ fn dequantize<'py>(
             rw: &'a mut numpy::PyReadwriteArrayDyn<'_, T>,
         ) -> PyResult<&'a mut [T]> {
             rw.as_slice_mut()
-                .map_err(|_| PyTypeError::new_err("out must be a C-contiguous array"))
+                .map_err(|_| PyTypeError::new_err("out must be an aligned, C-contiguous array"))
         }
         fn borrow<'py, T: numpy::Element>(
             a: &Bound<'py, PyArrayDyn<T>>,
@@ -836,6 +879,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Scheme>()?;
     m.add_class::<LayoutInfo>()?;
     m.add_function(wrap_pyfunction!(quantize, m)?)?;
+    m.add_function(wrap_pyfunction!(check_options, m)?)?;
+    m.add_function(wrap_pyfunction!(check_call, m)?)?;
     m.add_function(wrap_pyfunction!(dequantize, m)?)?;
     m.add_function(wrap_pyfunction!(to_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(from_bytes, m)?)?;
