@@ -526,6 +526,10 @@ CORRUPT = {
     "unknown dtype": one(tensor("F128")),
     "unknown dtype variant": one(tensor({"Complex": "F32"})),
     "unknown bool store": one(tensor({"Bool": "U16"})),
+    # Not a name at all: a set lookup of a list or map was a TypeError (found by review).
+    "bool store a list": one(tensor({"Bool": [1]})),
+    "bool store a map": one(tensor({"Bool": {"a": 1}})),
+    "bool store null": one(tensor({"Bool": None})),
     "bool byte not 0/1": one(tensor({"Bool": "Native"}, (8,), (0, 8)), bytes(7) + b"\x02"),
     "unknown QuantValue": with_scheme(value="Q3S"),
     "unknown store": with_scheme(store={"PackedU16": 0}),

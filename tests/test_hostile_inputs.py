@@ -530,3 +530,97 @@ def test_a_file_name_that_is_not_utf8(tmp_path, capsys):
         assert listing(tmp_path) == before
     assert run("inspect", src) == 0
     assert r"w\udcff" in capsys.readouterr().out
+
+
+# -- found by an adversarial review (safetensors' own rules, burn's Bool, odd offsets) ----------
+def _tensor(dtype, shape, offsets):
+    return {"dtype": dtype, "shape": shape, "data_offsets": offsets}
+
+
+@pytest.mark.parametrize("header, data, words", [
+    # A sub-byte dtype's bits fill whole bytes and match the span, as for every other dtype.
+    ({"a": _tensor("F4", [2**62], [0, 1])}, bytes(1), "takes 2305843009213693952 bytes"),
+    ({"a": _tensor("F6_E2M3", [1000], [0, 3])}, bytes(3), "takes 750 bytes, its offsets span 3"),
+    ({"a": _tensor("F4", [3], [0, 2])}, bytes(2), "takes 12 bits, not whole bytes"),
+    # The tensors tile the data: no overlap, no hole, nothing after the last.
+    ({"a": _tensor("F32", [16], [0, 64]), "b": _tensor("F32", [16], [0, 64])}, bytes(64),
+     "overlaps the tensor before it"),
+    ({"a": _tensor("F32", [4], [0, 16]), "b": _tensor("F32", [4], [32, 48])}, bytes(48),
+     "leaves bytes 16..32 unused"),
+    ({"a": _tensor("F32", [4], [0, 16])}, bytes(20), "the tensors end at byte 16 of 20"),
+])
+def test_safetensors_layout_rules(tmp_path, capsys, header, data, words):
+    src = tmp_path / "h.safetensors"
+    write_header(src, header, data)
+    assert_refused(tmp_path, capsys, src, str(src), words)
+
+
+def test_zero_size_tensors_share_an_offset(tmp_path):
+    """Empty tensors take no bytes: several at one offset tile the data (the library's rule)."""
+    src = tmp_path / "z.safetensors"
+    save_file({"a": np.zeros(0, np.float32), "b": np.zeros((2, 0), np.float32),
+               "c": np.ones(4, np.float32)}, str(src))
+    assert sorted(bq.load(src)) == ["a", "b", "c"]
+
+
+def test_bools_burn_cannot_hold_are_refused_before_a_bpk_is_written(tmp_path, capsys):
+    """A safetensors BOOL byte of 2 or 255 (numpy reads True) has no burn Bool: refused in one
+    line, no .bpk written that blockquant's own reader would then refuse."""
+    src = tmp_path / "b.safetensors"
+    write_header(src, {"mask": _tensor("BOOL", [4], [0, 4]),
+                       "w": _tensor("F32", [32], [4, 132])}, bytes([0, 1, 2, 255]) + bytes(128))
+    assert load_file(str(src))["mask"].tolist() == [False, True, True, True]
+    before = listing(tmp_path)
+    assert run("quantize", src, "-o", tmp_path / "o.bpk", "--scheme", "int8", "-q") == 2
+    one_error_line(capsys, str(src), "mask", "bool at index 2 is 2")
+    assert listing(tmp_path) == before
+    # Bytes of 0 and 1 go through, and read back as the same bools.
+    write_header(src, {"mask": _tensor("BOOL", [4], [0, 4]),
+                       "w": _tensor("F32", [32], [4, 132])}, bytes([0, 1, 1, 0]) + bytes(128))
+    assert run("quantize", src, "-o", tmp_path / "o.bpk", "--scheme", "int8", "-q") == 0
+    assert bq.load_burnpack(tmp_path / "o.bpk")["mask"].tolist() == [False, True, True, False]
+
+
+def test_npy_header_with_an_unclosed_bracket(tmp_path, capsys):
+    """numpy retries a header literal_eval rejects through tokenize: TokenError, refused."""
+    src = tmp_path / "t.npy"
+    src.write_bytes(_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (4, }", bytes(16)))
+    assert_refused(tmp_path, capsys, src, str(src), "malformed header (TokenError)")
+    member = tmp_path / "m.npz"
+    with zipfile.ZipFile(member, "w") as z:
+        z.writestr("w.npy", src.read_bytes())
+    src.unlink()
+    assert_refused(tmp_path, capsys, member, f"{member}: w:", "malformed header")
+
+
+def test_gguf_tensor_at_an_unaligned_offset(tmp_path):
+    """gguf-py hands back a float32 view at an odd offset into the file when a tensor's offset
+    is not aligned: blockquant quantizes it as any other array (a copy), as the same values."""
+    gguf = pytest.importorskip("gguf")
+    src = tmp_path / "u.gguf"
+    x = np.random.default_rng(5).standard_normal((4, 64)).astype(np.float32)
+    w = gguf.GGUFWriter(str(src), "llama")
+    w.add_tensor("blk.0.ffn_up.weight", x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = gguf.GGUFReader(str(src))
+    t = r.tensors[0]
+    raw = bytearray(src.read_bytes())
+    # Move the data 2 bytes on and patch the tensor's offset (relative to the data start).
+    start = t.data_offset
+    field = raw.rfind(struct.pack("<Q", start - r.data_offset), 0, r.data_offset)
+    assert field > 0
+    raw[field:field + 8] = struct.pack("<Q", start - r.data_offset + 2)
+    raw[start + 2:start + 2 + x.nbytes] = x.tobytes()
+    src.write_bytes(bytes(raw) + bytes(32))
+    view = gguf.GGUFReader(str(src)).tensors[0].data
+    assert not view.flags.aligned and np.array_equal(view.reshape(x.shape), x)
+    for qtype in ("Q8_0", "Q4_0"):
+        assert np.array_equal(bq.gguf.quantize(view, qtype), bq.gguf.quantize(x, qtype))
+    assert bq.quantize(view, "int8_block32").to_bytes() == bq.quantize(x, "int8_block32").to_bytes()
+    out = tmp_path / "o.gguf"
+    assert run("quantize", src, "-o", out, "--scheme", "q8_0", "-q") == 0
+    got = gguf.GGUFReader(str(out)).tensors[0]
+    assert bytes(got.data) == bytes(bq.gguf.quantize(x, "Q8_0"))

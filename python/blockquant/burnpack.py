@@ -454,7 +454,7 @@ class _Descriptor:
                 return numel * _PLAIN_DTYPES[dtype].itemsize
         elif isinstance(dtype, dict) and len(dtype) == 1:
             ((kind, arg),) = dtype.items()
-            if kind == "Bool" and arg in _BOOL_STORES:
+            if kind == "Bool" and isinstance(arg, str) and arg in _BOOL_STORES:
                 return numel * _BOOL_STORES[arg].itemsize
             if kind == "QFloat":
                 try:

@@ -142,6 +142,15 @@ def _copier(ckpt: Checkpoint, name: str) -> Any:
             return ckpt.raw(name)
         buf = io.BytesIO()
         ckpt.copy_to(name, buf)
-        return buf.getvalue()
+        raw = buf.getvalue()
+        if ckpt.info(name).dtype == "BOOL":
+            # burn's Bool holds 0 or 1 (blockquant's own reader refuses any other byte); a
+            # safetensors BOOL may hold any (numpy reads a non-zero byte as True).
+            stored = np.frombuffer(raw, np.uint8)
+            if stored.size and stored.max() > 1:
+                i = int(np.argmax(stored > 1))
+                raise ckpt.error(name, f"bool at index {i} is {stored[i]}, not 0 or 1 as burn's "
+                                 "Bool holds")
+        return raw
 
     return produce

@@ -41,7 +41,30 @@ def _init_worker(q: Any, threads: int) -> None:
     _queue = q
     # Ctrl-C reaches the whole process group: the parent alone handles it and ends the pool.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The worker started with SIGINT and SIGTERM blocked (`_start_pool`): a SIGTERM the pool
+    # sent meanwhile ends it here, by the default action, without a traceback.
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STARTUP_SIGNALS)
     _threads().set_num_threads(threads)
+
+
+#: Held back while the pool starts its workers (see `_start_pool`).
+_STARTUP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _start_pool(ctx: Any, jobs: int, q: Any, threads: int) -> Any:
+    """The worker pool, started with SIGINT and SIGTERM blocked in this thread, which the
+    workers inherit: the parent cannot die halfway through handing a worker its start-up data
+    (which left the worker printing an EOFError traceback), nor a worker die of a Ctrl-C while
+    it imports (a KeyboardInterrupt traceback) before `_init_worker` has set its signals up.
+    A signal that came meanwhile is delivered when the mask is restored."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return ctx.Pool(jobs, initializer=_init_worker, initargs=(q, threads))
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, _STARTUP_SIGNALS)
+    try:
+        return ctx.Pool(jobs, initializer=_init_worker, initargs=(q, threads))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def _work(task: Task) -> tuple[Any, int]:
@@ -106,7 +129,7 @@ def run_tasks(tasks: Sequence[Task], jobs: int, threads: int | None,
         return results
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
-    pool = ctx.Pool(jobs, initializer=_init_worker, initargs=(q, stats.threads_per_job))
+    pool = _start_pool(ctx, jobs, q, stats.threads_per_job)
     try:
         pending = [pool.apply_async(_work, (task,)) for task in tasks]
         while True:

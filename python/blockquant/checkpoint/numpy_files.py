@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import tokenize
 import zipfile
 from pathlib import Path
 from typing import BinaryIO
@@ -29,8 +30,11 @@ def _npy_header(fp: BinaryIO) -> tuple[np.dtype, tuple[int, ...], int]:
             shape, _, dtype = np.lib.format.read_array_header_2_0(fp)
         else:
             raise ValueError(f".npy format version {version} is not supported")
-    except (SyntaxError, RecursionError, MemoryError, TypeError, UnicodeDecodeError) as e:
-        # numpy parses the header with ast.literal_eval: a crafted one fails in many ways.
+    except (SyntaxError, RecursionError, MemoryError, TypeError, UnicodeDecodeError,
+            tokenize.TokenError) as e:
+        # numpy parses the header with ast.literal_eval, and a version 1/2 header it rejects
+        # again through tokenize (an unclosed bracket: TokenError): a crafted one fails in many
+        # ways.
         raise ValueError(f"malformed header ({type(e).__name__})") from None
     dtype = np.dtype(dtype)
     if dtype.hasobject:

@@ -24,8 +24,8 @@ from .base import (
     Checkpoint,
     CheckpointError,
     TensorInfo,
+    numel,
     os_reason,
-    st_nbytes,
     to_le_bytes,
 )
 
@@ -120,17 +120,31 @@ class SafetensorsCheckpoint(Checkpoint):
                     f"data offsets [{a}, {b}] reach past the {data_len} data bytes "
                     "(truncated file?)",
                 )
-            expected = st_nbytes(dtype, shape)
-            whole_bytes = ST_DTYPES.get(dtype, (1, None))[0] % 8 == 0
-            if expected is not None and whole_bytes and expected != b - a:
+            # As the safetensors library: the bits of a sub-byte dtype (F4, F6_*) fill whole
+            # bytes, and every tensor spans exactly its bytes.
+            bits = numel(shape) * ST_DTYPES[dtype][0]
+            if bits % 8:
+                raise self.error(name, f"{dtype} {list(shape)} takes {bits} bits, not whole bytes")
+            if bits // 8 != b - a:
                 raise self.error(
-                    name, f"{dtype} {list(shape)} takes {expected} bytes, its offsets span {b - a}"
+                    name, f"{dtype} {list(shape)} takes {bits // 8} bytes, its offsets span {b - a}"
                 )
             self._offsets[name] = (a, b)
-            entries.append((a, TensorInfo(name, dtype, shape, b - a)))
+            entries.append((a, b, TensorInfo(name, dtype, shape, b - a)))
         # File order: the order of the data, which is the order a reader streams fastest.
-        entries.sort(key=lambda t: t[0])
-        self.tensors = [t for _, t in entries]
+        entries.sort(key=lambda t: (t[0], t[1]))
+        # The tensors tile the data, no gap, overlap or trailing bytes, as the safetensors
+        # library requires (it refuses such files: bytes no tensor owns can hide another file).
+        end = 0
+        for a, b, t in entries:
+            if a != end:
+                what = "overlaps the tensor before it" if a < end else f"leaves bytes {end}..{a} unused"
+                raise self.error(t.name, f"data offsets [{a}, {b}]: {what}")
+            end = b
+        if end != data_len:
+            raise self.error(None, f"the tensors end at byte {end} of {data_len} data bytes "
+                             "(bytes after them belong to no tensor)")
+        self.tensors = [t for _, _, t in entries]
         self._index()
 
     def close(self) -> None:
