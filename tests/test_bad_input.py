@@ -802,3 +802,30 @@ def test_unaligned_out_arrays_are_refused_and_untouched():
     with pytest.raises(ValueError, match="aligned"):
         qt.dequantize(out=out)
     assert not raw.any()
+
+
+@pytest.mark.parametrize("scheme", [NVFP4, INT8B, MXFP8, INT8])
+def test_copies_and_pickles_stay_read_only_and_checked(scheme):
+    """pickle, copy and deepcopy rebuild a QTensor through from_parts: the same bytes and g,
+    read-only arrays as quantize gives (they came back writeable), and crafted parts refused."""
+    import copy
+    import pickle
+
+    qt = bq.quantize(X, scheme)
+    for q2 in (pickle.loads(pickle.dumps(qt)), copy.deepcopy(qt), copy.copy(qt)):
+        assert q2.to_bytes() == qt.to_bytes() and q2.global_scale == qt.global_scale
+        assert not q2.values.flags.writeable and not q2.scales.flags.writeable
+    bad = pickle.dumps(qt).replace(qt.scales.tobytes(), np.full(qt.scales.shape, -1.0,
+                                                                np.float32).tobytes())
+    with pytest.raises(bq.ScaleError):
+        pickle.loads(bad)
+
+
+@pytest.mark.parametrize("dtype", [">f4", ">f8", ">f2", np.dtype(">f4"), "<f4"])
+def test_dequantize_to_a_byte_order_gives_that_order(dtype):
+    """'>f4' asked, big-endian given, as the reference gives it (same values)."""
+    qt = bq.quantize(X, INT8B)
+    got = qt.dequantize(dtype)
+    want = ref.dequantize(ref.quantize(X, INT8B), dtype)
+    assert got.dtype == want.dtype == np.dtype(dtype)
+    assert np.array_equal(got, want)

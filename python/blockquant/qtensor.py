@@ -193,6 +193,12 @@ class QTensor:
         self._shape = tuple(shape)
         return self
 
+    def __reduce__(self) -> Tuple[Any, ...]:
+        # pickle, copy and deepcopy rebuild through from_parts: checked, and read-only again
+        # (the default copied the arrays writeable).
+        return (QTensor.from_parts, (self._values, self._scales, self._scheme, self._shape,
+                                     self._global))
+
     # -- the parts -------------------------------------------------------------------------
     @property
     def values(self) -> np.ndarray:
@@ -254,7 +260,11 @@ class QTensor:
         elif name == "bfloat16":
             res = res.view(_import_ml_dtypes().bfloat16)
         # The numpy crate makes 0-d arrays as shape (1,): give back the caller's shape.
-        return res.reshape(self._shape)
+        res = res.reshape(self._shape)
+        if (isinstance(dtype, np.dtype) or (isinstance(dtype, str) and dtype[:1] in "<>")) \
+                and not np.dtype(dtype).isnative:
+            res = res.astype(np.dtype(dtype))  # '>f4' asked: big-endian given, as the reference
+        return res
 
     def to_bytes(self) -> bytes:
         """burn's layout (SPEC §9): values, then scales, then the f32 per-tensor scale."""
