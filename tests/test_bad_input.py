@@ -829,3 +829,28 @@ def test_dequantize_to_a_byte_order_gives_that_order(dtype):
     want = ref.dequantize(ref.quantize(X, INT8B), dtype)
     assert got.dtype == want.dtype == np.dtype(dtype)
     assert np.array_equal(got, want)
+
+
+def test_a_pickle_in_the_default_form_is_rebuilt_and_checked():
+    """A QTensor pickled before __reduce__ existed carries its slots as state: __setstate__
+    rebuilds it through from_parts (read-only arrays), and refuses bad parts."""
+    qt = bq.quantize(X, NVFP4)
+    slots = {name: getattr(qt, name) for name in bq.QTensor.__slots__}
+    slots["_values"], slots["_scales"] = qt.values.copy(), qt.scales.copy()
+    back = bq.QTensor.__new__(bq.QTensor)
+    back.__setstate__((None, slots))
+    assert back.to_bytes() == qt.to_bytes() and not back.values.flags.writeable
+    slots["_scales"] = np.full(qt.scales.shape, -5.0, np.float32)
+    with pytest.raises(bq.ScaleError):
+        bq.QTensor.__new__(bq.QTensor).__setstate__((None, slots))
+    with pytest.raises(TypeError):
+        bq.QTensor.__new__(bq.QTensor).__setstate__({"_values": 1})
+
+
+def test_a_structured_buffer_whose_field_name_holds_an_o_is_plain_data():
+    """Only a buffer of Python objects is refused: a field named 'Other' is not one."""
+    blob = bq.quantize(np.linspace(-1, 1, 12, dtype=np.float32), INT8).to_bytes()
+    rec = np.frombuffer(blob, [("Other", "<u2")])
+    assert memoryview(rec).format.count("O")
+    assert bq.QTensor.from_bytes(rec, INT8, (12,)).to_bytes() == blob
+    assert ref.to_bytes(ref.from_bytes(rec, INT8, (12,))) == blob

@@ -394,3 +394,51 @@ def test_dry_run_lists_every_tensor_and_writes_nothing(tmp_path, model, capsys):
     assert "q8s/native/tensor:f32" in out and "keep: --rule lm_head=keep" in out
     assert "keep: rank 1, below --min-rank 2" in out
     assert "would be quantized" in out
+
+
+def _blocked_now(progress):
+    """In a worker: the signals its thread has blocked (SIGINT, SIGTERM must be free again)."""
+    import signal
+
+    return sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "pthread_sigmask"), reason="POSIX only")
+def test_a_signal_while_the_pool_starts_waits_for_the_pool(monkeypatch):
+    """A SIGINT sent to the process (from another thread, as a kernel may deliver it) while
+    the workers start is only noted, then raised once the pool is held, so the pool is ended
+    by its `finally` and no worker is left half-started; workers end with SIGINT and SIGTERM
+    unblocked, and the parent's mask and handlers are as before."""
+    import signal
+    import threading
+
+    from blockquant.checkpoint import jobs
+
+    real = jobs._start_pool
+
+    def start_with_a_signal(ctx, n, q, threads):
+        original = ctx.Pool
+
+        class Ctx:
+            def Pool(self, *a, **kw):  # noqa: N802 (multiprocessing's name)
+                t = threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT))
+                t.start()
+                t.join()
+                return original(*a, **kw)
+
+        pool, caught = real(Ctx(), n, q, threads)
+        assert caught == [signal.SIGINT]
+        return pool, caught
+
+    handler = signal.getsignal(signal.SIGINT)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    monkeypatch.setattr(jobs, "_start_pool", start_with_a_signal)
+    with pytest.raises(KeyboardInterrupt):
+        run_tasks([Task(0, _threads_now, ()), Task(1, _threads_now, ())], 2, 2, lambda *a: None)
+    assert signal.getsignal(signal.SIGINT) is handler
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
+    monkeypatch.undo()
+    blocked = run_tasks([Task(0, _blocked_now, ()), Task(1, _blocked_now, ())], 2, 2,
+                        lambda *a: None)
+    for b in blocked:
+        assert int(signal.SIGINT) not in b and int(signal.SIGTERM) not in b

@@ -7,6 +7,7 @@ quantizes with absmean without being told).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
@@ -93,6 +94,9 @@ def as_bytes(data: Any) -> bytes:
         raise TypeError(f"data must be bytes-like (bytes, bytearray, memoryview, a buffer), "
                         f"got {type(data).__name__}") from None
     with view:
-        if "O" in view.format:
+        # A numpy array says so itself; another buffer by its struct format, without the
+        # field names a structured one carries (":Other:" holds no object).
+        dt = getattr(data, "dtype", None)
+        if dt.hasobject if isinstance(dt, np.dtype) else "O" in re.sub(r":[^:]*:", "", view.format):
             raise TypeError("data holds Python objects, not bytes")
         return view.tobytes()

@@ -199,6 +199,17 @@ class QTensor:
         return (QTensor.from_parts, (self._values, self._scales, self._scheme, self._shape,
                                      self._global))
 
+    def __setstate__(self, state: Any) -> None:
+        # A pickle in the default form (made before __reduce__ existed): its slots, rebuilt
+        # through from_parts all the same.
+        slots = state[1] if isinstance(state, tuple) and len(state) == 2 else state
+        if not isinstance(slots, dict) or set(slots) != set(QTensor.__slots__):
+            raise TypeError("not the state of a QTensor")
+        qt = QTensor.from_parts(slots["_values"], slots["_scales"], slots["_scheme"],
+                                slots["_shape"], slots["_global"])
+        for name in QTensor.__slots__:
+            object.__setattr__(self, name, getattr(qt, name))
+
     # -- the parts -------------------------------------------------------------------------
     @property
     def values(self) -> np.ndarray:

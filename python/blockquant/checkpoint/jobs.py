@@ -14,6 +14,7 @@ import os
 import queue as queue_mod
 import resource
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -52,19 +53,37 @@ def _init_worker(q: Any, threads: int) -> None:
 _STARTUP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
-def _start_pool(ctx: Any, jobs: int, q: Any, threads: int) -> Any:
-    """The worker pool, started with SIGINT and SIGTERM blocked in this thread, which the
-    workers inherit: the parent cannot die halfway through handing a worker its start-up data
-    (which left the worker printing an EOFError traceback), nor a worker die of a Ctrl-C while
-    it imports (a KeyboardInterrupt traceback) before `_init_worker` has set its signals up.
-    A signal that came meanwhile is delivered when the mask is restored."""
-    if not hasattr(signal, "pthread_sigmask"):
-        return ctx.Pool(jobs, initializer=_init_worker, initargs=(q, threads))
+def _start_pool(ctx: Any, jobs: int, q: Any, threads: int) -> tuple[Any, list[int]]:
+    """The worker pool, and the SIGINTs and SIGTERMs that came while it started, for the
+    caller to raise again once it holds the pool (inside its `finally: pool.terminate()`).
+
+    Meanwhile this process only records those signals (a handler that notes them: blocking
+    them in this thread alone would not do, the kernel hands a process's signal to any thread
+    not blocking it, rayon's or BLAS's, and Python then raises in this one): it cannot die
+    halfway through handing a worker its start-up data, which left the worker printing an
+    EOFError traceback. The workers start with both signals blocked (the mask is inherited),
+    so none dies of a Ctrl-C while it imports (a KeyboardInterrupt traceback) before
+    `_init_worker` has set its signals up. Only in the main thread, where handlers can be set."""
+    if not hasattr(signal, "pthread_sigmask") or \
+            threading.current_thread() is not threading.main_thread():
+        return ctx.Pool(jobs, initializer=_init_worker, initargs=(q, threads)), []
+    # The resource tracker, started now if it is not running: starting it inside the window
+    # would unblock both signals in this thread (its own code does), and the workers spawned
+    # after it would start unblocked.
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    caught: list[int] = []
+    handlers = {sig: signal.signal(sig, lambda n, _frame: caught.append(n))
+                for sig in _STARTUP_SIGNALS}
     before = signal.pthread_sigmask(signal.SIG_BLOCK, _STARTUP_SIGNALS)
     try:
-        return ctx.Pool(jobs, initializer=_init_worker, initargs=(q, threads))
+        pool = ctx.Pool(jobs, initializer=_init_worker, initargs=(q, threads))
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a pending one is only noted
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return pool, caught
 
 
 def _work(task: Task) -> tuple[Any, int]:
@@ -129,8 +148,10 @@ def run_tasks(tasks: Sequence[Task], jobs: int, threads: int | None,
         return results
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
-    pool = _start_pool(ctx, jobs, q, stats.threads_per_job)
+    pool, caught = _start_pool(ctx, jobs, q, stats.threads_per_job)
     try:
+        for sig in caught:  # came while the pool started: handled now as it would have been
+            signal.raise_signal(sig)
         pending = [pool.apply_async(_work, (task,)) for task in tasks]
         while True:
             _drain(q, progress, timeout=0.05)
