@@ -236,23 +236,7 @@ pub(crate) unsafe fn encode_piece(
     let mut b = 0;
     while b + 8 <= blocks {
         // In bounds: blocks b..b + 8 lie within sc, xs and (at half a byte a value) out.
-        let x0 = xs.as_ptr().add(b * bc);
-        let o0 = out.as_mut_ptr().add(b * bc / 2);
-        let e = crate::fused_avx2::effective8(_mm256_loadu_ps(sc.as_ptr().add(b)), g);
-        let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps());
-        if _mm256_movemask_ps(zero) == 0 {
-            if bc == 16 {
-                encode_8blocks::<2, false>(x0, e, o0, false);
-            } else {
-                encode_8blocks::<4, false>(x0, e, o0, false);
-            }
-        } else {
-            // The zero rule somewhere in the group (an all-zero block, or g = 0): block by
-            // block.
-            for j in b..b + 8 {
-                encode_block(&xs[j * bc..(j + 1) * bc], sc[j], g, &mut out[j * bc / 2..]);
-            }
-        }
+        encode_group_of(xs, sc, g, b, bc, out);
         b += 8;
     }
     for j in b..blocks {
@@ -285,7 +269,6 @@ pub(crate) unsafe fn measure_encode_piece(
     while b + 8 <= blocks {
         // In bounds: blocks b..b + 8 lie within sc, xs and (at half a byte a value) out.
         let x0 = xs.as_ptr().add(b * bc);
-        let o0 = out.as_mut_ptr().add(b * bc / 2);
         let bits = if bc == 16 {
             x86::max_abs_bits_8runs::<2>(x0)
         } else {
@@ -297,19 +280,7 @@ pub(crate) unsafe fn measure_encode_piece(
         }
         let s = crate::fused_avx2::two_level_scales8(k, g, _mm256_castsi256_ps(bits));
         _mm256_storeu_ps(sc.as_mut_ptr().add(b), s);
-        let e = crate::fused_avx2::effective8(s, g);
-        let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps());
-        if _mm256_movemask_ps(zero) == 0 {
-            if bc == 16 {
-                encode_8blocks::<2, false>(x0, e, o0, false);
-            } else {
-                encode_8blocks::<4, false>(x0, e, o0, false);
-            }
-        } else {
-            for j in b..b + 8 {
-                encode_block(&xs[j * bc..(j + 1) * bc], sc[j], g, &mut out[j * bc / 2..]);
-            }
-        }
+        encode_group_of(xs, sc, g, b, bc, out);
         b += 8;
     }
     for j in b..blocks {
@@ -326,6 +297,32 @@ pub(crate) unsafe fn measure_encode_piece(
         encode_block(run, sc[j], g, &mut out[j * bc / 2..]);
     }
     false
+}
+
+/// Blocks `b..b + 8` (of `bc` = 16 or 32 values) against their block scales `sc[b..b + 8]`
+/// under g: e_j = min(b_j × g, f32::MAX) in lanes, each block divided by its own and packed
+/// ([`encode_8blocks`]); where some e_j is 0 (the zero rule: an all-zero block, or g = 0),
+/// block by block the scalar way. Pass 2's and [`measure_encode_piece`]'s shared step.
+///
+/// # Safety
+/// The CPU must have AVX2; blocks `b..b + 8` lie within `xs`, `sc` and (half a byte a value)
+/// `out`.
+#[inline(always)]
+unsafe fn encode_group_of(xs: &[f32], sc: &[f32], g: f32, b: usize, bc: usize, out: &mut [u8]) {
+    let (x0, o0) = (xs.as_ptr().add(b * bc), out.as_mut_ptr().add(b * bc / 2));
+    let e = crate::fused_avx2::effective8(_mm256_loadu_ps(sc.as_ptr().add(b)), g);
+    let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps());
+    if _mm256_movemask_ps(zero) == 0 {
+        if bc == 16 {
+            encode_8blocks::<2, false>(x0, e, o0, false);
+        } else {
+            encode_8blocks::<4, false>(x0, e, o0, false);
+        }
+    } else {
+        for j in b..b + 8 {
+            encode_block(&xs[j * bc..(j + 1) * bc], sc[j], g, &mut out[j * bc / 2..]);
+        }
+    }
 }
 
 /// One block (16 or 32 values) against its stored scale `b`, the scalar way: codes, then
