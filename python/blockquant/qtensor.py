@@ -96,6 +96,12 @@ def _shape(shape: Any) -> Tuple[int, ...]:
     return dims
 
 
+def _numpy_int(v: int) -> bool:
+    """Whether numpy takes the int ``v`` as a number (int64 or uint64): past that it makes an
+    object array, which the reference refuses as not a real number (``TypeError``)."""
+    return -(2**63) <= v < 2**64
+
+
 #: The least float64 that rounds to +inf in float32: f32's largest value plus half its ulp,
 #: 2^128 - 2^103 (a tie, and the largest value's last bit is odd, so it rounds up).
 _F32_OVERFLOW = 2.0**128 - 2.0**103
@@ -107,7 +113,7 @@ def _explicit_scales(scales: Any) -> np.ndarray:
     # a small call's. Anything else (bools, huge ints, arrays) takes the general path below.
     one = scales[0] if type(scales) in (list, tuple) and len(scales) == 1 else scales
     # (An int past numpy's int64/uint64 is an object array there, refused: so it is here.)
-    if type(one) is float or (type(one) is int and -(2**63) <= one < 2**64):
+    if type(one) is float or (type(one) is int and _numpy_int(one)):
         v = float(one)
         if not (math.isfinite(v) and v >= 0):
             raise ScaleError(f"scales must be finite and >= 0, got {v} at index 0")
@@ -401,9 +407,8 @@ def _global_scale(g: Any) -> float:
     value that is not finite, negative or past float32)."""
     if isinstance(g, (bool, np.bool_)):  # bool is an int: not a scale
         raise TypeError(f"global_scale must be a real number, got {g!r}")
-    # An int past int64/uint64 is an object array to numpy, not a number: the reference
-    # refuses it so, and float() of one past 1e308 would raise OverflowError.
-    if isinstance(g, int) and not -(2**63) <= g < 2**64:
+    # (float() of an int past 1e308 would raise OverflowError.)
+    if isinstance(g, int) and not _numpy_int(g):
         raise TypeError(f"global_scale must be a real number within 64 bits, got an int of "
                         f"{g.bit_length()} bits")
     if not isinstance(g, (int, float, np.integer, np.floating)):

@@ -88,11 +88,7 @@ pub(crate) unsafe fn amplitude_piece(xs: &[f32], bc: usize, sc: &mut [f32]) -> u
         // alone kept it at numpy's `max` pace (16 Mi values on Zen 3, one thread: 4.1-4.8 ms
         // with `x86::prefetch` 8 KiB ahead, 3.8-4.4 ms without, medians of 16 interleaved runs).
         let x0 = xs.as_ptr().add(b * bc);
-        let bits = match bc {
-            16 => x86::max_abs_bits_8runs::<2>(x0),
-            32 => x86::max_abs_bits_8runs::<4>(x0),
-            _ => x86::max_abs_bits_8runs_any(x0, bc),
-        };
+        let bits = max_abs_bits8(x0, bc);
         _mm256_storeu_si256(sc.as_mut_ptr().add(b) as *mut __m256i, bits);
         top = _mm256_max_epi32(top, bits);
         b += 8;
@@ -101,15 +97,33 @@ pub(crate) unsafe fn amplitude_piece(xs: &[f32], bc: usize, sc: &mut [f32]) -> u
     _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, top);
     let mut top = lanes.into_iter().max().unwrap_or(0);
     for (j, s) in sc.iter_mut().enumerate().skip(b) {
-        let m = xs[j * bc..(j + 1) * bc]
-            .iter()
-            .map(|v| v.to_bits() & 0x7FFF_FFFF)
-            .max()
-            .unwrap_or(0);
+        let m = max_abs_bits(&xs[j * bc..(j + 1) * bc]);
         top = top.max(m);
         *s = f32::from_bits(m);
     }
     top
+}
+
+/// The largest |x| bit pattern of each of eight blocks of `bc` values from `x0` (blocks of
+/// 16 and 32 with their lengths as constants), past f32::MAX's for a block that is not finite.
+///
+/// # Safety
+/// The CPU must have AVX2; `8 * bc` values from `x0` must be readable.
+#[inline(always)]
+unsafe fn max_abs_bits8(x0: *const f32, bc: usize) -> __m256i {
+    match bc {
+        16 => x86::max_abs_bits_8runs::<2>(x0),
+        32 => x86::max_abs_bits_8runs::<4>(x0),
+        _ => x86::max_abs_bits_8runs_any(x0, bc),
+    }
+}
+
+/// [`max_abs_bits8`] of one block, the scalar way.
+fn max_abs_bits(run: &[f32]) -> u32 {
+    run.iter()
+        .map(|v| v.to_bits() & 0x7FFF_FFFF)
+        .max()
+        .unwrap_or(0)
 }
 
 /// The E2M1 codes (sign in bit 3) of 32 finite quotients, one a byte, in the byte order
@@ -269,12 +283,8 @@ pub(crate) unsafe fn measure_encode_piece(
     while b + 8 <= blocks {
         // In bounds: blocks b..b + 8 lie within sc, xs and (at half a byte a value) out.
         let x0 = xs.as_ptr().add(b * bc);
-        let bits = if bc == 16 {
-            x86::max_abs_bits_8runs::<2>(x0)
-        } else {
-            x86::max_abs_bits_8runs::<4>(x0)
-        };
-        let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(f32::MAX.to_bits() as i32));
+        let bits = max_abs_bits8(x0, bc);
+        let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF));
         if _mm256_movemask_epi8(non_finite) != 0 {
             return true;
         }
@@ -285,11 +295,7 @@ pub(crate) unsafe fn measure_encode_piece(
     }
     for j in b..blocks {
         let run = &xs[j * bc..(j + 1) * bc];
-        let top = run
-            .iter()
-            .map(|v| v.to_bits() & 0x7FFF_FFFF)
-            .max()
-            .unwrap_or(0);
+        let top = max_abs_bits(run);
         if top > f32::MAX.to_bits() {
             return true;
         }
@@ -427,11 +433,7 @@ pub(crate) unsafe fn one_level_piece(
         // In bounds: blocks b..b + 8 lie within sc, xs and (at half a byte a value) out.
         let x0 = xs.as_ptr().add(b * bc);
         let o0 = out.as_mut_ptr().add(b * bc / 2);
-        let bits = if bc == 16 {
-            x86::max_abs_bits_8runs::<2>(x0)
-        } else {
-            x86::max_abs_bits_8runs::<4>(x0)
-        };
+        let bits = max_abs_bits8(x0, bc);
         if let Some(e) = crate::fused_avx2::checked_scales8(k, bits) {
             _mm256_storeu_ps(sc.as_mut_ptr().add(b), e);
             encode_group(bc, x0, e, o0, stream);
@@ -538,11 +540,7 @@ unsafe fn given_piece(xs: &[f32], stored: &[f32], g: f32, bc: usize, out: &mut [
         let x0 = xs.as_ptr().add(b * bc);
         let o0 = out.as_mut_ptr().add(b * bc / 2);
         let e = crate::fused_avx2::effective8(_mm256_loadu_ps(stored.as_ptr().add(b)), g);
-        let bits = if bc == 16 {
-            x86::max_abs_bits_8runs::<2>(x0)
-        } else {
-            x86::max_abs_bits_8runs::<4>(x0)
-        };
+        let bits = max_abs_bits8(x0, bc);
         if crate::fused_avx2::finite_and_nonzero(bits, e) {
             encode_group(bc, x0, e, o0, false);
         } else {
