@@ -161,6 +161,33 @@ def test_reference_is_reachable_as_an_attribute():
     assert out.stdout.strip() == "quantize"
 
 
+def test_file_formats_load_on_first_use():
+    # `import blockquant` leaves the file formats (most of its import time) for later; their
+    # functions and modules are still attributes of the package, and `from ... import` works.
+    import subprocess
+    import sys
+
+    code = """
+import sys, blockquant as bq
+late = ["blockquant.files", "blockquant.checkpoint", "blockquant.burnpack", "blockquant.gguf"]
+print(*[m in sys.modules for m in late])
+names = ["load", "quantize_file", "dequantize_file", "save_burnpack", "load_burnpack"]
+print(*[getattr(bq, n).__module__ for n in names])
+print(bq.gguf.__name__, bq.checkpoint.open_checkpoint.__module__, bq.files.load is bq.load)
+from blockquant import load_burnpack
+print(load_burnpack is bq.burnpack.load_burnpack, set(bq.__all__) <= set(dir(bq)))
+print(hasattr(bq, "no_such_name"), hasattr(bq, "onnx"))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [
+        "False False False False",
+        "blockquant.files blockquant.files blockquant.files blockquant.burnpack blockquant.burnpack",
+        "blockquant.gguf blockquant.checkpoint.readers True",
+        "True True",
+        "False False",
+    ]
+
+
 def test_bad_scales_are_reported_before_bad_data_in_both_implementations():
     import blockquant.reference as ref
 
