@@ -190,6 +190,44 @@ def test_pytorch_checkpoints_are_refused_with_a_way_out(tmp_path, capsys, name, 
     assert not marker.exists()
 
 
+def _safetensors_with_header(path, header_len):
+    """A safetensors file (written by the safetensors library) whose header is exactly
+    ``header_len`` bytes, padded by a metadata string."""
+    from safetensors.numpy import save_file
+
+    w = np.arange(32, dtype=np.float32).reshape(4, 8)
+
+    def written(m):
+        save_file({"w": w}, str(path), metadata={"pad": "x" * m})
+        return int.from_bytes(path.read_bytes()[:8], "little")
+
+    lo, hi = 0, header_len
+    while lo < hi:  # the least padding that reaches header_len (the length grows with it)
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if written(mid) < header_len else (lo, mid)
+    assert written(lo) == header_len
+    return w
+
+
+@pytest.mark.parametrize("header_len", [0x280, 0x380, 0x480, 0x580, 0x4B50, 0x10280])
+def test_safetensors_whose_length_looks_like_another_format(tmp_path, capsys, header_len):
+    """A safetensors file starts with its header's length, so its first bytes can be a
+    pickle's (0x80 0x02..0x05: headers of 640, 896, 1152, 1408 bytes) or a zip's "PK" (19,280):
+    it is still read as safetensors, as the library reads it, and quantizes and inspects."""
+    from safetensors.numpy import load_file
+
+    src = tmp_path / "m.safetensors"
+    w = _safetensors_with_header(src, header_len)
+    assert src.read_bytes()[:2] in (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05", b"PK")
+    assert np.array_equal(load_file(str(src))["w"], w)
+    assert np.array_equal(bq.load(src)["w"], w)
+    assert run("inspect", src) == 0
+    out = tmp_path / "q.safetensors"
+    assert run("quantize", src, "-o", out, "--scheme", "int8") == 0
+    capsys.readouterr()
+    assert np.array_equal(bq.load(out)["w"].to_bytes(), bq.quantize(w, "int8").to_bytes())
+
+
 def test_folder_with_only_pytorch_weights(tmp_path, capsys):
     model = tmp_path / "model"
     model.mkdir()

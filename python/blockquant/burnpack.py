@@ -1,8 +1,11 @@
 """burn's ``.bpk`` files (burn-pack, format version 1), with blockquant tensors as ``QFloat``.
 
-    >>> from blockquant.burnpack import save_burnpack, load_burnpack
-    >>> save_burnpack("model.bpk", {"w": bq.quantize(w, bq.presets.int8()), "b": bias})
-    >>> load_burnpack("model.bpk")["w"].dequantize()
+    import numpy as np, blockquant as bq
+    from blockquant.burnpack import save_burnpack, load_burnpack
+
+    w = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    save_burnpack("model.bpk", {"w": bq.quantize(w, bq.presets.int8()), "b": np.zeros(64, np.float32)})
+    load_burnpack("model.bpk")["w"].dequantize()
 
 The container, as burn-pack 0.22 writes and reads it (``burn-pack/src/base.rs``, ``writer.rs``):
 

@@ -571,7 +571,8 @@ def _parser() -> argparse.ArgumentParser:
                        "and model.safetensors.index.json): OUT is then a folder of the same "
                        "shape. An OUT ending in / is a folder. A GGUF IN with a .gguf OUT is "
                        "requantized as llama-quantize --pure does, --scheme naming a ggml type "
-                       "(q8_0, q4_0, q4_1, q5_0, q5_1, mxfp4, tq1_0, tq2_0, f16, bf16, f32). An ONNX IN "
+                       "(q8_0, q4_0, q4_1, q5_0, q5_1, mxfp4, tq1_0, tq2_0, f16, bf16, f32, q2_k, q3_k, "
+                       "q4_k, q5_k, q6_k, iq4_nl, iq4_xs, nvfp4). An ONNX IN "
                        "(.onnx) gets its MatMul/Gemm weights quantized into an ONNX OUT "
                        "(--onnx-op).")
     q.add_argument("input", metavar="IN")

@@ -38,7 +38,8 @@ from .scheme import QuantScheme
 __all__ = ["DequantizeSummary", "FolderSummary", "dequantize_file", "load", "quantize_file"]
 
 #: progress=: False (nothing), True (a bar on a terminal), or a function called after each
-#: tensor with (file in the folder or None, tensor name, input bytes).
+#: tensor with (file, tensor name, input bytes): the output file it goes to, by its path in the
+#: output folder (a single file: its name).
 ProgressArg = Union[bool, Callable[[Any, str, int], None]]
 
 

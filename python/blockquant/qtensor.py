@@ -449,7 +449,8 @@ def quantize(
     ``weights``: per-element importance (finite, >= 0, broadcastable to ``x``, like llama.cpp's
     imatrix): "mse" then minimizes the weighted error. Only with "mse".
     ``rounding`` of int values: "half_away" (burn, ggml) or "half_even" (numpy, ONNX, PyTorch).
-    ``scale_rounding``: "up" (values never clip) or "nearest" (a plain cast).
+    ``scale_rounding``: "up" (values never clip), "nearest" (a plain cast) or "mx" (the OCP MX
+    rule, UE8M0 scales only).
     An option left as None is the scheme's own (a preset's), else the default (minmax,
     half_away, up).
     ``scales``: explicit scales in the grid's shape (two-level: block scales b_i); skips

@@ -26,7 +26,8 @@ def pytorch_error(path: Any, kind: str) -> CheckpointError:
 
 def refuse_pickle(path: Any, magic: bytes) -> None:
     """Refuse a file starting as a pickle of protocol 2 to 5 (PROTO opcode, then the
-    protocol): no other format blockquant reads starts with 0x80."""
+    protocol). A safetensors file may start so too (its header's length): the caller rules
+    safetensors out first; no other format blockquant reads starts with 0x80."""
     if len(magic) >= 2 and magic[0] == 0x80 and 2 <= magic[1] <= 5:
         raise pytorch_error(path, "a pickle")
 

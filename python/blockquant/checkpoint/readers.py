@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,7 @@ from .base import Checkpoint, CheckpointError, os_reason
 from .burnpack_file import BurnpackCheckpoint
 from .numpy_files import NpyCheckpoint, NpzCheckpoint
 from .pytorch import refuse_pickle
-from .safetensors import SafetensorsCheckpoint
+from .safetensors import MAX_HEADER, SafetensorsCheckpoint
 
 
 def open_checkpoint(path: Any) -> Checkpoint:
@@ -18,11 +19,18 @@ def open_checkpoint(path: Any) -> Checkpoint:
     p = Path(path)
     try:
         with open(p, "rb") as f:
-            magic = f.read(6)
+            magic = f.read(9)
+            size = os.fstat(f.fileno()).st_size
+        # Safetensors first, by its own structure: it has no magic, and its first bytes (the
+        # header's length) can be anything, a pickle's 0x80 0x02 or a zip's "PK" included (a
+        # 640- or 19,280-byte header). None of the formats below passes this test: their first
+        # eight bytes read as a length past the header limit or the file, or byte 8 is not "{".
+        if _looks_like_safetensors(magic, size):
+            return SafetensorsCheckpoint(p)
         refuse_pickle(p, magic)  # a PyTorch checkpoint: refused, never unpickled
         if magic.startswith(b"PK"):
             return NpzCheckpoint(p)
-        if magic == b"\x93NUMPY":
+        if magic.startswith(b"\x93NUMPY"):
             return NpyCheckpoint(p)
         if magic.startswith(b"NRUB"):  # burn-pack's magic 0x4255524E, little-endian
             return BurnpackCheckpoint(p)
@@ -33,3 +41,12 @@ def open_checkpoint(path: Any) -> Checkpoint:
         return SafetensorsCheckpoint(p)
     except OSError as e:
         raise CheckpointError(p, None, os_reason(e)) from None
+
+
+def _looks_like_safetensors(magic: bytes, size: int) -> bool:
+    """A header length the safetensors library accepts (at most ``MAX_HEADER``, within the
+    file), then the JSON object it must start with."""
+    if len(magic) < 9:
+        return False
+    n = int.from_bytes(magic[:8], "little")
+    return 2 <= n <= min(MAX_HEADER, size - 8) and magic[8:9] == b"{"
