@@ -442,3 +442,125 @@ def test_a_signal_while_the_pool_starts_waits_for_the_pool(monkeypatch):
                         lambda *a: None)
     for b in blocked:
         assert int(signal.SIGINT) not in b and int(signal.SIGTERM) not in b
+
+
+# -- workers that die, and signals to the whole process group ------------------------------------
+_JOBS_SCRIPT = textwrap.dedent('''
+    import os, signal, sys, time
+    from blockquant.checkpoint.jobs import Task, run_tasks
+
+    def fast(progress):
+        return 1
+
+    def slow(marker, progress):
+        time.sleep(0.2)  # at work a while, its "started" message long sent
+        open(marker + str(os.getpid()), "w").close()
+        time.sleep(60)
+        return 2
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    if __name__ == "__main__":
+        signal.signal(signal.SIGTERM, on_term)
+        marker, kind = sys.argv[1], sys.argv[2]
+        tasks = {"idle": [Task(0, fast, ()), Task(1, slow, (marker,))],
+                 "killed": [Task("a.safetensors", slow, (marker + "a-",)),
+                            Task("b.safetensors", slow, (marker + "b-",))],
+                 "orphans": [Task(0, slow, (marker,)), Task(1, slow, (marker,))]}[kind]
+        try:
+            run_tasks(tasks, 2, 2, lambda *a: None)
+        except KeyboardInterrupt:
+            print("ended by a signal", flush=True)
+            sys.exit(3)
+        except Exception as e:
+            print(f"{type(e).__name__}: {e}", flush=True)
+            sys.exit(4)
+''')
+
+
+def _start_jobs(tmp_path, kind):
+    script = tmp_path / "jobs_script.py"
+    script.write_text(_JOBS_SCRIPT)
+    marker = str(tmp_path / "started-")
+    proc = subprocess.Popen([sys.executable, str(script), marker, kind], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return proc, marker
+
+
+def _wait_for_workers(tmp_path, count, proc):
+    import time
+
+    for _ in range(600):
+        pids = [int(p.name.split("-")[-1]) for p in tmp_path.glob("started-*")]
+        if len(pids) >= count:
+            return pids
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError("the workers did not start")
+
+
+def _gone(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie no one reaped yet
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg") or not os.path.exists("/proc/self/stat"),
+                    reason="POSIX process groups, Linux /proc")
+def test_a_sigterm_to_the_process_group_ends_the_run(tmp_path):
+    """A SIGTERM to the whole group (kill -TERM -PGID) while one worker is idle: the idle one
+    waits for a task holding the task queue's lock, and killed there it hung the parent's
+    Pool.terminate() forever. The workers are out of the group: the parent alone gets it."""
+    import signal
+    import time
+
+    proc, _ = _start_jobs(tmp_path, "idle")
+    try:
+        _wait_for_workers(tmp_path, 1, proc)
+        time.sleep(0.5)  # the fast task is done: its worker waits for another
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 3 and "ended by a signal" in out, (proc.returncode, out, err)
+    assert "Traceback" not in err, err
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="Linux /proc")
+def test_a_worker_killed_under_the_parent_fails_the_run(tmp_path):
+    """A busy worker killed outright (the out-of-memory killer's way) used to leave its task
+    waited for forever: the run now fails, naming the task's file."""
+    import signal
+
+    proc, _ = _start_jobs(tmp_path, "killed")
+    try:
+        _wait_for_workers(tmp_path, 2, proc)
+        victim = next(tmp_path.glob("started-a-*"))
+        os.kill(int(victim.name.split("-")[-1]), signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 4, (proc.returncode, out, err)
+    assert out.startswith("CheckpointError: a.safetensors: its worker process ended abruptly"), out
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="Linux /proc")
+def test_workers_end_when_the_parent_is_killed_outright(tmp_path):
+    """Out of the parent's process group, a worker would outlive a parent killed by SIGKILL
+    (blocked on a queue its siblings hold open): each watches its parent and exits."""
+    import time
+
+    proc, _ = _start_jobs(tmp_path, "orphans")
+    try:
+        pids = _wait_for_workers(tmp_path, 2, proc)
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(_gone(p) for p in pids), pids
+    finally:
+        proc.kill()

@@ -397,7 +397,8 @@ _SLOW_DRIVER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)] + (
+    [(signal.SIGHUP, 129)] if hasattr(signal, "SIGHUP") else []))  # a closed terminal
 @pytest.mark.parametrize("what", ["file", "folder"])
 def test_a_signal_mid_write_leaves_nothing(tmp_path, small, sig, code, what):
     src = small

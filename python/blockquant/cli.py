@@ -630,11 +630,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 class _Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the program is so that every writer cleans up as for Ctrl-C."""
+    """SIGTERM or SIGHUP (a closed terminal), raised where the program is so that every writer
+    cleans up as for Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
-    raise _Terminated
+    raise _Terminated(signum)
+
+
+#: Signals that end the command as Ctrl-C does: the output left unwritten, the workers ended.
+_ENDING_SIGNALS = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -648,10 +657,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     except (AttributeError, ValueError):
         pass
+    previous = {}
     try:
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        for sig in _ENDING_SIGNALS:
+            previous[sig] = signal.signal(sig, _on_sigterm)
     except ValueError:  # not the main thread: leave signals alone
-        previous = None
+        pass
     try:
         return int(args.func(args))
     except (CliError, QuantError) as e:
@@ -668,15 +679,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Each known case is a CheckpointError already; this keeps the one-line promise for
         # one not found yet.
         return _error(f"{_input(args)}{type(e).__name__}: {e}")
-    except _Terminated:
-        print("\nblockquant: terminated (no output written)", file=sys.stderr)
-        return 128 + signal.SIGTERM
+    except _Terminated as e:
+        try:  # after SIGHUP the terminal may be gone
+            print("\nblockquant: terminated (no output written)", file=sys.stderr)
+        except OSError:
+            pass
+        return 128 + e.signum
     except KeyboardInterrupt:
         print("\nblockquant: interrupted (no output written)", file=sys.stderr)
         return 130
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _error(message: str) -> int:

@@ -2,9 +2,14 @@
 threads, progress sent back to the parent, and the first failure ending every worker.
 
 Workers are spawned, not forked: a fresh interpreter inherits no lock or thread pool caught
-mid-use, and behaves the same on every platform. Ctrl-C reaches the whole process group, so the
-workers ignore it and the parent ends the pool; SIGTERM reaches the parent alone, which ends the
-pool the same way (the command turns SIGTERM into KeyboardInterrupt).
+mid-use, and behaves the same on every platform. Each worker is a process group of its own, so
+that a signal to the command's group (Ctrl-C, `kill -TERM -PGID`, a closed terminal) reaches the
+parent alone, which ends the pool (the command turns SIGTERM and SIGHUP into KeyboardInterrupt).
+A worker must not die of such a signal itself: an idle one waits for its next task holding the
+task queue's lock, shared with the parent, and would take it to its grave (the parent's
+`Pool.terminate()` then waits for it forever). A worker whose parent is gone (killed outright)
+exits; one that dies under the parent (the kernel's out-of-memory killer) fails the run, naming
+its file, instead of leaving its task waited for.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from .base import CheckpointError
 
 #: (file in the folder, or None for a single file; tensor name; input bytes done)
 TensorProgress = Callable[[Any, str, int], None]
@@ -37,11 +44,19 @@ class Task:
 _queue: Any = None  # the worker's channel back to the parent (set in each worker)
 
 
-def _init_worker(q: Any, threads: int) -> None:
+def _init_worker(q: Any, threads: int, parent: int) -> None:
     global _queue
     _queue = q
-    # Ctrl-C reaches the whole process group: the parent alone handles it and ends the pool.
+    # Out of the parent's process group, before SIGTERM is unblocked: a signal to that group
+    # reaches the parent alone, which ends the pool (see the module's docstring). Ctrl-C is
+    # the parent's to handle too, should one be sent to this process by its pid.
+    if hasattr(os, "setpgid"):
+        try:
+            os.setpgid(0, 0)
+        except OSError:  # not allowed here (a session leader, a sandbox): stay in the group
+            pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _watch_parent(parent)
     # The worker started with SIGINT and SIGTERM blocked (`_start_pool`): a SIGTERM the pool
     # sent meanwhile ends it here, by the default action, without a traceback.
     if hasattr(signal, "pthread_sigmask"):
@@ -49,8 +64,41 @@ def _init_worker(q: Any, threads: int) -> None:
     _threads().set_num_threads(threads)
 
 
+def _watch_parent(parent: int) -> None:
+    """Exit once the parent (pid ``parent``) is gone, killed outright: it ends the pool
+    otherwise. Out of its process group, nothing else would end this worker, which waits on a
+    queue whose other end its siblings hold open."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="blockquant-parent-watch", daemon=True).start()
+
+
 #: Held back while the pool starts its workers (see `_start_pool`).
-_STARTUP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_STARTUP_SIGNALS = {signal.SIGINT, signal.SIGTERM} | (
+    {signal.SIGHUP} if hasattr(signal, "SIGHUP") else set())
+
+
+def _start_tracker() -> None:
+    """multiprocessing's resource tracker, started if it is not running, with SIGHUP ignored.
+    It ignores SIGINT and SIGTERM by itself, not SIGHUP; started so (an ignored signal stays
+    ignored across exec), it outlives a hangup that this process survives to clean up after,
+    rather than dying and leaving a new one to print a traceback for each semaphore this
+    process then releases. Only in the main thread, where handlers can be set."""
+    from multiprocessing import resource_tracker
+
+    hup = getattr(signal, "SIGHUP", None)
+    if hup is None or threading.current_thread() is not threading.main_thread():
+        resource_tracker.ensure_running()
+        return
+    before = signal.signal(hup, signal.SIG_IGN)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.signal(hup, before)
 
 
 def _start_pool(ctx: Any, jobs: int, q: Any, threads: int) -> tuple[Any, list[int]]:
@@ -66,19 +114,16 @@ def _start_pool(ctx: Any, jobs: int, q: Any, threads: int) -> tuple[Any, list[in
     `_init_worker` has set its signals up. Only in the main thread, where handlers can be set."""
     if not hasattr(signal, "pthread_sigmask") or \
             threading.current_thread() is not threading.main_thread():
-        return ctx.Pool(jobs, initializer=_init_worker, initargs=(q, threads)), []
-    # The resource tracker, started now if it is not running: starting it inside the window
+        return ctx.Pool(jobs, initializer=_init_worker, initargs=(q, threads, os.getpid())), []
+    # The resource tracker runs already (`_start_tracker`): starting it inside the window
     # would unblock both signals in this thread (its own code does), and the workers spawned
     # after it would start unblocked.
-    from multiprocessing import resource_tracker
-
-    resource_tracker.ensure_running()
     caught: list[int] = []
     handlers = {sig: signal.signal(sig, lambda n, _frame: caught.append(n))
                 for sig in _STARTUP_SIGNALS}
     before = signal.pthread_sigmask(signal.SIG_BLOCK, _STARTUP_SIGNALS)
     try:
-        pool = ctx.Pool(jobs, initializer=_init_worker, initargs=(q, threads))
+        pool = ctx.Pool(jobs, initializer=_init_worker, initargs=(q, threads, os.getpid()))
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a pending one is only noted
         for sig, handler in handlers.items():
@@ -86,7 +131,11 @@ def _start_pool(ctx: Any, jobs: int, q: Any, threads: int) -> tuple[Any, list[in
     return pool, caught
 
 
-def _work(task: Task) -> tuple[Any, int]:
+def _work(task: Task, index: int) -> tuple[Any, int]:
+    # First (task index, pid), two items where progress sends three: so that the parent can
+    # tell a task whose worker died from one still running.
+    _queue.put((index, os.getpid()))
+
     def progress(name: str, nbytes: int) -> None:
         _queue.put((task.key, name, nbytes))
 
@@ -147,21 +196,24 @@ def run_tasks(tasks: Sequence[Task], jobs: int, threads: int | None,
         stats.seconds = time.perf_counter() - t0
         return results
     ctx = multiprocessing.get_context("spawn")
+    _start_tracker()  # before the queue, whose locks would start it
     q = ctx.Queue()
     pool, caught = _start_pool(ctx, jobs, q, stats.threads_per_job)
     try:
         for sig in caught:  # came while the pool started: handled now as it would have been
             signal.raise_signal(sig)
-        pending = [pool.apply_async(_work, (task,)) for task in tasks]
+        pending = [pool.apply_async(_work, (task, i)) for i, task in enumerate(tasks)]
+        workers: dict[int, int] = {}  # task index -> the pid of the worker that took it
         while True:
-            _drain(q, progress, timeout=0.05)
+            _drain(q, progress, workers, timeout=0.05)
             for p in pending:
                 if p.ready() and not p.successful():
                     p.get()  # raises the worker's exception
             if all(p.ready() for p in pending):
                 break
+            _check_workers(tasks, pending, workers)
         out = [p.get() for p in pending]
-        _drain(q, progress, timeout=0.1, until_empty=True)
+        _drain(q, progress, workers, timeout=0.1, until_empty=True)
         pool.close()
         pool.join()
     finally:
@@ -172,11 +224,33 @@ def run_tasks(tasks: Sequence[Task], jobs: int, threads: int | None,
     return [result for result, _ in out]
 
 
-def _drain(q: Any, progress: TensorProgress, timeout: float, until_empty: bool = False) -> None:
+def _drain(q: Any, progress: TensorProgress, workers: dict[int, int], timeout: float,
+           until_empty: bool = False) -> None:
     try:
         item = q.get(timeout=timeout)
         while True:
-            progress(*item)
+            if len(item) == 2:  # a worker took task item[0] (`_work`)
+                workers[item[0]] = item[1]
+            else:
+                progress(*item)
             item = q.get(timeout=timeout) if until_empty else q.get_nowait()
     except queue_mod.Empty:
         pass
+
+
+def _check_workers(tasks: Sequence[Task], pending: Sequence[Any], workers: dict[int, int]) -> None:
+    """Fail the run if a task's worker is gone while its result is not in: the pool would
+    wait for that result forever (it replaces the worker, not the task). A dead worker stays
+    visible until the pool reaps it, a tenth of a second at most, and the check is a signal 0."""
+    for i, pid in workers.items():
+        if pending[i].ready():
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            if pending[i].ready():  # its result came in just before it ended
+                continue
+            raise CheckpointError(tasks[i].key, None, "its worker process ended abruptly (killed, "
+                                  "or out of memory?) before it was done") from None
+        except OSError:  # alive, another user's pid after all: nothing to say
+            pass
