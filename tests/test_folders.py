@@ -414,25 +414,25 @@ def test_a_signal_while_the_pool_starts_waits_for_the_pool(monkeypatch):
 
     from blockquant.checkpoint import jobs
 
-    real = jobs._start_pool
+    real = jobs._start_workers
 
-    def start_with_a_signal(ctx, n, q, threads):
-        original = ctx.Pool
-
+    def start_with_a_signal(ctx, n, threads):
         class Ctx:
-            def Pool(self, *a, **kw):  # noqa: N802 (multiprocessing's name)
+            Pipe = ctx.Pipe
+
+            def Process(self, *a, **kw):  # noqa: N802 (multiprocessing's name)
                 t = threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT))
                 t.start()
                 t.join()
-                return original(*a, **kw)
+                return ctx.Process(*a, **kw)
 
-        pool, caught = real(Ctx(), n, q, threads)
-        assert caught == [signal.SIGINT]
-        return pool, caught
+        workers, caught = real(Ctx(), n, threads)
+        assert caught == [signal.SIGINT] * n
+        return workers, caught
 
     handler = signal.getsignal(signal.SIGINT)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
-    monkeypatch.setattr(jobs, "_start_pool", start_with_a_signal)
+    monkeypatch.setattr(jobs, "_start_workers", start_with_a_signal)
     with pytest.raises(KeyboardInterrupt):
         run_tasks([Task(0, _threads_now, ()), Task(1, _threads_now, ())], 2, 2, lambda *a: None)
     assert signal.getsignal(signal.SIGINT) is handler
@@ -454,9 +454,17 @@ _JOBS_SCRIPT = textwrap.dedent('''
 
     def slow(marker, progress):
         time.sleep(0.2)  # at work a while, its "started" message long sent
-        open(marker + str(os.getpid()), "w").close()
+        with open(marker + str(os.getpid()), "w") as f:
+            f.write(str(os.getpgid(0)))
         time.sleep(60)
         return 2
+
+    def slow_then_done(marker, progress):
+        time.sleep(0.2)
+        open(marker + str(os.getpid()), "w").close()
+        while not os.path.exists(marker + "go"):
+            time.sleep(0.05)
+        return 3
 
     def on_term(signum, frame):
         raise KeyboardInterrupt
@@ -467,9 +475,10 @@ _JOBS_SCRIPT = textwrap.dedent('''
         tasks = {"idle": [Task(0, fast, ()), Task(1, slow, (marker,))],
                  "killed": [Task("a.safetensors", slow, (marker + "a-",)),
                             Task("b.safetensors", slow, (marker + "b-",))],
-                 "orphans": [Task(0, slow, (marker,)), Task(1, slow, (marker,))]}[kind]
+                 "orphans": [Task(0, slow, (marker,)), Task(1, slow, (marker,))],
+                 "idle-killed": [Task(0, fast, ()), Task(1, slow_then_done, (marker,))]}[kind]
         try:
-            run_tasks(tasks, 2, 2, lambda *a: None)
+            print(run_tasks(tasks, 2, 2, lambda *a: None), flush=True)
         except KeyboardInterrupt:
             print("ended by a signal", flush=True)
             sys.exit(3)
@@ -500,6 +509,18 @@ def _wait_for_workers(tmp_path, count, proc):
     raise AssertionError("the workers did not start")
 
 
+def _children(pid):
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if entry.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+        except OSError:  # not a process, or one that has just ended
+            pass
+    return found
+
+
 def _gone(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -511,9 +532,9 @@ def _gone(pid):
 @pytest.mark.skipif(not hasattr(os, "killpg") or not os.path.exists("/proc/self/stat"),
                     reason="POSIX process groups, Linux /proc")
 def test_a_sigterm_to_the_process_group_ends_the_run(tmp_path):
-    """A SIGTERM to the whole group (kill -TERM -PGID) while one worker is idle: the idle one
-    waits for a task holding the task queue's lock, and killed there it hung the parent's
-    Pool.terminate() forever. The workers are out of the group: the parent alone gets it."""
+    """A SIGTERM to the whole group (kill -TERM -PGID) while one worker is idle: under
+    multiprocessing's Pool, the idle one waited for a task holding the task queue's lock, and
+    killed there it hung the parent's Pool.terminate() forever. The run ends as the signal says."""
     import signal
     import time
 
@@ -544,18 +565,22 @@ def test_a_worker_killed_under_the_parent_fails_the_run(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 4, (proc.returncode, out, err)
-    assert out.startswith("CheckpointError: a.safetensors: its worker process ended abruptly"), out
+    assert out == ("CheckpointError: a.safetensors: its worker process was killed by SIGKILL "
+                   "before it was done (out of memory?)\n"), out
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="Linux /proc")
 def test_workers_end_when_the_parent_is_killed_outright(tmp_path):
-    """Out of the parent's process group, a worker would outlive a parent killed by SIGKILL
-    (blocked on a queue its siblings hold open): each watches its parent and exits."""
+    """A worker at work when its parent is killed by SIGKILL exits rather than finish a file no
+    one will keep; the workers are in the command's process group, so that job control (Ctrl-Z,
+    fg) and a signal to the group reach them as they reach the command."""
     import time
 
     proc, _ = _start_jobs(tmp_path, "orphans")
     try:
         pids = _wait_for_workers(tmp_path, 2, proc)
+        for p in tmp_path.glob("started-*"):
+            assert p.read_text() == str(proc.pid), "a worker is out of the command's group"
         proc.kill()
         proc.wait(timeout=30)
         deadline = time.monotonic() + 20
@@ -564,3 +589,25 @@ def test_workers_end_when_the_parent_is_killed_outright(tmp_path):
         assert all(_gone(p) for p in pids), pids
     finally:
         proc.kill()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="Linux /proc")
+def test_an_idle_worker_killed_loses_nothing(tmp_path):
+    """A worker killed between tasks (it held multiprocessing's task-queue lock there, and the
+    run hung) has no task to lose: the others finish the run."""
+    import signal
+    import time
+
+    proc, marker = _start_jobs(tmp_path, "idle-killed")
+    try:
+        busy = _wait_for_workers(tmp_path, 1, proc)[0]
+        time.sleep(0.5)  # the fast task is done: its worker waits for another
+        idle = [pid for pid in _children(proc.pid) if pid != busy and
+                b"spawn_main" in open(f"/proc/{pid}/cmdline", "rb").read()]
+        assert len(idle) == 1, idle
+        os.kill(idle[0], signal.SIGKILL)
+        open(marker + "go", "w").close()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and out == "[1, 3]\n", (proc.returncode, out, err)

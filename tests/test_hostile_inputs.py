@@ -424,6 +424,38 @@ def test_a_signal_mid_write_leaves_nothing(tmp_path, small, sig, code, what):
     assert "no output written" in proc.stderr.read()
 
 
+@pytest.mark.skipif(not hasattr(os, "openpty") or not hasattr(signal, "SIGHUP"),
+                    reason="POSIX terminals")
+@pytest.mark.parametrize("bar", ["tqdm", "plain"])
+def test_a_closed_terminal_mid_write_leaves_nothing(tmp_path, small, bar):
+    """The command's terminal closes (its pty's master end): SIGHUP, and every later write to
+    the terminal fails (EIO). Clearing the progress bar failed so and replaced the hangup with
+    an OSError: exit 1, a traceback, on a terminal no one reads. Now it ends with 129."""
+    out = tmp_path / "q.safetensors"
+    driver = tmp_path / "driver.py"
+    # The pty becomes the command's controlling terminal, as a shell's is.
+    hide_tqdm = "sys.modules['tqdm'] = None\n" if bar == "plain" else ""
+    driver.write_text("import fcntl, sys, termios\nfcntl.ioctl(2, termios.TIOCSCTTY, 0)\n"
+                      + hide_tqdm + _SLOW_DRIVER)
+    before = listing(tmp_path)
+    master, slave = os.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, str(driver), "quantize", str(small), "-o",
+                                 str(out), "--scheme", "int8"], stdin=slave, stdout=slave,
+                                stderr=slave, start_new_session=True)
+        os.close(slave)
+        seen = b""
+        while b"started" not in seen:
+            seen += os.read(master, 1024)
+    finally:
+        os.close(master)  # the terminal closes
+    try:
+        assert proc.wait(timeout=30) == 129
+    finally:
+        proc.kill()
+    assert listing(tmp_path) == before
+
+
 # -- dequantize's dtype, by name --------------------------------------------------------------------
 @pytest.mark.parametrize("dtype, want", [
     ("float16", "float16"), ("float32", "float32"), ("float64", "float64"),

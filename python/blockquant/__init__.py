@@ -12,7 +12,7 @@ compare against bit for bit.
 
 from __future__ import annotations
 
-import importlib
+import importlib as _importlib
 from typing import TYPE_CHECKING, Any
 
 from . import codebooks, metrics, presets
@@ -95,10 +95,10 @@ _SUBMODULES = ("burnpack", "checkpoint", "files", "gguf", "reference")
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        value = getattr(_importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     elif name in _SUBMODULES:
         # import_module, not `from . import x`: that would call this __getattr__ again.
-        value = importlib.import_module(f"{__name__}.{name}")
+        value = _importlib.import_module(f"{__name__}.{name}")
     else:
         raise AttributeError(f"module 'blockquant' has no attribute {name!r}")
     globals()[name] = value  # found once; later lookups do not come here
@@ -106,4 +106,6 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
+    # Without the names this file imports for itself (typing's, __future__'s feature).
+    own = {"annotations", "Any", "TYPE_CHECKING"}
+    return sorted((set(globals()) - own) | set(_LAZY) | set(_SUBMODULES))

@@ -686,7 +686,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
         return 128 + e.signum
     except KeyboardInterrupt:
-        print("\nblockquant: interrupted (no output written)", file=sys.stderr)
+        try:
+            print("\nblockquant: interrupted (no output written)", file=sys.stderr)
+        except OSError:
+            pass
         return 130
     finally:
         for sig, handler in previous.items():
@@ -695,7 +698,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _error(message: str) -> int:
     """The one line of a user error (escaped: a crafted name cannot break it), exit code 2."""
-    print(f"blockquant: error: {printable(message)}", file=sys.stderr)
+    try:
+        print(f"blockquant: error: {printable(message)}", file=sys.stderr)
+    except OSError:  # stderr is gone (a closed terminal): the exit code still says it
+        pass
     return 2
 
 

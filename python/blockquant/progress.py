@@ -143,7 +143,10 @@ class Progress:
 
     def close(self) -> None:
         if self.bar is not None:
-            self.bar.close()
+            try:
+                self.bar.close()
+            except OSError:  # the terminal is gone (hung up: EIO): nothing is left to clear
+                pass
 
 
 def _tqdm() -> Any:

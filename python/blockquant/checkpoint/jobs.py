@@ -2,27 +2,31 @@
 threads, progress sent back to the parent, and the first failure ending every worker.
 
 Workers are spawned, not forked: a fresh interpreter inherits no lock or thread pool caught
-mid-use, and behaves the same on every platform. Each worker is a process group of its own, so
-that a signal to the command's group (Ctrl-C, `kill -TERM -PGID`, a closed terminal) reaches the
-parent alone, which ends the pool (the command turns SIGTERM and SIGHUP into KeyboardInterrupt).
-A worker must not die of such a signal itself: an idle one waits for its next task holding the
-task queue's lock, shared with the parent, and would take it to its grave (the parent's
-`Pool.terminate()` then waits for it forever). A worker whose parent is gone (killed outright)
-exits; one that dies under the parent (the kernel's out-of-memory killer) fails the run, naming
-its file, instead of leaving its task waited for.
+mid-use, and behaves the same on every platform. Each has a pipe of its own to the parent and
+shares no lock with it or with another worker (multiprocessing's Pool shares its task queue's:
+an idle worker waits for a task holding it, and killed there, by a signal to the process group
+or the out-of-memory killer, it left the pool's `terminate()` waiting forever). So any worker
+can die at any moment without hanging anything: the parent sees it (its pipe closes, its
+sentinel is ready), and fails the run naming its file if it was at work.
+
+Workers stay in the command's process group, so job control works on them as on the command
+(Ctrl-Z stops them all, `fg` goes on). They ignore Ctrl-C, which the parent handles: it kills
+its workers on any error or signal, and tells them to stop when the run is done. A worker whose
+parent is gone, killed outright, exits.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-import queue as queue_mod
 import resource
 import signal
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from multiprocessing import connection
 from typing import Any
 
 from .base import CheckpointError
@@ -41,33 +45,53 @@ class Task:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-_queue: Any = None  # the worker's channel back to the parent (set in each worker)
+#: What a worker sends: progress (key, tensor, bytes), a result (index, result, peak RSS), an
+#: error (index, exception, its traceback's text).
+_PROGRESS, _DONE, _FAILED = "progress", "done", "failed"
 
 
-def _init_worker(q: Any, threads: int, parent: int) -> None:
-    global _queue
-    _queue = q
-    # Out of the parent's process group, before SIGTERM is unblocked: a signal to that group
-    # reaches the parent alone, which ends the pool (see the module's docstring). Ctrl-C is
-    # the parent's to handle too, should one be sent to this process by its pid.
-    if hasattr(os, "setpgid"):
-        try:
-            os.setpgid(0, 0)
-        except OSError:  # not allowed here (a session leader, a sandbox): stay in the group
-            pass
+def _worker(conn: Any, threads: int, parent: int) -> None:
+    """A worker process: runs the tasks the parent sends on ``conn`` until told to stop (None)
+    or the parent is gone, sending back progress and each task's outcome on the same pipe."""
+    # Ctrl-C goes to the whole foreground group: the parent handles it and ends the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watch_parent(parent)
-    # The worker started with SIGINT and SIGTERM blocked (`_start_pool`): a SIGTERM the pool
+    # The worker started with SIGINT, SIGTERM and SIGHUP blocked (`_start_workers`): a SIGTERM
     # sent meanwhile ends it here, by the default action, without a traceback.
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STARTUP_SIGNALS)
     _threads().set_num_threads(threads)
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            return
+        if message is None:
+            return
+        index, task = message
+
+        def progress(name: str, nbytes: int, key: Any = task.key) -> None:
+            conn.send((_PROGRESS, key, name, nbytes))
+
+        try:
+            reply: tuple[Any, ...] = (_DONE, index,
+                                      task.fn(*task.args, progress=progress, **task.kwargs),
+                                      _peak_rss())
+        except Exception as e:
+            reply = (_FAILED, index, e, traceback.format_exc())
+        try:
+            conn.send(reply)
+        except (EOFError, OSError):
+            return
+        except Exception as e:  # the result or the error does not pickle
+            conn.send((_FAILED, index, RuntimeError(f"{type(e).__name__}: {e}"),
+                       traceback.format_exc()))
 
 
 def _watch_parent(parent: int) -> None:
-    """Exit once the parent (pid ``parent``) is gone, killed outright: it ends the pool
-    otherwise. Out of its process group, nothing else would end this worker, which waits on a
-    queue whose other end its siblings hold open."""
+    """Exit once the parent (pid ``parent``) is gone, killed outright: it ends its workers
+    otherwise. A worker waiting for a task sees its pipe close; this ends one at work too,
+    rather than let it finish a file no one will keep."""
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -77,70 +101,191 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, name="blockquant-parent-watch", daemon=True).start()
 
 
-#: Held back while the pool starts its workers (see `_start_pool`).
+#: Held back while the workers start (see `_start_workers`).
 _STARTUP_SIGNALS = {signal.SIGINT, signal.SIGTERM} | (
     {signal.SIGHUP} if hasattr(signal, "SIGHUP") else set())
 
 
 def _start_tracker() -> None:
-    """multiprocessing's resource tracker, started if it is not running, with SIGHUP ignored.
-    It ignores SIGINT and SIGTERM by itself, not SIGHUP; started so (an ignored signal stays
-    ignored across exec), it outlives a hangup that this process survives to clean up after,
-    rather than dying and leaving a new one to print a traceback for each semaphore this
-    process then releases. Only in the main thread, where handlers can be set."""
+    """multiprocessing's resource tracker (every spawned process is handed it), started if it
+    is not running, with SIGHUP blocked. It ignores SIGINT and SIGTERM by itself, not SIGHUP;
+    started so (the mask is inherited across exec), it outlives a hangup that this process
+    survives to clean up after, rather than dying and leaving a new one that knows nothing of
+    what it tracked (it printed a traceback for each semaphore released later)."""
     from multiprocessing import resource_tracker
 
     hup = getattr(signal, "SIGHUP", None)
-    if hup is None or threading.current_thread() is not threading.main_thread():
+    if hup is None or not hasattr(signal, "pthread_sigmask"):
         resource_tracker.ensure_running()
         return
-    before = signal.signal(hup, signal.SIG_IGN)
+    # Blocked in this thread only, for as long as the tracker takes to start: a hangup
+    # meanwhile waits, or goes to another thread, and is handled as usual.
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {hup})
     try:
         resource_tracker.ensure_running()
     finally:
-        signal.signal(hup, before)
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
-def _start_pool(ctx: Any, jobs: int, q: Any, threads: int) -> tuple[Any, list[int]]:
-    """The worker pool, and the SIGINTs and SIGTERMs that came while it started, for the
-    caller to raise again once it holds the pool (inside its `finally: pool.terminate()`).
+@dataclass
+class _Worker:
+    process: Any
+    conn: Any  # the parent's end of the worker's pipe
+    task: int | None = None  # the index of the task it is working on
+
+
+def _start_workers(ctx: Any, jobs: int, threads: int) -> tuple[list[_Worker], list[int]]:
+    """``jobs`` worker processes, and the SIGINTs, SIGTERMs and SIGHUPs that came while they
+    started, for the caller to raise again once it holds them (inside its `finally` that ends
+    them).
 
     Meanwhile this process only records those signals (a handler that notes them: blocking
     them in this thread alone would not do, the kernel hands a process's signal to any thread
     not blocking it, rayon's or BLAS's, and Python then raises in this one): it cannot die
     halfway through handing a worker its start-up data, which left the worker printing an
-    EOFError traceback. The workers start with both signals blocked (the mask is inherited),
-    so none dies of a Ctrl-C while it imports (a KeyboardInterrupt traceback) before
-    `_init_worker` has set its signals up. Only in the main thread, where handlers can be set."""
+    EOFError traceback. The workers start with the signals blocked (the mask is inherited), so
+    none dies of a Ctrl-C while it imports (a KeyboardInterrupt traceback) before `_worker`
+    has set its signals up. Only in the main thread, where handlers can be set."""
+
+    def start() -> list[_Worker]:
+        workers: list[_Worker] = []
+        try:
+            for _ in range(jobs):
+                mine, theirs = ctx.Pipe()
+                workers.append(_Worker(ctx.Process(target=_worker, name="blockquant-job",
+                                                   args=(theirs, threads, os.getpid()),
+                                                   daemon=True), mine))
+                try:
+                    workers[-1].process.start()
+                finally:
+                    theirs.close()  # the worker's end is the worker's alone: its death closes it
+        except BaseException:
+            _end(workers)
+            raise
+        return workers
+
     if not hasattr(signal, "pthread_sigmask") or \
             threading.current_thread() is not threading.main_thread():
-        return ctx.Pool(jobs, initializer=_init_worker, initargs=(q, threads, os.getpid())), []
-    # The resource tracker runs already (`_start_tracker`): starting it inside the window
-    # would unblock both signals in this thread (its own code does), and the workers spawned
-    # after it would start unblocked.
+        return start(), []
     caught: list[int] = []
     handlers = {sig: signal.signal(sig, lambda n, _frame: caught.append(n))
                 for sig in _STARTUP_SIGNALS}
     before = signal.pthread_sigmask(signal.SIG_BLOCK, _STARTUP_SIGNALS)
     try:
-        pool = ctx.Pool(jobs, initializer=_init_worker, initargs=(q, threads, os.getpid()))
+        workers = start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a pending one is only noted
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
-    return pool, caught
+    return workers, caught
 
 
-def _work(task: Task, index: int) -> tuple[Any, int]:
-    # First (task index, pid), two items where progress sends three: so that the parent can
-    # tell a task whose worker died from one still running.
-    _queue.put((index, os.getpid()))
+def _end(workers: Sequence[_Worker], graceful: bool = False) -> None:
+    """End every worker: told to stop when the run is done (``graceful``), killed otherwise
+    (an error, Ctrl-C, a signal), which also ends one that is stopped (SIGSTOP) or busy in a
+    long kernel call. Nothing they share with this process can be left held: each has a pipe
+    of its own."""
+    if graceful:
+        for w in workers:
+            try:
+                w.conn.send(None)
+            except OSError:
+                pass
+        for w in workers:
+            w.process.join(timeout=10)
+    for w in workers:
+        if w.process.pid is not None and w.process.exitcode is None:
+            w.process.kill()
+    for w in workers:
+        if w.process.pid is not None:
+            w.process.join()
+        w.conn.close()
 
-    def progress(name: str, nbytes: int) -> None:
-        _queue.put((task.key, name, nbytes))
 
-    result = task.fn(*task.args, progress=progress, **task.kwargs)
-    return result, _peak_rss()
+def _run_on(workers: list[_Worker], tasks: Sequence[Task],
+            progress: TensorProgress) -> list[tuple[Any, int]]:
+    """The tasks' (result, peak RSS) in order, each task sent to the next free worker."""
+    out: list[Any] = [None] * len(tasks)
+    todo = list(range(len(tasks)))[::-1]
+    left = len(tasks)
+
+    def give(w: _Worker) -> None:
+        w.task = todo.pop() if todo else None
+        if w.task is not None:
+            try:
+                w.conn.send((w.task, tasks[w.task]))
+            except OSError:  # it has just died: its sentinel says so next, naming this task
+                pass
+
+    for w in workers:
+        give(w)
+    live = list(workers)
+    while left:
+        if not live:  # cannot be: a worker is idle only when no task waits for one
+            raise RuntimeError("every worker process ended with tasks left")
+        waited = {w.conn: w for w in live} | {w.process.sentinel: w for w in live}
+        ready = connection.wait(list(waited))
+        for w in {id(waited[r]): waited[r] for r in ready}.values():
+            ended = w.process.sentinel in ready
+            try:
+                while w.conn.poll():  # what it sent before it ended is still read first
+                    left -= _receive(w, w.conn.recv(), out, progress)
+                    if w.task is None:
+                        give(w)
+            except (EOFError, OSError):  # its end closed: it has ended, or is ending
+                ended = True
+            if ended:
+                live.remove(w)
+                if w.task is not None:  # an idle worker has no task to lose
+                    _worker_died(w, tasks[w.task])
+    return out
+
+
+def _receive(w: _Worker, message: tuple[Any, ...], out: list[Any],
+             progress: TensorProgress) -> int:
+    """Handle one of a worker's messages; 1 if it finished its task."""
+    if message[0] == _PROGRESS:
+        progress(*message[1:])
+        return 0
+    if message[0] == _DONE:
+        out[message[1]] = message[2:]
+        w.task = None
+        return 1
+    _, _, error, text = message
+    error.__cause__ = _RemoteTraceback(text)
+    raise error
+
+
+class _RemoteTraceback(Exception):
+    """Where a worker's error came from: its traceback there, as text."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f"\nin the worker process:\n{self.text}"
+
+
+def _worker_died(w: _Worker, task: Task) -> None:
+    """A worker ended with its task unfinished: fail the run, naming the file. A signal may
+    have killed it on its way to the whole process group (kill -TERM -PGID, a closed terminal):
+    this process then gets it too, in a moment, and ends as that signal says instead."""
+    w.process.join(timeout=5)
+    code = w.process.exitcode
+    if code is not None and code < 0 and -code in _STARTUP_SIGNALS:
+        time.sleep(0.5)  # the signal, if it came to this process too, raises here
+    if code is None:
+        how = "closed its pipe"
+    elif code < 0:
+        try:
+            how = f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"was killed by signal {-code}"
+    else:
+        how = f"exited with status {code}"
+    raise CheckpointError(task.key, None, f"its worker process {how} before it was done "
+                          "(out of memory?)")
 
 
 def _threads() -> Any:
@@ -196,61 +341,16 @@ def run_tasks(tasks: Sequence[Task], jobs: int, threads: int | None,
         stats.seconds = time.perf_counter() - t0
         return results
     ctx = multiprocessing.get_context("spawn")
-    _start_tracker()  # before the queue, whose locks would start it
-    q = ctx.Queue()
-    pool, caught = _start_pool(ctx, jobs, q, stats.threads_per_job)
+    _start_tracker()
+    workers, caught = _start_workers(ctx, jobs, stats.threads_per_job)
+    done = False
     try:
-        for sig in caught:  # came while the pool started: handled now as it would have been
+        for sig in caught:  # came while the workers started: handled now as it would have been
             signal.raise_signal(sig)
-        pending = [pool.apply_async(_work, (task, i)) for i, task in enumerate(tasks)]
-        workers: dict[int, int] = {}  # task index -> the pid of the worker that took it
-        while True:
-            _drain(q, progress, workers, timeout=0.05)
-            for p in pending:
-                if p.ready() and not p.successful():
-                    p.get()  # raises the worker's exception
-            if all(p.ready() for p in pending):
-                break
-            _check_workers(tasks, pending, workers)
-        out = [p.get() for p in pending]
-        _drain(q, progress, workers, timeout=0.1, until_empty=True)
-        pool.close()
-        pool.join()
+        out = _run_on(workers, tasks, progress)
+        done = True
     finally:
-        pool.terminate()  # kills the workers at once on an error, Ctrl-C or SIGTERM
-        q.close()
+        _end(workers, graceful=done)  # killed at once on an error, Ctrl-C or a signal
     stats.peak_rss = [rss for _, rss in out]
     stats.seconds = time.perf_counter() - t0
     return [result for result, _ in out]
-
-
-def _drain(q: Any, progress: TensorProgress, workers: dict[int, int], timeout: float,
-           until_empty: bool = False) -> None:
-    try:
-        item = q.get(timeout=timeout)
-        while True:
-            if len(item) == 2:  # a worker took task item[0] (`_work`)
-                workers[item[0]] = item[1]
-            else:
-                progress(*item)
-            item = q.get(timeout=timeout) if until_empty else q.get_nowait()
-    except queue_mod.Empty:
-        pass
-
-
-def _check_workers(tasks: Sequence[Task], pending: Sequence[Any], workers: dict[int, int]) -> None:
-    """Fail the run if a task's worker is gone while its result is not in: the pool would
-    wait for that result forever (it replaces the worker, not the task). A dead worker stays
-    visible until the pool reaps it, a tenth of a second at most, and the check is a signal 0."""
-    for i, pid in workers.items():
-        if pending[i].ready():
-            continue
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            if pending[i].ready():  # its result came in just before it ended
-                continue
-            raise CheckpointError(tasks[i].key, None, "its worker process ended abruptly (killed, "
-                                  "or out of memory?) before it was done") from None
-        except OSError:  # alive, another user's pid after all: nothing to say
-            pass
