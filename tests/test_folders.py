@@ -566,7 +566,7 @@ def test_a_worker_killed_under_the_parent_fails_the_run(tmp_path):
         proc.kill()
     assert proc.returncode == 4, (proc.returncode, out, err)
     assert out == ("CheckpointError: a.safetensors: its worker process was killed by SIGKILL "
-                   "before it was done (out of memory?)\n"), out
+                   "(out of memory?) before it was done\n"), out
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="Linux /proc")

@@ -282,10 +282,11 @@ def _worker_died(w: _Worker, task: Task) -> None:
             how = f"was killed by {signal.Signals(-code).name}"
         except ValueError:
             how = f"was killed by signal {-code}"
+        if -code == getattr(signal, "SIGKILL", None):
+            how += " (out of memory?)"  # the kernel's out-of-memory killer sends SIGKILL
     else:
         how = f"exited with status {code}"
-    raise CheckpointError(task.key, None, f"its worker process {how} before it was done "
-                          "(out of memory?)")
+    raise CheckpointError(task.key, None, f"its worker process {how} before it was done")
 
 
 def _threads() -> Any:
