@@ -660,7 +660,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = {}
     try:
         for sig in _ENDING_SIGNALS:
-            previous[sig] = signal.signal(sig, _on_sigterm)
+            if signal.getsignal(sig) is not signal.SIG_IGN:  # under nohup SIGHUP stays ignored
+                previous[sig] = signal.signal(sig, _on_sigterm)
     except ValueError:  # not the main thread: leave signals alone
         pass
     try:

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import resource
 import signal
+import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing import connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from .base import CheckpointError
@@ -45,9 +46,9 @@ class Task:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-#: What a worker sends: progress (key, tensor, bytes), a result (index, result, peak RSS), an
-#: error (index, exception, its traceback's text).
-_PROGRESS, _DONE, _FAILED = "progress", "done", "failed"
+#: What a worker sends: that it took its task (index), progress (key, tensor, bytes), a result
+#: (index, result, peak RSS), an error (index, exception, its traceback's text).
+_TOOK, _PROGRESS, _DONE, _FAILED = "took", "progress", "done", "failed"
 
 
 def _worker(conn: Any, threads: int, parent: int) -> None:
@@ -61,31 +62,45 @@ def _worker(conn: Any, threads: int, parent: int) -> None:
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STARTUP_SIGNALS)
     _threads().set_num_threads(threads)
-    while True:
-        try:
+    try:
+        while True:
             message = conn.recv()
-        except (EOFError, OSError):  # the parent is gone
-            return
-        if message is None:
-            return
-        index, task = message
+            if message is None:
+                return
+            index, task = message
+            conn.send((_TOOK, index))  # a task this worker dies with is now the file's failure
 
-        def progress(name: str, nbytes: int, key: Any = task.key) -> None:
-            conn.send((_PROGRESS, key, name, nbytes))
+            def progress(name: str, nbytes: int, key: Any = task.key) -> None:
+                conn.send((_PROGRESS, key, name, nbytes))
 
-        try:
-            reply: tuple[Any, ...] = (_DONE, index,
-                                      task.fn(*task.args, progress=progress, **task.kwargs),
-                                      _peak_rss())
-        except Exception as e:
-            reply = (_FAILED, index, e, traceback.format_exc())
-        try:
-            conn.send(reply)
-        except (EOFError, OSError):
-            return
-        except Exception as e:  # the result or the error does not pickle
-            conn.send((_FAILED, index, RuntimeError(f"{type(e).__name__}: {e}"),
-                       traceback.format_exc()))
+            try:
+                reply: tuple[Any, ...] = (_DONE, index,
+                                          task.fn(*task.args, progress=progress, **task.kwargs),
+                                          _peak_rss())
+            except Exception as e:
+                reply = (_FAILED, index, e, traceback.format_exc())
+            conn.send_bytes(_portable(reply, task))
+    except (EOFError, OSError):  # the parent is gone
+        return
+
+
+def _portable(reply: tuple[Any, ...], task: Task) -> bytes:
+    """``reply`` pickled, checked to unpickle (an exception whose ``__init__`` takes other
+    arguments than it keeps pickles, then fails in the parent); else the same news in one that
+    does: the error's type and text, naming the file."""
+    try:
+        data = bytes(ForkingPickler.dumps(reply))
+        ForkingPickler.loads(data)
+        return data
+    except Exception as e:
+        if reply[0] == _DONE:
+            why = f"its result could not be sent back from the worker process ({e})"
+        else:
+            error = reply[2]
+            why = f"{type(error).__name__}: {error}"
+        text = reply[3] if reply[0] == _FAILED else traceback.format_exc()
+        return bytes(ForkingPickler.dumps((_FAILED, reply[1], CheckpointError(task.key, None, why),
+                                           text)))
 
 
 def _watch_parent(parent: int) -> None:
@@ -131,13 +146,15 @@ def _start_tracker() -> None:
 class _Worker:
     process: Any
     conn: Any  # the parent's end of the worker's pipe
-    task: int | None = None  # the index of the task it is working on
+    task: int | None = None  # the index of the task it was given
+    took: bool = False  # whether it said it took that task (else, should it die, another may)
 
 
-def _start_workers(ctx: Any, jobs: int, threads: int) -> tuple[list[_Worker], list[int]]:
-    """``jobs`` worker processes, and the SIGINTs, SIGTERMs and SIGHUPs that came while they
-    started, for the caller to raise again once it holds them (inside its `finally` that ends
-    them).
+def _start_workers(ctx: Any, jobs: int, threads: int, workers: list[_Worker]) -> list[int]:
+    """``jobs`` worker processes, added to ``workers`` as each starts (so that the caller's
+    `finally` that ends them sees every one, whatever interrupts this), and the SIGINTs,
+    SIGTERMs and SIGHUPs that came while they started, for the caller to raise again once it
+    holds them.
 
     Meanwhile this process only records those signals (a handler that notes them: blocking
     them in this thread alone would not do, the kernel hands a process's signal to any thread
@@ -147,37 +164,32 @@ def _start_workers(ctx: Any, jobs: int, threads: int) -> tuple[list[_Worker], li
     none dies of a Ctrl-C while it imports (a KeyboardInterrupt traceback) before `_worker`
     has set its signals up. Only in the main thread, where handlers can be set."""
 
-    def start() -> list[_Worker]:
-        workers: list[_Worker] = []
-        try:
-            for _ in range(jobs):
-                mine, theirs = ctx.Pipe()
-                workers.append(_Worker(ctx.Process(target=_worker, name="blockquant-job",
-                                                   args=(theirs, threads, os.getpid()),
-                                                   daemon=True), mine))
-                try:
-                    workers[-1].process.start()
-                finally:
-                    theirs.close()  # the worker's end is the worker's alone: its death closes it
-        except BaseException:
-            _end(workers)
-            raise
-        return workers
+    def start() -> None:
+        for _ in range(jobs):
+            mine, theirs = ctx.Pipe()
+            workers.append(_Worker(ctx.Process(target=_worker, name="blockquant-job",
+                                               args=(theirs, threads, os.getpid()),
+                                               daemon=True), mine))
+            try:
+                workers[-1].process.start()
+            finally:
+                theirs.close()  # the worker's end is the worker's alone: its death closes it
 
     if not hasattr(signal, "pthread_sigmask") or \
             threading.current_thread() is not threading.main_thread():
-        return start(), []
+        start()
+        return []
     caught: list[int] = []
     handlers = {sig: signal.signal(sig, lambda n, _frame: caught.append(n))
                 for sig in _STARTUP_SIGNALS}
     before = signal.pthread_sigmask(signal.SIG_BLOCK, _STARTUP_SIGNALS)
     try:
-        workers = start()
+        start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a pending one is only noted
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
-    return workers, caught
+    return caught
 
 
 def _end(workers: Sequence[_Worker], graceful: bool = False) -> None:
@@ -185,21 +197,24 @@ def _end(workers: Sequence[_Worker], graceful: bool = False) -> None:
     (an error, Ctrl-C, a signal), which also ends one that is stopped (SIGSTOP) or busy in a
     long kernel call. Nothing they share with this process can be left held: each has a pipe
     of its own."""
-    if graceful:
+    try:
+        if graceful:
+            for w in workers:
+                try:
+                    w.conn.send(None)
+                except OSError:
+                    pass
+            for w in workers:
+                if w.process.pid is not None:
+                    w.process.join(timeout=10)
+    finally:  # also when a Ctrl-C interrupts the above
         for w in workers:
-            try:
-                w.conn.send(None)
-            except OSError:
-                pass
+            if w.process.pid is not None and w.process.exitcode is None:
+                w.process.kill()
         for w in workers:
-            w.process.join(timeout=10)
-    for w in workers:
-        if w.process.pid is not None and w.process.exitcode is None:
-            w.process.kill()
-    for w in workers:
-        if w.process.pid is not None:
-            w.process.join()
-        w.conn.close()
+            if w.process.pid is not None:
+                w.process.join()
+            w.conn.close()
 
 
 def _run_on(workers: list[_Worker], tasks: Sequence[Task],
@@ -210,40 +225,66 @@ def _run_on(workers: list[_Worker], tasks: Sequence[Task],
     left = len(tasks)
 
     def give(w: _Worker) -> None:
-        w.task = todo.pop() if todo else None
+        w.task, w.took = (todo.pop() if todo else None), False
         if w.task is not None:
             try:
                 w.conn.send((w.task, tasks[w.task]))
-            except OSError:  # it has just died: its sentinel says so next, naming this task
-                pass
+            except OSError:  # it has just died: the task waits for another
+                todo.append(w.task)
+                w.task = None
 
     for w in workers:
         give(w)
     live = list(workers)
     while left:
-        if not live:  # cannot be: a worker is idle only when no task waits for one
-            raise RuntimeError("every worker process ended with tasks left")
         waited = {w.conn: w for w in live} | {w.process.sentinel: w for w in live}
         ready = connection.wait(list(waited))
         for w in {id(waited[r]): waited[r] for r in ready}.values():
             ended = w.process.sentinel in ready
             try:
                 while w.conn.poll():  # what it sent before it ended is still read first
-                    left -= _receive(w, w.conn.recv(), out, progress)
-                    if w.task is None:
+                    left -= _receive(w, _recv(w, tasks), out, progress)
+                    if w.task is None and not ended:
                         give(w)
             except (EOFError, OSError):  # its end closed: it has ended, or is ending
                 ended = True
-            if ended:
-                live.remove(w)
-                if w.task is not None:  # an idle worker has no task to lose
-                    _worker_died(w, tasks[w.task])
+            if not ended:
+                continue
+            live.remove(w)
+            if w.task is not None and w.took:
+                _worker_died(w, tasks[w.task])
+            if w.task is not None:  # sent, never taken: it waits for another worker
+                todo.append(w.task)
+            for other in live:  # any idle one takes it
+                if other.task is None and todo:
+                    give(other)
+        if left and not live:  # each died between tasks
+            raise CheckpointError(tasks[todo[-1]].key, None,
+                                  "every worker process ended before this file's turn")
     return out
+
+
+def _recv(w: _Worker, tasks: Sequence[Task]) -> tuple[Any, ...]:
+    """A worker's next message (EOFError once it has ended). One that does not unpickle here
+    (the worker checks, `_portable`) fails the run naming the worker's file, not with a
+    traceback."""
+    try:
+        message: tuple[Any, ...] = w.conn.recv()
+    except (EOFError, OSError):
+        raise
+    except Exception as e:
+        key = tasks[w.task].key if w.task is not None else "?"
+        raise CheckpointError(key, None, "a message from its worker process could not be read "
+                              f"({type(e).__name__}: {e})") from e
+    return message
 
 
 def _receive(w: _Worker, message: tuple[Any, ...], out: list[Any],
              progress: TensorProgress) -> int:
     """Handle one of a worker's messages; 1 if it finished its task."""
+    if message[0] == _TOOK:
+        w.took = True
+        return 0
     if message[0] == _PROGRESS:
         progress(*message[1:])
         return 0
@@ -298,8 +339,12 @@ def _threads() -> Any:
 
 def _peak_rss() -> int:
     """This process's peak resident memory in bytes (Linux reports KiB, macOS bytes)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return 0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if os.uname().sysname == "Darwin" else peak * 1024
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 @dataclass
@@ -343,9 +388,10 @@ def run_tasks(tasks: Sequence[Task], jobs: int, threads: int | None,
         return results
     ctx = multiprocessing.get_context("spawn")
     _start_tracker()
-    workers, caught = _start_workers(ctx, jobs, stats.threads_per_job)
+    workers: list[_Worker] = []
     done = False
     try:
+        caught = _start_workers(ctx, jobs, stats.threads_per_job, workers)
         for sig in caught:  # came while the workers started: handled now as it would have been
             signal.raise_signal(sig)
         out = _run_on(workers, tasks, progress)
