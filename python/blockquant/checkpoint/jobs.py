@@ -7,7 +7,8 @@ shares no lock with it or with another worker (multiprocessing's Pool shares its
 an idle worker waits for a task holding it, and killed there, by a signal to the process group
 or the out-of-memory killer, it left the pool's `terminate()` waiting forever). So any worker
 can die at any moment without hanging anything: the parent sees it (its pipe closes, its
-sentinel is ready), and fails the run naming its file if it was at work.
+sentinel is ready). One that had taken its task fails the run naming the file; a task sent to
+one that died before taking it (each task is acknowledged) goes to another worker.
 
 Workers stay in the command's process group, so job control works on them as on the command
 (Ctrl-Z stops them all, `fg` goes on). They ignore Ctrl-C, which the parent handles: it kills
