@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import ml_dtypes
@@ -468,9 +469,8 @@ _JOBS_SCRIPT = textwrap.dedent('''
             time.sleep(0.05)
         return 3
 
-    def done_then_die(progress):
-        progress("w", 1)  # the parent dwells on this (below) while this worker dies
-        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    def report_pid(progress):
+        progress(str(os.getpid()), 1)
         return 1
 
     def after(seconds, value, progress):
@@ -478,8 +478,11 @@ _JOBS_SCRIPT = textwrap.dedent('''
         return value
 
     def dwell(key, name, nbytes):
-        if key == "a":
-            time.sleep(1.5)
+        if key == "a":  # meanwhile its worker sends its result and waits for another task
+            time.sleep(0.5)
+            pid = int(name)
+            os.kill(pid, signal.SIGSTOP)  # it cannot take the task it is sent next ...
+            threading.Timer(0.5, os.kill, (pid, signal.SIGKILL)).start()  # ... and dies
 
     def on_term(signum, frame):
         raise KeyboardInterrupt
@@ -492,8 +495,12 @@ _JOBS_SCRIPT = textwrap.dedent('''
                             Task("b.safetensors", slow, (marker + "b-",))],
                  "orphans": [Task(0, slow, (marker,)), Task(1, slow, (marker,))],
                  "idle-killed": [Task(0, fast, ()), Task(1, slow_then_done, (marker,))],
-                 "dies-between": [Task("a", done_then_die, ()), Task("b", after, (3, 2)),
-                                  Task("c", after, (0, 3))]}[kind]
+                 "dies-between": [Task("a", report_pid, ()), Task("b", after, (3, 2)),
+                                  Task("c", after, (0, 3))],
+                 "nohup": [Task(0, slow_then_done, (marker,)),
+                           Task(1, slow_then_done, (marker,))]}[kind]
+        if kind == "nohup":
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
         try:
             print(run_tasks(tasks, 2, 2, dwell), flush=True)
         except KeyboardInterrupt:
@@ -618,7 +625,7 @@ def test_an_idle_worker_killed_loses_nothing(tmp_path):
     proc, marker = _start_jobs(tmp_path, "idle-killed")
     try:
         busy = _wait_for_workers(tmp_path, 1, proc)[0]
-        time.sleep(0.5)  # the fast task is done: its worker waits for another
+        time.sleep(1.0)  # the fast task is done: its worker waits for another
         idle = [pid for pid in _children(proc.pid) if pid != busy and
                 b"spawn_main" in open(f"/proc/{pid}/cmdline", "rb").read()]
         assert len(idle) == 1, idle
@@ -631,9 +638,9 @@ def test_an_idle_worker_killed_loses_nothing(tmp_path):
 
 
 def test_a_worker_dying_between_tasks_hands_its_next_one_on(tmp_path):
-    """A worker sends its result and dies before it takes its next task (the parent, busy with
-    a progress callback meanwhile, sent that task to a pipe no one reads): the task goes to the
-    other worker. It was blamed for a file it never started."""
+    """A worker sends its result, is sent its next task and dies before it takes it (stopped,
+    then killed, by the parent's progress callback): the task goes to the other worker. It was
+    blamed for a file it never started."""
     proc, _ = _start_jobs(tmp_path, "dies-between")
     try:
         out, err = proc.communicate(timeout=60)
@@ -682,3 +689,89 @@ def test_a_worker_error_or_result_that_cannot_travel_names_the_file(fn, message)
     with pytest.raises(CheckpointError) as e:
         run_tasks(tasks, 2, 2, lambda *a: None)
     assert str(e.value).startswith(message), str(e.value)
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg") or not hasattr(__import__("signal"), "SIGHUP"),
+                    reason="POSIX process groups")
+def test_a_hangup_to_the_group_under_nohup_finishes_the_run(tmp_path):
+    """SIGHUP ignored (nohup), then sent to the whole group: the workers must keep the ignore.
+    The parent's start-up handler replaced it for a moment, exec reset that to the default in
+    each worker, and a hangup killed them."""
+    import signal
+
+    proc, marker = _start_jobs(tmp_path, "nohup")
+    try:
+        _wait_for_workers(tmp_path, 2, proc)
+        os.killpg(proc.pid, signal.SIGHUP)
+        time.sleep(0.5)
+        open(marker + "go", "w").close()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and out == "[3, 3]\n", (proc.returncode, out, err)
+
+
+def _raise_disk_full(progress):
+    raise OSError(28, "No space left on device", "out/b.safetensors")
+
+
+def _takes(thing, progress):
+    return 1
+
+
+def _progress_once(progress):
+    progress("t", 1)
+    return 1
+
+
+def test_a_worker_oserror_and_a_progress_error_come_up_as_they_are():
+    """An OSError from a task (a full disk) or from the progress callback (stderr's reader
+    gone) is raised as is, at once, as with one job: it was taken for the worker's pipe
+    closing, waited on for 5 s and reported as a dead worker."""
+    tasks = [Task("a.safetensors", _threads_now, ()), Task("b.safetensors", _raise_disk_full, ())]
+    t0 = time.monotonic()
+    with pytest.raises(OSError) as e:
+        run_tasks(tasks, 2, 2, lambda *a: None)
+    assert e.value.errno == 28 and e.value.filename == "out/b.safetensors"
+
+    def broken(*a):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(BrokenPipeError):
+        run_tasks([Task(0, _progress_once, ()), Task(1, _progress_once, ())], 2, 2, broken)
+    assert time.monotonic() - t0 < 4.5  # both runs, the workers' start included
+
+
+def test_a_task_a_worker_cannot_unpickle_names_the_file(capfd):
+    """A task whose arguments a worker cannot unpickle (a class it cannot import): one error
+    naming the file; it killed each worker in turn, with a traceback each."""
+    import types
+
+    module = types.ModuleType("_only_in_this_process")
+    exec("class Thing:\n    pass\n", module.__dict__)
+    sys.modules[module.__name__] = module
+    try:
+        tasks = [Task("a.safetensors", _threads_now, ()),
+                 Task("b.safetensors", _takes, (module.Thing(),))]
+        with pytest.raises(CheckpointError, match=r"^b\.safetensors: its worker process could "
+                           r"not take the task \(ModuleNotFoundError"):
+            run_tasks(tasks, 2, 2, lambda *a: None)
+    finally:
+        del sys.modules[module.__name__]
+    assert "Traceback" not in capfd.readouterr().err
+
+
+class _ExitsWhenUnpickled:
+    def __reduce__(self):
+        return (os._exit, (7,))
+
+
+def test_a_task_that_kills_each_worker_taking_it_fails_naming_the_file():
+    """A task whose unpickling ends the worker (as running out of memory on its arguments
+    would): handed on once, as any task whose worker died before taking it, then failed on the
+    second death, rather than killing every worker in turn."""
+    tasks = [Task("a.safetensors", _threads_now, ()),
+             Task("b.safetensors", _takes, (_ExitsWhenUnpickled(),))]
+    with pytest.raises(CheckpointError, match=r"^b\.safetensors: its worker process exited "
+                       r"with status 7 before it was done$"):
+        run_tasks(tasks, 2, 2, lambda *a: None)

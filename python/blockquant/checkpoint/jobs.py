@@ -48,8 +48,9 @@ class Task:
 
 
 #: What a worker sends: that it took its task (index), progress (key, tensor, bytes), a result
-#: (index, result, peak RSS), an error (index, exception, its traceback's text).
-_TOOK, _PROGRESS, _DONE, _FAILED = "took", "progress", "done", "failed"
+#: (index, result, peak RSS), an error (index, exception, its traceback's text), or that it
+#: could not unpickle the task it was sent (the error's text).
+_TOOK, _PROGRESS, _DONE, _FAILED, _UNREADABLE = "took", "progress", "done", "failed", "unreadable"
 
 
 def _worker(conn: Any, threads: int, parent: int) -> None:
@@ -65,7 +66,12 @@ def _worker(conn: Any, threads: int, parent: int) -> None:
     _threads().set_num_threads(threads)
     try:
         while True:
-            message = conn.recv()
+            data = conn.recv_bytes()
+            try:
+                message = ForkingPickler.loads(data)
+            except Exception as e:  # a class this process cannot import, say
+                conn.send((_UNREADABLE, f"{type(e).__name__}: {e}"))
+                continue
             if message is None:
                 return
             index, task = message
@@ -181,8 +187,10 @@ def _start_workers(ctx: Any, jobs: int, threads: int, workers: list[_Worker]) ->
         start()
         return []
     caught: list[int] = []
+    # An ignored signal (SIGHUP under nohup) stays ignored: a handler, even for a moment,
+    # would not be inherited as the ignore is, and the workers would die of it.
     handlers = {sig: signal.signal(sig, lambda n, _frame: caught.append(n))
-                for sig in _STARTUP_SIGNALS}
+                for sig in _STARTUP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN}
     before = signal.pthread_sigmask(signal.SIG_BLOCK, _STARTUP_SIGNALS)
     try:
         start()
@@ -205,9 +213,10 @@ def _end(workers: Sequence[_Worker], graceful: bool = False) -> None:
                     w.conn.send(None)
                 except OSError:
                     pass
+            deadline = time.monotonic() + 10  # for all: one stopped (SIGSTOP) is then killed
             for w in workers:
                 if w.process.pid is not None:
-                    w.process.join(timeout=10)
+                    w.process.join(timeout=max(0.0, deadline - time.monotonic()))
     finally:  # also when a Ctrl-C interrupts the above
         for w in workers:
             if w.process.pid is not None and w.process.exitcode is None:
@@ -237,24 +246,31 @@ def _run_on(workers: list[_Worker], tasks: Sequence[Task],
     for w in workers:
         give(w)
     live = list(workers)
+    handed_on: set[int] = set()  # tasks whose first worker died before taking them
     while left:
         waited = {w.conn: w for w in live} | {w.process.sentinel: w for w in live}
         ready = connection.wait(list(waited))
         for w in {id(waited[r]): waited[r] for r in ready}.values():
             ended = w.process.sentinel in ready
-            try:
-                while w.conn.poll():  # what it sent before it ended is still read first
-                    left -= _receive(w, _recv(w, tasks), out, progress)
-                    if w.task is None and not ended:
-                        give(w)
-            except (EOFError, OSError):  # its end closed: it has ended, or is ending
-                ended = True
+            while True:  # what it sent before it ended is still read first
+                try:
+                    if not w.conn.poll():
+                        break
+                    message = _recv(w, tasks)
+                except (EOFError, OSError):  # its end closed: it has ended, or is ending
+                    ended = True
+                    break
+                # The task's own errors (an OSError too) and the progress callback's go up.
+                left -= _receive(w, message, tasks, out, progress)
+                if w.task is None and not ended:
+                    give(w)
             if not ended:
                 continue
             live.remove(w)
-            if w.task is not None and w.took:
-                _worker_died(w, tasks[w.task])
-            if w.task is not None:  # sent, never taken: it waits for another worker
+            if w.task is not None:
+                if w.took or w.task in handed_on:  # a second death: the task's doing, likely
+                    _worker_died(w, tasks[w.task])
+                handed_on.add(w.task)  # sent, never taken: it waits for another worker
                 todo.append(w.task)
             for other in live:  # any idle one takes it
                 if other.task is None and todo:
@@ -280,12 +296,16 @@ def _recv(w: _Worker, tasks: Sequence[Task]) -> tuple[Any, ...]:
     return message
 
 
-def _receive(w: _Worker, message: tuple[Any, ...], out: list[Any],
+def _receive(w: _Worker, message: tuple[Any, ...], tasks: Sequence[Task], out: list[Any],
              progress: TensorProgress) -> int:
     """Handle one of a worker's messages; 1 if it finished its task."""
     if message[0] == _TOOK:
         w.took = True
         return 0
+    if message[0] == _UNREADABLE:
+        key = tasks[w.task].key if w.task is not None else "?"
+        raise CheckpointError(key, None,
+                              f"its worker process could not take the task ({message[1]})")
     if message[0] == _PROGRESS:
         progress(*message[1:])
         return 0
