@@ -417,27 +417,55 @@ def test_a_signal_while_the_pool_starts_waits_for_the_pool(monkeypatch):
     from blockquant.checkpoint import jobs
 
     real = jobs._start_workers
+    noted = []
 
     def start_with_a_signal(ctx, n, threads, workers):
         class Ctx:
             Pipe = ctx.Pipe
 
             def Process(self, *a, **kw):  # noqa: N802 (multiprocessing's name)
-                t = threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT))
-                t.start()
-                t.join()
-                return ctx.Process(*a, **kw)
+                process = ctx.Process(*a, **kw)
+                start = process.start
+
+                def start_with_a_signal_inside():  # the window the noting covers
+                    t = threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT))
+                    t.start()
+                    t.join()
+                    del process.start  # the process object is pickled for the child
+                    start()
+
+                process.start = start_with_a_signal_inside
+                return process
 
         caught = real(Ctx(), n, threads, workers)
-        assert caught and set(caught) == {signal.SIGINT}  # noted, however many were merged
-        assert len(workers) == n
+        noted.append((caught, len(workers)))  # reached only if nothing was raised inside
         return caught
 
+    def workers_alive():  # this process's worker children, zombies (not yet joined) included
+        found = set()
+        for pid in _children(os.getpid()):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if zombie or b"spawn_main" in f.read():
+                        found.add(pid)
+            except OSError:
+                pass
+        return found
+
+    has_proc = os.path.exists("/proc/self/stat")
+    before = workers_alive() if has_proc else set()
     handler = signal.getsignal(signal.SIGINT)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     monkeypatch.setattr(jobs, "_start_workers", start_with_a_signal)
     with pytest.raises(KeyboardInterrupt):
         run_tasks([Task(0, _threads_now, ()), Task(1, _threads_now, ())], 2, 2, lambda *a: None)
+    [(caught, started)] = noted
+    assert caught and set(caught) == {signal.SIGINT}  # noted, however many were merged
+    assert started == 2
+    if has_proc:  # ended and joined by run_tasks' `finally`, the interrupt notwithstanding
+        assert workers_alive() - before == set()
     assert signal.getsignal(signal.SIGINT) is handler
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
     monkeypatch.undo()
@@ -779,3 +807,27 @@ def test_a_task_that_kills_each_worker_taking_it_fails_naming_the_file():
     with pytest.raises(CheckpointError, match=r"^b\.safetensors: its worker process exited "
                        r"with status 7 before it was done$"):
         run_tasks(tasks, 2, 2, lambda *a: None)
+
+
+def test_workers_that_cannot_start_fail_the_run_saying_so(tmp_path):
+    """Every worker dies at start-up (here the main module, which spawned workers import, fails
+    there): one line saying they ended before taking the file, not a hang."""
+    script = tmp_path / "no_start.py"
+    script.write_text(textwrap.dedent('''
+        import sys
+        if __name__ != "__main__":  # a spawned worker importing this module
+            raise ImportError("not here")
+        from blockquant.checkpoint.jobs import Task, run_tasks
+
+        def fast(progress):
+            return 1
+
+        try:
+            run_tasks([Task("f1", fast, ()), Task("f2", fast, ())], 2, 2, lambda *a: None)
+        except Exception as e:
+            print(f"{type(e).__name__}: {e}")
+    '''))
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert res.stdout.startswith("CheckpointError: f") and "every worker process ended before " \
+        "it could take this file" in res.stdout, (res.stdout, res.stderr)

@@ -275,9 +275,10 @@ def _run_on(workers: list[_Worker], tasks: Sequence[Task],
             for other in live:  # any idle one takes it
                 if other.task is None and todo:
                     give(other)
-        if left and not live:  # each died between tasks
+        if left and not live:  # each died before taking a task: at start-up, most likely
             raise CheckpointError(tasks[todo[-1]].key, None,
-                                  "every worker process ended before this file's turn")
+                                  "every worker process ended before it could take this file "
+                                  "(did they start? any errors of theirs are printed above)")
     return out
 
 
