@@ -681,16 +681,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # one not found yet.
         return _error(f"{_input(args)}{type(e).__name__}: {e}")
     except _Terminated as e:
-        try:  # after SIGHUP the terminal may be gone
-            print("\nblockquant: terminated (no output written)", file=sys.stderr)
-        except OSError:
-            pass
+        _say("\nblockquant: terminated (no output written)")
         return 128 + e.signum
     except KeyboardInterrupt:
-        try:
-            print("\nblockquant: interrupted (no output written)", file=sys.stderr)
-        except OSError:
-            pass
+        _say("\nblockquant: interrupted (no output written)")
         return 130
     finally:
         for sig, handler in previous.items():
@@ -699,11 +693,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _error(message: str) -> int:
     """The one line of a user error (escaped: a crafted name cannot break it), exit code 2."""
-    try:
-        print(f"blockquant: error: {printable(message)}", file=sys.stderr)
-    except OSError:  # stderr is gone (a closed terminal): the exit code still says it
-        pass
+    _say(f"blockquant: error: {printable(message)}")
     return 2
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr, if there is one still: after a hangup (a closed terminal) writing
+    fails with EIO, and the exit code is then all that is said."""
+    try:
+        print(line, file=sys.stderr)
+    except OSError:
+        pass
 
 
 def _input(args: argparse.Namespace) -> str:

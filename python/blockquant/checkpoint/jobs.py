@@ -291,10 +291,14 @@ def _recv(w: _Worker, tasks: Sequence[Task]) -> tuple[Any, ...]:
     except (EOFError, OSError):
         raise
     except Exception as e:
-        key = tasks[w.task].key if w.task is not None else "?"
-        raise CheckpointError(key, None, "a message from its worker process could not be read "
-                              f"({type(e).__name__}: {e})") from e
+        raise CheckpointError(_file_of(w, tasks), None, "a message from its worker process could "
+                              f"not be read ({type(e).__name__}: {e})") from e
     return message
+
+
+def _file_of(w: _Worker, tasks: Sequence[Task]) -> Any:
+    """The file of the task ``w`` was given, for an error's message."""
+    return tasks[w.task].key if w.task is not None else "?"
 
 
 def _receive(w: _Worker, message: tuple[Any, ...], tasks: Sequence[Task], out: list[Any],
@@ -304,8 +308,7 @@ def _receive(w: _Worker, message: tuple[Any, ...], tasks: Sequence[Task], out: l
         w.took = True
         return 0
     if message[0] == _UNREADABLE:
-        key = tasks[w.task].key if w.task is not None else "?"
-        raise CheckpointError(key, None,
+        raise CheckpointError(_file_of(w, tasks), None,
                               f"its worker process could not take the task ({message[1]})")
     if message[0] == _PROGRESS:
         progress(*message[1:])
