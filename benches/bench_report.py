@@ -50,7 +50,9 @@ def print_cases(cases: List[Dict]) -> None:
     ] for r in cases], ["scheme", "copyto ms", "1T of copyto", "cpu/wall", "2T of copyto",
                         "cpu/wall", "2T/1T", "vs numpy", "vs ref", "numpy bytes = bq", "output",
                         "new arrays 1T of copyto", "floor: reads × read of copyto"])
-    print("\ndequantize into a caller-given float32 array (out=), and into a new one:")
+    print("\ndequantize into a caller-given float32 array (out=), and into a new one; floor = "
+          "the fastest any dequantize into the array could be, one write of it (numpy's fill), "
+          "of copyto:")
     print_table([[
         r["name"],
         _x(r.get("bq_dequantize_1t_of_copyto")), _x(r.get("bq_dequantize_1t_cpu_per_wall"), "{:.1f}"),
@@ -59,8 +61,10 @@ def print_cases(cases: List[Dict]) -> None:
         _x(r.get("bq_dequantize_new_1t_of_copyto")),
         _x(_ratio(r, "numpy_dequantize", "bq_dequantize_1t"), "{:.1f}x"),
         _x(_ratio(r, "ref_dequantize", "bq_dequantize_1t"), "{:.0f}x"),
+        _x(r.get("write_of_copyto")),
     ] for r in cases], ["scheme", "out= 1T of copyto", "cpu/wall", "out= 2T of copyto", "cpu/wall",
-                        "2T/1T", "new array 1T of copyto", "vs numpy", "vs ref"])
+                        "2T/1T", "new array 1T of copyto", "vs numpy", "vs ref",
+                        "floor: one write of copyto"])
     torch_rows = []
     for r in cases:
         for op in ("quantize", "dequantize"):
@@ -137,7 +141,8 @@ def targets(results: Dict) -> List[Dict]:
                         _ratio(r, *keys), goal, r, keys)
             if t["ok"] is None and "numpy_quantize" not in r.get("cells", {}):
                 t["note"] = "no numpy version of this scheme in benches/bench_numpy.py"
-            out.append(_beyond_floor(t, r, "numpy_quantize") if op == "quantize" else t)
+            out.append(_beyond_floor(t, r, "numpy_quantize") if op == "quantize"
+                       else _beyond_write(t, r, "numpy_dequantize"))
     for r in results.get("ggml", []):
         goal = 1.4 if r["type"] == "Q8_0" else 0.6
         for op, g in (("quantize", goal), ("dequantize", 1.0)):
@@ -169,6 +174,25 @@ def _beyond_floor(t: Dict, r: Dict, slow: str) -> Dict:
             t["bound"] = near
             t["note"] = ((f"beyond the floor: {reads} 1/{reachable:.2f} of {slow}'s time"
                           if near else f"the floor ({reads} 1/{reachable:.2f} of {slow}'s "
+                          "time) is below the goal too, but this call is far from the floor")
+                         + (f"; {t['note']}" if t.get("note") else ""))
+    return t
+
+
+def _beyond_write(t: Dict, r: Dict, slow: str) -> Dict:
+    """Marks a missed dequantize target that no dequantize into a float32 array could meet: one
+    write of that array alone (numpy's fill) takes longer than ``slow`` / goal, and the call
+    is within 20% of that write (reading the codes, a quarter of the bytes or less, overlaps
+    it)."""
+    floor, slow_s = _s(r, "write"), _s(r, slow)
+    if t["ok"] is False and floor is not None and slow_s is not None:
+        reachable = slow_s / floor
+        if reachable < t["goal"]:
+            near = t["measured"] >= 0.8 * reachable
+            t["bound"] = near
+            t["note"] = ((f"beyond the floor: one write of the output takes 1/{reachable:.2f} "
+                          f"of {slow}'s time" if near else
+                          f"the floor (one write of the output, 1/{reachable:.2f} of {slow}'s "
                           "time) is below the goal too, but this call is far from the floor")
                          + (f"; {t['note']}" if t.get("note") else ""))
     return t

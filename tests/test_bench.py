@@ -184,6 +184,29 @@ def test_a_target_past_the_memory_floor_is_marked_bound_not_missed(bench):
     assert "bound" not in ts["#13 two: quantize 1T ≥ 0.8× copyto"]  # 0.71x, floor 0.83x
 
 
+def test_a_dequantize_past_the_write_floor_is_marked_bound_not_missed(bench):
+    import bench_report
+
+    def case(name, write_s, numpy_s, bq_s):
+        return dict(name=name, bits=8, copyto_s=6.5, write_s=write_s, numpy_dequantize_s=numpy_s,
+                    bq_dequantize_1t_s=bq_s, bq_dequantize_1t_of_copyto=6.5 / bq_s, cells={})
+
+    ts = {t["target"]: t for t in bench_report.targets(dict(cases=[
+        # numpy's 7.2 ms is 2.32 writes of 3.1 ms: 2.32x is all any dequantize could reach
+        case("at floor", 3.1, 7.2, 3.15),
+        # the same floor, but 4 ms is far from it: a plain miss
+        case("far", 3.1, 7.2, 4.0),
+        # a 2 ms write leaves room for 3.6x: a plain miss
+        case("fast write", 2.0, 7.2, 3.15),
+    ]))}
+    at = ts["#13 at floor: dequantize 1T ≥ 2.5× idiomatic numpy"]
+    assert at["ok"] is False and at["bound"] and "one write of the output takes 1/2.32" in at["note"]
+    far = ts["#13 far: dequantize 1T ≥ 2.5× idiomatic numpy"]
+    assert far["ok"] is False and not far.get("bound") and "far from the floor" in far["note"]
+    fast = ts["#13 fast write: dequantize 1T ≥ 2.5× idiomatic numpy"]
+    assert fast["ok"] is False and "bound" not in fast
+
+
 def test_a_two_thread_speedup_past_the_memory_floor_is_marked_bound(bench):
     import bench_report
 

@@ -484,3 +484,38 @@ def test_near_ties_with_scales_whose_reciprocal_rounds(value, rounding):
         np.testing.assert_array_equal(got.scales.astype(np.float32), e[:, ::block])
         assert_same(ref.quantize(x, s, rounding=rounding), got)
     assert misses > 50
+
+
+BYTE_VALUES = [QuantValue.Q8S, QuantValue.Q8F, QuantValue.E4M3, QuantValue.E5M2]
+
+
+@pytest.mark.parametrize("value", BYTE_VALUES, ids=str)
+@pytest.mark.parametrize("shape", [(8, 12, 64), (4, 6, 40), (3, 8, 5), (16, 4096)])
+@pytest.mark.parametrize("level", [("tensor", ScaleDtype.F32), ("block32", ScaleDtype.F16),
+                                   ("block4x8", ScaleDtype.BF16), ("two16", ScaleDtype.F16)],
+                         ids=str)
+@pytest.mark.parametrize("calibration", ["minmax", "mse"])
+def test_8_bit_values_in_u32_words_equal_reference(value, shape, level, calibration, threads):
+    """8-bit values packed four to a u32 word on lines of whole words (burn's default store
+    for Q8S): the core writes and reads the words' bytes as the one-code-a-byte store does.
+    Every packing dim (the lines along the last axis, or an outer axis swapped to the last
+    place; lines of 5 leave a padded word, taken the word-by-word way), quantize and
+    dequantize, fresh and into out= arrays, against the reference; the words' bytes of a
+    last-axis packing are the Native store's bytes."""
+    x = data(shape, seed=len(shape) * 100 + shape[-1])
+    kw = dict(calibration=calibration)
+    for dim in range(len(shape)):
+        scheme = make_scheme(value, QuantStore.packed_u32(dim), level)
+        rq, qt = ref.quantize(x, scheme, **kw), bq.quantize(x, scheme, **kw)
+        assert_same(rq, qt)
+        out = (np.full_like(qt.values, 0xA5A5A5A5), np.full_like(qt.scales, np.nan))
+        into = bq.quantize(x, scheme, out=out, **kw)
+        assert np.shares_memory(into.values, out[0]) and into.to_bytes() == rq.to_bytes()
+        back = np.full(shape, np.nan, np.float32)
+        qt.dequantize(out=back)
+        np.testing.assert_array_equal(back.view(np.uint32),
+                                      rq.dequantize().astype(np.float32).view(np.uint32))
+        if dim == 0 and shape[-1] % 4 == 0:
+            native = make_scheme(value, QuantStore.Native, level)
+            np.testing.assert_array_equal(qt.values.view(np.uint8).reshape(-1),
+                                          bq.quantize(x, native, **kw).values.view(np.uint8).reshape(-1))

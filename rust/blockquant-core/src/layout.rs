@@ -193,6 +193,25 @@ impl Layout {
         offset
     }
 
+    /// This layout with its u32 words seen as their bytes, when that changes no byte: words of
+    /// four 8-bit fields (8-bit values in `PackedU32`, burn's default store for Q8S) on lines
+    /// of whole words, so no padding. Little-endian words hold field k in byte k (SPEC §8), so
+    /// the words' memory is exactly the one-code-a-byte storage, and the byte kernels (one
+    /// store a code) take the call instead of squeezing codes into words, 2.5 times as fast.
+    pub fn bytewise(&self) -> Option<Layout> {
+        let p = &self.packing;
+        let whole = p.word_bits == 32 && p.field_bits == 8 && p.n_axis % p.per == 0;
+        (cfg!(target_endian = "little") && whole).then(|| Layout {
+            packing: Packing {
+                word_bits: 8,
+                per: 1,
+                words_axis: p.n_axis,
+                ..p.clone()
+            },
+            ..self.clone()
+        })
+    }
+
     /// Storage shape (SPEC §8): packed, the packed axis swapped to the last place (burn's
     /// order) and shrunk to `ceil(n / per)` words.
     pub fn storage_shape(&self) -> Vec<usize> {

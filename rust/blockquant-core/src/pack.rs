@@ -31,6 +31,43 @@ pub enum StorageMut<'a> {
     U32(&'a mut [u32]),
 }
 
+impl<'a> Storage<'a> {
+    /// u32 words as their bytes when `layout.bytewise()` says that changes nothing: the layout
+    /// and storage the kernels should take (see [`Layout::bytewise`]).
+    pub(crate) fn bytewise(self, layout: &Layout) -> (std::borrow::Cow<'_, Layout>, Self) {
+        match (self, layout.bytewise()) {
+            (Storage::U32(w), Some(l)) => {
+                // SAFETY: the words' memory seen as bytes (u8 has no alignment or invalid bit
+                // patterns to meet), for the same lifetime.
+                let b = unsafe {
+                    std::slice::from_raw_parts(w.as_ptr() as *const u8, std::mem::size_of_val(w))
+                };
+                (std::borrow::Cow::Owned(l), Storage::U8(b))
+            }
+            (s, _) => (std::borrow::Cow::Borrowed(layout), s),
+        }
+    }
+}
+
+impl<'a> StorageMut<'a> {
+    /// [`Storage::bytewise`] for storage being written.
+    pub(crate) fn bytewise(self, layout: &Layout) -> (std::borrow::Cow<'_, Layout>, Self) {
+        match (self, layout.bytewise()) {
+            (StorageMut::U32(w), Some(l)) => {
+                // SAFETY: as in `Storage::bytewise`; every byte pattern is a valid u32 too.
+                let b = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        w.as_mut_ptr() as *mut u8,
+                        std::mem::size_of_val(w),
+                    )
+                };
+                (std::borrow::Cow::Owned(l), StorageMut::U8(b))
+            }
+            (s, _) => (std::borrow::Cow::Borrowed(layout), s),
+        }
+    }
+}
+
 /// A storage word.
 pub trait Word: Copy + Send + Sync + Default {
     const BITS: u32;

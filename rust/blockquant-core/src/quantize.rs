@@ -427,6 +427,8 @@ pub fn quantize(
     explicit: Option<ExplicitScales<'_>>,
     out: StorageMut<'_>,
 ) -> Result<Scales> {
+    let (layout, out) = out.bytewise(layout);
+    let layout = &*layout;
     pool::install_sized(layout.num_elements, || {
         // Untouched (so never faulted in) when no direct kernel takes the call.
         let mut stored = vec![0.0f32; layout.num_scales];
@@ -457,6 +459,8 @@ pub fn quantize_into(
             layout.num_scales
         )));
     }
+    let (layout, out) = out.bytewise(layout);
+    let layout = &*layout;
     pool::install_sized(layout.num_elements, || {
         match quantize_direct(x, layout, opts, explicit, out, scales)? {
             Direct::Done(global) => Ok(global),
@@ -1239,6 +1243,8 @@ pub fn dequantize(
     out: Output<'_>,
 ) {
     let effective = Effective::new(stored, global);
+    let (layout, storage) = storage.bytewise(layout);
+    let layout = &*layout;
     pool::install_sized(layout.num_elements, || match out {
         Output::F32(o) => dequantize_into(layout, storage, effective, o),
         Output::F64(o) => dequantize_into(layout, storage, effective, o),
