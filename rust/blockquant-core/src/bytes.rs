@@ -3,7 +3,7 @@
 
 use crate::error::{QuantError, Result};
 use crate::layout::Layout;
-use crate::pack::{check_storage, Storage};
+use crate::pack::{check_storage_bytes, Storage};
 use crate::quantize::Scales;
 
 /// Serialize a quantized tensor. `scales` must already fit `layout` (see [`Scales::from_stored`]).
@@ -88,15 +88,7 @@ pub fn from_bytes<'a>(layout: &Layout, data: &'a [u8]) -> Result<Parts<'a>> {
         QuantError::Scale(m) => QuantError::Layout(format!("corrupt scales: {m}")),
         other => other,
     })?;
-    if layout.packing.word_bits == 8 {
-        check_storage(layout, Storage::U8(storage))?;
-    } else {
-        let words: Vec<u32> = storage
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        check_storage(layout, Storage::U32(&words))?;
-    }
+    check_storage_bytes(layout, storage)?;
     Ok(Parts { storage, scales })
 }
 

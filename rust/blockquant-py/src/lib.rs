@@ -766,7 +766,10 @@ fn from_bytes<'py>(
 ) -> PyResult<Quantized<'py>> {
     guarded(|| {
         let layout = layout(scheme, &shape)?;
-        let parts = bytes::from_bytes(&layout, data).map_err(to_py)?;
+        // Checking every stored code reads the whole buffer: without the GIL.
+        let parts = py
+            .detach(|| bytes::from_bytes(&layout, data))
+            .map_err(to_py)?;
         let storage = new_storage(py, &layout)?;
         with_storage_mut(&storage, &layout, |out| match out {
             StorageMut::U8(dst) => dst.copy_from_slice(parts.storage),
