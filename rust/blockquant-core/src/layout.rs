@@ -200,7 +200,7 @@ impl Layout {
     /// store a code) take the call instead of squeezing codes into words, 2.5 times as fast.
     pub fn bytewise(&self) -> Option<Layout> {
         let p = &self.packing;
-        let whole = p.word_bits == 32 && p.field_bits == 8 && p.n_axis % p.per == 0;
+        let whole = p.word_bits == 32 && p.field_bits == 8 && p.n_axis.is_multiple_of(p.per);
         (cfg!(target_endian = "little") && whole).then(|| Layout {
             packing: Packing {
                 word_bits: 8,

@@ -664,9 +664,12 @@ fn pack_swapped<W: Word>(layout: &Layout, codes: &[u8], words: &mut [W]) {
         .for_each(|(ci, chunk)| {
             let mut line = vec![0u8; n];
             for (j, wl) in chunk.chunks_mut(nw).enumerate() {
-                let l = ci * lines_per_task + j;
+                // A line's elements are `inner` apart in natural order: its first one found
+                // once (divisions), the rest by a stride. Consecutive lines start next to each
+                // other, so the cache lines one line reads serve the next ones too.
+                let base = layout.line_element(ci * lines_per_task + j, 0);
                 for (k, c) in line.iter_mut().enumerate() {
-                    *c = codes[layout.line_element(l, k)] & mask;
+                    *c = codes[base + k * p.inner] & mask;
                 }
                 pack_fields(&line, wl, per);
             }
@@ -1511,10 +1514,6 @@ fn decode_swapped<D: Decode, O: OutElem>(
     effective: Effective<'_>,
     out: &mut [O],
 ) {
-    let p = &layout.packing;
-    let (n, nw, inner, per) = (p.n_axis, p.words_axis, p.inner, p.per);
-    let (field_bits, mask) = (p.field_bits, p.field_mask());
-    let lines_per_slab = inner; // storage lines of one natural slab (fixed outer indices)
     out.par_chunks_mut(MIN_TASK_ELEMS)
         .enumerate()
         .for_each(|(ci, chunk)| {
@@ -1526,35 +1525,47 @@ fn decode_swapped<D: Decode, O: OutElem>(
                 start,
                 chunk,
                 |_| BUF,
-                |pos, codes| {
-                    for (t, c) in codes.iter_mut().enumerate() {
-                        // Natural (o, k, i) → storage line (o, i'), element k.
-                        let e = pos + t;
-                        let (o, rest) = (e / (n * inner), e % (n * inner));
-                        let (k, i) = (rest / inner, rest % inner);
-                        let line = o * lines_per_slab + swapped_line_of(layout, i);
-                        let w = line * nw + k / per;
-                        let shift = (k % per) as u32 * field_bits;
-                        let word = match storage {
-                            Storage::U8(ws) => ws[w] as u32,
-                            Storage::U32(ws) => ws[w],
-                        };
-                        *c = ((word >> shift) & mask) as u8;
-                    }
+                |pos, codes| match storage {
+                    Storage::U8(ws) => gather_swapped(layout, ws, pos, codes),
+                    Storage::U32(ws) => gather_swapped(layout, ws, pos, codes),
                 },
             );
         });
 }
 
-/// The storage line (within its slab) of natural inner offset `i`: the inner axes
-/// `a+1 ..= rank-1` read in swapped order (last axis first, then `a+1 ..= rank-2`).
+/// The fields of natural elements `[pos, pos + codes.len())` from storage in burn's swapped
+/// order. Natural element (o, k, i) (outer index, packed-axis index, inner offset) is field k
+/// of storage line (o, i'), where i' reads the inner axes `a+1 ..= rank-1` last axis first:
+/// i = mid · last + j gives i' = j · mid_count + mid. The indices are found by division once
+/// a run and counted up from there (a division per element took ten times as long).
 #[inline]
-fn swapped_line_of(layout: &Layout, i: usize) -> usize {
-    let (rank, a) = (layout.rank(), layout.packing.axis);
+fn gather_swapped<W: Word>(layout: &Layout, words: &[W], pos: usize, codes: &mut [u8]) {
+    let p = &layout.packing;
+    let (n, nw, inner, per) = (p.n_axis, p.words_axis, p.inner, p.per);
+    debug_assert!(per.is_power_of_two());
+    let (per_shift, field_bits, mask) = (per.trailing_zeros(), p.field_bits, p.field_mask());
+    let (rank, a) = (layout.rank(), p.axis);
     let last = layout.dims[rank - 1];
-    let (mid, j_last) = (i / last, i % last); // mid: row-major over a+1 ..= rank-2
     let mid_count: usize = layout.dims[a + 1..rank - 1].iter().product();
-    j_last * mid_count + mid
+    let (o, rest) = (pos / (n * inner), pos % (n * inner));
+    let (mut k, i) = (rest / inner, rest % inner);
+    let (mut mid, mut j, mut i) = (i / last, i % last, i);
+    let mut slab = o * inner; // the slab's first line: `inner` lines a slab
+    for c in codes.iter_mut() {
+        let line = slab + j * mid_count + mid;
+        let word = words[line * nw + (k >> per_shift)].to_u32();
+        *c = ((word >> ((k & (per - 1)) as u32 * field_bits)) & mask) as u8;
+        (i, j) = (i + 1, j + 1);
+        if j == last {
+            (j, mid) = (0, mid + 1);
+        }
+        if i == inner {
+            (i, j, mid, k) = (0, 0, 0, k + 1);
+            if k == n {
+                (k, slab) = (0, slab + inner);
+            }
+        }
+    }
 }
 
 /// Check storage taken from a caller: every field a valid code of the value, padding bits 0.
@@ -2444,7 +2455,7 @@ pub(crate) mod tests {
                 let plain = scheme(value, store, None);
                 let books = match value {
                     QuantValue::Q4F | QuantValue::Q4S => {
-                        vec![plain, plain.with_codebook(nf4.clone())]
+                        vec![plain, plain.with_codebook(nf4)]
                     }
                     QuantValue::Q2F | QuantValue::Q2S => {
                         let book = crate::lookup::Codebook::new(&[-1.0, -0.25, 0.5, 1.0]).unwrap();
