@@ -667,6 +667,33 @@ fn line_stride(n: usize) -> usize {
     n.next_multiple_of(64) + 64
 }
 
+/// Rows (k) ahead that [`ask_ahead`] asks for: the loop over a row's few codes leaves room for
+/// only one or two misses in flight, each a page of its own.
+const AHEAD: usize = 16;
+
+/// Whether the lines start at consecutive elements (their k-th codes one run in memory).
+#[inline]
+fn consecutive(bases: &[usize]) -> bool {
+    bases.iter().enumerate().all(|(t, &b)| b == bases[0] + t)
+}
+
+/// Ask for the cache lines of the lines' codes at natural offset `at` past each base (the
+/// first and last line's: the lines taken together lie between them when consecutive).
+#[inline(always)]
+fn ask_ahead(codes: *const u8, bases: &[usize], at: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for b in [bases[0], bases[bases.len() - 1]] {
+        // SAFETY: a prefetch never faults and the pointer is never dereferenced (it may lie
+        // past the end of the codes, hence `wrapping_add`).
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<{ _MM_HINT_T0 }>(codes.wrapping_add(b + at) as *const i8);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (codes, bases, at);
+}
+
 /// The natural offsets of the first elements of storage lines `first..first + bases.len()`.
 #[inline]
 fn line_bases(layout: &Layout, first: usize, bases: &mut [usize]) {
@@ -693,10 +720,21 @@ fn pack_swapped<W: Word>(layout: &Layout, codes: &[u8], words: &mut [W]) {
             for (g, group) in chunk.chunks_mut(nw * LINES_TOGETHER).enumerate() {
                 let count = group.len() / nw;
                 let first = ci * lines_per_task + g * LINES_TOGETHER;
-                line_bases(layout, first, &mut bases[..count]);
+                let bases = &mut bases[..count];
+                line_bases(layout, first, bases);
+                let side_by_side = consecutive(bases);
                 for k in 0..n {
-                    for (t, &b) in bases[..count].iter().enumerate() {
-                        lines[t * stride + k] = codes[b + k * inner] & mask;
+                    let row = k * inner;
+                    ask_ahead(codes.as_ptr(), bases, row + AHEAD * inner);
+                    if side_by_side {
+                        let src = &codes[bases[0] + row..][..count];
+                        for (t, &c) in src.iter().enumerate() {
+                            lines[t * stride + k] = c & mask;
+                        }
+                    } else {
+                        for (t, &b) in bases.iter().enumerate() {
+                            lines[t * stride + k] = codes[b + row] & mask;
+                        }
                     }
                 }
                 for (line, wl) in lines.chunks_exact(stride).zip(group.chunks_exact_mut(nw)) {
@@ -1592,17 +1630,23 @@ fn unswap_codes<W: Word>(layout: &Layout, words: &[W]) -> Vec<u8> {
             for (g, group) in chunk.chunks(nw * LINES_TOGETHER).enumerate() {
                 let count = group.len() / nw;
                 let first = ci * lines_per_task + g * LINES_TOGETHER;
-                line_bases(layout, first, &mut bases[..count]);
+                let bases = &mut bases[..count];
+                line_bases(layout, first, bases);
                 for (line, wl) in lines.chunks_exact_mut(stride).zip(group.chunks_exact(nw)) {
                     unpack_fields(wl, 0, &mut line[..n], per);
                 }
+                let top = bases.iter().max().copied().unwrap_or(0);
+                assert!(
+                    top + (n - 1) * inner < len,
+                    "the lines lie within the tensor"
+                );
                 for k in 0..n {
-                    for (t, &b) in bases[..count].iter().enumerate() {
-                        let e = b + k * inner;
-                        assert!(e < len, "a line's element is in the tensor");
-                        // SAFETY: within `codes` (checked), and no other task writes element
-                        // e: it is field k of this line alone.
-                        unsafe { *shared.0.add(e) = lines[t * stride + k] & mask };
+                    ask_ahead(shared.0, bases, k * inner + AHEAD * inner);
+                    for (t, &b) in bases.iter().enumerate() {
+                        // SAFETY: within `codes` (b + k·inner ≤ top + (n − 1)·inner, checked
+                        // above), and no other task writes this element: it is field k of
+                        // this line alone.
+                        unsafe { *shared.0.add(b + k * inner) = lines[t * stride + k] & mask };
                     }
                 }
             }
