@@ -20,6 +20,10 @@ GRIDS = [
     ((33, 10), [16, 1]),
     ((7, 9), [4, 32]),
     ((3, 4, 50), [2, 1, 7]),
+    # Blocks one or two vectors wide (four vectors a step across blocks), many tiles in
+    # turn (the pipelined path), a ragged last block and grid row.
+    ((120, 1036), [8, 16]),
+    ((67, 523), [4, 8]),
 ]
 
 STORES = [QuantStore.Native, QuantStore.packed_u32(0), QuantStore.packed_native(0)]

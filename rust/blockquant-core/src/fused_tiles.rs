@@ -317,7 +317,7 @@ fn run_columns<'l, C: Encode, S: Sink<'l>>(
                     unsafe {
                         let out = sink.out(r);
                         let xr = &xs[r * n..(r + 1) * n];
-                        let bad = encode_row_of_columns(codec, xr, scales, out, k.stream);
+                        let bad = encode_row_of_columns(codec, xr, scales, 1, out, k.stream);
                         sink.done(r);
                         bad
                     }
@@ -478,10 +478,11 @@ unsafe fn run_avx2<'l, C: Encode, S: Sink<'l>>(
             };
             let xr = &xs[r * n + c0..r * n + c0 + w];
             let out = sink.out(r);
-            if bc == 1 {
-                // Column blocks: a scale a value, eight of them a vector.
+            if narrow(bc) {
+                // Column blocks (a scale a value) and blocks of one or two vectors: eight
+                // values a vector, four vectors a step, whatever their blocks.
                 x86::prefetch(ahead.0, ahead.1);
-                bad |= encode_row_of_columns(codec, xr, scales, out, stream);
+                bad |= encode_row_of_columns(codec, xr, &scales[..w.div_ceil(bc)], bc, out, stream);
                 sink.done(r);
                 continue;
             }
@@ -737,8 +738,13 @@ unsafe fn tile_avx2<'l, C: Encode, S: Sink<'l>>(
     for (i, &r) in tensor_rows.iter().enumerate() {
         let xs = rows.row(i);
         let out = sink.out(r);
-        for ((run, o), &e) in xs.chunks(bc).zip(out.chunks_mut(bc)).zip(scales.iter()) {
-            bad |= x86::encode_run_or_zero(codec, run, e, o, stream);
+        if narrow(bc) {
+            let sc = &scales[..xs.len().div_ceil(bc)];
+            bad |= encode_row_of_columns(codec, xs, sc, bc, out, stream);
+        } else {
+            for ((run, o), &e) in xs.chunks(bc).zip(out.chunks_mut(bc)).zip(scales.iter()) {
+                bad |= x86::encode_run_or_zero(codec, run, e, o, stream);
+            }
         }
         sink.done(r);
     }
@@ -749,24 +755,33 @@ unsafe fn tile_avx2<'l, C: Encode, S: Sink<'l>>(
     bad
 }
 
-/// A tile row of column blocks (block [rows, 1]): value c divided by its own block's stored
-/// scale `scales[c]`, eight values a vector (lane-varying divisors; the division of
-/// `encode_run`, so the same codes), codes one a byte into `out`, 32 at a time (non-temporal
-/// with `stream` where `out` allows, then fenced), the rest eight at a time. Values with a
-/// zero scale among their 32 (or 8) go one at a time (the zero rule). Returns whether any
-/// value was not finite.
+/// Whether [`encode_row_of_columns`] takes a tile row of blocks `bc` wide: column blocks, and
+/// blocks of 8 or 16 (one or two vectors, where handing each block to `encode_run` on its own
+/// cost more than encoding it: block [8, 8] ran at a third of `np.copyto`'s pace).
+fn narrow(bc: usize) -> bool {
+    matches!(bc, 1 | 8 | 16)
+}
+
+/// A tile row of narrow blocks, `bc` 1 (column blocks, block [rows, 1]), 8 or 16: value c
+/// divided by its block's stored scale `scales[c / bc]`, eight values a vector (lane-varying
+/// divisors for column blocks, a block's broadcast else; the division of `encode_run`, so the
+/// same codes), codes one a byte into `out`, 32 at a time (non-temporal with `stream` where
+/// `out` allows, then fenced), the rest eight at a time. Values with a zero scale among their
+/// 32 (or 8) go one at a time (the zero rule). Returns whether any value was not finite.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn encode_row_of_columns<C: Encode>(
     codec: C,
     xr: &[f32],
     scales: &[f32],
+    bc: usize,
     out: &mut [u8],
     stream: bool,
 ) -> bool {
     use std::arch::x86_64::*;
     let n = xr.len();
-    assert!(scales.len() == n && out.len() == n);
+    assert!(narrow(bc) && scales.len() == n.div_ceil(bc) && out.len() == n);
+    let shift = bc.trailing_zeros();
     // Values `r` one at a time, each a run of its own (the zero rule, the tail).
     #[inline(always)]
     unsafe fn each<C: Encode>(
@@ -774,15 +789,25 @@ unsafe fn encode_row_of_columns<C: Encode>(
         r: std::ops::Range<usize>,
         xr: &[f32],
         scales: &[f32],
+        shift: u32,
         out: &mut [u8],
     ) -> bool {
         let mut bad = false;
         for j in r {
             let (x, o) = (&xr[j..j + 1], &mut out[j..j + 1]);
-            bad |= crate::simd::x86::encode_run_or_zero(codec, x, scales[j], o, false);
+            let e = scales[j >> shift];
+            bad |= crate::simd::x86::encode_run_or_zero(codec, x, e, o, false);
         }
         bad
     }
+    // The divisors of values c..c + 8 (in bounds: c + 8 <= n, and c / bc < scales.len()).
+    let divisors = |c: usize| {
+        if bc == 1 {
+            _mm256_loadu_ps(scales.as_ptr().add(c))
+        } else {
+            _mm256_set1_ps(*scales.get_unchecked(c >> shift))
+        }
+    };
     let abs = _mm256_set1_epi32(0x7FFF_FFFF);
     let mut big = _mm256_setzero_si256();
     let mut bad = false;
@@ -792,13 +817,13 @@ unsafe fn encode_row_of_columns<C: Encode>(
     let mut streamed = false;
     while c + 32 <= n {
         // In bounds: c + 32 <= n, the length of all three.
-        let (x, s) = (xr.as_ptr().add(c), scales.as_ptr().add(c));
-        let e: [__m256; 4] = std::array::from_fn(|t| _mm256_loadu_ps(s.add(8 * t)));
+        let x = xr.as_ptr().add(c);
+        let e: [__m256; 4] = std::array::from_fn(|t| divisors(c + 8 * t));
         let zeros = e.iter().fold(0, |m, &e| {
             m | _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(e, zero))
         });
         if zeros != 0 {
-            bad |= each(codec, c..c + 32, xr, scales, out);
+            bad |= each(codec, c..c + 32, xr, scales, shift, out);
             c += 32;
             continue;
         }
@@ -820,9 +845,9 @@ unsafe fn encode_row_of_columns<C: Encode>(
     while c + 8 <= n {
         // In bounds: c + 8 <= n, the length of all three.
         let v = _mm256_loadu_ps(xr.as_ptr().add(c));
-        let e = _mm256_loadu_ps(scales.as_ptr().add(c));
+        let e = divisors(c);
         if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(e, zero)) != 0 {
-            bad |= each(codec, c..c + 8, xr, scales, out);
+            bad |= each(codec, c..c + 8, xr, scales, shift, out);
         } else {
             big = _mm256_max_epi32(big, _mm256_and_si256(_mm256_castps_si256(v), abs));
             let code = codec.encode8(_mm256_div_ps(v, e));
@@ -836,7 +861,7 @@ unsafe fn encode_row_of_columns<C: Encode>(
         }
         c += 8;
     }
-    bad |= each(codec, c..n, xr, scales, out);
+    bad |= each(codec, c..n, xr, scales, shift, out);
     // A value past f32::MAX's pattern is an infinity or a NaN.
     let non_finite = _mm256_cmpgt_epi32(big, _mm256_set1_epi32(0x7F7F_FFFF));
     bad | (_mm256_movemask_epi8(non_finite) != 0)
