@@ -51,7 +51,7 @@ def print_cases(cases: List[Dict]) -> None:
                         "cpu/wall", "2T/1T", "vs numpy", "vs ref", "numpy bytes = bq", "output",
                         "new arrays 1T of copyto", "floor: reads × read of copyto"])
     print("\ndequantize into a caller-given float32 array (out=), and into a new one; floor = "
-          "the fastest any dequantize into the array could be, one write of it (numpy's fill), "
+          "the fastest any dequantize into the array could be, one write of it (libc's memset), "
           "of copyto:")
     print_table([[
         r["name"],
@@ -181,7 +181,7 @@ def _beyond_floor(t: Dict, r: Dict, slow: str) -> Dict:
 
 def _beyond_write(t: Dict, r: Dict, slow: str) -> Dict:
     """Marks a missed dequantize target that no dequantize into a float32 array could meet: one
-    write of that array alone (numpy's fill) takes longer than ``slow`` / goal, and the call
+    write of that array alone (libc's memset) takes longer than ``slow`` / goal, and the call
     is within 20% of that write (reading the codes, a quarter of the bytes or less, overlaps
     it)."""
     floor, slow_s = _s(r, "write"), _s(r, slow)

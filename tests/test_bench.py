@@ -184,6 +184,14 @@ def test_a_target_past_the_memory_floor_is_marked_bound_not_missed(bench):
     assert "bound" not in ts["#13 two: quantize 1T ≥ 0.8× copyto"]  # 0.71x, floor 0.83x
 
 
+def test_the_write_floor_writes_the_whole_array_and_nothing_else(bench):
+    buf = np.zeros(3 * 4096 + 3, np.float32)
+    inner = buf[1:-1]
+    bench.writer(inner)()
+    assert (inner.view(np.uint8) == 0x3F).all()
+    assert buf[0] == 0 and buf[-1] == 0
+
+
 def test_a_dequantize_past_the_write_floor_is_marked_bound_not_missed(bench):
     import bench_report
 
