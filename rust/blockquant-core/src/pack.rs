@@ -702,6 +702,28 @@ fn line_bases(layout: &Layout, first: usize, bases: &mut [usize]) {
     }
 }
 
+/// Storage lines `ci · lines_per_task ..` (`count` of them: task `ci`'s) in groups of
+/// [`LINES_TOGETHER`]: `f(g, bases, lines, stride)` for group g, with its lines' natural bases
+/// and a buffer of a line every `stride` bytes ([`line_stride`]) for their codes.
+#[inline]
+fn line_groups(
+    layout: &Layout,
+    ci: usize,
+    lines_per_task: usize,
+    count: usize,
+    mut f: impl FnMut(usize, &[usize], &mut [u8], usize),
+) {
+    let stride = line_stride(layout.packing.n_axis);
+    let mut lines = vec![0u8; LINES_TOGETHER * stride];
+    let mut bases = [0usize; LINES_TOGETHER];
+    for g in 0..count.div_ceil(LINES_TOGETHER) {
+        let first = g * LINES_TOGETHER;
+        let bases = &mut bases[..LINES_TOGETHER.min(count - first)];
+        line_bases(layout, ci * lines_per_task + first, bases);
+        f(g, bases, &mut lines, stride);
+    }
+}
+
 fn pack_swapped<W: Word>(layout: &Layout, codes: &[u8], words: &mut [W]) {
     let p = &layout.packing;
     let (nw, n, per, inner) = (p.words_axis, p.n_axis, p.per, p.inner);
@@ -714,33 +736,34 @@ fn pack_swapped<W: Word>(layout: &Layout, codes: &[u8], words: &mut [W]) {
         .par_chunks_mut(nw * lines_per_task)
         .enumerate()
         .for_each(|(ci, chunk)| {
-            let stride = line_stride(n);
-            let mut lines = vec![0u8; LINES_TOGETHER * stride];
-            let mut bases = [0usize; LINES_TOGETHER];
-            for (g, group) in chunk.chunks_mut(nw * LINES_TOGETHER).enumerate() {
-                let count = group.len() / nw;
-                let first = ci * lines_per_task + g * LINES_TOGETHER;
-                let bases = &mut bases[..count];
-                line_bases(layout, first, bases);
-                let side_by_side = consecutive(bases);
-                for k in 0..n {
-                    let row = k * inner;
-                    ask_ahead(codes.as_ptr(), bases, row + AHEAD * inner);
-                    if side_by_side {
-                        let src = &codes[bases[0] + row..][..count];
-                        for (t, &c) in src.iter().enumerate() {
-                            lines[t * stride + k] = c & mask;
-                        }
-                    } else {
-                        for (t, &b) in bases.iter().enumerate() {
-                            lines[t * stride + k] = codes[b + row] & mask;
+            let count = chunk.len() / nw;
+            line_groups(
+                layout,
+                ci,
+                lines_per_task,
+                count,
+                |g, bases, lines, stride| {
+                    let side_by_side = consecutive(bases);
+                    for k in 0..n {
+                        let row = k * inner;
+                        ask_ahead(codes.as_ptr(), bases, row + AHEAD * inner);
+                        if side_by_side {
+                            let src = &codes[bases[0] + row..][..bases.len()];
+                            for (t, &c) in src.iter().enumerate() {
+                                lines[t * stride + k] = c & mask;
+                            }
+                        } else {
+                            for (t, &b) in bases.iter().enumerate() {
+                                lines[t * stride + k] = codes[b + row] & mask;
+                            }
                         }
                     }
-                }
-                for (line, wl) in lines.chunks_exact(stride).zip(group.chunks_exact_mut(nw)) {
-                    pack_fields(&line[..n], wl, per);
-                }
-            }
+                    let group = &mut chunk[g * LINES_TOGETHER * nw..][..bases.len() * nw];
+                    for (line, wl) in lines.chunks_exact(stride).zip(group.chunks_exact_mut(nw)) {
+                        pack_fields(&line[..n], wl, per);
+                    }
+                },
+            );
         });
 }
 
@@ -1624,32 +1647,33 @@ fn unswap_codes<W: Word>(layout: &Layout, words: &[W]) -> Vec<u8> {
         .enumerate()
         .for_each(|(ci, chunk)| {
             let shared = &shared;
-            let stride = line_stride(n);
-            let mut lines = vec![0u8; LINES_TOGETHER * stride];
-            let mut bases = [0usize; LINES_TOGETHER];
-            for (g, group) in chunk.chunks(nw * LINES_TOGETHER).enumerate() {
-                let count = group.len() / nw;
-                let first = ci * lines_per_task + g * LINES_TOGETHER;
-                let bases = &mut bases[..count];
-                line_bases(layout, first, bases);
-                for (line, wl) in lines.chunks_exact_mut(stride).zip(group.chunks_exact(nw)) {
-                    unpack_fields(wl, 0, &mut line[..n], per);
-                }
-                let top = bases.iter().max().copied().unwrap_or(0);
-                assert!(
-                    top + (n - 1) * inner < len,
-                    "the lines lie within the tensor"
-                );
-                for k in 0..n {
-                    ask_ahead(shared.0, bases, k * inner + AHEAD * inner);
-                    for (t, &b) in bases.iter().enumerate() {
-                        // SAFETY: within `codes` (b + k·inner ≤ top + (n − 1)·inner, checked
-                        // above), and no other task writes this element: it is field k of
-                        // this line alone.
-                        unsafe { *shared.0.add(b + k * inner) = lines[t * stride + k] & mask };
+            let count = chunk.len() / nw;
+            line_groups(
+                layout,
+                ci,
+                lines_per_task,
+                count,
+                |g, bases, lines, stride| {
+                    let group = &chunk[g * LINES_TOGETHER * nw..][..bases.len() * nw];
+                    for (line, wl) in lines.chunks_exact_mut(stride).zip(group.chunks_exact(nw)) {
+                        unpack_fields(wl, 0, &mut line[..n], per);
                     }
-                }
-            }
+                    let top = bases.iter().max().copied().unwrap_or(0);
+                    assert!(
+                        top + (n - 1) * inner < len,
+                        "the lines lie within the tensor"
+                    );
+                    for k in 0..n {
+                        ask_ahead(shared.0, bases, k * inner + AHEAD * inner);
+                        for (t, &b) in bases.iter().enumerate() {
+                            // SAFETY: within `codes` (b + k·inner ≤ top + (n − 1)·inner, checked
+                            // above), and no other task writes this element: it is field k of
+                            // this line alone.
+                            unsafe { *shared.0.add(b + k * inner) = lines[t * stride + k] & mask };
+                        }
+                    }
+                },
+            );
         });
     codes
 }
