@@ -742,7 +742,7 @@ fn pack_swapped<W: Word>(layout: &Layout, codes: &[u8], words: &mut [W]) {
                 ci,
                 lines_per_task,
                 count,
-                |g, bases, lines, stride| {
+                move |g, bases, lines, stride| {
                     let side_by_side = consecutive(bases);
                     for k in 0..n {
                         let row = k * inner;
@@ -1653,7 +1653,7 @@ fn unswap_codes<W: Word>(layout: &Layout, words: &[W]) -> Vec<u8> {
                 ci,
                 lines_per_task,
                 count,
-                |g, bases, lines, stride| {
+                move |g, bases, lines, stride| {
                     let group = &chunk[g * LINES_TOGETHER * nw..][..bases.len() * nw];
                     for (line, wl) in lines.chunks_exact_mut(stride).zip(group.chunks_exact(nw)) {
                         unpack_fields(wl, 0, &mut line[..n], per);
@@ -1663,13 +1663,17 @@ fn unswap_codes<W: Word>(layout: &Layout, words: &[W]) -> Vec<u8> {
                         top + (n - 1) * inner < len,
                         "the lines lie within the tensor"
                     );
+                    // The pointer in a local (and the closure's numbers moved in, `move`):
+                    // a byte written through it may be any memory to the compiler, so
+                    // whatever is read through a reference is read again after each one.
+                    let to = shared.0;
                     for k in 0..n {
-                        ask_ahead(shared.0, bases, k * inner + AHEAD * inner);
+                        ask_ahead(to, bases, k * inner + AHEAD * inner);
                         for (t, &b) in bases.iter().enumerate() {
                             // SAFETY: within `codes` (b + k·inner ≤ top + (n − 1)·inner, checked
                             // above), and no other task writes this element: it is field k of
                             // this line alone.
-                            unsafe { *shared.0.add(b + k * inner) = lines[t * stride + k] & mask };
+                            unsafe { *to.add(b + k * inner) = lines[t * stride + k] & mask };
                         }
                     }
                 },
