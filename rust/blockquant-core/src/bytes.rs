@@ -25,6 +25,10 @@ pub fn write_bytes(layout: &Layout, storage: Storage<'_>, scales: &Scales, out: 
     };
     match storage {
         Storage::U8(b) => put(b),
+        // SAFETY: the words' memory seen as bytes; little-endian words are their own bytes.
+        Storage::U32(ws) if cfg!(target_endian = "little") => put(unsafe {
+            std::slice::from_raw_parts(ws.as_ptr() as *const u8, std::mem::size_of_val(ws))
+        }),
         Storage::U32(ws) => ws.iter().for_each(|w| put(&w.to_le_bytes())),
     }
     let mut scale = |s: f32| {

@@ -268,22 +268,28 @@ impl Layout {
         let (rank, a) = (self.rank(), self.packing.axis);
         let mut swapped = self.grid.clone();
         swapped.swap(a, rank - 1);
+        // The natural grid's strides, in swapped order: axis j of the swapped grid is natural
+        // axis a or the last one swapped back.
+        let mut strides = vec![0usize; rank];
+        let mut s = 1;
+        for j in (0..rank).rev() {
+            strides[j] = s;
+            s *= self.grid[j];
+        }
+        strides.swap(a, rank - 1);
         let mut order = Vec::with_capacity(self.num_scales);
+        // idx: the swapped grid's multi-index, counted up in C order; at: its natural offset.
         let mut idx = vec![0usize; rank];
+        let mut at = 0;
         for _ in 0..self.num_scales {
-            // idx: the swapped grid's multi-index; its natural index swaps a and the last back.
-            let mut nat = idx.clone();
-            nat.swap(a, rank - 1);
-            order.push(
-                nat.iter()
-                    .zip(&self.grid)
-                    .fold(0, |acc, (&i, &g)| acc * g + i),
-            );
+            order.push(at);
             for j in (0..rank).rev() {
                 idx[j] += 1;
+                at += strides[j];
                 if idx[j] < swapped[j] {
                     break;
                 }
+                at -= idx[j] * strides[j];
                 idx[j] = 0;
             }
         }
@@ -427,6 +433,40 @@ mod tests {
         assert_eq!(l.scale_byte_order(), Some(vec![0, 2, 1, 3]));
         let l = Layout::new(&scheme(QuantStore::PackedU32(0), Some(&[2, 4])), &[4, 8]).unwrap();
         assert_eq!(l.scale_byte_order(), None);
+    }
+
+    /// The order on 3-d and 4-d grids, every outer packing axis, against the definition: the
+    /// swapped grid read row-major, each multi-index's axis a and last swapped back.
+    #[test]
+    fn scale_order_is_the_swapped_grid_read_row_major() {
+        for (shape, block) in [
+            (vec![6, 4, 10], vec![2, 1, 4]),
+            (vec![3, 5, 7, 9], vec![1, 2, 3, 4]),
+            (vec![5, 1, 8], vec![2, 1, 3]),
+        ] {
+            for dim in 1..shape.len() {
+                let s = scheme(QuantStore::PackedU32(dim), Some(&block));
+                let l = Layout::new(&s, &shape).unwrap();
+                let (rank, a) = (l.rank(), l.packing.axis);
+                let mut swapped = l.grid.clone();
+                swapped.swap(a, rank - 1);
+                let mut want = Vec::new();
+                for flat in 0..l.num_scales {
+                    let (mut rem, mut nat) = (flat, vec![0; rank]);
+                    for j in (0..rank).rev() {
+                        nat[j] = rem % swapped[j];
+                        rem /= swapped[j];
+                    }
+                    nat.swap(a, rank - 1);
+                    want.push(nat.iter().zip(&l.grid).fold(0, |acc, (&i, &g)| acc * g + i));
+                }
+                assert_eq!(
+                    l.scale_byte_order(),
+                    Some(want),
+                    "{shape:?} {block:?} dim {dim}"
+                );
+            }
+        }
     }
 
     /// Storage line `l` element `k` of `[4, 2, 3]` packed along axis 0 is burn's swapped
