@@ -70,10 +70,7 @@ pub fn from_bytes<'a>(layout: &Layout, data: &'a [u8]) -> Result<Parts<'a>> {
     let dtype = layout.scheme.scale_dtype();
     let sb = dtype.size_bytes();
     let (scale_bytes, global_bytes) = rest.split_at(layout.num_scales * sb);
-    let mut stored: Vec<f32> = scale_bytes
-        .chunks_exact(sb)
-        .map(|c| dtype.read_le(c))
-        .collect();
+    let mut stored = dtype.read_le_all(scale_bytes);
     if let Some(order) = layout.scale_byte_order() {
         let in_bytes = stored.clone();
         for (&s, &g) in in_bytes.iter().zip(&order) {

@@ -168,6 +168,37 @@ impl ScaleDtype {
         (code.to_le_bytes(), self.size_bytes())
     }
 
+    /// Every little-endian scale of `bytes` (a whole number of them), as [`Self::read_le`]
+    /// reads each: a slice at a time, float16 through F16C where the CPU has it and the 8-bit
+    /// dtypes through a table of their 256 values. One `read_le` a scale took 2.5 ns, an eighth
+    /// of a block-32 tensor's `from_bytes`.
+    pub fn read_le_all(self, bytes: &[u8]) -> Vec<f32> {
+        let pairs = || {
+            bytes
+                .chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        };
+        match self {
+            Self::F32 => bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            Self::BF16 => pairs().map(|b| bf16::from_bits(b).to_f32()).collect(),
+            Self::F16 => {
+                use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+                let bits: Vec<u16> = pairs().collect();
+                let mut out = vec![0.0; bits.len()];
+                bits.reinterpret_cast::<f16>()
+                    .convert_to_f32_slice(&mut out);
+                out
+            }
+            Self::UE4M3 | Self::UE8M0 => {
+                let table: [f32; 256] = std::array::from_fn(|c| self.decode_code(c as u32));
+                bytes.iter().map(|&b| table[b as usize]).collect()
+            }
+        }
+    }
+
     /// Read one little-endian scale. `bytes.len()` must be `size_bytes()`.
     pub fn read_le(self, bytes: &[u8]) -> f32 {
         let code = match bytes.len() {
@@ -237,6 +268,41 @@ pub fn check_scales(scales: &[f32], what: &str) -> Result<()> {
 mod tests {
     use super::*;
     use ScaleRounding::{Nearest, Up};
+
+    /// The slice reader against the one-scale reader, bit for bit: every code of the 8- and
+    /// 16-bit dtypes (NaNs and infinities included) in one slice, and f32 words of every
+    /// exponent; `sb` − 1 trailing bytes are not a scale.
+    #[test]
+    fn reading_a_slice_of_scales_equals_reading_each() {
+        let mut f32_bytes = Vec::new();
+        for e in 0..=255u32 {
+            for m in [0, 1, 0x40_0000, 0x7F_FFFF, 0x12_3457] {
+                f32_bytes.extend(((e << 23) | m).to_le_bytes());
+                f32_bytes.extend(((1 << 31) | (e << 23) | m).to_le_bytes());
+            }
+        }
+        let u8_bytes: Vec<u8> = (0..=255u8).collect();
+        let u16_bytes: Vec<u8> = (0..=u16::MAX).flat_map(|c| c.to_le_bytes()).collect();
+        for dtype in ScaleDtype::ALL {
+            let sb = dtype.size_bytes();
+            let bytes = match sb {
+                4 => &f32_bytes,
+                2 => &u16_bytes,
+                _ => &u8_bytes,
+            };
+            for take in [bytes.len(), bytes.len() - 1, 7 * sb, 0] {
+                let got = dtype.read_le_all(&bytes[..take]);
+                let want: Vec<f32> = bytes[..take]
+                    .chunks_exact(sb)
+                    .map(|c| dtype.read_le(c))
+                    .collect();
+                assert_eq!(got.len(), take / sb, "{dtype}");
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g.to_bits(), w.to_bits(), "{dtype} scale {i}");
+                }
+            }
+        }
+    }
 
     /// Scales are finite and ≥ 0 (−0 included): every other kind of value is refused, by index,
     /// wherever it sits in a long array (the vectorized pass, then the search for it).

@@ -878,6 +878,60 @@ pub(crate) mod x86 {
         chunks * 32
     }
 
+    /// The bytes of `x` that are not in the set whose non-members `low` and `high` list
+    /// ([`all_in_set`]): such a byte's bit, 0 for a member.
+    #[inline(always)]
+    unsafe fn outside_set32(x: __m256i, low: __m256i, high: __m256i, bits: __m256i) -> __m256i {
+        let nibble = _mm256_set1_epi8(0x0F);
+        let lo = _mm256_and_si256(x, nibble);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), nibble);
+        // The row of x's low nibble, for high nibbles 0-7 or 8-15: blendv takes the second
+        // where x's own top bit (a high nibble ≥ 8) is set.
+        let row = _mm256_blendv_epi8(
+            _mm256_shuffle_epi8(low, lo),
+            _mm256_shuffle_epi8(high, lo),
+            x,
+        );
+        _mm256_and_si256(row, _mm256_shuffle_epi8(bits, hi))
+    }
+
+    /// Whether every byte of `bytes` (at least 32 of them) is in a set of byte values given by
+    /// its non-members: bit h of `low[l]` is set when byte 16·h + l is not in the set, and bit
+    /// h − 8 of `high[l]` likewise for h ≥ 8. Two table lookups and a blend find a byte's row,
+    /// a third its bit: 32 bytes in about ten instructions, so the check of a stored tensor
+    /// (`crate::pack::check_storage`) runs at the memory's pace. A run that is not a multiple
+    /// of 32 ends with its last 32 bytes read again.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn all_in_set(bytes: &[u8], low: &[u8; 16], high: &[u8; 16]) -> bool {
+        let n = bytes.len();
+        assert!(n >= 32, "a run of at least 32 bytes");
+        let low = _mm256_broadcastsi128_si256(_mm_loadu_si128(low.as_ptr() as *const __m128i));
+        let high = _mm256_broadcastsi128_si256(_mm_loadu_si128(high.as_ptr() as *const __m128i));
+        let bits = _mm256_broadcastsi128_si256(_mm_setr_epi8(
+            1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128,
+        ));
+        let p = bytes.as_ptr();
+        let load = |i: usize| _mm256_loadu_si256(p.add(i) as *const __m256i);
+        // Two accumulators: the steps of a 64-byte stride do not wait for each other.
+        let (mut a, mut b) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        let mut i = 0;
+        while i + 64 <= n {
+            a = _mm256_or_si256(a, outside_set32(load(i), low, high, bits));
+            b = _mm256_or_si256(b, outside_set32(load(i + 32), low, high, bits));
+            i += 64;
+        }
+        if i + 32 <= n {
+            a = _mm256_or_si256(a, outside_set32(load(i), low, high, bits));
+            i += 32;
+        }
+        if i < n {
+            b = _mm256_or_si256(b, outside_set32(load(n - 32), low, high, bits));
+        }
+        let bad = _mm256_or_si256(a, b);
+        _mm256_testz_si256(bad, bad) == 1
+    }
+
     /// Unpack 4-bit fields (two a byte, the first in the low nibble) 32 at a time from `bytes`
     /// into `codes`; returns how many were unpacked (a multiple of 32, within both slices: the
     /// caller unpacks the rest).
