@@ -329,6 +329,19 @@ def test_interrupted_run_leaves_nothing(tmp_path, ckpt):
     assert only_files(tmp_path) == ["model.safetensors"]
 
 
+def test_ctrl_c_while_the_arguments_are_read_is_one_line(monkeypatch, tmp_path, ckpt, capsys):
+    import argparse
+
+    def interrupt(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", interrupt)
+    assert run("quantize", ckpt, "-o", tmp_path / "q.safetensors", "--scheme", "int8") == 130
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == "\nblockquant: interrupted\n"
+    assert only_files(tmp_path) == ["model.safetensors"]
+
+
 def test_name_collision_is_an_error(tmp_path, capsys):
     path = tmp_path / "m.safetensors"
     save_file({"w": np.ones((4, 32), np.float32), "w.values": np.ones(3, np.int8)}, path)

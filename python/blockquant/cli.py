@@ -647,12 +647,14 @@ _ENDING_SIGNALS = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if ha
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = parser.parse_args(argv)
+        args = _parser().parse_args(argv)
     except SystemExit as e:  # argparse: usage errors (2), --help (0)
         return e.code if isinstance(e.code, int) else 2
+    except KeyboardInterrupt:  # Ctrl-C while the arguments are read: nothing started yet
+        _say("\nblockquant: interrupted")
+        return 130
     try:  # a name that is not printable where stdout's encoding stops is escaped, not fatal
         sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     except (AttributeError, ValueError):
