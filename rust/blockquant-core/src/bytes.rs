@@ -3,7 +3,7 @@
 
 use crate::error::{QuantError, Result};
 use crate::layout::Layout;
-use crate::pack::{check_storage_bytes, Storage};
+use crate::pack::{check_storage_bytes, words_as_bytes, Storage};
 use crate::quantize::Scales;
 
 /// Serialize a quantized tensor. `scales` must already fit `layout` (see [`Scales::from_stored`]).
@@ -25,10 +25,8 @@ pub fn write_bytes(layout: &Layout, storage: Storage<'_>, scales: &Scales, out: 
     };
     match storage {
         Storage::U8(b) => put(b),
-        // SAFETY: the words' memory seen as bytes; little-endian words are their own bytes.
-        Storage::U32(ws) if cfg!(target_endian = "little") => put(unsafe {
-            std::slice::from_raw_parts(ws.as_ptr() as *const u8, std::mem::size_of_val(ws))
-        }),
+        // Little-endian words are their own bytes.
+        Storage::U32(ws) if cfg!(target_endian = "little") => put(words_as_bytes(ws)),
         Storage::U32(ws) => ws.iter().for_each(|w| put(&w.to_le_bytes())),
     }
     let mut scale = |s: f32| {

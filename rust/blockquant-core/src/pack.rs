@@ -37,12 +37,7 @@ impl<'a> Storage<'a> {
     pub(crate) fn bytewise(self, layout: &Layout) -> (std::borrow::Cow<'_, Layout>, Self) {
         match (self, layout.bytewise()) {
             (Storage::U32(w), Some(l)) => {
-                // SAFETY: the words' memory seen as bytes (u8 has no alignment or invalid bit
-                // patterns to meet), for the same lifetime.
-                let b = unsafe {
-                    std::slice::from_raw_parts(w.as_ptr() as *const u8, std::mem::size_of_val(w))
-                };
-                (std::borrow::Cow::Owned(l), Storage::U8(b))
+                (std::borrow::Cow::Owned(l), Storage::U8(words_as_bytes(w)))
             }
             (s, _) => (std::borrow::Cow::Borrowed(layout), s),
         }
@@ -53,19 +48,27 @@ impl<'a> StorageMut<'a> {
     /// [`Storage::bytewise`] for storage being written.
     pub(crate) fn bytewise(self, layout: &Layout) -> (std::borrow::Cow<'_, Layout>, Self) {
         match (self, layout.bytewise()) {
-            (StorageMut::U32(w), Some(l)) => {
-                // SAFETY: as in `Storage::bytewise`; every byte pattern is a valid u32 too.
-                let b = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        w.as_mut_ptr() as *mut u8,
-                        std::mem::size_of_val(w),
-                    )
-                };
-                (std::borrow::Cow::Owned(l), StorageMut::U8(b))
-            }
+            (StorageMut::U32(w), Some(l)) => (
+                std::borrow::Cow::Owned(l),
+                StorageMut::U8(words_as_bytes_mut(w)),
+            ),
             (s, _) => (std::borrow::Cow::Borrowed(layout), s),
         }
     }
+}
+
+/// u32 words' memory seen as bytes, in memory order: on a little-endian machine, the
+/// storage's bytes as SPEC §9 lays them out.
+pub fn words_as_bytes(w: &[u32]) -> &[u8] {
+    // SAFETY: u8 has no alignment or invalid bit patterns to meet; the same memory and
+    // lifetime.
+    unsafe { std::slice::from_raw_parts(w.as_ptr() as *const u8, std::mem::size_of_val(w)) }
+}
+
+/// [`words_as_bytes`] for words being written (every byte pattern is a valid u32 too).
+pub fn words_as_bytes_mut(w: &mut [u32]) -> &mut [u8] {
+    // SAFETY: as in `words_as_bytes`; the borrow is carried over unchanged.
+    unsafe { std::slice::from_raw_parts_mut(w.as_mut_ptr() as *mut u8, std::mem::size_of_val(w)) }
 }
 
 /// A storage word.
@@ -1686,10 +1689,8 @@ fn unswap_codes<W: Word>(layout: &Layout, words: &[W]) -> Vec<u8> {
 pub fn check_storage(layout: &Layout, storage: Storage<'_>) -> Result<()> {
     let bytes = match storage {
         Storage::U8(b) => Some(b),
-        // SAFETY: the words' memory seen as bytes (little-endian: the storage's bytes in order).
-        Storage::U32(w) if cfg!(target_endian = "little") => Some(unsafe {
-            std::slice::from_raw_parts(w.as_ptr() as *const u8, std::mem::size_of_val(w))
-        }),
+        // Little-endian words are the storage's bytes in order.
+        Storage::U32(w) if cfg!(target_endian = "little") => Some(words_as_bytes(w)),
         Storage::U32(_) => None,
     };
     if bytes.is_some_and(|b| storage_bytes_valid(layout, b)) {

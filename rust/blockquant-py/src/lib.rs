@@ -773,16 +773,9 @@ fn from_bytes<'py>(
         let storage = new_storage(py, &layout)?;
         with_storage_mut(&storage, &layout, |out| match out {
             StorageMut::U8(dst) => dst.copy_from_slice(parts.storage),
+            // On a little-endian machine the stored bytes are the words as they are.
             StorageMut::U32(dst) if cfg!(target_endian = "little") => {
-                // SAFETY: the words' memory seen as bytes (every pattern is a u32); on a
-                // little-endian machine the stored bytes are the words as they are.
-                let bytes = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        dst.as_mut_ptr() as *mut u8,
-                        std::mem::size_of_val(dst),
-                    )
-                };
-                bytes.copy_from_slice(parts.storage)
+                pack::words_as_bytes_mut(dst).copy_from_slice(parts.storage)
             }
             StorageMut::U32(dst) => {
                 for (w, c) in dst.iter_mut().zip(parts.storage.chunks_exact(4)) {
