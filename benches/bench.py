@@ -166,6 +166,12 @@ def run_case(case: Case, x: np.ndarray, repeat: int, ref_repeat: int, with_torch
     cells.append(Cell("bq_dequantize_new_1t", qt.dequantize, 1))
     if form != "new arrays":  # what quantizing into fresh arrays costs (their page faults)
         cells.append(Cell("bq_quantize_new_1t", lambda: bq.quantize(xs, case.scheme, **case.kw), 1))
+    if case.scheme.options.calibration == "mse":
+        # The same scheme with minmax's scales, the search's own baseline (issue 14 budgets a
+        # search in multiples of it): what the search itself costs on top.
+        mm = (np.empty_like(qt.values), np.empty_like(qt.scales))
+        cells.append(Cell("bq_quantize_minmax_1t", lambda: bq.quantize(
+            xs, case.scheme, calibration="minmax", out=mm, **case.kw), 1))
     r: Dict = dict(name=case.name, scheme=str(case.scheme), shape=list(case.shape), bits=case.bits,
                    quantize_form=form, reads=case.reads)
     impl = bench_numpy.scheme(case.key, xs.shape)

@@ -236,3 +236,24 @@ def test_a_two_thread_speedup_past_the_memory_floor_is_marked_bound(bench):
     # a 1T call far from the floor could gain 1.7x: a miss however close 2T comes
     t = {x["target"]: x for x in bench_report.targets(dict(cases=[b32(9.0, 5.4)]))}[key]
     assert t["ok"] is False and "bound" not in t
+
+
+def test_a_searched_preset_that_misses_says_what_its_search_costs_and_stays_missed(bench):
+    import bench_report
+
+    def case(name, bq_s, minmax_s):
+        r = dict(name=name, bits=4, reads=2, copyto_s=10.0, read_s=1.0, bq_quantize_1t_s=bq_s,
+                 bq_quantize_1t_of_copyto=10.0 / bq_s, cells={})
+        if minmax_s is not None:
+            r.update(bq_quantize_minmax_1t_s=minmax_s, bq_quantize_minmax_1t_of_copyto=10.0 / minmax_s)
+        return r
+
+    ts = {t["target"]: t for t in bench_report.targets(dict(cases=[
+        case("searched", 40.0, 16.0), case("searched fast", 10.0, 5.0), case("plain", 40.0, None)]))}
+    miss = ts["#13 searched: quantize 1T ≥ 0.8× copyto"]
+    assert miss["ok"] is False and not miss.get("bound")
+    assert "2.5× the time of the same scheme with minmax's" in miss["note"]
+    assert "0.62× copyto" in miss["note"]
+    # a met target carries no excuse, and a scheme without a minmax cell no note
+    assert "note" not in ts["#13 searched fast: quantize 1T ≥ 0.8× copyto"]
+    assert "note" not in ts["#13 plain: quantize 1T ≥ 0.8× copyto"]
