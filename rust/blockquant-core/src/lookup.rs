@@ -204,6 +204,12 @@ impl std::fmt::Display for Codebook {
 pub struct LookupCode {
     thresholds: [f32; MAX_ENTRIES - 1],
     perm: [u8; MAX_ENTRIES],
+    /// The thresholds as a binary search, for `encode8` and the search's `qv8`.
+    rank: RankTree,
+    /// `perm` for `encode8`: sorted rank r's field at slot (−r) & 7 of `field_lo` (r < 8) or
+    /// `field_hi` (r ≥ 8), as [`RankTree::neg_rank8`] leaves the rank.
+    field_lo: [i32; 8],
+    field_hi: [i32; 8],
 }
 
 impl LookupCode {
@@ -220,7 +226,18 @@ impl LookupCode {
             let (lo, hi) = (cb.get(order[j]), cb.get(order[j + 1]));
             thresholds[j] = threshold(lo, hi);
         }
-        Self { thresholds, perm }
+        let (mut field_lo, mut field_hi) = ([0; 8], [0; 8]);
+        for p in 0..8 {
+            field_lo[slot(p)] = i32::from(perm[p]);
+            field_hi[slot(p)] = i32::from(perm[8 + p]);
+        }
+        Self {
+            thresholds,
+            perm,
+            rank: RankTree::new(&thresholds),
+            field_lo,
+            field_hi,
+        }
     }
 
     /// The sorted rank of `xs`: how many thresholds it reaches.
@@ -288,23 +305,89 @@ impl crate::codec::Encode for LookupCode {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn encode8(&self, q: __m256) -> __m256i {
-        // Fifteen compares, each mask (−1 where passed) subtracted: the rank per lane. A NaN
-        // threshold (an unused one) compares false, as in `rank`.
-        let mut rank = _mm256_setzero_si256();
-        for &t in &self.thresholds {
-            let ge = _mm256_cmp_ps::<_CMP_GE_OQ>(q, _mm256_set1_ps(t));
-            rank = _mm256_sub_epi32(rank, _mm256_castps_si256(ge));
-        }
-        // rank → field: two 8-entry permutes (each reads the low three bits), picked by bit 3.
-        let p: [i32; MAX_ENTRIES] = std::array::from_fn(|i| self.perm[i] as i32);
-        let lo =
-            _mm256_permutevar8x32_epi32(_mm256_loadu_si256(p.as_ptr() as *const __m256i), rank);
-        let hi = _mm256_permutevar8x32_epi32(
-            _mm256_loadu_si256(p.as_ptr().add(8) as *const __m256i),
-            rank,
-        );
-        let upper = _mm256_cmpgt_epi32(rank, _mm256_set1_epi32(7));
+        // The rank by binary search (seven compares, two permutes), the same count as `rank`'s
+        // fifteen compares; then its field, one 8-entry permute per half, picked by rank ≥ 8.
+        let (i, upper) = self.rank.neg_rank8(q);
+        let lo = _mm256_permutevar8x32_epi32(_mm256_loadu_si256(self.field_lo.as_ptr().cast()), i);
+        let hi = _mm256_permutevar8x32_epi32(_mm256_loadu_si256(self.field_hi.as_ptr().cast()), i);
         _mm256_blendv_epi8(lo, hi, upper)
+    }
+}
+
+/// Slot (−p) & 7 of an 8-entry table: where [`RankTree::neg_rank8`]'s running index −p reads
+/// prefix p's entry.
+fn slot(p: usize) -> usize {
+    (8 - p % 8) % 8
+}
+
+/// The thresholds t_j as a binary search, for eight lanes at once: the rank r = Σ (u ≥ t_j)
+/// found two bits at a time, then one bit at a time. The top two bits are
+/// p = (u ≥ t_3) + (u ≥ t_7) + (u ≥ t_11) (three compares, no dependency between them); then
+/// b1 = (u ≥ t_{4p+1}) and b0 = (u ≥ t_{2p'}) with p' = 2p + b1, and r = 2p' + b0. That is the
+/// count because the thresholds rise strictly (t_j ≤ s_{j+1} < t_{j+1}: an entry is its own
+/// nearest) and the NaN padding, which no compare passes, comes last.
+///
+/// A level's thresholds fit one register, indexed by the prefix as the compares leave it: a
+/// passed compare is −1, so the running index is −p, whose low three bits (all a permute reads)
+/// are (−p) & 7. Slot (−p) & 7 of a table therefore holds prefix p's threshold ([`slot`]).
+/// Unreached slots are NaN.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RankTree {
+    /// t_3, t_7, t_11.
+    top: [f32; 3],
+    l3: [f32; 8],
+    l4: [f32; 8],
+}
+
+impl RankTree {
+    fn new(thresholds: &[f32; MAX_ENTRIES - 1]) -> Self {
+        debug_assert!({
+            let n = thresholds.iter().take_while(|t| !t.is_nan()).count();
+            thresholds[..n].windows(2).all(|w| w[0] < w[1])
+                && thresholds[n..].iter().all(|t| t.is_nan())
+        });
+        let mut tree = Self {
+            top: [thresholds[3], thresholds[7], thresholds[11]],
+            l3: [f32::NAN; 8],
+            l4: [f32::NAN; 8],
+        };
+        for p in 0..4 {
+            tree.l3[slot(p)] = thresholds[4 * p + 1];
+        }
+        for p in 0..8 {
+            tree.l4[slot(p)] = thresholds[2 * p];
+        }
+        tree
+    }
+
+    /// The rank of each lane of `u` among the thresholds (how many it reaches), negated, and
+    /// the top bit's mask (rank ≥ 8). Shared by the encoder, the search's q(u) and its
+    /// brackets, so all of them take the same compares.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub(crate) unsafe fn neg_rank8(&self, u: __m256) -> (__m256i, __m256i) {
+        // Macros, not closures: a closure would not be compiled for AVX2.
+        macro_rules! ge {
+            ($th:expr) => {
+                _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(u, $th))
+            };
+        }
+        macro_rules! step {
+            ($i:expr, $table:expr) => {{
+                let i = $i;
+                let th = _mm256_permutevar8x32_ps(_mm256_loadu_ps($table.as_ptr()), i);
+                _mm256_add_epi32(_mm256_add_epi32(i, i), ge!(th))
+            }};
+        }
+        let upper = ge!(_mm256_set1_ps(self.top[1]));
+        let i2 = _mm256_add_epi32(
+            _mm256_add_epi32(ge!(_mm256_set1_ps(self.top[0])), upper),
+            ge!(_mm256_set1_ps(self.top[2])),
+        );
+        (step!(step!(i2, self.l3), self.l4), upper)
     }
 }
 
@@ -318,24 +401,13 @@ pub struct NearestEntry {
     tree: SearchTree,
 }
 
-/// The thresholds as a binary search, for eight lanes at once (the search's AVX2 `qv8`): the
-/// rank r = Σ (u ≥ t_j) found two bits at a time, then one bit at a time. The top two bits are
-/// p = (u ≥ t_3) + (u ≥ t_7) + (u ≥ t_11) (three compares, no dependency between them); then
-/// b1 = (u ≥ t_{4p+1}) and b0 = (u ≥ t_{2p'}) with p' = 2p + b1, and r = 2p' + b0. That is the
-/// count because the thresholds rise strictly (t_j ≤ s_{j+1} < t_{j+1}: an entry is its own
-/// nearest) and the NaN padding, which no compare passes, comes last.
-///
-/// A level's thresholds fit one register, indexed by the prefix as the compares leave it: a
-/// passed compare is −1, so the running index is −p, whose low three bits (all a permute reads)
-/// are (−p) & 7. Slot (−p) & 7 of a table therefore holds prefix p's threshold; `lo` and `hi`
-/// hold sorted entry r at slot (−r) & 7, for r < 8 and r ≥ 8 (chosen by u ≥ t_7). Unreached
-/// slots are NaN.
+/// The search's tables beside the thresholds' [`RankTree`] (the encoder's): `lo` and `hi` hold
+/// sorted entry r at slot (−r) & 7, for r < 8 and r ≥ 8 (chosen by u ≥ t_7), so q(u) follows
+/// the rank as the field does in [`LookupCode::encode8`]; and the brackets. Unreached slots are
+/// NaN.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SearchTree {
-    /// t_3, t_7, t_11.
-    pub top: [f32; 3],
-    pub l3: [f32; 8],
-    pub l4: [f32; 8],
+    pub rank: RankTree,
     pub lo: [f32; 8],
     pub hi: [f32; 8],
     /// The stored field of each sorted rank ([`LookupCode`]'s `perm`), for codes taken from
@@ -352,11 +424,8 @@ pub(crate) struct SearchTree {
 impl SearchTree {
     fn new(code: &LookupCode, sorted: &[f32; MAX_ENTRIES], n: usize) -> Self {
         let thresholds = &code.thresholds;
-        let slot = |p: usize| (8 - p % 8) % 8;
         let mut tree = Self {
-            top: [thresholds[3], thresholds[7], thresholds[11]],
-            l3: [f32::NAN; 8],
-            l4: [f32::NAN; 8],
+            rank: code.rank,
             lo: [f32::NAN; 8],
             hi: [f32::NAN; 8],
             fields: code.perm.map(i32::from),
@@ -369,11 +438,7 @@ impl SearchTree {
             }),
             bracket_max: n as i32 - 3,
         };
-        for p in 0..4 {
-            tree.l3[slot(p)] = thresholds[4 * p + 1];
-        }
         for p in 0..8 {
-            tree.l4[slot(p)] = thresholds[2 * p];
             tree.lo[slot(p)] = sorted[p];
             tree.hi[slot(p)] = sorted[8 + p];
         }
@@ -391,10 +456,6 @@ impl NearestEntry {
                 0.0
             }
         });
-        // The binary search relies on thresholds that rise, NaN padding last.
-        let n = cb.len() - 1;
-        debug_assert!(code.thresholds[..n].windows(2).all(|w| w[0] < w[1]));
-        debug_assert!(code.thresholds[n..].iter().all(|t| t.is_nan()));
         Self {
             thresholds: code.thresholds,
             sorted,
@@ -618,7 +679,7 @@ mod tests {
         for cb in books() {
             let code = LookupCode::new(&cb);
             let mut s = 99u64;
-            for _ in 0..4000 {
+            for _ in 0..20_000 {
                 let mut lanes = [0f32; 8];
                 for l in &mut lanes {
                     s = s
@@ -626,10 +687,13 @@ mod tests {
                         .wrapping_add(1442695040888963407);
                     let k = (s >> 60) as usize % cb.len();
                     let jitter = ((s >> 20) as u32 % 5) as i32 - 2;
-                    let base = if s & 1 == 0 {
-                        cb.get(k)
-                    } else {
-                        f32::from_bits((s >> 32) as u32)
+                    // Entries, the thresholds the binary search compares with (each level's),
+                    // special values and any bits, each give or take two ulps.
+                    let base = match s & 3 {
+                        0 => cb.get(k),
+                        1 => code.thresholds[k % (cb.len() - 1)],
+                        2 => [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN][k % 5],
+                        _ => f32::from_bits((s >> 32) as u32),
                     };
                     let mut v = base;
                     for _ in 0..jitter.abs() {

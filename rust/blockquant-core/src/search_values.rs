@@ -251,7 +251,7 @@ impl Dequant for crate::lookup::NearestEntry {
     #[inline(always)]
     unsafe fn qv8(&self, u: __m256) -> __m256 {
         let t = self.tree();
-        let (i4, upper) = neg_rank8(t, u);
+        let (i4, upper) = t.rank.neg_rank8(u);
         let lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(t.lo.as_ptr()), i4);
         let hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(t.hi.as_ptr()), i4);
         _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(upper))
@@ -266,7 +266,7 @@ impl Dequant for crate::lookup::NearestEntry {
         // down to at most n − 3 so that r + 2 is an entry; the bracket is entries r..r + 2. It
         // holds every u ≤ hi unless hi passes t_{r+2} (the NaN past the last never is).
         let t = self.tree();
-        let (i4, _) = neg_rank8(t, lo);
+        let (i4, _) = t.rank.neg_rank8(lo);
         let r = _mm256_min_epi32(
             _mm256_sub_epi32(_mm256_setzero_si256(), i4),
             _mm256_set1_epi32(t.bracket_max),
@@ -305,35 +305,6 @@ impl Dequant for crate::lookup::NearestEntry {
         let upper = _mm256_cmpgt_epi32(rank, _mm256_set1_epi32(7));
         _mm256_blendv_epi8(lo, hi, upper)
     }
-}
-
-/// The rank of each lane of `u` among a codebook's thresholds (how many it reaches), negated,
-/// by binary search ([`crate::lookup::SearchTree`]): three compares give the top two bits, then
-/// two levels of one permute and one compare; the running index holds −p, p the rank's bits so
-/// far. Also the top bit's mask (rank ≥ 8). Shared by the value and the bracket search, so both
-/// take the same compares.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn neg_rank8(t: &crate::lookup::SearchTree, u: __m256) -> (__m256i, __m256i) {
-    // Macros, not closures: a closure would not be compiled for AVX2.
-    macro_rules! ge {
-        ($th:expr) => {
-            _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(u, $th))
-        };
-    }
-    macro_rules! step {
-        ($i:expr, $table:expr) => {{
-            let i = $i;
-            let th = _mm256_permutevar8x32_ps(_mm256_loadu_ps($table.as_ptr()), i);
-            _mm256_add_epi32(_mm256_add_epi32(i, i), ge!(th))
-        }};
-    }
-    let upper = ge!(_mm256_set1_ps(t.top[1]));
-    let i2 = _mm256_add_epi32(
-        _mm256_add_epi32(ge!(_mm256_set1_ps(t.top[0])), upper),
-        ge!(_mm256_set1_ps(t.top[2])),
-    );
-    (step!(step!(i2, t.l3), t.l4), upper)
 }
 
 /// Runs `$body` with `$q` bound to the [`Dequant`] of `$scheme`'s value, or its codebook (the
