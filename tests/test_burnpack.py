@@ -676,3 +676,15 @@ def test_nothing_is_allocated_from_a_crafted_length(tmp_path):
     with pytest.raises(bq.LayoutError, match="past the end"):
         load_burnpack(path)
     assert os.path.getsize(path) < 4096
+
+
+def test_a_write_the_file_system_refuses_names_the_target_not_the_temporary_file(tmp_path):
+    t = {"a": np.zeros(3, np.float32)}
+    missing = tmp_path / "no-such-folder" / "x.bpk"
+    with pytest.raises(FileNotFoundError) as e:
+        save_burnpack(missing, t)
+    assert e.value.filename == str(missing) and ".tmp" not in str(e.value)
+    with pytest.raises(IsADirectoryError) as e:
+        save_burnpack(tmp_path, t)
+    assert e.value.filename == str(tmp_path)
+    assert list(tmp_path.iterdir()) == []  # no temporary file left behind

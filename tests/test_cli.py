@@ -508,3 +508,33 @@ def test_writer_never_replaces_without_force(tmp_path):
         w.commit()
     assert target.read_bytes() == b"someone else"
     assert only_files(tmp_path) == ["x.safetensors"]
+
+
+@pytest.mark.parametrize("command", ["quantize", "report", "dequantize"])
+@pytest.mark.parametrize("count", ["5000", "1025", "0"])
+def test_a_thread_count_past_the_core_limit_is_a_usage_error(tmp_path, ckpt, capsys, command,
+                                                             count):
+    out = ["-o", str(tmp_path / "o.safetensors")] if command != "report" else []
+    scheme = ["--scheme", "int8"] if command != "dequantize" else []
+    assert run(command, str(ckpt), *out, *scheme, "--threads", count) == 2
+    one_error_line(capsys, "--threads", "must be from 1 to 1024", count)
+    assert not (tmp_path / "o.safetensors").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX named pipes")
+@pytest.mark.parametrize("argv", [["inspect"], ["report", "--scheme", "int8"],
+                                  ["quantize", "-o", "OUT", "--scheme", "int8"],
+                                  ["quantize", "-o", "OUT.gguf", "--scheme", "q8_0"],
+                                  ["dequantize", "-o", "OUT"]])
+@pytest.mark.parametrize("suffix", [".safetensors", ".gguf"])
+def test_a_named_pipe_as_input_is_one_line_not_a_hang(tmp_path, capsys, argv, suffix):
+    pipe = tmp_path / f"pipe{suffix}"
+    os.mkfifo(pipe)
+    argv = [a.replace("OUT", str(tmp_path / "out")) for a in argv]
+    # Opening the pipe for reading would wait for a writer: a regression hangs (pytest's
+    # timeout, or CI's), it does not fail quietly.
+    assert run(argv[0], str(pipe), *argv[1:]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and str(pipe) in err
+    assert "regular file" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [pipe.name]

@@ -99,7 +99,7 @@ def test_quantize_file_options(tmp_path, src):
     assert sorted(bq.quantize_file(path, q, "int8", force=True).quantized) == ["w", "w16", "wbf"]
     with pytest.raises(CheckpointError, match="is the input file"):
         bq.quantize_file(path, path, "int8", force=True)
-    with pytest.raises(bq.SchemeError):
+    with pytest.raises(CheckpointError, match="^--scheme: unknown scheme"):  # api.md: every problem
         bq.quantize_file(path, tmp_path / "x.safetensors", "nvfp5")
     with pytest.raises(CheckpointError, match="bias: block"):
         bq.quantize_file(path, tmp_path / "x.safetensors", "q8s/native/block32x32:f16",
@@ -145,3 +145,69 @@ def test_dry_run_writes_nothing(tmp_path, src):
     res = bq.quantize_file(path, tmp_path / "out/", "nvfp4", dry_run=True)
     assert sorted(res.quantized) == ["w", "w16", "wbf"] and res.seconds == 0.0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
+
+
+@pytest.mark.parametrize("kw, option", [
+    (dict(jobs=0), "--jobs"), (dict(jobs=-1), "--jobs"), (dict(jobs="2"), "--jobs"),
+    (dict(jobs=True), "--jobs"), (dict(jobs=1.0), "--jobs"), (dict(threads=0), "--threads"),
+    (dict(threads=-1), "--threads"), (dict(threads=1025), "--threads"),
+    (dict(threads=5000), "--threads"), (dict(threads="4"), "--threads"),
+])
+def test_bad_job_and_thread_counts_are_checkpoint_errors_before_anything_is_read(
+        tmp_path, src, kw, option):
+    path, _ = src
+    q = tmp_path / "q.safetensors"
+    before = bq.get_num_threads()
+    for call in (lambda: bq.quantize_file(path, q, "int8", **kw),
+                 lambda: bq.quantize_file(tmp_path / "absent.safetensors", q, "int8", **kw),
+                 lambda: bq.dequantize_file(path, tmp_path / "d.safetensors", **kw)):
+        with pytest.raises(CheckpointError, match=f"^{option}: expected an integer"):
+            call()
+    assert not q.exists() and bq.get_num_threads() == before
+
+
+def test_numpy_integers_are_counts_too(tmp_path, src):
+    path, tensors = src
+    q = tmp_path / "q.safetensors"
+    res = bq.quantize_file(path, q, "int8", jobs=np.int64(1), threads=np.int32(2))
+    assert sorted(res.quantized) == ["w", "w16", "wbf"]
+
+
+def test_an_unknown_scheme_is_a_checkpoint_error_naming_the_option(tmp_path, src):
+    path, _ = src
+    with pytest.raises(CheckpointError, match=r"^--scheme: unknown scheme 'nvfp5'"):
+        bq.quantize_file(path, tmp_path / "q.safetensors", "nvfp5")
+    assert not (tmp_path / "q.safetensors").exists()
+
+
+@pytest.mark.parametrize("name", ["m.bpk", "m.safetensors", "m.npz", "m.gguf"])
+def test_a_folder_is_not_written_under_a_file_name(tmp_path, src, name):
+    path, _ = src
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path.rename(folder / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"names a \.\w+ file, but a model folder"):
+        bq.quantize_file(folder, tmp_path / name, "int8")
+    assert not (tmp_path / name).exists()
+    # a trailing slash, or a name without the extension, says "a folder"
+    bq.quantize_file(folder, tmp_path / "out", "int8")
+    bq.quantize_file(folder, str(tmp_path / name) + "/", "int8")
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+    assert (tmp_path / name / "model.safetensors").is_file()
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="POSIX named pipes")
+def test_a_named_pipe_or_a_device_is_refused_without_waiting(tmp_path):
+    import os
+
+    pipe = tmp_path / "pipe.safetensors"
+    os.mkfifo(pipe)
+    # Reading the pipe would wait for a writer forever: the test would hang, not fail.
+    for p in (pipe, Path("/dev/zero"), Path("/dev/null")):
+        if not p.exists():
+            continue
+        with pytest.raises(CheckpointError, match="is not a regular file"):
+            bq.load(p)
+        with pytest.raises(CheckpointError, match="is not a regular file"):
+            bq.quantize_file(p, tmp_path / "q.safetensors", "int8")
+    assert not (tmp_path / "q.safetensors").exists()

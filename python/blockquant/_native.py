@@ -29,6 +29,7 @@ from ._core import (
     set_num_threads,
     to_bytes,
 )
+from .options import MAX_THREADS
 
 __all__ = [
     "Layout",
@@ -62,12 +63,13 @@ def _check_thread_variable() -> None:
     if raw is None:
         return
     try:
-        ok = 0 < int(raw.strip()) <= 1024  # the core's MAX_THREADS
+        ok = 0 < int(raw.strip()) <= MAX_THREADS
     except ValueError:
         ok = False
     if not ok:
         warnings.warn(
-            f"BLOCKQUANT_NUM_THREADS={raw!r} is not a number of threads from 1 to 1024: ignored, "
+            f"BLOCKQUANT_NUM_THREADS={raw!r} is not a number of threads from 1 to {MAX_THREADS}: "
+            "ignored, "
             "blockquant uses the default (all cores)",
             RuntimeWarning,
             stacklevel=3,

@@ -35,6 +35,7 @@ are a contract; the CBOR helpers handle the subset burn-pack uses and nothing mo
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from pathlib import Path
@@ -367,8 +368,14 @@ def save_burnpack(
     target = Path(path)
     if not force and target.exists():
         raise FileExistsError(f"{target} exists")
+    if target.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
     tmp = temp_sibling(target)  # within NAME_MAX (bytes) whatever the target's name
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as e:
+        # The same error, naming the file asked for rather than the hidden temporary one.
+        raise type(e)(e.errno, e.strerror, str(target)) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(header)

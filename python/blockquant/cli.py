@@ -19,6 +19,7 @@ import dataclasses
 import importlib.metadata
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -43,7 +44,7 @@ from .checkpoint.rules import kept_summary
 from .errors import QuantError
 from .metrics import ErrorStats
 from .onnx import is_onnx_path
-from .options import Calibration, Rounding, ScaleRounding
+from .options import MAX_THREADS, Calibration, Rounding, ScaleRounding
 from .progress import Progress, ProgressBar
 from .progress import human_bytes as _human
 from .qtensor import quantize
@@ -311,7 +312,10 @@ def _quantize_gguf(args: argparse.Namespace) -> int:
     from .checkpoint.gguf_file import kept_summary as gguf_kept
 
     if not is_gguf(args.input):
-        if is_gguf_path(args.input):  # named .gguf, but not one: say what it is instead
+        # Named .gguf but not one, or not a file at all: say what it is instead.
+        if is_gguf_path(args.input) or (os.path.exists(args.input)
+                                        and not os.path.isfile(args.input)
+                                        and not os.path.isdir(args.input)):
             raise CliError(f"{args.input}: not a GGUF file ({_not_gguf_reason(args.input)})")
         raise CliError(f"{args.input}: GGUF output is made from a GGUF file (llama.cpp's "
                        "convert_hf_to_gguf.py converts other checkpoints)")
@@ -376,6 +380,8 @@ def _stats_line(stats: Any) -> str:
 
 def _not_gguf_reason(path: Any) -> str:
     try:
+        if os.path.exists(path) and not os.path.isfile(path):  # a pipe would block the open
+            return "not a regular file"
         with open(path, "rb") as f:
             head = f.read(4)
     except OSError as e:
@@ -557,7 +563,7 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("-j", "--jobs", type=_int_at_least(1), default=1, metavar="N",
                        help="files of a model folder converted at once, in N processes "
                        "(default 1)")
-        c.add_argument("--threads", type=_int_at_least(1), metavar="N",
+        c.add_argument("--threads", type=_int_at_least(1, MAX_THREADS), metavar="N",
                        help="kernel threads in all, shared between the jobs (default: every "
                        "core, or BLOCKQUANT_NUM_THREADS)")
         c.add_argument("-v", "--verbose", action="store_true",

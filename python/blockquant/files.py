@@ -29,6 +29,8 @@ from .checkpoint.folders import (
     scan_folder,
 )
 from .checkpoint.format import load_qtensor, read_entries
+from .checkpoint.jobs import check_counts
+from .errors import QuantError
 from .options import Calibration, Rounding, ScaleRounding
 from .presets import resolve
 from .progress import Progress
@@ -85,10 +87,11 @@ def quantize_file(
 
     Returns a summary: ``quantized`` and ``copied`` tensor names, ``decisions`` (each tensor's
     scheme, or why it was kept), ``bytes_in``, ``bytes_out`` and ``seconds``."""
+    check_counts(jobs, threads)
     options = FileOptions(include=include, exclude=exclude, calibration=calibration,
                           rounding=rounding, scale_rounding=scale_rounding, force=force,
                           rules=rules, min_rank=min_rank, strict=strict)
-    plan = plan_quantize(src, dst, resolve(scheme), options, output_format=output_format)
+    plan = plan_quantize(src, dst, _scheme(scheme), options, output_format=output_format)
     if dry_run:
         decisions = [d for _, d in plan.decisions()]
         return FolderSummary(
@@ -102,6 +105,15 @@ def quantize_file(
         return result
     finally:
         getattr(reporter, "close", lambda: None)()
+
+
+def _scheme(scheme: Union[QuantScheme, str]) -> QuantScheme:
+    """``scheme`` resolved; an unknown preset or a bad scheme text is a :class:`CheckpointError`
+    naming the option, as every other problem of these functions."""
+    try:
+        return resolve(scheme)
+    except QuantError as e:
+        raise CheckpointError("--scheme", None, str(e)) from None
 
 
 def dequantize_file(
@@ -118,6 +130,7 @@ def dequantize_file(
     its original dtype or ``dtype`` (``"float16"``, ``"bfloat16"``, ``np.float32``, ...).
     Other tensors, files and metadata are copied (less the ``blockquant`` metadata key).
     Returns a summary: ``dequantized`` and ``copied`` counts, ``bytes_out``, ``seconds``."""
+    check_counts(jobs, threads)
     plan = plan_dequantize(src, dst, FileOptions(dtype=dtype, force=force))
     reporter = _reporter(progress, plan.total_bytes, "dequantize")
     try:

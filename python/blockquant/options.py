@@ -19,6 +19,10 @@ __all__ = [
     "Calibration", "Rounding", "ScaleRounding", "QuantOptions", "as_bytes", "importance_weights"
 ]
 
+#: The most kernel threads a call may have: the core's bound, which ``set_num_threads``, the
+#: command line's ``--threads`` and ``BLOCKQUANT_NUM_THREADS`` share.
+MAX_THREADS = 1024
+
 #: How the scale of a block is chosen: from max |x|, from mean |x| (BitNet b1.58), or searched
 #: among candidates around max |x|'s for the least squared error ("mse", SPEC §3a).
 Calibration = Literal["minmax", "absmean", "mse"]

@@ -185,6 +185,10 @@ def _write_index(folder: ModelFolder, rel: str, out_root: Path) -> None:
 
 
 # -- where the output goes ----------------------------------------------------------------------
+#: Output names that ask for one checkpoint file.
+_FILE_SUFFIXES = (".bpk", ".safetensors", ".npz", ".npy", ".gguf", ".onnx")
+
+
 def _names_folder(dst: Any) -> bool:
     """A trailing slash means a folder, as for cp; so does an existing folder."""
     return str(dst).endswith(("/", os.sep)) or Path(dst).is_dir()
@@ -411,6 +415,12 @@ def _plan(kind: str, src: Any, dst: Any, scheme: QuantScheme | None, options: Fi
         if dst_path.exists() and not dst_path.is_dir():
             raise CheckpointError(dst, None, "exists and is not a folder (a model folder is "
                                   "written to a folder)")
+        if not _names_folder(dst) and dst_path.suffix in _FILE_SUFFIXES:
+            # A new folder called model.bpk or out.safetensors is surely a mistake: the name
+            # asks for one file, which a folder's several checkpoints cannot be.
+            raise CheckpointError(dst, None, f"names a {dst_path.suffix} file, but a model "
+                                  "folder is written to a folder of .safetensors files: name "
+                                  "the output without the extension (or end it with /)")
         if same_file(src_path, dst_path):
             raise CheckpointError(dst, None, "is the input folder; write elsewhere "
                                   "(--force never replaces the input)")

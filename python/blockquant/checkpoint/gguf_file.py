@@ -82,8 +82,11 @@ _FLOATS = ("F32", "F16", "BF16")
 
 
 def is_gguf(path: Any) -> bool:
-    """Whether ``path`` is a file starting with GGUF's magic."""
+    """Whether ``path`` is a file starting with GGUF's magic (a regular file: opening a named
+    pipe would wait for a writer; the reader that follows refuses it)."""
     try:
+        if not os.path.isfile(path):
+            return False
         with open(path, "rb") as f:
             return f.read(4) == MAGIC
     except (OSError, TypeError, ValueError):

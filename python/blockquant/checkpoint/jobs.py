@@ -19,6 +19,7 @@ parent is gone, killed outright, exits.
 from __future__ import annotations
 
 import multiprocessing
+import operator
 import os
 import signal
 import sys
@@ -31,6 +32,7 @@ from multiprocessing import connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+from ..options import MAX_THREADS
 from .base import CheckpointError
 
 #: (file in the folder, or None for a single file; tensor name; input bytes done)
@@ -382,14 +384,37 @@ class RunStats:
     peak_rss: list[int] = field(default_factory=list)
 
 
+def check_counts(jobs: Any, threads: Any) -> None:
+    """``jobs`` (processes, at least 1) and ``threads`` (kernel threads in all, None for the
+    current bound, else 1 to the core's limit) as the command line takes them: anything else is a
+    :class:`CheckpointError` naming the option."""
+    if not _count_in(jobs, 1, None):
+        raise CheckpointError("--jobs", None, f"expected an integer >= 1, got {jobs!r}")
+    if threads is not None and not _count_in(threads, 1, MAX_THREADS):
+        raise CheckpointError("--threads", None,
+                              f"expected an integer from 1 to {MAX_THREADS}, got {threads!r}")
+
+
+def _count_in(value: Any, lo: int, hi: int | None) -> bool:
+    if isinstance(value, bool):
+        return False
+    try:
+        n = operator.index(value)
+    except TypeError:
+        return False
+    return lo <= n and (hi is None or n <= hi)
+
+
 def run_tasks(tasks: Sequence[Task], jobs: int, threads: int | None,
               progress: TensorProgress, stats: RunStats | None = None) -> list[Any]:
     """Results of ``tasks`` in order. With ``jobs`` > 1 they go to that many worker
     processes (spawned, so no lock or thread pool is inherited mid-use), each bounded to
     ``threads // jobs`` kernel threads (``threads`` default: the current bound, itself the
     cores or ``BLOCKQUANT_NUM_THREADS``). The first failure ends the pool and is raised."""
+    check_counts(jobs, threads)
     stats = stats if stats is not None else RunStats()
     t0 = time.perf_counter()
+    jobs, threads = operator.index(jobs), None if threads is None else operator.index(threads)
     jobs = max(1, min(jobs, len(tasks)))
     bq = _threads()
     total = threads if threads else bq.get_num_threads()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +20,18 @@ def open_checkpoint(path: Any) -> Checkpoint:
     its first bytes)."""
     p = Path(path)
     try:
-        with open(p, "rb") as f:
+        # Opened without blocking and checked before a byte is read: a named pipe would wait for
+        # a writer forever, and a device (/dev/zero) has no size to check a header against.
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with open(fd, "rb") as f:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+            if not stat.S_ISREG(st.st_mode):
+                raise CheckpointError(p, None, "is not a regular file (a pipe, a device or a "
+                                      "socket); blockquant reads checkpoint files")
             magic = f.read(9)
-            size = os.fstat(f.fileno()).st_size
+            size = st.st_size
         # Safetensors first, by its own structure: it has no magic, and its first bytes (the
         # header's length) can be anything, a pickle's 0x80 0x02 or a zip's "PK" included (a
         # 640- or 19,280-byte header). None of the formats below passes this test: their first
