@@ -831,3 +831,15 @@ def test_workers_that_cannot_start_fail_the_run_saying_so(tmp_path):
                          timeout=120, check=False)
     assert res.stdout.startswith("CheckpointError: f") and "every worker process ended before " \
         "it could take this file" in res.stdout, (res.stdout, res.stderr)
+
+
+def test_a_bad_thread_variable_is_one_warning_line_not_one_per_worker(tmp_path, model):
+    src, _ = model
+    env = {**os.environ, "BLOCKQUANT_NUM_THREADS": "abc"}
+    proc = subprocess.run([sys.executable, "-m", "blockquant", "quantize", str(src), "-o",
+                           str(tmp_path / "q"), "--scheme", "int8", "-q", "--jobs", "2"],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "BLOCKQUANT_NUM_THREADS='abc'" in lines[0], proc.stderr
+    assert "RuntimeWarning" in lines[0] and "Traceback" not in proc.stderr

@@ -66,14 +66,28 @@ def _check_thread_variable() -> None:
         ok = 0 < int(raw.strip()) <= MAX_THREADS
     except ValueError:
         ok = False
-    if not ok:
-        warnings.warn(
-            f"BLOCKQUANT_NUM_THREADS={raw!r} is not a number of threads from 1 to {MAX_THREADS}: "
-            "ignored, "
-            "blockquant uses the default (all cores)",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+    if ok or _spawned_worker():
+        return
+    # Attributed to the environment, not to a line of code: the message is then one line
+    # (no source line under it), the same from a script, the command line or a notebook.
+    warnings.warn_explicit(
+        f"BLOCKQUANT_NUM_THREADS={raw!r} is not a number of threads from 1 to {MAX_THREADS}: "
+        "ignored, blockquant uses the default (all cores)",
+        RuntimeWarning,
+        "<environment>",
+        0,
+        module="blockquant",
+    )
+
+
+def _spawned_worker() -> bool:
+    """Whether this process is a multiprocessing worker being started by spawn (the command's
+    --jobs): its parent, with the same environment, has already warned about it."""
+    import multiprocessing
+
+    # Set while a spawned child unpickles what it was started with (which imports blockquant),
+    # since Python 3.4; absent elsewhere.
+    return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
 
 
 
