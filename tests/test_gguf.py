@@ -391,3 +391,13 @@ def test_quantize_out_overlapping_its_input_is_refused():
     buf = np.zeros(64, np.float32)
     with pytest.raises(TypeError, match="overlap"):
         bg.quantize(buf, "F32", out=buf)
+
+
+def test_quantize_bits_refuses_an_unknown_kind_or_dtype_with_typed_errors():
+    bits = np.zeros(32, np.uint16)
+    with pytest.raises(bq.QuantError, match="kind is 'f16' or 'bf16', got 'f32'"):
+        bg.quantize_bits(bits, "f32", "Q8_0")
+    with pytest.raises(TypeError, match="uint16"):
+        bg.quantize_bits(bits.astype(np.int16), "f16", "Q8_0")
+    assert bg.quantize_bits(bits, "bf16", "Q8_0").tobytes() == bg.quantize(
+        np.zeros(32, np.float32), "Q8_0").tobytes()

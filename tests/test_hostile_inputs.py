@@ -127,6 +127,49 @@ def test_huge_shape_in_blockquant_metadata(tmp_path, capsys):
     assert listing(tmp_path) == before
 
 
+@pytest.mark.parametrize("edit, words", [
+    (lambda m: m["tensors"]["w"].pop("global_scale"), "w: malformed blockquant metadata: the key "
+     "'global_scale' is missing"),
+    (lambda m: m["tensors"].__setitem__("w", [1, 2]), "w: malformed blockquant metadata: its entry "
+     "is an array, not an object"),
+    (lambda m: m.pop("format"), ": malformed blockquant metadata: the key 'format' is missing"),
+    (lambda m: m.__setitem__("tensors", "w"), "malformed blockquant metadata: 'tensors' is a "
+     "string, not an object"),
+])
+def test_malformed_blockquant_metadata_says_what_is_wrong_in_words(tmp_path, capsys, edit, words):
+    src = tmp_path / "m.safetensors"
+    save_file({"w": np.ones((4, 32), np.float32)}, str(src))
+    q = tmp_path / "q.safetensors"
+    assert run("quantize", src, "-o", q, "--scheme", "nvfp4", "-q") == 0
+    raw = q.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8: 8 + n])
+    meta = json.loads(header["__metadata__"]["blockquant"])
+    edit(meta)
+    header["__metadata__"]["blockquant"] = json.dumps(meta)
+    bad = tmp_path / "bad.safetensors"
+    write_header(bad, header, raw[8 + n:])
+    assert run("inspect", bad) == 2
+    one_error_line(capsys, f"{bad}", words)
+
+
+def test_blockquant_metadata_that_is_not_an_object_is_named_so(tmp_path, capsys):
+    src = tmp_path / "m.safetensors"
+    save_file({"w": np.ones((4, 32), np.float32)}, str(src))
+    q = tmp_path / "q.safetensors"
+    assert run("quantize", src, "-o", q, "--scheme", "int8", "-q") == 0
+    raw = q.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8: 8 + n])
+    header["__metadata__"]["blockquant"] = "[]"
+    bad = tmp_path / "bad.safetensors"
+    write_header(bad, header, raw[8 + n:])
+    assert run("inspect", bad) == 2
+    line = one_error_line(capsys, "malformed blockquant metadata: a JSON object was expected, "
+                          "not an array")
+    assert "list indices" not in line
+
+
 def test_huge_block_in_a_scheme_is_a_scheme_error(tmp_path, capsys):
     src = tmp_path / "m.safetensors"
     save_file({"w": np.ones((4, 32), np.float32)}, str(src))

@@ -42,7 +42,7 @@ from typing import Any, Optional
 import numpy as np
 
 from . import _native
-from .errors import LayoutError, SchemeError
+from .errors import LayoutError, QuantError, SchemeError
 from .qtensor import _as_input
 
 __all__ = [
@@ -138,7 +138,7 @@ def quantize_bits(bits: np.ndarray, kind: str, qtype: Any) -> np.ndarray:
     """:func:`quantize` of float16 (``kind="f16"``) or bfloat16 (``"bf16"``) values given as
     their uint16 bit patterns, as GGUF files hold them (bfloat16 needs no ml_dtypes this way)."""
     if kind not in ("f16", "bf16"):
-        raise ValueError(f"kind is 'f16' or 'bf16', got {kind!r}")
+        raise QuantError(f"kind is 'f16' or 'bf16', got {kind!r}")
     arr = np.asarray(bits)
     if arr.dtype != np.uint16:
         raise TypeError(f"bits must be a uint16 array, got dtype {arr.dtype}")

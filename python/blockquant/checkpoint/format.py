@@ -104,12 +104,14 @@ def read_entries(ckpt: Checkpoint) -> dict[str, Entry]:
         return {}
     try:
         meta = json.loads(raw)
+        if not isinstance(meta, dict):
+            raise TypeError(f"a JSON object was expected, not {_json_kind(meta)}")
         version = meta["format"]
         tensors = meta["tensors"]
         if not isinstance(tensors, dict):
-            raise TypeError("'tensors' is not an object")
+            raise TypeError(f"'tensors' is {_json_kind(tensors)}, not an object")
     except (ValueError, KeyError, TypeError) as e:
-        raise ckpt.error(None, f"malformed blockquant metadata: {e}") from None
+        raise ckpt.error(None, f"malformed blockquant metadata: {_why(e)}") from None
     except RecursionError:
         raise ckpt.error(None, "malformed blockquant metadata: nested too deeply") from None
     if version not in READ_VERSIONS or type(version) is not int:
@@ -122,6 +124,8 @@ def read_entries(ckpt: Checkpoint) -> dict[str, Entry]:
     owner: dict[str, str] = {}
     for name, d in tensors.items():
         try:
+            if not isinstance(d, dict):
+                raise TypeError(f"its entry is {_json_kind(d)}, not an object")
             scheme = QuantScheme.parse(d["scheme"])
             shape = tuple(d["shape"])
             if not all(type(s) is int and 0 <= s < 1 << 63 for s in shape):
@@ -134,7 +138,7 @@ def read_entries(ckpt: Checkpoint) -> dict[str, Entry]:
             if not all(isinstance(part, str) for part in parts.values()):
                 raise ValueError("tensor parts are named by strings")
         except (QuantError, ValueError, KeyError, TypeError, OverflowError) as e:
-            raise ckpt.error(name, f"malformed blockquant metadata: {e}") from None
+            raise ckpt.error(name, f"malformed blockquant metadata: {_why(e)}") from None
         for key, part in parts.items():
             if part not in ckpt:
                 raise ckpt.error(name, f"its {key} tensor {part!r} is missing")
@@ -144,6 +148,19 @@ def read_entries(ckpt: Checkpoint) -> dict[str, Entry]:
         extra = {k: v for k, v in d.items() if k not in ("scheme", "shape", "dtype", *keys)}
         out[name] = Entry(name, scheme, shape, dtype, parts, extra, version)
     return out
+
+
+def _why(e: Exception) -> str:
+    """What is wrong with the metadata, in words (a KeyError's text is the bare key)."""
+    if isinstance(e, KeyError):
+        return f"the key {e.args[0]!r} is missing"
+    return str(e)
+
+
+def _json_kind(v: object) -> str:
+    kinds = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+             int: "a number", float: "a number", type(None): "null"}
+    return kinds.get(type(v), type(v).__name__)
 
 
 def load_qtensor(ckpt: Checkpoint, e: Entry) -> QTensor:
