@@ -683,6 +683,10 @@ def _tensor(dtype, shape, offsets):
     ({"a": _tensor("F32", [4], [0, 16]), "b": _tensor("F32", [4], [32, 48])}, bytes(48),
      "leaves bytes 16..32 unused"),
     ({"a": _tensor("F32", [4], [0, 16])}, bytes(20), "the tensors end at byte 16 of 20"),
+    # Offsets that are wrong in themselves say so, not "truncated file?".
+    ({"a": _tensor("F32", [0], [64, 0])}, bytes(64), "data offsets [64, 0] run backwards"),
+    ({"a": _tensor("F32", [0], [-64, 0])}, bytes(64), "data offsets [-64, 0] are negative"),
+    ({"a": _tensor("F32", [4], [0, 16])}, bytes(8), "reach past the 8 data bytes (truncated"),
 ])
 def test_safetensors_layout_rules(tmp_path, capsys, header, data, words):
     src = tmp_path / "h.safetensors"

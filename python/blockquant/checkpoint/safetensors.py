@@ -114,7 +114,11 @@ class SafetensorsCheckpoint(Checkpoint):
             if dtype not in ST_DTYPES:  # as the safetensors library: a closed list
                 raise self.error(name, f"unknown dtype {dtype!r} (safetensors has "
                                  f"{', '.join(ST_DTYPES)})")
-            if not 0 <= a <= b <= data_len:
+            if a < 0 or b < 0:
+                raise self.error(name, f"data offsets [{a}, {b}] are negative")
+            if a > b:
+                raise self.error(name, f"data offsets [{a}, {b}] run backwards (begin after end)")
+            if b > data_len:
                 raise self.error(
                     name,
                     f"data offsets [{a}, {b}] reach past the {data_len} data bytes "
