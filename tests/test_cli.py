@@ -538,3 +538,16 @@ def test_a_named_pipe_as_input_is_one_line_not_a_hang(tmp_path, capsys, argv, su
     assert err.count("\n") == 1 and "Traceback" not in err and str(pipe) in err
     assert "regular file" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == [pipe.name]
+
+
+@pytest.mark.parametrize("argv", [["quantize", "", "-o", "q.safetensors", "--scheme", "int8"],
+                                  ["quantize", "IN", "-o", "", "--scheme", "int8"],
+                                  ["dequantize", "", "-o", "d.safetensors"],
+                                  ["dequantize", "IN", "-o", ""], ["inspect", ""],
+                                  ["report", "", "--scheme", "int8"]])
+def test_an_empty_path_is_a_usage_error(tmp_path, ckpt, capsys, monkeypatch, argv):
+    monkeypatch.chdir(ckpt.parent)
+    before = only_files(ckpt.parent)
+    assert run(*[str(ckpt) if a == "IN" else a for a in argv]) == 2
+    one_error_line(capsys, "an empty name is no file or folder")
+    assert only_files(ckpt.parent) == before

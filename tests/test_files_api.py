@@ -211,3 +211,14 @@ def test_a_named_pipe_or_a_device_is_refused_without_waiting(tmp_path):
         with pytest.raises(CheckpointError, match="is not a regular file"):
             bq.quantize_file(p, tmp_path / "q.safetensors", "int8")
     assert not (tmp_path / "q.safetensors").exists()
+
+
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(tmp_path, src, monkeypatch):
+    path, _ = src
+    monkeypatch.chdir(tmp_path)  # a folder holding a checkpoint: '' must not find it
+    for call in (lambda: bq.load(""), lambda: bq.quantize_file("", "q.safetensors", "int8"),
+                 lambda: bq.quantize_file(path, "", "int8"),
+                 lambda: bq.dequantize_file("", "d.safetensors")):
+        with pytest.raises(CheckpointError, match="an empty name is no file or folder"):
+            call()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]

@@ -491,6 +491,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _path(text: str) -> str:
+    """An argparse type: a file or folder name; the empty one (which Path reads as the current
+    folder) a one-line usage error."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty name is no file or folder")
+    return text
+
+
 def _int_at_least(lo: int, hi: int | None = None) -> Any:
     """An argparse type: an integer in [lo, hi]; anything else a one-line usage error."""
 
@@ -581,8 +589,8 @@ def _parser() -> argparse.ArgumentParser:
                        "q4_k, q5_k, q6_k, iq4_nl, iq4_xs, nvfp4). An ONNX IN "
                        "(.onnx) gets its MatMul/Gemm weights quantized into an ONNX OUT "
                        "(--onnx-op).")
-    q.add_argument("input", metavar="IN")
-    q.add_argument("-o", "--output", metavar="OUT", required=True,
+    q.add_argument("input", metavar="IN", type=_path)
+    q.add_argument("-o", "--output", metavar="OUT", required=True, type=_path,
                    help="the file or folder to write")
     q.add_argument("-n", "--dry-run", action="store_true",
                    help="list what would happen to each tensor and the sizes; write nothing")
@@ -604,8 +612,8 @@ def _parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_quantize)
 
     d = sub.add_parser("dequantize", help="turn a quantized file back into float tensors")
-    d.add_argument("input", metavar="IN")
-    d.add_argument("-o", "--output", metavar="OUT", required=True)
+    d.add_argument("input", metavar="IN", type=_path)
+    d.add_argument("-o", "--output", metavar="OUT", required=True, type=_path)
     d.add_argument("--dtype", choices=["float32", "float16", "bfloat16", "float64"],
                    help="output dtype (default: each tensor's original dtype)")
     d.add_argument("-f", "--force", action="store_true", help="replace OUT if it exists")
@@ -614,12 +622,12 @@ def _parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_dequantize)
 
     i = sub.add_parser("inspect", help="what a file holds: scheme, shape, bytes per tensor")
-    i.add_argument("file", metavar="FILE")
+    i.add_argument("file", metavar="FILE", type=_path)
     i.add_argument("--json", action="store_true", help="print JSON")
     i.set_defaults(func=cmd_inspect)
 
     r = sub.add_parser("report", help="quantize in memory and measure: SQNR, bits/weight, error, size, time")
-    r.add_argument("input", metavar="IN")
+    r.add_argument("input", metavar="IN", type=_path)
     options(r)
     r.add_argument("--json", action="store_true", help="print JSON (SQNR null when exact)")
     r.set_defaults(func=cmd_report)

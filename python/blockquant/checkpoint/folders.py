@@ -403,6 +403,9 @@ def plan_dequantize(src: Any, dst: Any, options: FileOptions | None = None) -> P
 
 def _plan(kind: str, src: Any, dst: Any, scheme: QuantScheme | None, options: FileOptions,
           output_format: str | None) -> Plan:
+    for p in (src, dst):
+        if not os.fspath(p):  # Path("") is the current folder: surely not what was meant
+            raise CheckpointError("''", None, "an empty name is no file or folder")
     src_path, dst_path = Path(src), Path(dst)
     if not src_path.exists():
         raise CheckpointError(src, None, "No such file or directory")
