@@ -242,6 +242,22 @@ def test_summary_and_quiet(tmp_path, ckpt, capsys):
     assert capsys.readouterr() == ("", "")
 
 
+def test_summary_compares_tensor_data_with_tensor_data_and_names_the_file_written(tmp_path,
+                                                                                capsys):
+    src = tmp_path / "w.npy"
+    np.save(src, np.ones((64, 64), np.float32))
+    assert run("quantize", src, "-o", f"{tmp_path}/out/", "--scheme", "int8") == 0
+    line = capsys.readouterr().out.strip()
+    written = tmp_path / "out" / "w.safetensors"
+    # one tensor: singular; 16 KiB of float32 to 4 KiB of int8 codes (and a 4-byte scale)
+    assert line.startswith(f"{written}: 1 of 1 tensor quantized with q8s/native/tensor:f32, "
+                           "tensor data 16.0 KiB -> 4.0 KiB (4.00x), "), line
+    assert f"{written.stat().st_size / 1024:.1f} KiB written in " in line
+    dq = tmp_path / "back"
+    assert run("dequantize", written, "-o", f"{dq}/") == 0
+    assert capsys.readouterr().out.startswith(f"{dq / 'w.safetensors'}: 1 tensor dequantized, ")
+
+
 # -- errors: exit 2, one line naming file and tensor, nothing written ----------------------------
 def test_missing_input(tmp_path, capsys):
     assert run("quantize", tmp_path / "nope.safetensors", "-o", tmp_path / "q.safetensors", "--scheme", "nvfp4") == 2

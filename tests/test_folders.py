@@ -112,7 +112,7 @@ def test_sharded_folder_keeps_its_shape(tmp_path, model, capsys):
         [*shard_names(src), INDEX, *OTHER_FILES, "1_Pooling"])
     for rel, text in OTHER_FILES.items():
         assert (out / rel).read_text() == text
-    assert "left out 1 weight files in other formats (pytorch_model.bin)" in summary
+    assert "left out 1 weight file in other formats (pytorch_model.bin)" in summary
     assert "3 checkpoint files, 4 other files copied" in summary
     # 2-D float tensors quantized; norms, biases (1-D) and ints kept, and the summary says so
     two_d = sorted(n for n, a in tensors.items() if a.ndim == 2)

@@ -379,3 +379,10 @@ def test_a_gguf_named_file_that_is_not_one_says_so(tmp_path, capsys, content, sa
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a GGUF file" in err and says in err
     assert not out.exists()
+
+
+def test_report_of_a_gguf_file_with_an_unknown_scheme_names_ggmls_types_too(model, capsys):
+    assert run("report", str(model), "--scheme", "q9_9") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown scheme 'q9_9'" in err
+    assert "not a preset (int8" in err and "one of ggml's types (f32, f16, bf16, q8_0" in err

@@ -224,7 +224,7 @@ def _dry_run(plan_: Plan) -> int:
     before = sum(d.tensor.nbytes for d in decisions)
     after = sum(d.bytes_after for d in decisions)
     n_q = sum(d.quantized for d in decisions)
-    print(f"\n{n_q} of {len(decisions)} tensors would be quantized; tensor data "
+    print(f"\n{n_q} of {_n(len(decisions), 'tensor')} would be quantized; tensor data "
           f"{_human(before)} -> {_human(after)} ({before / max(after, 1):.2f}x)")
     kept = kept_summary(decisions, plan_.options.min_rank)
     if kept:
@@ -235,10 +235,12 @@ def _dry_run(plan_: Plan) -> int:
 def _files_line(res: Any) -> str:
     parts = []
     if res.files > 1 or res.copied_files:
-        parts.append(f"{res.files} checkpoint files, {len(res.copied_files)} other files copied")
+        parts.append(f"{_n(res.files, 'checkpoint file')}, "
+                     f"{_n(len(res.copied_files), 'other file')} copied")
     if res.skipped_files:
         shown = ", ".join(res.skipped_files[:3]) + (", ..." if len(res.skipped_files) > 3 else "")
-        parts.append(f"left out {len(res.skipped_files)} weight files in other formats ({shown})")
+        parts.append(f"left out {_n(len(res.skipped_files), 'weight file')} in other formats "
+                     f"({shown})")
     return printable("; ".join(parts))
 
 
@@ -268,9 +270,13 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     if not args.quiet:
         n = len(res.quantized) + len(res.copied)
         used = f" {_schemes_used(res.decisions)}" if res.quantized else ""
-        print(f"{printable(args.output)}: {len(res.quantized)} of {n} tensors quantized{used}, "
-              f"{_human(res.bytes_in)} -> {_human(res.bytes_out)} "
-              f"({res.bytes_in / max(res.bytes_out, 1):.2f}x) in {res.seconds:.2f} s")
+        # Tensor data against tensor data (as the dry run), then the file(s) as written: the
+        # header counts in the file, and with many small tensors it outweighs their data.
+        after = sum(d.bytes_after for d in res.decisions)
+        print(f"{printable(_written(plan_))}: {len(res.quantized)} of {_n(n, 'tensor')} "
+              f"quantized{used}, tensor data {_human(res.bytes_in)} -> {_human(after)} "
+              f"({res.bytes_in / max(after, 1):.2f}x), {_human(res.bytes_out)} written in "
+              f"{res.seconds:.2f} s")
         for line in (kept_summary(res.decisions, options.min_rank), _files_line(res)):
             if line:
                 print(line)
@@ -350,7 +356,8 @@ def _quantize_gguf(args: argparse.Namespace) -> int:
         if args.threads:
             set_num_threads(before)
     if not args.quiet:
-        print(printable(f"{args.output}: {len(res.quantized)} of {len(res.decisions)} tensors "
+        print(printable(f"{args.output}: {len(res.quantized)} of "
+                        f"{_n(len(res.decisions), 'tensor')} "
                         f"quantized to {target}, {_human(res.bytes_in)} of tensor data -> "
                         f"{_human(res.bytes_out)} file ({res.bytes_in / max(res.bytes_out, 1):.2f}x)"
                         f" in {res.seconds:.2f} s"))
@@ -402,8 +409,8 @@ def cmd_dequantize(args: argparse.Namespace) -> int:
     finally:
         bar.close()  # type: ignore[attr-defined]
     if not args.quiet:
-        print(f"{printable(args.output)}: {res.dequantized} tensors dequantized, {res.copied} "
-              f"copied, in {res.seconds:.2f} s")
+        print(f"{printable(_written(plan_))}: {_n(res.dequantized, 'tensor')} dequantized, "
+              f"{res.copied} copied, in {res.seconds:.2f} s")
         line = _files_line(res)
         if line:
             print(line)
@@ -427,8 +434,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     meta = ", ".join(f"{k}={v}" for k, v in info["metadata"].items())
     what = info["format"]
     if what == "folder":
-        what = f"folder of {len(info['files'])} checkpoint files"
-    print(printable(f"{info['file']}: {what}, {len(rows)} tensors ({n_q} quantized), "
+        what = f"folder of {_n(len(info['files']), 'checkpoint file')}"
+    print(printable(f"{info['file']}: {what}, {_n(len(rows), 'tensor')} ({n_q} quantized), "
                     f"{_human(info['file_bytes'])}" + (f"; metadata: {meta}" if meta else "")))
 
     def bits(b: float | None) -> str:
@@ -453,6 +460,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     elif is_gguf(args.input) and _ggml_type(args.scheme) is not None:
         rep = _report_gguf(args)
     else:
+        if is_gguf(args.input):
+            try:
+                presets.resolve(args.scheme)
+            except QuantError as e:  # neither: name both kinds of scheme a GGUF file takes
+                from .gguf import TYPES
+
+                raise CliError(f"--scheme: {e}; or, for a GGUF file, one of ggml's types "
+                               f"({', '.join(t.lower() for t in TYPES)})") from None
         scheme = _scheme(args.scheme)
         options = _file_options(args)
         total = sum(f.bytes_in for f in plan_report(args.input, scheme, options))
@@ -476,7 +491,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     o, f = rep["overall"], rep["file_total"]
     table = [row(r["name"], _shape(r["shape"]), r) for r in rep["tensors"]]
-    table.append(row(f"overall ({o['tensors']} tensors)", f"{o['numel']:,} values", o))
+    table.append(row(f"overall ({_n(o['tensors'], 'tensor')})", f"{o['numel']:,} values", o))
     how = ("ggml's rules, as llama-quantize --pure" if rep.get("format") == "gguf" else
            f"calibration {rep['calibration']}, rounding {rep['rounding']}, scale rounding "
            f"{rep['scale_rounding']}")
@@ -489,6 +504,19 @@ def cmd_report(args: argparse.Namespace) -> int:
           f"{f['tensors']} tensors left as they are; quantize time {o['seconds']:.2f} s "
           f"({gbs:.2f} GB/s of input). Sizes after are values + scales, as written by quantize.")
     return 0
+
+
+def _n(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless one: "1 tensor", "3 tensors"."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _written(plan_: Any) -> str:
+    """Where a run's output went: the file itself when one file was written into a folder
+    (``-o outdir/``), else OUT as given."""
+    if plan_.into_folder and plan_.folder is None:
+        return str(plan_.dst / plan_.files[0].rel)
+    return str(plan_.dst)
 
 
 def _path(text: str) -> str:
