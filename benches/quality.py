@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import struct
@@ -34,6 +35,8 @@ def load_tensors(path: str, pattern: str) -> List[Tuple[str, np.ndarray]]:
     dtypes = {"F32": np.float32, "F16": np.float16}
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
+        if n > os.fstat(f.fileno()).st_size - 8:  # before reading that much
+            raise ValueError(f"its header length {n} runs past the end of the file")
         header = json.loads(f.read(n))
         out = []
         for name, meta in sorted(header.items()):
@@ -110,12 +113,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = p.parse_args(argv)
     if args.threads:
         bq.set_num_threads(args.threads)
-    tensors = load_tensors(args.model, args.pattern)
+    try:
+        tensors = load_tensors(args.model, args.pattern)
+    except (OSError, ValueError, KeyError, TypeError, struct.error) as e:
+        print(f"quality.py: {args.model}: not a readable safetensors file "
+              f"({getattr(e, 'strerror', None) or e})", file=sys.stderr)
+        return 2
     if not tensors:
-        print(f"no float tensor of {args.model} matches {args.pattern!r}", file=sys.stderr)
+        print(f"quality.py: no float32/float16 tensor of {args.model} matches {args.pattern!r} "
+              "(the default picks BERT's FFN output weights; --pattern REGEX picks others)",
+              file=sys.stderr)
         return 2
     numel = sum(x.size for _, x in tensors)
-    print(f"{len(tensors)} tensors, {numel} values, {bq.get_num_threads()} threads")
+    print(f"{len(tensors)} tensor{'' if len(tensors) == 1 else 's'}, {numel} values, "
+          f"{bq.get_num_threads()} threads")
     head = f"{'scheme':<20} {'bits/w':>7} {'own dB':>8} {'mse dB':>8} {'own ms':>8} {'mse ms':>8} {'mse/own':>8}"
     print(head)
     print("-" * len(head))

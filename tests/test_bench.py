@@ -257,3 +257,23 @@ def test_a_searched_preset_that_misses_says_what_its_search_costs_and_stays_miss
     # a met target carries no excuse, and a scheme without a minmax cell no note
     assert "note" not in ts["#13 searched fast: quantize 1T ≥ 0.8× copyto"]
     assert "note" not in ts["#13 plain: quantize 1T ≥ 0.8× copyto"]
+
+
+def test_the_quality_script_says_in_one_line_what_it_cannot_read(tmp_path):
+    np.save(tmp_path / "w.npy", np.ones((4, 4), np.float32))  # no safetensors header
+    from safetensors.numpy import save_file
+
+    save_file({"mlp.down_proj.weight": np.ones((8, 32), np.float32)}, str(tmp_path / "m.safetensors"))
+    script = str(BENCHES / "quality.py")
+    for args, words in [([str(tmp_path / "absent.safetensors")], "No such file"),
+                        ([str(tmp_path / "w.npy")], "header length"),
+                        ([str(tmp_path / "m.safetensors")], "--pattern REGEX picks others")]:
+        proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+                              timeout=120, check=False)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert words in proc.stderr and "Traceback" not in proc.stderr
+    ok = subprocess.run([sys.executable, script, str(tmp_path / "m.safetensors"), "--pattern",
+                         r"down_proj", "--repeat", "1"], capture_output=True, text=True,
+                        timeout=300, check=False)
+    assert ok.returncode == 0, ok.stderr
+    assert "1 tensor, 256 values" in ok.stdout
