@@ -107,19 +107,29 @@ def test_dims_out_of_range(tmp_path, capsys, shape):
     assert_refused(tmp_path, capsys, src, f"{src}: w: malformed safetensors header entry")
 
 
-def test_huge_shape_in_blockquant_metadata(tmp_path, capsys):
+def with_blockquant_metadata(tmp_path, scheme, edit):
+    """A blockquant file of one tensor "w" quantized with ``scheme``, whose ``blockquant``
+    metadata has gone through ``edit``: a function changing the parsed JSON in place, or a
+    text to replace it."""
     src = tmp_path / "m.safetensors"
     save_file({"w": np.ones((4, 32), np.float32)}, str(src))
     q = tmp_path / "q.safetensors"
-    assert run("quantize", src, "-o", q, "--scheme", "int8", "-q") == 0
+    assert run("quantize", src, "-o", q, "--scheme", scheme, "-q") == 0
     raw = q.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8: 8 + n])
     meta = json.loads(header["__metadata__"]["blockquant"])
-    meta["tensors"]["w"]["shape"] = [0, 2**64]
-    header["__metadata__"]["blockquant"] = json.dumps(meta)
+    if not isinstance(edit, str):
+        edit(meta)
+    header["__metadata__"]["blockquant"] = edit if isinstance(edit, str) else json.dumps(meta)
     bad = tmp_path / "bad.safetensors"
     write_header(bad, header, raw[8 + n:])
+    return bad
+
+
+def test_huge_shape_in_blockquant_metadata(tmp_path, capsys):
+    bad = with_blockquant_metadata(
+        tmp_path, "int8", lambda m: m["tensors"]["w"].__setitem__("shape", [0, 2**64]))
     before = listing(tmp_path)
     for argv in [("dequantize", bad, "-o", tmp_path / "o.safetensors"), ("inspect", bad)]:
         assert run(*argv) == 2
@@ -135,39 +145,13 @@ def test_huge_shape_in_blockquant_metadata(tmp_path, capsys):
     (lambda m: m.pop("format"), ": malformed blockquant metadata: the key 'format' is missing"),
     (lambda m: m.__setitem__("tensors", "w"), "malformed blockquant metadata: 'tensors' is a "
      "string, not an object"),
+    ("[]", "malformed blockquant metadata: a JSON object was expected, not an array"),
 ])
 def test_malformed_blockquant_metadata_says_what_is_wrong_in_words(tmp_path, capsys, edit, words):
-    src = tmp_path / "m.safetensors"
-    save_file({"w": np.ones((4, 32), np.float32)}, str(src))
-    q = tmp_path / "q.safetensors"
-    assert run("quantize", src, "-o", q, "--scheme", "nvfp4", "-q") == 0
-    raw = q.read_bytes()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8: 8 + n])
-    meta = json.loads(header["__metadata__"]["blockquant"])
-    edit(meta)
-    header["__metadata__"]["blockquant"] = json.dumps(meta)
-    bad = tmp_path / "bad.safetensors"
-    write_header(bad, header, raw[8 + n:])
+    bad = with_blockquant_metadata(tmp_path, "nvfp4", edit)
     assert run("inspect", bad) == 2
-    one_error_line(capsys, f"{bad}", words)
-
-
-def test_blockquant_metadata_that_is_not_an_object_is_named_so(tmp_path, capsys):
-    src = tmp_path / "m.safetensors"
-    save_file({"w": np.ones((4, 32), np.float32)}, str(src))
-    q = tmp_path / "q.safetensors"
-    assert run("quantize", src, "-o", q, "--scheme", "int8", "-q") == 0
-    raw = q.read_bytes()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8: 8 + n])
-    header["__metadata__"]["blockquant"] = "[]"
-    bad = tmp_path / "bad.safetensors"
-    write_header(bad, header, raw[8 + n:])
-    assert run("inspect", bad) == 2
-    line = one_error_line(capsys, "malformed blockquant metadata: a JSON object was expected, "
-                          "not an array")
-    assert "list indices" not in line
+    line = one_error_line(capsys, f"{bad}", words)
+    assert "list indices" not in line and "KeyError" not in line
 
 
 def test_huge_block_in_a_scheme_is_a_scheme_error(tmp_path, capsys):
