@@ -208,3 +208,25 @@ def test_only_canonical_texts_parse(text):
         assert repr(text) in str(e)
         return
     assert str(s) == text
+
+
+@pytest.mark.parametrize("text", [
+    "q8s/native/block" + "9" * 4301 + ":f16",  # past Python's int() digit limit
+    "q2s/packed_u32_" + "9" * 4301 + "/block32:f16",
+    "q8s/native/block" + "9" * 21 + ":f16",  # past any u64, within that limit
+    "q8s/packed_native" + "1" * 25 + "/block32:f16",
+    "q8s/native/block32:f16" + "/" * 2000,
+])
+def test_numbers_and_texts_too_long_for_a_scheme_are_scheme_errors(text):
+    with pytest.raises(SchemeError) as e:
+        QuantScheme.parse(text)
+    assert len(str(e.value)) < 400  # quotes a part, not the whole text twice
+
+
+def test_the_longest_real_scheme_texts_still_parse():
+    # 16 distinct float32 entries, each written as its longest shortest text (9 digits, an
+    # exponent)
+    entries = np.float32(-1.2345679e-30) * np.arange(1, 17, dtype=np.float32)
+    book = "[" + ",".join(str(v) for v in entries) + "]"
+    text = f"q4f/packed_u32_0/block16x16x16x16x16:ue4m3+tensor:f32/lookup:{book}"
+    assert str(QuantScheme.parse(text)) == text

@@ -391,6 +391,9 @@ class QuantScheme:
         """
         if not isinstance(text, str):
             raise TypeError(f"a scheme text is a str, got {type(text).__name__}")
+        if len(text) > MAX_SCHEME_TEXT:  # the longest real one, a codebook of 16, is ~300
+            raise SchemeError(f"a scheme text of {len(text)} characters is too long to be one "
+                              f"(at most {MAX_SCHEME_TEXT}): {text[:40]!r}...")
         parts = text.split("/")
         if len(parts) == 1:
             raise SchemeError(
@@ -475,7 +478,10 @@ _VALUE_TEXT = {v: v.value.lower() for v in QuantValue}
 _DTYPE_TEXT = {d: d.value.lower() for d in ScaleDtype}
 _TEXT_VALUE = {t: v for v, t in _VALUE_TEXT.items()}
 _TEXT_DTYPE = {t: d for d, t in _DTYPE_TEXT.items()}
-_NUMBER = r"(0|[1-9][0-9]*)"  # canonical: no sign, no leading zeros
+#: Longer than any scheme text: the longest, a custom codebook of 16 entries of the longest
+#: float32 text each, is about 300 characters.
+MAX_SCHEME_TEXT = 1000
+_NUMBER = r"(0|[1-9][0-9]{0,19})"  # canonical: no sign, no leading zeros; 20 digits hold any u64
 _LEVELS_HINT = "tensor, tensor:DTYPE, blockN:DTYPE, blockNxM:DTYPE or blockN:DTYPE+tensor:f32"
 
 
