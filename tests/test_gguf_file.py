@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import warnings
 from pathlib import Path
 
@@ -386,3 +387,41 @@ def test_report_of_a_gguf_file_with_an_unknown_scheme_names_ggmls_types_too(mode
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown scheme 'q9_9'" in err
     assert "not a preset (int8" in err and "one of ggml's types (f32, f16, bf16, q8_0" in err
+
+
+def _kv_file(path, vtype: int, payload: bytes, n_tensors: int = 0, n_kv: int = 1) -> Path:
+    """A GGUF file of one key "a" of type ``vtype`` followed by ``payload`` (hand-built, so
+    that counts can lie)."""
+    head = b"GGUF" + struct.pack("<IQQ", 3, n_tensors, n_kv)
+    path.write_bytes(head + struct.pack("<Q", 1) + b"a" + struct.pack("<I", vtype) + payload
+                     + bytes(64))
+    return path
+
+
+@pytest.mark.parametrize("make, words", [
+    # an array of 2^40 uint32 in 16 bytes: gguf-py would allocate and loop until memory ran out
+    (lambda p: _kv_file(p, 9, struct.pack("<IQ", 4, 2**40) + bytes(16)), "an array of 1099511627776"),
+    (lambda p: _kv_file(p, 9, struct.pack("<IQ", 8, 2**40) + bytes(16)), "an array of 1099511627776"),
+    (lambda p: _kv_file(p, 8, struct.pack("<Q", 2**50)), "needs 1125899906842624 bytes"),
+    (lambda p: _kv_file(p, 4, bytes(4), n_kv=2**40), "1099511627776 key/value pairs"),
+    (lambda p: _kv_file(p, 4, bytes(4), n_tensors=2**40), "1099511627776 tensors"),
+    (lambda p: _kv_file(p, 77, bytes(4)), "unknown value type 77"),
+    (lambda p: _kv_file(p, 9, struct.pack("<IQ", 9, 1) * 20 + bytes(16)), "nested more than 8"),
+])
+def test_a_gguf_header_whose_counts_lie_is_refused_before_gguf_py_reads_it(tmp_path, capsys,
+                                                                          make, words):
+    bad = make(tmp_path / "bad.gguf")
+    for argv in (["inspect", bad], ["report", bad, "--scheme", "q8_0"],
+                 ["dequantize", bad, "-o", tmp_path / "d.safetensors"],
+                 ["quantize", bad, "-o", tmp_path / "q.gguf", "--scheme", "q8_0"]):
+        assert run(*map(str, argv)) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "not a valid GGUF file" in err and words in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
+
+
+def test_real_gguf_headers_pass_the_length_walk(model):
+    # every key/value type and a tokenizer array, as gguf-py writes them
+    from blockquant.checkpoint.gguf_file import _check_lengths
+
+    _check_lengths(model)

@@ -112,9 +112,95 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
+#: Bytes of each fixed-size GGUF value type (gguf_type), by its number; 8 is a string (a u64
+#: length, then the bytes), 9 an array (a u32 item type, a u64 count, the items).
+_VALUE_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING = 8
+#: The least bytes a key/value pair (an empty key, a type, a one-byte value) and a tensor's
+#: description (an empty name, one dimension, a type, an offset) take.
+_MIN_KV, _MIN_TENSOR = 13, 28
+
+
+class _Lengths:
+    """A walk over a GGUF file's header that checks every count and length it holds against
+    the bytes left in the file, before gguf-py's reader trusts them: a count patched to 2^40
+    would otherwise have it allocate and loop until memory runs out. Nothing is kept."""
+
+    def __init__(self, f: BinaryIO, size: int) -> None:
+        self.f, self.size = f, size
+
+    def take(self, n: int, what: str) -> bytes:
+        left = self.size - self.f.tell()
+        if n > left:
+            raise ValueError(f"{what} needs {n} bytes, the file has {left} left")
+        return self.f.read(n)
+
+    def u32(self, what: str) -> int:
+        (v,) = struct.unpack("<I", self.take(4, what))
+        return int(v)
+
+    def u64(self, what: str) -> int:
+        (v,) = struct.unpack("<Q", self.take(8, what))
+        return int(v)
+
+    def skip(self, n: int, what: str) -> None:
+        left = self.size - self.f.tell()
+        if n > left:
+            raise ValueError(f"{what} needs {n} bytes, the file has {left} left")
+        self.f.seek(n, os.SEEK_CUR)
+
+    def string(self, what: str) -> None:
+        self.skip(self.u64(what), what)
+
+    def value(self, vtype: int, what: str, depth: int = 0) -> None:
+        if vtype in _VALUE_SIZES:
+            self.skip(_VALUE_SIZES[vtype], what)
+        elif vtype == _STRING:
+            self.string(what)
+        elif vtype == _ARRAY:
+            if depth > 8:
+                raise ValueError(f"{what}: arrays nested more than 8 deep")
+            itype, count = self.u32(what), self.u64(what)
+            if itype in _VALUE_SIZES:
+                self.skip(count * _VALUE_SIZES[itype], f"{what}: an array of {count}")
+                return
+            # Strings and arrays take at least 8 bytes each (a length or a type and a count).
+            self.skip(0 if count * 8 <= self.size - self.f.tell() else count * 8,
+                      f"{what}: an array of {count}")
+            for _ in range(count):
+                self.value(itype, what, depth + 1)
+        else:
+            raise ValueError(f"{what}: unknown value type {vtype}")
+
+    def header(self) -> None:
+        self.take(8, "the magic and version")
+        n_tensors, n_kv = self.u64("the tensor count"), self.u64("the key/value count")
+        self.skip(0 if n_kv * _MIN_KV + n_tensors * _MIN_TENSOR <= self.size - self.f.tell()
+                  else n_kv * _MIN_KV + n_tensors * _MIN_TENSOR,
+                  f"{n_kv} key/value pairs and {n_tensors} tensors")
+        for i in range(n_kv):
+            self.string(f"key {i}")
+            self.value(self.u32(f"key {i}'s type"), f"key {i}'s value")
+        for i in range(n_tensors):
+            self.string(f"tensor {i}'s name")
+            dims = self.u32(f"tensor {i}'s dimension count")
+            self.skip(8 * dims + 12, f"tensor {i}'s {dims} dimensions")
+
+
+def _check_lengths(path: Any) -> None:
+    with open(path, "rb") as f:
+        _Lengths(f, os.fstat(f.fileno()).st_size).header()
+
+
 def open_reader(path: Any) -> Any:
     """gguf-py's reader of ``path``; a file it cannot parse is one ``CheckpointError``."""
     gguf = _gguf_py(path)
+    try:
+        _check_lengths(path)
+    except OSError as e:
+        raise CheckpointError(path, None, os_reason(e)) from None
+    except (ValueError, struct.error) as e:
+        raise CheckpointError(path, None, f"not a valid GGUF file ({e})") from None
     try:
         reader = gguf.GGUFReader(path)
     except OSError as e:
