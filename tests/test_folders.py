@@ -843,3 +843,27 @@ def test_a_bad_thread_variable_is_one_warning_line_not_one_per_worker(tmp_path, 
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and "BLOCKQUANT_NUM_THREADS='abc'" in lines[0], proc.stderr
     assert "RuntimeWarning" in lines[0] and "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX named pipes and devices")
+@pytest.mark.parametrize("what", ["device link", "pipe index", "pipe other"])
+def test_a_special_file_in_a_folder_is_refused_before_it_is_read(tmp_path, model, capsys, what):
+    src, _ = model
+    if what == "device link":  # copying it would fill the disk
+        (src / "tokenizer.json").unlink(missing_ok=True)
+        os.symlink("/dev/zero", src / "tokenizer.json")
+        bad = src / "tokenizer.json"
+    elif what == "pipe index":  # reading it would wait for a writer
+        bad = src / INDEX
+        bad.unlink()
+        os.mkfifo(bad)
+    else:
+        bad = src / "notes.txt"
+        os.mkfifo(bad)
+    for argv in (["quantize", src, "-o", tmp_path / "q", "--scheme", "int8"], ["inspect", src],
+                 ["report", src, "--scheme", "int8"]):
+        assert run(*argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{bad}: is not a regular file" in err, err
+    assert not (tmp_path / "q").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".q")]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,6 +111,8 @@ def scan_folder(root: Path) -> ModelFolder:
             hint = f"; it has PyTorch weights, which blockquant does not read: {HOW_TO_CONVERT}"
         raise CheckpointError(root, None, f"holds no .safetensors file{hint}")
     folder = ModelFolder(root, checkpoints, {}, others, skipped, folders)
+    for rel in [*index_files, *others]:
+        _regular(folder.path(rel))
     for rel in index_files:
         folder.indexes[rel] = _read_index(folder, rel)
     return folder
@@ -117,6 +120,18 @@ def scan_folder(root: Path) -> ModelFolder:
 
 def _raise(e: OSError) -> None:
     raise e
+
+
+def _regular(path: Path) -> None:
+    """Refuses a file that is not a regular one (itself or where its link points): reading a
+    named pipe waits for a writer, and copying a device (a link to /dev/zero) never ends."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise CheckpointError(path, None, os_reason(e)) from None
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(path, None, "is not a regular file (a pipe, a device or a "
+                              "socket); a model folder holds files")
 
 
 def _read_index(folder: ModelFolder, rel: str) -> dict[str, Any]:
