@@ -567,3 +567,97 @@ def test_an_empty_path_is_a_usage_error(tmp_path, ckpt, capsys, monkeypatch, arg
     assert run(*[str(ckpt) if a == "IN" else a for a in argv]) == 2
     one_error_line(capsys, "an empty name is no file or folder")
     assert only_files(ckpt.parent) == before
+
+
+# -- a signal once the output is in place ---------------------------------------------------------
+def test_signals_wait_for_the_renames_that_put_an_output_in_place():
+    import signal
+
+    from blockquant._fs import signals_deferred
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def handler(signum, frame):
+        seen.append("handled")
+        raise Stop
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        with pytest.raises(Stop):
+            with signals_deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(1000):  # a handler would run at any of these
+                    pass
+                seen.append("section done")
+        assert seen == ["section done", "handled"]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _sigterm_self(*args, **kwargs):
+    import signal
+
+    os.kill(os.getpid(), signal.SIGTERM)
+    return ""
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_a_signal_after_the_output_is_in_place_says_it_was_written(tmp_path, ckpt, capsys,
+                                                                    monkeypatch, kind):
+    import blockquant.cli as cli
+
+    src = ckpt
+    if kind == "folder":
+        src = tmp_path / "model"
+        src.mkdir()
+        ckpt.rename(src / "model.safetensors")
+    out = tmp_path / ("q.safetensors" if kind == "file" else "q")
+    # the summary, printed after the output was renamed into place, is where the signal lands
+    monkeypatch.setattr(cli, "_schemes_used", _sigterm_self)
+    assert run("quantize", src, "-o", out, "--scheme", "int8") == 128 + 15
+    err = capsys.readouterr().err
+    assert f"blockquant: terminated ({out} had been written)" in err, err
+    assert out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_signal_while_the_replaced_folder_is_removed_leaves_nothing_behind(tmp_path, ckpt,
+                                                                             capsys, monkeypatch):
+    import shutil
+
+    src = tmp_path / "model"
+    src.mkdir()
+    ckpt.rename(src / "model.safetensors")
+    out = tmp_path / "q"
+    assert run("quantize", src, "-o", out, "--scheme", "int8", "-q") == 0
+    real_rmtree = shutil.rmtree
+
+    def rmtree_then_signal(path, *args, **kwargs):
+        if ".old" in str(path):
+            _sigterm_self()
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree_then_signal)
+    assert run("quantize", src, "-o", out, "--scheme", "nvfp4", "--force", "-q") == 128 + 15
+    assert f"({out} had been written)" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "q"]  # no .q.*.old left
+    schemes = {str(t.scheme) for t in bq.load(out).values() if isinstance(t, bq.QTensor)}
+    assert schemes == {str(bq.presets.nvfp4())}  # the new output, whole
+
+
+def test_force_over_a_link_to_a_model_folder_replaces_the_link_and_leaves_nothing(tmp_path,
+                                                                                  ckpt):
+    src = tmp_path / "model"
+    src.mkdir()
+    ckpt.rename(src / "model.safetensors")
+    target = tmp_path / "old-output"
+    assert run("quantize", src, "-o", target, "--scheme", "int8", "-q") == 0
+    link = tmp_path / "linkq"
+    link.symlink_to(target)
+    assert run("quantize", src, "-o", link, "--scheme", "nvfp4", "--force", "-q") == 0
+    assert link.is_dir() and not link.is_symlink()
+    assert (target / "model.safetensors").is_file()  # the link's target is left as it was
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["linkq", "model", "old-output"]

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
+import threading
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 #: The longest file name (in bytes) Linux, macOS and Windows file systems accept.
@@ -22,23 +27,76 @@ def temp_sibling(path: Path, kind: str = "tmp") -> Path:
     return path.with_name(f".{stem}{suffix}")
 
 
+#: The last outputs put in place by this process, and how many there have been: the command
+#: says, when a signal ends it, whether its output was written. Recorded within
+#: :func:`signals_deferred`, so that no signal falls between the rename and the record.
+_published: deque[Path] = deque(maxlen=64)
+_published_count = 0
+
+
+def record_published(path: Path) -> None:
+    global _published_count
+    _published.append(path)
+    _published_count += 1
+
+
+def published_mark() -> int:
+    """A mark to pass to :func:`published_since` later."""
+    return _published_count
+
+
+def published_since(mark: int) -> list[Path]:
+    """The outputs put in place since ``mark`` (the last 64 at most)."""
+    n = _published_count - mark
+    return list(_published)[-n:] if n > 0 else []
+
+_DEFERRED = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)]
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP held back until the block is done, then handled as they would
+    have been: for the few renames that put an output in place, which a signal must not split
+    (an old folder moved aside and the new one not yet in its place). Python runs signal
+    handlers in the main thread only, so elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {}
+    for sig in _DEFERRED:
+        handler = signal.getsignal(sig)
+        if handler in (signal.SIG_IGN, None):  # ignored, or not Python's to change
+            continue
+        previous[sig] = signal.signal(sig, lambda signum, _frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in caught:
+            signal.raise_signal(sig)
+
+
 def publish(tmp: Path, path: Path, *, force: bool) -> None:
     """Put the finished (flushed, fsynced, closed) file ``tmp`` at ``path``. With ``force`` a
     rename replaces whatever is there; without, a hard link, which fails if ``path`` exists,
     so an existing file is never clobbered (``FileExistsError``); a file system without hard
     links falls back to a rename after checking. Other ``OSError``s propagate."""
-    if force:
-        os.replace(tmp, path)
-        return
-    try:
-        os.link(tmp, path)
-        os.unlink(tmp)
-    except FileExistsError:
-        raise
-    except OSError:  # a filesystem without hard links
-        if path.exists():
-            raise FileExistsError(path) from None
-        os.replace(tmp, path)
+    with signals_deferred():
+        if force:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)
+                os.unlink(tmp)
+            except FileExistsError:
+                raise
+            except OSError:  # a filesystem without hard links
+                if path.exists():
+                    raise FileExistsError(path) from None
+                os.replace(tmp, path)
+        record_published(path)
 
 
 def same_file(a: os.PathLike[str] | str, b: os.PathLike[str] | str) -> bool:

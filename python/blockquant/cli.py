@@ -28,7 +28,7 @@ from typing import Any, NoReturn, get_args
 
 import numpy as np
 
-from . import __version__, presets
+from . import __version__, _fs, presets
 from ._text import printable
 from .checkpoint import FileOptions
 from .checkpoint.folders import (
@@ -701,6 +701,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     except (AttributeError, ValueError):
         pass
+    done = _fs.published_mark()  # outputs of earlier calls in this process are not this run's
     previous = {}
     try:
         for sig in _ENDING_SIGNALS:
@@ -725,14 +726,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         # one not found yet.
         return _error(f"{_input(args)}{type(e).__name__}: {e}")
     except _Terminated as e:
-        _say("\nblockquant: terminated (no output written)")
+        _say(f"\nblockquant: terminated ({_what_was_written(done)})")
         return 128 + e.signum
     except KeyboardInterrupt:
-        _say("\nblockquant: interrupted (no output written)")
+        _say(f"\nblockquant: interrupted ({_what_was_written(done)})")
         return 130
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _what_was_written(done: int) -> str:
+    """What a run ended by a signal left: nothing, or the outputs it had already put in place
+    (the signal came after the last rename)."""
+    # A file put into a folder output's temporary folder was published there, but the folder
+    # is the output: once renamed (or removed), that path is gone.
+    written = [p for p in _fs.published_since(done) if os.path.lexists(p)]
+    if not written:
+        return "no output written"
+    return printable(f"{', '.join(map(str, written))} had been written")
 
 
 def _error(message: str) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .._fs import same_file, temp_sibling
+from .._fs import record_published, same_file, signals_deferred, temp_sibling
 from ..checkpoint.base import CheckpointError
 from ..checkpoint.options import FileOptions
 from ..checkpoint.rules import compile_rules
@@ -317,8 +317,10 @@ def save(model: Any, src: Any, dst: Path, *, force: bool, external: bool | None)
         except Exception as e:  # a bug of blockquant's: say so in one line, write nothing
             raise error(dst, f"the written model fails onnx.checker ({type(e).__name__}: {e}); "
                         "please report this") from None
-        if external:
-            os.replace(tmp / data_name, data_dst)
-        os.replace(model_tmp, dst)
+        with signals_deferred():  # the data file and the model that names it, together
+            if external:
+                os.replace(tmp / data_name, data_dst)
+            os.replace(model_tmp, dst)
+            record_published(dst)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
