@@ -867,3 +867,42 @@ def test_a_special_file_in_a_folder_is_refused_before_it_is_read(tmp_path, model
         assert err.count("\n") == 1 and f"{bad}: is not a regular file" in err, err
     assert not (tmp_path / "q").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".q")]
+
+
+@pytest.mark.parametrize("where", ["metadata", "tensor name", "shard name"])
+def test_an_index_with_a_lone_surrogate_is_refused_before_anything_is_converted(
+        tmp_path, model, capsys, where):
+    src, _ = model
+    index = json.loads((src / INDEX).read_text())
+    if where == "metadata":
+        raw = json.dumps(index)[:-1] + ', "note": "\\udcff"}'
+    elif where == "tensor name":
+        name, shard = next(iter(index["weight_map"].items()))
+        raw = json.dumps(index).replace(json.dumps(name), json.dumps(name)[:-1] + '\\udcff"', 1)
+    else:
+        shard = next(iter(index["weight_map"].values()))
+        os.rename(src / shard, src / os.fsdecode(os.fsencode(shard).replace(b"-", b"\xff", 1)))
+        raw = json.dumps(index).replace(shard, shard.replace("-", "\\udcff", 1))
+    (src / INDEX).write_text(raw)
+    import blockquant.checkpoint.folders as folders
+
+    started = []  # the output folder is made once the plan, which reads the index, is done
+
+    class Target(folders.FolderTarget):
+        def __init__(self, *a, **k):
+            started.append(a)
+            super().__init__(*a, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(folders, "FolderTarget", Target)
+        with pytest.raises(CheckpointError, match=r"malformed index: .*\\udcff.* is not valid Unicode"):
+            bq.quantize_file(src, tmp_path / "q", "int8")
+        assert started == [] and not (tmp_path / "q").exists()
+        if where == "metadata":  # the hook sees a run that gets that far
+            (src / INDEX).write_text(json.dumps(index))
+            bq.quantize_file(src, tmp_path / "ok", "int8")
+            assert len(started) == 1
+            (src / INDEX).write_text(raw)
+    assert run("quantize", src, "-o", tmp_path / "q", "--scheme", "int8") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not valid Unicode" in err and "UnicodeEncodeError" not in err

@@ -149,6 +149,15 @@ def _read_index(folder: ModelFolder, rel: str) -> dict[str, Any]:
         raise CheckpointError(path, None, f"malformed index: {e}") from None
     except RecursionError:
         raise CheckpointError(path, None, "malformed index: nested too deeply") from None
+    try:
+        bad = _not_unicode(index)
+    except RecursionError:
+        raise CheckpointError(path, None, "malformed index: nested too deeply") from None
+    if bad is not None:
+        # JSON's \ud800-\udfff escapes parse to lone surrogates, which no UTF-8 file (the
+        # index written back) can hold.
+        raise CheckpointError(path, None, f"malformed index: {bad!r} is not "
+                              "valid Unicode (a lone surrogate)")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not isinstance(index.get("metadata", {}), dict):
         raise CheckpointError(path, None, "malformed index: no weight_map object of tensor "
@@ -162,6 +171,23 @@ def _read_index(folder: ModelFolder, rel: str) -> dict[str, Any]:
             raise CheckpointError(path, name, f"weight_map names shard {shard!r}, which is not a "
                                   ".safetensors file beside the index")
     return index
+
+
+def _not_unicode(value: Any) -> str | None:
+    """The first text in a parsed JSON value (keys included) that UTF-8 cannot encode."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value
+        return None
+    items = value.items() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for item in items:
+        for part in item if isinstance(value, dict) else (item,):
+            bad = _not_unicode(part)
+            if bad is not None:
+                return bad
+    return None
 
 
 def _shards_of(rel_index: str, index: dict[str, Any]) -> list[str]:
