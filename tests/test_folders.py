@@ -906,3 +906,21 @@ def test_an_index_with_a_lone_surrogate_is_refused_before_anything_is_converted(
     assert run("quantize", src, "-o", tmp_path / "q", "--scheme", "int8") == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not valid Unicode" in err and "UnicodeEncodeError" not in err
+
+
+def test_a_tensor_in_two_shards_is_refused_by_every_command(tmp_path, model, capsys):
+    src, _ = model
+    shards = shard_names(src)
+    first = load_file(src / shards[0])
+    name = sorted(first)[0]
+    second = load_file(src / shards[1])
+    second[name] = first[name]  # the index still maps it to the first shard only
+    save_file(second, str(src / shards[1]))
+    for argv in (["quantize", src, "-o", tmp_path / "q", "--scheme", "int8"], ["inspect", src],
+                 ["report", src, "--scheme", "int8"]):
+        assert run(*argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{name}: is in '{shards[0]}' too" in err, err
+    with pytest.raises(CheckpointError, match="is in another file of the folder too"):
+        bq.load(src)
+    assert not (tmp_path / "q").exists()

@@ -197,7 +197,17 @@ def _shards_of(rel_index: str, index: dict[str, Any]) -> list[str]:
 
 def _check_index_against_shards(folder: ModelFolder,
                                 held: dict[str, frozenset[str]]) -> None:
-    """Every tensor an index maps must be in the shard it names (``held``: shard -> names)."""
+    """Every tensor an index maps must be in the shard it names (``held``: shard -> names), and
+    no tensor name may be in two checkpoints of one folder level (which would a reader take?
+    ``bq.load`` refuses such a folder; the output index could name only one)."""
+    first: dict[tuple[str, str], str] = {}
+    for shard in sorted(held, key=natural_key):
+        here = Path(shard).parent.as_posix()
+        for name in sorted(held[shard]):
+            other = first.setdefault((here, name), shard)
+            if other != shard:
+                raise CheckpointError(folder.path(shard), name, f"is in {other!r} too: a tensor "
+                                      "name is in one checkpoint of a folder")
     for rel, index in folder.indexes.items():
         here = Path(rel).parent
         for name, shard in index["weight_map"].items():
