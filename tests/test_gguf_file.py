@@ -425,3 +425,41 @@ def test_real_gguf_headers_pass_the_length_walk(model):
     from blockquant.checkpoint.gguf_file import _check_lengths
 
     _check_lengths(model)
+
+
+def _one_raw_tensor(path: Path, gtype, nbytes_per_row: int, rows: int = 4,
+                    fill: int | None = None) -> Path:
+    """A GGUF file of one tensor "a.weight" of ggml type ``gtype`` holding random bytes (or
+    every byte ``fill``)."""
+    w = GGUFWriter(path, "llama")
+    raw = np.random.default_rng(0).integers(0, 256, (rows, nbytes_per_row), dtype=np.uint8)
+    if fill is not None:
+        raw[:] = fill
+    w.add_tensor("a.weight", raw, raw_dtype=gtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_a_type_gguf_py_cannot_dequantize_is_named_once(tmp_path, capsys):
+    src = _one_raw_tensor(tmp_path / "q81.gguf", GT.Q8_1, 40 * 8)  # 8 blocks of 32 a row
+    assert run("quantize", src, "-o", tmp_path / "o.gguf", "--scheme", "q4_0",
+               "--allow-requantize") == 2
+    err = capsys.readouterr().err
+    assert err == f"blockquant: error: {src}: a.weight: gguf-py cannot dequantize Q8_1\n", err
+
+
+def test_corrupt_scales_of_another_type_are_one_error_line_without_numpys_warnings(tmp_path,
+                                                                                  capsys):
+    # IQ1_M of all-ones bytes: its f16 scale is a NaN
+    src = _one_raw_tensor(tmp_path / "iq1m.gguf", GT.IQ1_M, 56 * 2, rows=8, fill=0xFF)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a numpy RuntimeWarning would fail the command here
+        for argv in (["report", src, "--scheme", "q4_0"],
+                     ["quantize", src, "-o", tmp_path / "o.gguf", "--scheme", "q4_0",
+                      "--allow-requantize"]):
+            assert run(*map(str, argv)) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and "non-finite value" in err, err

@@ -300,7 +300,11 @@ def values(rt: Any, t: GGUFTensorInfo, path: Any) -> np.ndarray:
         return bg.dequantize(data, t.ggml_type).reshape(t.shape)
     gguf = _gguf_py(path)
     try:
-        return np.asarray(gguf.quants.dequantize(data, rt.tensor_type), np.float32).reshape(t.shape)
+        # Corrupt scales make numpy warn inside gguf-py; the NaN or infinity they give is
+        # reported once, by whoever reads the values (quantize's non-finite check).
+        with np.errstate(all="ignore"):
+            out = gguf.quants.dequantize(data, rt.tensor_type)
+        return np.asarray(out, np.float32).reshape(t.shape)
     except NotImplementedError:
         raise CheckpointError(path, t.name, f"gguf-py cannot dequantize {t.ggml_type}") from None
 
@@ -542,6 +546,8 @@ def _tensor_data(ckpt: GGUFCheckpoint, d: GGUFDecision) -> np.ndarray:
         if t.ggml_type in ("F32", "F16"):
             return bg.quantize(rt.data, d.new_type)
         return bg.quantize(values(rt, t, ckpt.path), d.new_type)
+    except CheckpointError:
+        raise  # names the file and the tensor already
     except QuantError as e:
         raise ckpt.error(t.name, str(e)) from None
 
