@@ -197,3 +197,17 @@ def test_bad_scales_are_reported_before_bad_data_in_both_implementations():
             impl.quantize(x, INT8B, scales=[-1.0, 1.0])
         with pytest.raises(bq.NonFiniteError):
             impl.quantize(x, INT8B, scales=[1.0, 1.0])
+
+
+def test_shapes_numpy_cannot_hold_are_layout_errors_everywhere():
+    scheme = bq.presets.int8()
+    too_many = (1,) * 65  # past numpy's 64 dimensions (32 before numpy 2)
+    too_big = (2**64,)
+    for shape in (too_many, too_big, (2**40, 2**40)):
+        with pytest.raises(bq.LayoutError):
+            scheme.layout(shape)
+        with pytest.raises(bq.LayoutError):
+            bq.QTensor.from_bytes(bytes(5), scheme, shape)
+        with pytest.raises(bq.LayoutError):
+            bq.QTensor.from_parts(np.zeros(1, np.int8), np.ones((), np.float32), scheme, shape)
+    assert scheme.layout((2**20, 2**20)).storage_shape == (2**20, 2**20)  # large, but real

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 from typing import Any, Optional, Tuple, Union
 
 import numpy as np
@@ -18,7 +17,7 @@ from . import _native
 from .errors import LayoutError, QuantError, ScaleError
 from .options import Calibration, Rounding, ScaleRounding, as_bytes, importance_weights
 from .presets import resolve
-from .scheme import QuantScheme, QuantValue, ScaleDtype, _layout
+from .scheme import QuantScheme, QuantValue, ScaleDtype, _layout, _shape
 
 __all__ = ["QTensor", "quantize", "dequantize", "round_scale"]
 
@@ -72,28 +71,6 @@ def _as_input(x: Any) -> Tuple[np.ndarray, str]:
 
 def _check_scheme(scheme: Any) -> QuantScheme:
     return resolve(scheme)
-
-
-def _shape(shape: Any) -> Tuple[int, ...]:
-    try:
-        dims = tuple(shape)
-    except TypeError:
-        raise TypeError(f"shape must be a sequence of ints, got {shape!r}") from None
-    for d in dims:
-        # Not int(d): it would truncate 2.5 and parse "7".
-        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
-            raise TypeError(f"shape must be a sequence of ints, got an element {d!r}")
-    dims = tuple(int(d) for d in dims)
-    if any(d < 0 for d in dims):
-        raise LayoutError(f"shape dims must be >= 0, got {dims}")
-    # numpy refuses arrays whose non-zero dims multiply past its index range, even when another
-    # dim is 0: such a shape would make the core allocate an array numpy cannot create.
-    n = 4  # bytes of the widest element the core allocates (uint32 words, float32 output)
-    for d in dims:
-        n *= max(d, 1)
-    if n > sys.maxsize:
-        raise LayoutError(f"shape {dims} has more elements than fit in memory")
-    return dims
 
 
 def _numpy_int(v: int) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import functools
 import re
+import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Optional, Sequence, Tuple
 
@@ -354,15 +355,7 @@ class QuantScheme:
     def layout(self, shape: Iterable[int]) -> "Layout":
         """This scheme applied to a tensor of ``shape``: storage, scale grid and byte counts.
         Raises :class:`SchemeError` when the tensor cannot take the scheme."""
-        try:
-            dims = tuple(shape)
-        except TypeError:
-            raise TypeError(f"shape must be a sequence of ints, got {shape!r}") from None
-        if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in dims):
-            raise TypeError(f"shape must be a sequence of ints, got {dims!r}")
-        if any(d < 0 for d in dims):
-            raise LayoutError(f"shape dims must be >= 0, got {dims}")
-        return _layout(self, tuple(int(d) for d in dims))
+        return _layout(self, _shape(shape))
 
     # -- text form ---------------------------------------------------------------------------
     @classmethod
@@ -643,6 +636,38 @@ def _parse_lookup(part: str, text: str) -> Tuple[float, ...]:
 # every call: one computed per scheme and shape serves them all (a few microseconds each, most
 # of a small call's own time). Equal schemes have equal layouts (the options, which equality
 # ignores, do not enter into it). Errors are not cached: they are raised again.
+#: The most dimensions a numpy array has (NPY_MAXDIMS: 32 before numpy 2, 64 since).
+_MAX_DIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
+
+
+def _shape(shape: Any) -> Tuple[int, ...]:
+    """``shape`` as a tuple of ints, checked: a sequence of ints (``TypeError``), none
+    negative, at most numpy's number of dimensions, and few enough elements to fit in memory
+    (``LayoutError``)."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(f"shape must be a sequence of ints, got {shape!r}") from None
+    for d in dims:
+        # Not int(d): it would truncate 2.5 and parse "7".
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+            raise TypeError(f"shape must be a sequence of ints, got an element {d!r}")
+    dims = tuple(int(d) for d in dims)
+    if any(d < 0 for d in dims):
+        raise LayoutError(f"shape dims must be >= 0, got {dims}")
+    if len(dims) > _MAX_DIMS:
+        raise LayoutError(f"a shape of {len(dims)} dimensions: numpy arrays have at most "
+                          f"{_MAX_DIMS}")
+    # numpy refuses arrays whose non-zero dims multiply past its index range, even when another
+    # dim is 0: such a shape would make the core allocate an array numpy cannot create.
+    n = 4  # bytes of the widest element the core allocates (uint32 words, float32 output)
+    for d in dims:
+        n *= max(d, 1)
+    if n > sys.maxsize:
+        raise LayoutError(f"shape {dims} has more elements than fit in memory")
+    return dims
+
+
 @functools.lru_cache(maxsize=512)
 def _layout(scheme: QuantScheme, dims: Tuple[int, ...]) -> Layout:
     info = scheme._handle.layout(list(dims))
