@@ -924,3 +924,14 @@ def test_a_tensor_in_two_shards_is_refused_by_every_command(tmp_path, model, cap
     with pytest.raises(CheckpointError, match="is in another file of the folder too"):
         bq.load(src)
     assert not (tmp_path / "q").exists()
+
+
+def test_linked_folders_are_listed_as_such_not_as_weight_files(tmp_path, model, capsys):
+    src, _ = model
+    os.symlink("..", src / "up")
+    os.symlink(".", src / "self")
+    assert run("quantize", src, "-o", tmp_path / "q", "--scheme", "int8") == 0
+    out = capsys.readouterr().out
+    assert "left out 2 linked folders (self, up)" in out
+    assert "left out 1 weight file in other formats (pytorch_model.bin)" in out
+    assert not (tmp_path / "q" / "up").exists() and not (tmp_path / "q" / "self").exists()

@@ -32,6 +32,7 @@ from . import __version__, _fs, presets
 from ._text import printable
 from .checkpoint import FileOptions
 from .checkpoint.folders import (
+    OTHER_WEIGHTS,
     Plan,
     inspect_path,
     plan_dequantize,
@@ -237,10 +238,13 @@ def _files_line(res: Any) -> str:
     if res.files > 1 or res.copied_files:
         parts.append(f"{_n(res.files, 'checkpoint file')}, "
                      f"{_n(len(res.copied_files), 'other file')} copied")
-    if res.skipped_files:
-        shown = ", ".join(res.skipped_files[:3]) + (", ..." if len(res.skipped_files) > 3 else "")
-        parts.append(f"left out {_n(len(res.skipped_files), 'weight file')} in other formats "
-                     f"({shown})")
+    weights = [s for s in res.skipped_files if s.lower().endswith(OTHER_WEIGHTS)]
+    links = [s for s in res.skipped_files if not s.lower().endswith(OTHER_WEIGHTS)]
+    for left, what in ((weights, "weight file"), (links, "linked folder")):
+        if left:
+            shown = ", ".join(left[:3]) + (", ..." if len(left) > 3 else "")
+            tail = " in other formats" if what == "weight file" else ""
+            parts.append(f"left out {_n(len(left), what)}{tail} ({shown})")
     return printable("; ".join(parts))
 
 
