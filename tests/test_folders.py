@@ -935,3 +935,18 @@ def test_linked_folders_are_listed_as_such_not_as_weight_files(tmp_path, model, 
     assert "left out 2 linked folders (self, up)" in out
     assert "left out 1 weight file in other formats (pytorch_model.bin)" in out
     assert not (tmp_path / "q" / "up").exists() and not (tmp_path / "q" / "self").exists()
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
+def test_each_output_file_keeps_its_inputs_permissions(tmp_path, model):
+    src, _ = model
+    private = [*shard_names(src), INDEX, "tokenizer.json"]
+    for name in private:
+        os.chmod(src / name, 0o600)
+    os.chmod(src / "config.json", 0o640)
+    assert run("quantize", src, "-o", tmp_path / "q", "--scheme", "int8", "-q") == 0
+    for name in private:
+        assert (tmp_path / "q" / name).stat().st_mode & 0o777 == 0o600, name
+    assert (tmp_path / "q" / "config.json").stat().st_mode & 0o777 == 0o640
+    assert run("dequantize", tmp_path / "q", "-o", tmp_path / "d", "-q") == 0
+    assert (tmp_path / "d" / shard_names(src)[0]).stat().st_mode & 0o777 == 0o600

@@ -404,6 +404,11 @@ class Plan:
                 raise _retarget(e, target.tmp, self.dst) from None
             for rel in (self.folder.indexes if self.folder else {}):
                 _write_index(self.folder, rel, target.tmp)  # type: ignore[arg-type]
+            if self.folder is not None:
+                # Each file keeps its input's permissions, as cp does: a model kept private
+                # (0600) stays so.
+                for rel in [*copied, *self.folder.indexes, *(f.rel for f in self.files)]:
+                    _same_mode(self.folder.path(rel), target.tmp / rel)
             bytes_out = sum(os.path.getsize(target.tmp / f.rel) for f in self.files)
             target.commit()
         skipped = self.folder.skipped if self.folder else []
@@ -443,6 +448,13 @@ def _copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
     except OSError as e:
         raise CheckpointError(e.filename or src, None, os_reason(e)) from None
+
+
+def _same_mode(src: Path, dst: Path) -> None:
+    try:
+        shutil.copymode(src, dst)
+    except OSError as e:
+        raise CheckpointError(dst, None, f"cannot set its permissions: {os_reason(e)}") from None
 
 
 def _output_name(src: Path, burnpack: bool) -> str:
