@@ -597,6 +597,38 @@ def test_signals_wait_for_the_renames_that_put_an_output_in_place():
         signal.signal(signal.SIGTERM, previous)
 
 
+def test_a_signal_during_the_restore_loses_no_held_signal_and_leaves_no_handler(monkeypatch):
+    import signal
+
+    from blockquant import _fs
+
+    seen = []
+    mine = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append("term"))
+    real_signal = signal.signal
+    sent = []
+
+    def signal_then_interrupt(sig, handler):
+        old = real_signal(sig, handler)
+        if sig == signal.SIGINT and handler is signal.default_int_handler and not sent:
+            sent.append(sig)
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C right after its handler is back
+        return old
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with _fs.signals_deferred():
+                monkeypatch.setattr(signal, "signal", signal_then_interrupt)
+                os.kill(os.getpid(), signal.SIGTERM)  # held until the block ends
+        monkeypatch.setattr(signal, "signal", real_signal)
+        assert sent and seen == ["term"]  # the held SIGTERM was handled, once
+        handler = signal.getsignal(signal.SIGTERM)
+        assert getattr(handler, "__qualname__", "").startswith(
+            "test_a_signal_during_the_restore")  # the test's own handler is back
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        real_signal(signal.SIGTERM, mine)
+
+
 def _sigterm_self(*args, **kwargs):
     import signal
 

@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 #: The longest file name (in bytes) Linux, macOS and Windows file systems accept.
 NAME_MAX = 255
@@ -64,18 +65,38 @@ def signals_deferred() -> Iterator[None]:
         return
     caught: list[int] = []
     previous = {}
-    for sig in _DEFERRED:
-        handler = signal.getsignal(sig)
-        if handler in (signal.SIG_IGN, None):  # ignored, or not Python's to change
-            continue
-        previous[sig] = signal.signal(sig, lambda signum, _frame: caught.append(signum))
     try:
+        for sig in _DEFERRED:
+            handler = signal.getsignal(sig)
+            if handler in (signal.SIG_IGN, None):  # ignored, or not Python's to change
+                continue
+            # Recorded before the swap: signal.signal() runs pending handlers once it has
+            # installed the new one, and one of them may raise.
+            previous[sig] = handler
+            signal.signal(sig, lambda signum, _frame: caught.append(signum))
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        for sig in caught:
+        _restore(previous, caught)
+
+
+def _restore(previous: dict[int, Any], caught: list[int]) -> None:
+    """Puts the handlers back and handles the signals that came meanwhile. A handler that
+    raises (Ctrl-C's KeyboardInterrupt) may run inside any of these calls: every handler is
+    put back and every held signal handled all the same, and the first exception is raised at
+    the end."""
+    first: BaseException | None = None
+    for sig, handler in previous.items():
+        try:
+            signal.signal(sig, handler)  # installed even when it then raises
+        except BaseException as e:  # noqa: BLE001 - a signal's handler, raised meanwhile
+            first = first or e
+    for sig in caught:
+        try:
             signal.raise_signal(sig)
+        except BaseException as e:  # noqa: BLE001
+            first = first or e
+    if first is not None:
+        raise first
 
 
 def publish(tmp: Path, path: Path, *, force: bool) -> None:
