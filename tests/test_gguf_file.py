@@ -464,3 +464,29 @@ def test_corrupt_scales_of_another_type_are_one_error_line_without_numpys_warnin
             assert run(*map(str, argv)) == 2
             err = capsys.readouterr().err
             assert err.count("\n") == 1 and "non-finite value" in err, err
+
+
+def test_gguf_metadata_arrays_past_any_tokenizer_are_refused_before_gguf_py_reads_them(
+        tmp_path, capsys):
+    from blockquant.checkpoint.gguf_file import MAX_ARRAY_ITEMS
+
+    # honest counts: 2 Mi + 1 one-byte items fit the file, yet gguf-py would make a numpy
+    # object of each (gigabytes)
+    n = MAX_ARRAY_ITEMS + 1
+    bad = _kv_file(tmp_path / "many.gguf", 9, struct.pack("<IQ", 0, n) + bytes(n))
+    assert run("inspect", str(bad)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"hold over {MAX_ARRAY_ITEMS} items" in err, err
+
+
+@pytest.mark.parametrize("version, words", [
+    (struct.pack("<I", 1), "GGUF version 1: blockquant reads versions 2 and 3"),
+    (struct.pack(">I", 3), "is a big-endian GGUF file"),
+])
+def test_a_gguf_version_or_byte_order_not_read_is_said_before_the_counts(tmp_path, capsys,
+                                                                         version, words):
+    bad = tmp_path / "v.gguf"
+    bad.write_bytes(b"GGUF" + version + bytes(64))
+    assert run("inspect", str(bad)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err and "key/value pairs" not in err, err

@@ -121,13 +121,28 @@ _STRING = 8
 _MIN_KV, _MIN_TENSOR = 13, 28
 
 
+#: The most metadata array items a GGUF file may hold in all. gguf-py's reader makes a numpy
+#: object of each (about 700 bytes and 15 µs): a small crafted file of honest counts would still
+#: take gigabytes. The largest real tokenizers (a 262k vocabulary with its scores and types, or
+#: 150k tokens and their merges) hold under a million.
+MAX_ARRAY_ITEMS = 2 << 20
+
+
 class _Lengths:
     """A walk over a GGUF file's header that checks every count and length it holds against
-    the bytes left in the file, before gguf-py's reader trusts them: a count patched to 2^40
-    would otherwise have it allocate and loop until memory runs out. Nothing is kept."""
+    the bytes left in the file, and the metadata arrays' items against MAX_ARRAY_ITEMS, before
+    gguf-py's reader trusts them: a count patched to 2^40 would otherwise have it allocate and
+    loop until memory runs out. Nothing is kept."""
 
     def __init__(self, f: BinaryIO, size: int) -> None:
         self.f, self.size = f, size
+        self.items = 0
+
+    def count(self, n: int, what: str) -> None:
+        self.items += n
+        if self.items > MAX_ARRAY_ITEMS:
+            raise ValueError(f"{what}: its metadata arrays hold over {MAX_ARRAY_ITEMS} items "
+                             "in all, more than any model's tokenizer")
 
     def take(self, n: int, what: str) -> bytes:
         left = self.size - self.f.tell()
@@ -163,17 +178,25 @@ class _Lengths:
             itype, count = self.u32(what), self.u64(what)
             if itype in _VALUE_SIZES:
                 self.skip(count * _VALUE_SIZES[itype], f"{what}: an array of {count}")
+                self.count(count, what)
                 return
             # Strings and arrays take at least 8 bytes each (a length or a type and a count).
             self.skip(0 if count * 8 <= self.size - self.f.tell() else count * 8,
                       f"{what}: an array of {count}")
+            self.count(count, what)
             for _ in range(count):
                 self.value(itype, what, depth + 1)
         else:
             raise ValueError(f"{what}: unknown value type {vtype}")
 
     def header(self) -> None:
-        self.take(8, "the magic and version")
+        self.take(4, "the magic")
+        version = self.u32("the version")
+        if version not in (2, 3):
+            swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
+            if swapped in (2, 3):
+                raise _BigEndian
+            raise ValueError(f"GGUF version {version}: blockquant reads versions 2 and 3")
         n_tensors, n_kv = self.u64("the tensor count"), self.u64("the key/value count")
         self.skip(0 if n_kv * _MIN_KV + n_tensors * _MIN_TENSOR <= self.size - self.f.tell()
                   else n_kv * _MIN_KV + n_tensors * _MIN_TENSOR,
@@ -185,6 +208,13 @@ class _Lengths:
             self.string(f"tensor {i}'s name")
             dims = self.u32(f"tensor {i}'s dimension count")
             self.skip(8 * dims + 12, f"tensor {i}'s {dims} dimensions")
+
+
+_BIG_ENDIAN = "is a big-endian GGUF file, which blockquant does not read"
+
+
+class _BigEndian(Exception):
+    """A big-endian GGUF file, refused before its counts are read the wrong way round."""
 
 
 def _check_lengths(path: Any) -> None:
@@ -199,6 +229,8 @@ def open_reader(path: Any) -> Any:
         _check_lengths(path)
     except OSError as e:
         raise CheckpointError(path, None, os_reason(e)) from None
+    except _BigEndian:
+        raise CheckpointError(path, None, _BIG_ENDIAN) from None
     except (ValueError, struct.error) as e:
         raise CheckpointError(path, None, f"not a valid GGUF file ({e})") from None
     try:
@@ -210,8 +242,7 @@ def open_reader(path: Any) -> Any:
     except Exception as e:  # noqa: BLE001 - a corrupt file makes gguf-py raise anything
         raise CheckpointError(path, None, f"not a valid GGUF file ({_one_line(e)})") from None
     if reader.byte_order != "I":
-        raise CheckpointError(path, None, "is a big-endian GGUF file, which blockquant does "
-                              "not read")
+        raise CheckpointError(path, None, _BIG_ENDIAN)
     return reader
 
 
