@@ -860,8 +860,13 @@ def test_a_special_file_in_a_folder_is_refused_before_it_is_read(tmp_path, model
     else:
         bad = src / "notes.txt"
         os.mkfifo(bad)
-    for argv in (["quantize", src, "-o", tmp_path / "q", "--scheme", "int8"], ["inspect", src],
-                 ["report", src, "--scheme", "int8"]):
+    reads = [["quantize", src, "-o", tmp_path / "q", "--scheme", "int8"]]
+    if what == "pipe index":  # inspect and report read the index, not the other files
+        reads += [["inspect", src], ["report", src, "--scheme", "int8"]]
+    else:
+        assert run("inspect", src) == 0
+        capsys.readouterr()
+    for argv in reads:
         assert run(*argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"{bad}: is not a regular file" in err, err
@@ -920,10 +925,24 @@ def test_a_tensor_in_two_shards_is_refused_by_every_command(tmp_path, model, cap
                  ["report", src, "--scheme", "int8"]):
         assert run(*argv) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and f"{name}: is in '{shards[0]}' too" in err, err
+        assert err.count("\n") == 1 and f"{name}: is in '{shards[0]}' too, another shard of " \
+            f"'{INDEX}'" in err, err
     with pytest.raises(CheckpointError, match="is in another file of the folder too"):
         bq.load(src)
     assert not (tmp_path / "q").exists()
+
+
+def test_checkpoints_no_index_names_may_share_tensor_names(tmp_path):
+    # diffusers: a model and its fp16 variant side by side, each whole, no index
+    unet = tmp_path / "diff" / "unet"
+    unet.mkdir(parents=True)
+    w = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)
+    save_file({"w": w}, str(unet / "diffusion_pytorch_model.safetensors"))
+    save_file({"w": w.astype(np.float16)}, str(unet / "diffusion_pytorch_model.fp16.safetensors"))
+    assert run("quantize", tmp_path / "diff", "-o", tmp_path / "q", "--scheme", "int8", "-q") == 0
+    assert run("inspect", tmp_path / "diff") == 0
+    assert sorted(p.name for p in (tmp_path / "q" / "unet").iterdir()) == [
+        "diffusion_pytorch_model.fp16.safetensors", "diffusion_pytorch_model.safetensors"]
 
 
 def test_linked_folders_are_listed_as_such_not_as_weight_files(tmp_path, model, capsys):

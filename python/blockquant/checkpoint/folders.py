@@ -111,7 +111,7 @@ def scan_folder(root: Path) -> ModelFolder:
             hint = f"; it has PyTorch weights, which blockquant does not read: {HOW_TO_CONVERT}"
         raise CheckpointError(root, None, f"holds no .safetensors file{hint}")
     folder = ModelFolder(root, checkpoints, {}, others, skipped, folders)
-    for rel in [*index_files, *others]:
+    for rel in index_files:  # read here; the other files only by a command that copies them
         _regular(folder.path(rel))
     for rel in index_files:
         folder.indexes[rel] = _read_index(folder, rel)
@@ -198,16 +198,17 @@ def _shards_of(rel_index: str, index: dict[str, Any]) -> list[str]:
 def _check_index_against_shards(folder: ModelFolder,
                                 held: dict[str, frozenset[str]]) -> None:
     """Every tensor an index maps must be in the shard it names (``held``: shard -> names), and
-    no tensor name may be in two checkpoints of one folder level (which would a reader take?
-    ``bq.load`` refuses such a folder; the output index could name only one)."""
-    first: dict[tuple[str, str], str] = {}
-    for shard in sorted(held, key=natural_key):
-        here = Path(shard).parent.as_posix()
-        for name in sorted(held[shard]):
-            other = first.setdefault((here, name), shard)
-            if other != shard:
-                raise CheckpointError(folder.path(shard), name, f"is in {other!r} too: a tensor "
-                                      "name is in one checkpoint of a folder")
+    in no other shard of that index (a reader of the shards could take either; the output index
+    can name only one). Checkpoints no index names may share names: a diffusers folder keeps
+    ``diffusion_pytorch_model.safetensors`` beside its ``.fp16`` variant."""
+    for rel, index in folder.indexes.items():
+        first: dict[str, str] = {}
+        for shard in _shards_of(rel, index):
+            for name in sorted(held[shard]):
+                other = first.setdefault(name, shard)
+                if other != shard:
+                    raise CheckpointError(folder.path(shard), name, f"is in {other!r} too, "
+                                          f"another shard of {rel!r}")
     for rel, index in folder.indexes.items():
         here = Path(rel).parent
         for name, shard in index["weight_map"].items():
@@ -451,6 +452,8 @@ def _copy(src: Path, dst: Path) -> None:
 
 
 def _same_mode(src: Path, dst: Path) -> None:
+    if os.name != "posix":  # Windows' one bit is read-only: copied, it would stop --force
+        return
     try:
         shutil.copymode(src, dst)
     except OSError as e:
@@ -499,6 +502,8 @@ def _plan(kind: str, src: Any, dst: Any, scheme: QuantScheme | None, options: Fi
             raise CheckpointError(dst, None, "is the input folder; write elsewhere "
                                   "(--force never replaces the input)")
         folder = scan_folder(src_path)
+        for rel in folder.others:  # to be copied: refused now, before anything is written
+            _regular(folder.path(rel))
         files = [_plan_file(kind, folder.path(rel), rel, scheme, options)
                  for rel in folder.checkpoints]
         _check_index_against_shards(folder, {f.rel: f.names for f in files})

@@ -22,7 +22,7 @@ def open_checkpoint(path: Any) -> Checkpoint:
     try:
         # Opened without blocking and checked before a byte is read: a named pipe would wait for
         # a writer forever, and a device (/dev/zero) has no size to check a header against.
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
         with open(fd, "rb") as f:
             st = os.fstat(fd)
             if stat.S_ISDIR(st.st_mode):

@@ -692,7 +692,8 @@ mod tests {
                     let base = match s & 3 {
                         0 => cb.get(k),
                         1 => code.thresholds[k % (cb.len() - 1)],
-                        2 => [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN][k % 5],
+                        2 => [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN]
+                            [(s >> 40) as usize % 5],
                         _ => f32::from_bits((s >> 32) as u32),
                     };
                     let mut v = base;
