@@ -51,6 +51,7 @@ def published_since(mark: int) -> list[Path]:
     n = _published_count - mark
     return list(_published)[-n:] if n > 0 else []
 
+
 _DEFERRED = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)]
 
 

@@ -44,7 +44,7 @@ from typing import Any, BinaryIO, Mapping, Union
 import numpy as np
 
 from ._cbor import MAX_CBOR_DEPTH, decode_cbor, encode_cbor
-from ._fs import record_published, signals_deferred, temp_sibling
+from ._fs import publish, temp_sibling
 from .errors import LayoutError, QuantError, SchemeError
 from .qtensor import QTensor
 from .scheme import BlockScale, QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype
@@ -388,9 +388,7 @@ def save_burnpack(
                 at = begin + e.nbytes
             f.flush()
             os.fsync(f.fileno())
-        with signals_deferred():
-            os.replace(tmp, target)
-            record_published(target)
+        publish(tmp, target, force=force)
     except BaseException:
         try:
             os.unlink(tmp)

@@ -240,10 +240,10 @@ def _files_line(res: Any) -> str:
                      f"{_n(len(res.copied_files), 'other file')} copied")
     weights = [s for s in res.skipped_files if s.lower().endswith(OTHER_WEIGHTS)]
     links = [s for s in res.skipped_files if not s.lower().endswith(OTHER_WEIGHTS)]
-    for left, what in ((weights, "weight file"), (links, "linked folder")):
+    for left, what, tail in ((weights, "weight file", " in other formats"),
+                             (links, "linked folder", "")):
         if left:
             shown = ", ".join(left[:3]) + (", ..." if len(left) > 3 else "")
-            tail = " in other formats" if what == "weight file" else ""
             parts.append(f"left out {_n(len(left), what)}{tail} ({shown})")
     return printable("; ".join(parts))
 
@@ -464,15 +464,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     elif is_gguf(args.input) and _ggml_type(args.scheme) is not None:
         rep = _report_gguf(args)
     else:
-        if is_gguf(args.input):
-            try:
-                presets.resolve(args.scheme)
-            except QuantError as e:  # neither: name both kinds of scheme a GGUF file takes
-                from .gguf import TYPES
+        try:
+            scheme = _scheme(args.scheme)
+        except CliError as e:
+            if not is_gguf(args.input):
+                raise
+            from .gguf import TYPES  # neither: name both kinds of scheme a GGUF file takes
 
-                raise CliError(f"--scheme: {e}; or, for a GGUF file, one of ggml's types "
-                               f"({', '.join(t.lower() for t in TYPES)})") from None
-        scheme = _scheme(args.scheme)
+            raise CliError(f"{e}; or, for a GGUF file, one of ggml's types "
+                           f"({', '.join(t.lower() for t in TYPES)})") from None
         options = _file_options(args)
         total = sum(f.bytes_in for f in plan_report(args.input, scheme, options))
         bar = _progress(None, total, "report", args)

@@ -26,6 +26,7 @@ from .checkpoint.folders import (
     FolderSummary,
     plan_dequantize,
     plan_quantize,
+    refuse_empty,
     scan_folder,
 )
 from .checkpoint.format import load_qtensor, read_entries
@@ -148,8 +149,7 @@ def load(path: Union[str, os.PathLike[str]]) -> dict[str, Union[QTensor, np.ndar
 
     Everything is read into memory; a folder's files are read in turn and their names must not
     repeat. ``bq.load(p)[name].dequantize()`` gives the float tensor back."""
-    if not os.fspath(path):  # Path("") is the current folder: surely not what was meant
-        raise CheckpointError("''", None, "an empty name is no file or folder")
+    refuse_empty(path)
     p = Path(path)
     if p.is_dir():
         folder = scan_folder(p)

@@ -632,10 +632,7 @@ def _parse_lookup(part: str, text: str) -> Tuple[float, ...]:
     return tuple(values)
 
 
-# Schemes and layouts are immutable, and quantize(out=...) and from_parts ask for a layout on
-# every call: one computed per scheme and shape serves them all (a few microseconds each, most
-# of a small call's own time). Equal schemes have equal layouts (the options, which equality
-# ignores, do not enter into it). Errors are not cached: they are raised again.
+# -- shapes and layouts --------------------------------------------------------------------------
 #: The most dimensions a numpy array has (NPY_MAXDIMS: 32 before numpy 2, 64 since).
 _MAX_DIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
 
@@ -668,6 +665,10 @@ def _shape(shape: Any) -> Tuple[int, ...]:
     return dims
 
 
+# Schemes and layouts are immutable, and quantize(out=...) and from_parts ask for a layout on
+# every call: one computed per scheme and shape serves them all (a few microseconds each, most
+# of a small call's own time). Equal schemes have equal layouts (the options, which equality
+# ignores, do not enter into it). Errors are not cached: they are raised again.
 @functools.lru_cache(maxsize=512)
 def _layout(scheme: QuantScheme, dims: Tuple[int, ...]) -> Layout:
     info = scheme._handle.layout(list(dims))

@@ -111,8 +111,6 @@ def scan_folder(root: Path) -> ModelFolder:
             hint = f"; it has PyTorch weights, which blockquant does not read: {HOW_TO_CONVERT}"
         raise CheckpointError(root, None, f"holds no .safetensors file{hint}")
     folder = ModelFolder(root, checkpoints, {}, others, skipped, folders)
-    for rel in index_files:  # read here; the other files only by a command that copies them
-        _regular(folder.path(rel))
     for rel in index_files:
         folder.indexes[rel] = _read_index(folder, rel)
     return folder
@@ -120,6 +118,12 @@ def scan_folder(root: Path) -> ModelFolder:
 
 def _raise(e: OSError) -> None:
     raise e
+
+
+def refuse_empty(path: Any) -> None:
+    """An empty name is refused: Path("") is the current folder, surely not what was meant."""
+    if not os.fspath(path):
+        raise CheckpointError("''", None, "an empty name is no file or folder")
 
 
 def _regular(path: Path) -> None:
@@ -136,6 +140,7 @@ def _regular(path: Path) -> None:
 
 def _read_index(folder: ModelFolder, rel: str) -> dict[str, Any]:
     path = folder.path(rel)
+    _regular(path)
     try:
         with open(path, "rb") as f:
             raw = f.read(_MAX_INDEX + 1)
@@ -145,12 +150,9 @@ def _read_index(folder: ModelFolder, rel: str) -> dict[str, Any]:
         raise CheckpointError(path, None, f"index larger than {_MAX_INDEX} bytes")
     try:
         index = json.loads(raw.decode("utf-8"))
+        bad = _not_unicode(index)
     except (UnicodeDecodeError, ValueError) as e:
         raise CheckpointError(path, None, f"malformed index: {e}") from None
-    except RecursionError:
-        raise CheckpointError(path, None, "malformed index: nested too deeply") from None
-    try:
-        bad = _not_unicode(index)
     except RecursionError:
         raise CheckpointError(path, None, "malformed index: nested too deeply") from None
     if bad is not None:
@@ -478,8 +480,7 @@ def plan_dequantize(src: Any, dst: Any, options: FileOptions | None = None) -> P
 def _plan(kind: str, src: Any, dst: Any, scheme: QuantScheme | None, options: FileOptions,
           output_format: str | None) -> Plan:
     for p in (src, dst):
-        if not os.fspath(p):  # Path("") is the current folder: surely not what was meant
-            raise CheckpointError("''", None, "an empty name is no file or folder")
+        refuse_empty(p)
     src_path, dst_path = Path(src), Path(dst)
     if not src_path.exists():
         raise CheckpointError(src, None, "No such file or directory")

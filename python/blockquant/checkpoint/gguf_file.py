@@ -144,10 +144,13 @@ class _Lengths:
             raise ValueError(f"{what}: its metadata arrays hold over {MAX_ARRAY_ITEMS} items "
                              "in all, more than any model's tokenizer")
 
-    def take(self, n: int, what: str) -> bytes:
+    def need(self, n: int, what: str) -> None:
         left = self.size - self.f.tell()
         if n > left:
             raise ValueError(f"{what} needs {n} bytes, the file has {left} left")
+
+    def take(self, n: int, what: str) -> bytes:
+        self.need(n, what)
         return self.f.read(n)
 
     def u32(self, what: str) -> int:
@@ -159,9 +162,7 @@ class _Lengths:
         return int(v)
 
     def skip(self, n: int, what: str) -> None:
-        left = self.size - self.f.tell()
-        if n > left:
-            raise ValueError(f"{what} needs {n} bytes, the file has {left} left")
+        self.need(n, what)
         self.f.seek(n, os.SEEK_CUR)
 
     def string(self, what: str) -> None:
@@ -181,8 +182,7 @@ class _Lengths:
                 self.count(count, what)
                 return
             # Strings and arrays take at least 8 bytes each (a length or a type and a count).
-            self.skip(0 if count * 8 <= self.size - self.f.tell() else count * 8,
-                      f"{what}: an array of {count}")
+            self.need(count * 8, f"{what}: an array of {count}")
             self.count(count, what)
             for _ in range(count):
                 self.value(itype, what, depth + 1)
@@ -198,8 +198,7 @@ class _Lengths:
                 raise _BigEndian
             raise ValueError(f"GGUF version {version}: blockquant reads versions 2 and 3")
         n_tensors, n_kv = self.u64("the tensor count"), self.u64("the key/value count")
-        self.skip(0 if n_kv * _MIN_KV + n_tensors * _MIN_TENSOR <= self.size - self.f.tell()
-                  else n_kv * _MIN_KV + n_tensors * _MIN_TENSOR,
+        self.need(n_kv * _MIN_KV + n_tensors * _MIN_TENSOR,
                   f"{n_kv} key/value pairs and {n_tensors} tensors")
         for i in range(n_kv):
             self.string(f"key {i}")
