@@ -26,6 +26,8 @@ pub mod lookup;
 pub mod minifloat;
 #[cfg(target_arch = "x86_64")]
 mod nvfp4_avx2;
+#[cfg(target_arch = "x86_64")]
+mod nvfp4_avx512;
 pub mod options;
 pub mod pack;
 #[cfg(target_arch = "x86_64")]

@@ -233,6 +233,12 @@ pub(crate) unsafe fn encode_piece(
     let blocks = xs.len() / bc;
     assert!(blocks * bc == xs.len() && sc.len() == blocks && out.len() * 2 == xs.len());
     assert!(bc == 16 || bc == 32);
+    // Not the AVX-512 encode, though it is faster in cache (one piece of 1 Mi values: 0.46
+    // against 0.51-0.53 ns a value, both passes): on 16 Mi values from memory the whole call
+    // was slower with it, in each of 8 alternating runs on one Xeon (AVX-512 with VBMI):
+    // 0.63-0.71× `copyto` against 0.73-0.84×. The one-pass kernels gain from it from memory
+    // too (MXFP4 1.48-1.53× against 1.42-1.44×), so they use it.
+    let avx512 = false;
     // All the piece's block scales first: their chain (two divisions, the UE4M3 rounding, a
     // store) then overlaps from group to group instead of holding up each group's divisions.
     let mut b = 0;
@@ -250,7 +256,7 @@ pub(crate) unsafe fn encode_piece(
     let mut b = 0;
     while b + 8 <= blocks {
         // In bounds: blocks b..b + 8 lie within sc, xs and (at half a byte a value) out.
-        encode_group_of(xs, sc, g, b, bc, out);
+        encode_group_of(xs, sc, g, b, bc, out, avx512);
         b += 8;
     }
     for j in b..blocks {
@@ -279,6 +285,7 @@ pub(crate) unsafe fn measure_encode_piece(
     let blocks = xs.len() / bc;
     assert!(blocks * bc == xs.len() && sc.len() == blocks && out.len() * 2 == xs.len());
     assert!(bc == 16 || bc == 32);
+    let avx512 = crate::simd::has_avx512_vbmi();
     let mut b = 0;
     while b + 8 <= blocks {
         // In bounds: blocks b..b + 8 lie within sc, xs and (at half a byte a value) out.
@@ -290,7 +297,7 @@ pub(crate) unsafe fn measure_encode_piece(
         }
         let s = crate::fused_avx2::two_level_scales8(k, g, _mm256_castsi256_ps(bits));
         _mm256_storeu_ps(sc.as_mut_ptr().add(b), s);
-        encode_group_of(xs, sc, g, b, bc, out);
+        encode_group_of(xs, sc, g, b, bc, out, avx512);
         b += 8;
     }
     for j in b..blocks {
@@ -307,18 +314,31 @@ pub(crate) unsafe fn measure_encode_piece(
 
 /// Blocks `b..b + 8` (of `bc` = 16 or 32 values) against their block scales `sc[b..b + 8]`
 /// under g: e_j = min(b_j × g, f32::MAX) in lanes, each block divided by its own and packed
-/// ([`encode_8blocks`]); where some e_j is 0 (the zero rule: an all-zero block, or g = 0),
-/// block by block the scalar way. Pass 2's and [`measure_encode_piece`]'s shared step.
+/// ([`encode_8blocks`]; on AVX-512 with VBMI, `avx512`, multiplied by the reciprocals where
+/// that gives the same codes: [`encode_group512`]); where some e_j is 0 (the zero rule: an
+/// all-zero block, or g = 0), block by block the scalar way. Pass 2's and
+/// [`measure_encode_piece`]'s shared step.
 ///
 /// # Safety
 /// The CPU must have AVX2; blocks `b..b + 8` lie within `xs`, `sc` and (half a byte a value)
 /// `out`.
 #[inline(always)]
-unsafe fn encode_group_of(xs: &[f32], sc: &[f32], g: f32, b: usize, bc: usize, out: &mut [u8]) {
+unsafe fn encode_group_of(
+    xs: &[f32],
+    sc: &[f32],
+    g: f32,
+    b: usize,
+    bc: usize,
+    out: &mut [u8],
+    avx512: bool,
+) {
     let (x0, o0) = (xs.as_ptr().add(b * bc), out.as_mut_ptr().add(b * bc / 2));
     let e = crate::fused_avx2::effective8(_mm256_loadu_ps(sc.as_ptr().add(b)), g);
     let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps());
     if _mm256_movemask_ps(zero) == 0 {
+        if avx512 && encode_group512(bc, x0, e, o0, false) {
+            return;
+        }
         if bc == 16 {
             encode_8blocks::<2, false>(x0, e, o0, false);
         } else {
@@ -427,6 +447,7 @@ pub(crate) unsafe fn one_level_piece(
     assert!(blocks * bc == xs.len() && sc.len() == blocks && out.len() * 2 == xs.len());
     assert!(bc == 16 || bc == 32);
     let stream = k.stream && (out.as_ptr() as usize).is_multiple_of(16);
+    let avx512 = crate::simd::has_avx512_vbmi();
     let mut bad = false;
     let mut b = 0;
     while b + 8 <= blocks {
@@ -436,7 +457,7 @@ pub(crate) unsafe fn one_level_piece(
         let bits = max_abs_bits8(x0, bc);
         if let Some(e) = crate::fused_avx2::checked_scales8(k, bits) {
             _mm256_storeu_ps(sc.as_mut_ptr().add(b), e);
-            encode_group(bc, x0, e, o0, stream);
+            encode_group(bc, x0, e, o0, stream, avx512);
         } else {
             // A non-finite value or a zero scale in the group: block by block.
             for j in b..b + 8 {
@@ -457,9 +478,19 @@ pub(crate) unsafe fn one_level_piece(
 
 /// [`encode_8blocks`] of eight blocks of `bc` = 16 or 32 values against the lanes of `e` (none
 /// 0): multiplied by the reciprocals where they are exact (powers of two: MX scales), divided
-/// otherwise.
+/// otherwise; first [`encode_group512`] on AVX-512 with VBMI (`avx512`).
 #[inline(always)]
-unsafe fn encode_group(bc: usize, x0: *const f32, e: __m256, o0: *mut u8, stream: bool) {
+unsafe fn encode_group(
+    bc: usize,
+    x0: *const f32,
+    e: __m256,
+    o0: *mut u8,
+    stream: bool,
+    avx512: bool,
+) {
+    if avx512 && encode_group512(bc, x0, e, o0, stream) {
+        return;
+    }
     let (mul, d) = x86::divisor_lanes(e);
     match (bc, mul) {
         (16, true) => encode_8blocks::<2, true>(x0, d, o0, stream),
@@ -467,6 +498,30 @@ unsafe fn encode_group(bc: usize, x0: *const f32, e: __m256, o0: *mut u8, stream
         (_, true) => encode_8blocks::<4, true>(x0, d, o0, stream),
         (_, false) => encode_8blocks::<4, false>(x0, d, o0, stream),
     }
+}
+
+/// Eight blocks of `bc` = 16 or 32 values against the lanes of `e` (none 0) by
+/// [`crate::nvfp4_avx512::encode_8blocks`], which multiplies by the reciprocals: unchecked when
+/// they are exact (powers of two), checked when they are normal f32s, not tried otherwise (a
+/// scale at or past 2^125, or subnormal). Returns whether the group is written; if not (or if
+/// the check flagged a value near a rounding boundary), the caller encodes it by the division.
+/// Needs AVX-512 F, BW and VBMI (`crate::simd::has_avx512_vbmi`), which the caller checked.
+#[inline(always)]
+unsafe fn encode_group512(bc: usize, x0: *const f32, e: __m256, o0: *mut u8, stream: bool) -> bool {
+    use crate::nvfp4_avx512::encode_8blocks as enc;
+    let exact = _mm256_movemask_epi8(x86::exact_reciprocal_lanes(e)) == -1;
+    if !exact && !x86::checked_reciprocal_lanes(e) {
+        return false;
+    }
+    let mut r = [0.0f32; 8];
+    _mm256_storeu_ps(r.as_mut_ptr(), _mm256_div_ps(_mm256_set1_ps(1.0), e));
+    let flagged = match (bc, exact) {
+        (16, true) => enc::<2, false>(x0, &r, o0, stream),
+        (16, false) => enc::<2, true>(x0, &r, o0, stream),
+        (_, true) => enc::<4, false>(x0, &r, o0, stream),
+        (_, false) => enc::<4, true>(x0, &r, o0, stream),
+    };
+    !flagged
 }
 
 /// One block of a one-level piece the scalar way (any input): α with NaNs passed over, its
@@ -533,6 +588,7 @@ unsafe fn given_piece(xs: &[f32], stored: &[f32], g: f32, bc: usize, out: &mut [
     assert!(blocks * bc == xs.len() && stored.len() == blocks && out.len() * 2 == xs.len());
     assert!(bc == 16 || bc == 32);
     let e_of = |b: f32| crate::quantize::effective_scale(b, g);
+    let avx512 = crate::simd::has_avx512_vbmi();
     let mut bad = false;
     let mut b = 0;
     while b + 8 <= blocks {
@@ -542,7 +598,7 @@ unsafe fn given_piece(xs: &[f32], stored: &[f32], g: f32, bc: usize, out: &mut [
         let e = crate::fused_avx2::effective8(_mm256_loadu_ps(stored.as_ptr().add(b)), g);
         let bits = max_abs_bits8(x0, bc);
         if crate::fused_avx2::finite_and_nonzero(bits, e) {
-            encode_group(bc, x0, e, o0, false);
+            encode_group(bc, x0, e, o0, false, avx512);
         } else {
             for (j, &sj) in stored.iter().enumerate().skip(b).take(8) {
                 bad |= given_block(&xs[j * bc..(j + 1) * bc], e_of(sj), out, j * bc / 2);

@@ -556,6 +556,168 @@ fn one_level_kernel_names_the_first_non_finite_value() {
     }
 }
 
+/// E2M1 codes of `x / e[j]` (block j of `bc`) packed two a byte: what every group encoder
+/// must write.
+fn divided_codes(x: &[f32], e: &[f32; 8], bc: usize) -> Vec<u8> {
+    let codes: Vec<u8> = x
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| E2M1Code.encode(v / e[i / bc]))
+        .collect();
+    codes.chunks_exact(2).map(|c| c[0] | (c[1] << 4)).collect()
+}
+
+/// A group of eight blocks against the scales `e`, quotients aimed at the E2M1 rounding
+/// boundaries and values (±0..40 patterns around them, both signs), at 0, ±0, past 6, tiny,
+/// and at random; `exact_values` only: each value an E2M1 value times its block's scale,
+/// exactly (dequantized data).
+fn group_data(rng: &mut Rng, e: &[f32; 8], bc: usize, exact_values: bool) -> Vec<f32> {
+    const AIMS: [f32; 14] = [
+        0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+    ];
+    (0..8 * bc)
+        .map(|i| {
+            let e = e[i / bc];
+            let sign = if rng.below(2) == 0 { 1.0 } else { -1.0 };
+            if exact_values {
+                return sign * rng.pick(&[0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]) * e;
+            }
+            match rng.below(8) {
+                0 => 0.0,
+                1 => -0.0,
+                2 => sign * e * (7.0 + 100.0 * rng.unit().abs()),
+                3 => sign * e * 1e-30,
+                4 => sign * e * 6.5 * rng.unit(),
+                _ => {
+                    let m = rng.pick(&AIMS);
+                    let q = f32::from_bits((m.to_bits() as i64 + rng.below(81) as i64 - 40) as u32);
+                    let x = q * e;
+                    sign * f32::from_bits((x.to_bits() as i64 + rng.below(3) as i64 - 1) as u32)
+                }
+            }
+        })
+        // Pass 2 sees only finite values (a huge scale's quotients past 6 may overflow).
+        .map(|v: f32| if v.is_finite() { v } else { e[0] })
+        .collect()
+}
+
+/// Effective scales for a group: normal f32s of every size a product by the reciprocal is
+/// tried for (2^-126 to 2^125), some powers of two (exact reciprocals), and with `spread` also
+/// ones it is not tried for (subnormal, at or past 2^125).
+fn group_scales(rng: &mut Rng, all_powers: bool, spread: bool) -> [f32; 8] {
+    std::array::from_fn(|_| {
+        let exp = if spread && rng.below(4) == 0 {
+            rng.pick(&[-149i32, -130, -127, 125, 126, 127])
+        } else {
+            rng.below(251) as i32 - 126
+        };
+        let base = 2f32.powi(exp.clamp(-126, 127))
+            * if exp < -126 {
+                2f32.powi(exp + 126)
+            } else {
+                1.0
+            };
+        if all_powers || exp >= 125 || rng.below(8) == 0 {
+            base
+        } else {
+            base * (1.0 + (rng.next_u64() >> 41) as f32 / (1u64 << 23) as f32)
+        }
+    })
+}
+
+/// The AVX-512 group encode ([`encode_group512`]: products by the reciprocals, flagged near a
+/// rounding boundary) and the AVX2 one (divisions) against the division value by value, on
+/// quotients within ±40 patterns of every E2M1 boundary and value: whatever the AVX-512 kernel
+/// writes without flagging is the division's codes, and both outcomes occur. Dequantized data
+/// (exact E2M1 multiples of the scale) is never flagged.
+#[test]
+fn group_encoders_equal_the_division() {
+    if !avx2() {
+        return;
+    }
+    let avx512 = crate::simd::has_avx512_vbmi();
+    let mut rng = Rng::new(0xE2);
+    let (mut flagged, mut written, mut exact_written) = (0, 0, 0);
+    for round in 0..6000 {
+        let bc = if round % 2 == 0 { 16 } else { 32 };
+        let exact_values = round % 5 == 4;
+        let e = group_scales(&mut rng, round % 7 == 3, !exact_values);
+        let e = if exact_values {
+            // Scales with at most 21 significant bits: an E2M1 value (2 bits) times one is exact.
+            e.map(|v| f32::from_bits(v.to_bits() & !3).max(f32::MIN_POSITIVE))
+        } else {
+            e
+        };
+        let x = group_data(&mut rng, &e, bc, exact_values);
+        let want = divided_codes(&x, &e, bc);
+        let ev = unsafe { _mm256_loadu_ps(e.as_ptr()) };
+        let mut got = vec![0xA5u8; 4 * bc];
+        // SAFETY: the CPU has AVX2 (checked above); x holds 8 blocks, got their bytes.
+        unsafe {
+            if bc == 16 {
+                encode_8blocks::<2, false>(x.as_ptr(), ev, got.as_mut_ptr(), false)
+            } else {
+                encode_8blocks::<4, false>(x.as_ptr(), ev, got.as_mut_ptr(), false)
+            }
+        }
+        assert_eq!(got, want, "AVX2, bc {bc}, e {e:?}, x {x:?}");
+        if !avx512 {
+            continue;
+        }
+        got.fill(0xA5);
+        // SAFETY: the CPU has AVX-512 with VBMI (checked above).
+        if unsafe { encode_group512(bc, x.as_ptr(), ev, got.as_mut_ptr(), false) } {
+            assert_eq!(got, want, "AVX-512, bc {bc}, e {e:?}, x {x:?}");
+            written += 1;
+            exact_written += exact_values as usize;
+        } else {
+            assert!(!exact_values, "dequantized data flagged: e {e:?}, x {x:?}");
+            flagged += 1;
+        }
+    }
+    if avx512 {
+        assert!(
+            flagged > 100 && written > 1000,
+            "{flagged} flagged, {written} written"
+        );
+        assert_eq!(exact_written, 1200);
+    }
+}
+
+/// The AVX-512 kernel's product path on its own, with no value near a boundary to flag:
+/// random quotients in every E2M1 interval (stopping short of the boundaries by far more
+/// than the product's error), each written as the division would.
+#[test]
+fn avx512_products_away_from_boundaries_are_written() {
+    if !crate::simd::has_avx512_vbmi() {
+        return;
+    }
+    let mut rng = Rng::new(0x512);
+    for round in 0..2000 {
+        let bc = if round % 2 == 0 { 16 } else { 32 };
+        let e = group_scales(&mut rng, false, false);
+        let x: Vec<f32> = (0..8 * bc)
+            .map(|i| {
+                let q = loop {
+                    let q = 7.0 * rng.unit();
+                    let near = [0.25f32, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
+                        .iter()
+                        .any(|m| (q.abs() - m).abs() < 1e-3);
+                    if !near {
+                        break q;
+                    }
+                };
+                q * e[i / bc]
+            })
+            .collect();
+        let ev = unsafe { _mm256_loadu_ps(e.as_ptr()) };
+        let mut got = vec![0xA5u8; 4 * bc];
+        // SAFETY: the CPU has AVX-512 with VBMI (checked above).
+        assert!(unsafe { encode_group512(bc, x.as_ptr(), ev, got.as_mut_ptr(), false) });
+        assert_eq!(got, divided_codes(&x, &e, bc), "bc {bc}, e {e:?}");
+    }
+}
+
 /// Not a test: the kernel's time on 16 Mi values (blocks of 16, one thread), whole and its
 /// pass 2 alone on one 64 KiB piece in cache, for A/B runs of two builds
 /// (`cargo test --release -p blockquant-core -- --ignored --nocapture time_nvfp4`).

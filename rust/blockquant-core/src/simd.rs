@@ -27,6 +27,14 @@ pub fn has_avx512() -> bool {
     std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw")
 }
 
+/// Whether this CPU runs the AVX-512 kernels that look bytes up in 64-entry tables (VBMI's
+/// `vpermb`, besides F and BW: Ice Lake, Zen 4 and later).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub fn has_avx512_vbmi() -> bool {
+    has_avx512() && std::is_x86_feature_detected!("avx512vbmi")
+}
+
 /// `fn NAME[GENERICS](ARGS) -> RET => PORTABLE;` defines `NAME`, which calls `PORTABLE` compiled
 /// with AVX2 when the CPU has it, and as it is otherwise.
 macro_rules! avx2_dispatch {
@@ -67,7 +75,7 @@ pub(crate) fn exact_reciprocal(e: f32) -> Option<f32> {
 }
 
 /// The reciprocal of a scale for the checked multiply of integer codes
-/// ([`x86::int_codes8_recip`]): `e` positive, normal and below 2^126, so that 1 / e is a normal
+/// ([`x86::int_codes8_recip`]): `e` positive, normal and below 2^125, so that 1 / e is a normal
 /// f32 (within 2^-24 of its value, relatively) and no product by it loses more than that.
 #[inline(always)]
 pub(crate) fn checked_reciprocal(e: f32) -> Option<f32> {
