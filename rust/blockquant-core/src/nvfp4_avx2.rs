@@ -233,12 +233,11 @@ pub(crate) unsafe fn encode_piece(
     let blocks = xs.len() / bc;
     assert!(blocks * bc == xs.len() && sc.len() == blocks && out.len() * 2 == xs.len());
     assert!(bc == 16 || bc == 32);
-    // Not the AVX-512 encode, though it is faster in cache (one piece of 1 Mi values: 0.46
-    // against 0.51-0.53 ns a value, both passes): on 16 Mi values from memory the whole call
-    // was slower with it, in each of 8 alternating runs on one Xeon (AVX-512 with VBMI):
-    // 0.63-0.71× `copyto` against 0.73-0.84×. The one-pass kernels gain from it from memory
-    // too (MXFP4 1.48-1.53× against 1.42-1.44×), so they use it.
-    let avx512 = false;
+    // The AVX-512 encode where there is one: faster in cache (1 Mi values, both passes: 0.46
+    // against 0.51-0.53 ns a value on a Xeon with VBMI). From memory (16 Mi values) this pass
+    // waits on the reads either way: alternating runs of the benchmark gave 0.61-0.81× `copyto`
+    // with it and 0.73-0.84× without, no difference beyond the machine's noise.
+    let avx512 = crate::simd::has_avx512_vbmi();
     // All the piece's block scales first: their chain (two divisions, the UE4M3 rounding, a
     // store) then overlaps from group to group instead of holding up each group's divisions.
     let mut b = 0;

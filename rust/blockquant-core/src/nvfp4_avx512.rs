@@ -1,8 +1,7 @@
-//! The E2M1 encode of [`crate::nvfp4_avx2`]'s one-pass group kernels on AVX-512 (F, BW and
-//! VBMI: Ice Lake and later, Zen 4 and later): eight blocks of 16 or 32 values, 64 values a
-//! step, with no division. The one-pass kernels are the one-level schemes' (MXFP4 and its kin),
-//! given scales', and NVFP4's with a given g; NVFP4's pass 2 keeps the AVX2 encode
-//! (`nvfp4_avx2::encode_piece` says why).
+//! The E2M1 encode of [`crate::nvfp4_avx2`]'s group kernels on AVX-512 (F, BW and VBMI: Ice
+//! Lake and later, Zen 4 and later): eight blocks of 16 or 32 values, 64 values a step, with no
+//! division. Every E2M1-two-a-byte kernel there uses it: NVFP4's pass 2 and its one pass under
+//! a given g, the one-level schemes' (MXFP4 and its kin), given scales'.
 //!
 //! The AVX2 kernel divides each value by its block's effective scale e, as SPEC §6 says, and on
 //! a machine with two divider-fed pipes that division and the integer work of the rounding are
