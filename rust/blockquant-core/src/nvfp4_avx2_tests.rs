@@ -564,7 +564,22 @@ fn divided_codes(x: &[f32], e: &[f32; 8], bc: usize) -> Vec<u8> {
         .enumerate()
         .map(|(i, &v)| E2M1Code.encode(v / e[i / bc]))
         .collect();
-    codes.chunks_exact(2).map(|c| c[0] | (c[1] << 4)).collect()
+    let mut out = vec![0u8; x.len() / 2];
+    nibble_pairs(&codes, &mut out);
+    out
+}
+
+/// E2M1's rounding boundaries: a quotient on one is a tie.
+const BOUNDARIES: [f32; 7] = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0];
+
+/// A random quotient in (-7, 7) at least `margin` from every boundary.
+fn clean_quotient(rng: &mut Rng, margin: f32) -> f32 {
+    loop {
+        let q = 7.0 * rng.unit();
+        if BOUNDARIES.iter().all(|b| (q.abs() - b).abs() >= margin) {
+            return q;
+        }
+    }
 }
 
 /// A group of eight blocks against the scales `e`, quotients aimed at the E2M1 rounding
@@ -611,12 +626,7 @@ fn group_scales(rng: &mut Rng, all_powers: bool, spread: bool) -> [f32; 8] {
         } else {
             rng.below(251) as i32 - 126
         };
-        let base = 2f32.powi(exp.clamp(-126, 127))
-            * if exp < -126 {
-                2f32.powi(exp + 126)
-            } else {
-                1.0
-            };
+        let base = crate::minifloat::exp2i(exp);
         if all_powers || exp >= 125 || rng.below(8) == 0 {
             base
         } else {
@@ -711,7 +721,6 @@ fn avx512_flags_exactly_near_the_boundaries() {
     if !crate::simd::has_avx512_vbmi() {
         return;
     }
-    const BOUNDARIES: [f32; 7] = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0];
     let multiples: Vec<f32> = (500u32..=519).map(|k| f32::from_bits(k << 21)).collect();
     let mut rng = Rng::new(0xB0);
     // 64-byte aligned room for the non-temporal stores (16-byte alignment is what they need).
@@ -732,15 +741,7 @@ fn avx512_flags_exactly_near_the_boundaries() {
                 }
             });
             let mut x: Vec<f32> = (0..8 * bc)
-                .map(|j| {
-                    let q = loop {
-                        let q = 7.0 * rng.unit();
-                        if BOUNDARIES.iter().all(|b| (q.abs() - b).abs() >= 0.01) {
-                            break q;
-                        }
-                    };
-                    q * e[j / bc]
-                })
+                .map(|j| clean_quotient(&mut rng, 0.01) * e[j / bc])
                 .collect();
             // The near value: in the last step half the time.
             let j = if rng.below(2) == 0 {
@@ -802,18 +803,7 @@ fn avx512_products_away_from_boundaries_are_written() {
         let bc = if round % 2 == 0 { 16 } else { 32 };
         let e = group_scales(&mut rng, false, false);
         let x: Vec<f32> = (0..8 * bc)
-            .map(|i| {
-                let q = loop {
-                    let q = 7.0 * rng.unit();
-                    let near = [0.25f32, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
-                        .iter()
-                        .any(|m| (q.abs() - m).abs() < 1e-3);
-                    if !near {
-                        break q;
-                    }
-                };
-                q * e[i / bc]
-            })
+            .map(|i| clean_quotient(&mut rng, 1e-3) * e[i / bc])
             .collect();
         let ev = unsafe { _mm256_loadu_ps(e.as_ptr()) };
         let mut got = vec![0xA5u8; 4 * bc];
