@@ -265,7 +265,7 @@ unsafe fn max_abs_bits_8blocks(x0: *const f32, bc: usize) -> __m256i {
 /// where 32 divides `bc`, else 16 where 16 does, else 8; the common lengths 8, 16 and 32 as
 /// constants.
 #[inline(always)]
-unsafe fn encode_group_of<C: Encode>(
+pub(crate) unsafe fn encode_group_of<C: Encode>(
     codec: C,
     x0: *const f32,
     bc: usize,
@@ -585,7 +585,16 @@ pub(crate) unsafe fn two_level_piece<C: Encode>(
         // The zero rule: a block whose e is 0 gets the code of 0 (its quotients are masked
         // away).
         let keep = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_NEQ_UQ>(e, _mm256_setzero_ps()));
-        if bc == 16 {
+        if _mm256_movemask_epi8(_mm256_or_si256(
+            non_finite,
+            _mm256_cmpeq_epi32(keep, _mm256_setzero_si256()),
+        )) == 0
+        {
+            // The usual group (every value finite, no scale zero): the one-level kernel's
+            // encode, which skips the clamp where no quotient needs it and multiplies by a
+            // checked reciprocal instead of dividing where it can (integer codes).
+            encode_group_of(codec, x0, bc, bits, e, o0, false);
+        } else if bc == 16 {
             encode_8blocks_masked::<C, 2>(codec, x0, e, keep, o0);
         } else {
             encode_8blocks_masked::<C, 4>(codec, x0, e, keep, o0);

@@ -1828,6 +1828,102 @@ pub(crate) mod tests {
         }
     }
 
+    /// The two-level kernel's integer codes equal the codec's on the IEEE quotient where the
+    /// kernel multiplies by a checked reciprocal: values a few ulps from half-integer multiples
+    /// of their block's effective scale in every group (the product may round the other way
+    /// there, and the group must be encoded again by division), each block's largest first
+    /// (one e for all), both roundings, several integer ranges, and a zero block in some groups
+    /// (the zero rule's path). The test requires enough values where the product and the
+    /// quotient round apart to see the redo.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn two_level_int_codes_next_to_ties_are_the_divisions() {
+        if !(crate::simd::has_avx2() && crate::simd::has_f16c()) {
+            return;
+        }
+        let mut rng = Rng::new(41);
+        let mut misses = 0;
+        let cases = [
+            (QuantValue::Q8S, 16),
+            (QuantValue::Q8F, 32),
+            (QuantValue::Q4S, 32),
+            (QuantValue::Q4F, 16),
+            (QuantValue::Q2S, 16),
+        ];
+        for (value, bc) in cases {
+            for rounding in [Rounding::HalfAway, Rounding::HalfEven] {
+                let scheme = one_level(value, QuantStore::Native, bc, ScaleDtype::UE4M3)
+                    .per_tensor(ScaleDtype::F32);
+                let layout = Layout::new(&scheme, &[40, 8 * bc]).unwrap();
+                assert!(two_level_fusable(&layout));
+                let opts = QuantizeOptions {
+                    calibration: Calibration::MinMax,
+                    rounding,
+                    scale_rounding: ScaleRounding::Nearest,
+                };
+                let (n, blocks) = (layout.num_elements, layout.num_scales);
+                let top = 3.0 + rng.unit();
+                let mut x = vec![0.0f32; n];
+                for b in 0..blocks {
+                    x[b * bc] = if b % 2 == 0 { top } else { -top };
+                }
+                let mut w = Words::new(&layout);
+                let e = quantize(Input::F32(&x), &layout, &opts, None, w.as_mut())
+                    .unwrap()
+                    .effective()[0];
+                let (qmin, qmax) = value.range();
+                // Some blocks all zeros: their groups take the zero rule's path.
+                let zero = |b: usize| b % 37 == 5;
+                for (i, v) in x.iter_mut().enumerate() {
+                    let b = i / bc;
+                    if zero(b) {
+                        *v = 0.0;
+                        continue;
+                    }
+                    if i % bc == 0 {
+                        continue; // the block's largest
+                    }
+                    let k = rng.below((qmax - qmin) as usize + 2) as f64 + qmin as f64 - 0.5;
+                    let t = (k * e as f64) as f32;
+                    let t = f32::from_bits((t.to_bits() as i32 + rng.below(7) as i32 - 3) as u32);
+                    *v = if t.abs() < top { t } else { t * 0.25 };
+                }
+                let mut w = Words::filled(&layout, 0x5A5A_5A5A);
+                let s = quantize(Input::F32(&x), &layout, &opts, None, w.as_mut()).unwrap();
+                for (b, &f) in s.effective().iter().enumerate() {
+                    assert_eq!(f.to_bits(), if zero(b) { 0 } else { e.to_bits() });
+                }
+                let mask = layout.packing.field_mask() as u8;
+                let want: Vec<u8> = with_codec!(&scheme, rounding, |c| x
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| if zero(i / bc) {
+                        c.zero_code()
+                    } else {
+                        c.encode(v / e)
+                    })
+                    .collect());
+                misses += with_codec!(&scheme, rounding, |c| x
+                    .iter()
+                    .filter(|&&v| c.encode(v * (1.0 / e)) != c.encode(v / e))
+                    .count());
+                for (i, &want) in want.iter().enumerate() {
+                    let got = w.get(i) as u8;
+                    assert_eq!(
+                        got,
+                        want & mask,
+                        "{scheme} {rounding:?} value {i}: {:e} / {e:e}",
+                        x[i]
+                    );
+                }
+            }
+        }
+        assert!(
+            misses > 100,
+            "only {misses} values where the product rounds apart"
+        );
+    }
+
     /// Scale bits, any NaN equal to any other.
     fn key(v: f32) -> u32 {
         if v.is_nan() {

@@ -495,20 +495,27 @@ unsafe fn codes_from_brackets<Q: Dequant, const V: usize>(q: Q, g: &Group, e: __
 }
 
 /// The codes of eight blocks of `8 * V` values from `x0` into `o0`, block j's values divided by
-/// lane j of `e` (none 0; multiplied by the exact reciprocals when all eight have one): the
-/// fused kernel's `encode_8blocks`, with cached stores. Not inlined, as [`search8`].
+/// lane j of `e` (none 0), with cached stores: the fused kernel's group encode (the clamp left
+/// out where no quotient needs it, a checked reciprocal's multiply for integer codes, exact
+/// reciprocals' for powers of two) when every value is finite (`bits`, the blocks' maxima of
+/// the |x| patterns), else plain division. Not inlined, as [`search8`].
 ///
 /// # Safety
 /// The CPU must have AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn encode8<C: Encode, const V: usize>(codec: C, x0: *const f32, e: __m256, o0: *mut u8) {
-    match x86::divisor_lanes(e) {
-        (true, r) => {
-            crate::fused_avx2::encode_8blocks::<C, V, true, false>(codec, x0, 8 * V, r, o0, false)
-        }
-        (false, e) => {
-            crate::fused_avx2::encode_8blocks::<C, V, false, false>(codec, x0, 8 * V, e, o0, false)
-        }
+unsafe fn encode8<C: Encode, const V: usize>(
+    codec: C,
+    x0: *const f32,
+    bits: __m256i,
+    e: __m256,
+    o0: *mut u8,
+) {
+    let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF));
+    if _mm256_movemask_epi8(non_finite) == 0 {
+        crate::fused_avx2::encode_group_of(codec, x0, 8 * V, bits, e, o0, false);
+    } else {
+        // The call fails (a NaN or infinity): any codes of the right length do.
+        crate::fused_avx2::encode_8blocks::<C, V, false, false>(codec, x0, 8 * V, e, o0, false);
     }
 }
 
@@ -589,7 +596,7 @@ unsafe fn piece<Q: Dequant, C: Encode, const V: usize, const W: bool>(
         if Q::BRACKETS && group.bracketed && _mm256_movemask_ps(normal) == 0xFF {
             codes_from_brackets::<Q, V>(q, &group, e, o0);
         } else if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps())) == 0 {
-            encode8::<C, V>(codec, x0, e, o0);
+            encode8::<C, V>(codec, x0, bits, e, o0);
         } else {
             // The zero rule (all values to the code of 0, which a codebook may lack) block by
             // block.
