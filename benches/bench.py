@@ -53,7 +53,9 @@ class Case:
     scales); ``bits`` is the width of its values (for the dequantize target); ``reads`` is how
     many times any quantizer must read the input from memory: 2 where a statistic of the whole
     tensor (its max or mean |x|) is needed before the first value can be encoded and the tensor
-    is larger than the caches."""
+    is larger than the caches. ``preset``: one of ``blockquant.presets``, which issue 13's
+    "every preset" targets (0.8× copyto, 10× and 2.5× numpy) apply to; the other rows are
+    timed and tabled the same, their own targets only (torch's, dequantize into out=)."""
 
     name: str
     key: str
@@ -64,6 +66,7 @@ class Case:
     np_kw: Dict[str, Any] = field(default_factory=dict)
     torch: Optional[str] = None
     reads: int = 1
+    preset: bool = True
 
 
 def cases(n: int, given_scale: float = 4.5 / 127) -> List[Case]:
@@ -87,10 +90,10 @@ def cases(n: int, given_scale: float = 4.5 / 127) -> List[Case]:
         Case("nf4_block16 (searched)", "nf4_block16", p.nf4_block16(), rows, 4, reads=2),
         Case("bq4_block16 (searched)", "bq4_block16", p.bq4_block16(), rows, 4, reads=2),
         Case("E4M3 (per-tensor, scale 1)", "e4m3", e4m3, rows, 8,
-             kw=dict(scales=[1.0]), np_kw=dict(scale=1.0), torch="fp8"),
+             kw=dict(scales=[1.0]), np_kw=dict(scale=1.0), torch="fp8", preset=False),
         Case("block[128,128] Q8S F32", "int8_block128x128",
              QuantScheme(QuantValue.Q8S, QuantStore.Native).per_block([128, 128], ScaleDtype.F32),
-             (side, side), 8),
+             (side, side), 8, preset=False),
     ]
 
 
@@ -173,7 +176,7 @@ def run_case(case: Case, x: np.ndarray, repeat: int, ref_repeat: int, with_torch
         cells.append(Cell("bq_quantize_minmax_1t", lambda: bq.quantize(
             xs, case.scheme, calibration="minmax", out=mm, **case.kw), 1))
     r: Dict = dict(name=case.name, scheme=str(case.scheme), shape=list(case.shape), bits=case.bits,
-                   quantize_form=form, reads=case.reads)
+                   quantize_form=form, reads=case.reads, preset=case.preset)
     impl = bench_numpy.scheme(case.key, xs.shape)
     if impl is not None:
         nq = impl.quantize(xs, **case.np_kw)

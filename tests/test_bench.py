@@ -277,3 +277,26 @@ def test_the_quality_script_says_in_one_line_what_it_cannot_read(tmp_path):
                         timeout=300, check=False)
     assert ok.returncode == 0, ok.stderr
     assert "1 tensor, 256 values" in ok.stdout
+
+
+def test_every_preset_targets_leave_out_rows_that_are_no_preset(bench):
+    import bench_report
+
+    def case(name, preset):
+        return dict(name=name, bits=8, preset=preset, copyto_s=10.0, bq_quantize_1t_s=20.0,
+                    bq_quantize_1t_of_copyto=0.5, bq_dequantize_1t_s=10.0,
+                    bq_dequantize_1t_of_copyto=1.0, numpy_quantize_s=40.0,
+                    numpy_dequantize_s=10.0, cells={})
+
+    names = [t["target"] for t in bench_report.targets(dict(cases=[
+        case("a preset", True), case("no preset", False)]))]
+    for op in ("quantize 1T ≥ 0.8× copyto", "quantize 1T ≥ 10× idiomatic numpy",
+               "dequantize 1T ≥ 2.5× idiomatic numpy"):
+        assert f"#13 a preset: {op}" in names
+        assert f"#13 no preset: {op}" not in names
+    # dequantize into out= is a target of every 8-bit and 4-bit scheme, preset or not
+    assert "#13 no preset: dequantize into out= 1T ≥ 1.5× copyto" in names
+    # what bench.py marks: every row but the bare E4M3 cast and the 128×128 blocks
+    marked = {c.name: c.preset for c in bench.cases(1 << 16)}
+    assert [n for n, p in marked.items() if not p] == ["E4M3 (per-tensor, scale 1)",
+                                                      "block[128,128] Q8S F32"]
