@@ -550,6 +550,10 @@ unsafe fn encode_8blocks_recip<C: Encode, const V: usize, const IN_RANGE: bool>(
 /// e_i = min(b_i × g, f32::MAX) (codes into `out`, one a byte). Returns whether any input was
 /// non-finite.
 ///
+/// The amplitudes must be pass 1's: each block's largest |x| (minmax), so that their bit
+/// patterns are the blocks' maxima of the |x| patterns, which the encode's range test takes
+/// instead of measuring them again.
+///
 /// # Safety
 /// The CPU must have AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
@@ -572,14 +576,13 @@ pub(crate) unsafe fn two_level_piece<C: Encode>(
         let x0 = xs.as_ptr().add(b * bc);
         let o0 = out.as_mut_ptr().add(b * bc);
         x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * bc);
-        let bs = two_level_scales8(k, g, _mm256_loadu_ps(sc.as_ptr().add(b)));
+        let alpha = _mm256_loadu_ps(sc.as_ptr().add(b));
+        let bs = two_level_scales8(k, g, alpha);
         _mm256_storeu_ps(sc.as_mut_ptr().add(b), bs);
         let e = effective8(bs, g);
-        let bits = if bc == 16 {
-            x86::max_abs_bits_8runs::<2>(x0)
-        } else {
-            x86::max_abs_bits_8runs::<4>(x0)
-        };
+        // The blocks' maxima of the |x| patterns are the amplitudes' patterns: reducing the
+        // eight blocks again was about a quarter of this pass's instructions.
+        let bits = _mm256_castps_si256(alpha);
         let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF));
         bad |= _mm256_movemask_epi8(non_finite) != 0;
         // The zero rule: a block whose e is 0 gets the code of 0 (its quotients are masked

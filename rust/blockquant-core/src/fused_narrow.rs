@@ -116,7 +116,8 @@ pub(crate) unsafe fn measure_encode_narrow<C: Encode>(
 /// ([`narrow`]), as `fused_avx2::two_level_piece`: block scales b_i from the amplitudes `sc`
 /// holds on entry (replaced by the b_i), each block's values against e_i = min(b_i × g,
 /// f32::MAX), codes into `out` (one a byte). A group with a non-finite value or a zero e_i
-/// goes block by block. Returns whether any input was non-finite.
+/// goes block by block. Returns whether any input was non-finite. The amplitudes must be pass
+/// 1's, each block's largest |x|, as there.
 ///
 /// # Safety
 /// The CPU must have AVX2 and F16C.
@@ -141,10 +142,11 @@ pub(crate) unsafe fn two_level_piece<C: Encode>(
         // In bounds: blocks b..b + 8 lie within xs, sc and out.
         let x0 = xs.as_ptr().add(r.start);
         x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * m);
-        let bs = two_level_scales8(k, g, _mm256_loadu_ps(sc.as_ptr().add(b)));
+        let alpha = _mm256_loadu_ps(sc.as_ptr().add(b));
+        let bs = two_level_scales8(k, g, alpha);
         _mm256_storeu_ps(sc.as_mut_ptr().add(b), bs);
         let e = effective8(bs, g);
-        let bits = x86::max_abs_bits_8runs_any(x0, m);
+        let bits = _mm256_castps_si256(alpha); // the blocks' maxima, measured by pass 1
         if let (Some(spread), true) = (&spread, finite_and_nonzero(bits, e)) {
             encode_group(
                 codec,
