@@ -1833,8 +1833,9 @@ pub(crate) mod tests {
     /// of their block's effective scale in every group (the product may round the other way
     /// there, and the group must be encoded again by division), each block's largest first
     /// (one e for all), both roundings, several integer ranges, and a zero block in some groups
-    /// (the zero rule's path). The test requires enough values where the product and the
-    /// quotient round apart to see the redo.
+    /// (the zero rule's path). Each case draws its data until some value's product and quotient
+    /// round apart (whether any does depends on how 1/e rounded), so every case sees the redo,
+    /// and the scale must be one the checked multiply stands in for (not a power of two).
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn two_level_int_codes_next_to_ties_are_the_divisions() {
@@ -1850,6 +1851,8 @@ pub(crate) mod tests {
             (QuantValue::Q4F, 16),
             (QuantValue::Q2S, 16),
         ];
+        // Some blocks all zeros: their groups take the zero rule's path.
+        let zero = |b: usize| b % 37 == 5;
         for (value, bc) in cases {
             for rounding in [Rounding::HalfAway, Rounding::HalfEven] {
                 let scheme = one_level(value, QuantStore::Native, bc, ScaleDtype::UE4M3)
@@ -1861,33 +1864,55 @@ pub(crate) mod tests {
                     rounding,
                     scale_rounding: ScaleRounding::Nearest,
                 };
-                let (n, blocks) = (layout.num_elements, layout.num_scales);
-                let top = 3.0 + rng.unit();
-                let mut x = vec![0.0f32; n];
-                for b in 0..blocks {
-                    x[b * bc] = if b % 2 == 0 { top } else { -top };
-                }
-                let mut w = Words::new(&layout);
-                let e = quantize(Input::F32(&x), &layout, &opts, None, w.as_mut())
-                    .unwrap()
-                    .effective()[0];
                 let (qmin, qmax) = value.range();
-                // Some blocks all zeros: their groups take the zero rule's path.
-                let zero = |b: usize| b % 37 == 5;
-                for (i, v) in x.iter_mut().enumerate() {
-                    let b = i / bc;
-                    if zero(b) {
-                        *v = 0.0;
-                        continue;
+                let (n, blocks) = (layout.num_elements, layout.num_scales);
+                // (data, e, values whose product and quotient round apart)
+                let mut drawn = None;
+                for _ in 0..100 {
+                    let top = 3.0 + rng.unit();
+                    let mut x = vec![0.0f32; n];
+                    for b in 0..blocks {
+                        x[b * bc] = if b % 2 == 0 { top } else { -top };
                     }
-                    if i % bc == 0 {
-                        continue; // the block's largest
+                    let mut w = Words::new(&layout);
+                    let e = quantize(Input::F32(&x), &layout, &opts, None, w.as_mut())
+                        .unwrap()
+                        .effective()[0];
+                    for (i, v) in x.iter_mut().enumerate() {
+                        let b = i / bc;
+                        if zero(b) {
+                            *v = 0.0;
+                            continue;
+                        }
+                        if i % bc == 0 {
+                            continue; // the block's largest
+                        }
+                        let k = rng.below((qmax - qmin) as usize + 2) as f64 + qmin as f64 - 0.5;
+                        let t = (k * e as f64) as f32;
+                        let t =
+                            f32::from_bits((t.to_bits() as i32 + rng.below(7) as i32 - 3) as u32);
+                        *v = if t.abs() < top { t } else { t * 0.25 };
                     }
-                    let k = rng.below((qmax - qmin) as usize + 2) as f64 + qmin as f64 - 0.5;
-                    let t = (k * e as f64) as f32;
-                    let t = f32::from_bits((t.to_bits() as i32 + rng.below(7) as i32 - 3) as u32);
-                    *v = if t.abs() < top { t } else { t * 0.25 };
+                    let apart = with_codec!(&scheme, rounding, |c| x
+                        .iter()
+                        .filter(|&&v| c.encode(v * (1.0 / e)) != c.encode(v / e))
+                        .count());
+                    if apart > 0 {
+                        drawn = Some((x, e, apart));
+                        break;
+                    }
                 }
+                let (x, e, apart) =
+                    drawn.unwrap_or_else(|| panic!("{scheme} {rounding:?}: no value rounds apart"));
+                misses += apart;
+                assert!(
+                    crate::simd::checked_reciprocal(e).is_some(),
+                    "{scheme}: {e:e}"
+                );
+                assert!(
+                    crate::simd::exact_reciprocal(e).is_none(),
+                    "{scheme}: {e:e}"
+                );
                 let mut w = Words::filled(&layout, 0x5A5A_5A5A);
                 let s = quantize(Input::F32(&x), &layout, &opts, None, w.as_mut()).unwrap();
                 for (b, &f) in s.effective().iter().enumerate() {
@@ -1903,10 +1928,6 @@ pub(crate) mod tests {
                         c.encode(v / e)
                     })
                     .collect());
-                misses += with_codec!(&scheme, rounding, |c| x
-                    .iter()
-                    .filter(|&&v| c.encode(v * (1.0 / e)) != c.encode(v / e))
-                    .count());
                 for (i, &want) in want.iter().enumerate() {
                     let got = w.get(i) as u8;
                     assert_eq!(
