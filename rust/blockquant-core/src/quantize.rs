@@ -518,8 +518,28 @@ fn quantize_direct<'a>(
             let g = crate::nvfp4_avx2::quantize_nvfp4(x, layout, opts, global, words, scales)?;
             Ok(Direct::Done(Some(g)))
         }
+        #[cfg(target_arch = "x86_64")]
+        out if two_level_path(layout, opts, explicit) => {
+            let global = given_global(layout, explicit)?;
+            let g = quantize_two_level(x, layout, opts, global, out, scales)?;
+            Ok(Direct::Done(Some(g)))
+        }
         out => Ok(Direct::Declined(out)),
     }
+}
+
+/// Whether [`quantize_direct`] takes [`quantize_two_level`] (after NVFP4's own kernel).
+#[cfg(target_arch = "x86_64")]
+fn two_level_path(
+    layout: &Layout,
+    opts: &QuantizeOptions,
+    explicit: Option<ExplicitScales<'_>>,
+) -> bool {
+    calibrating_blocks(explicit)
+        && opts.calibration == Calibration::MinMax
+        && two_level_fusable(layout)
+        && crate::simd::has_avx2()
+        && crate::simd::has_f16c()
 }
 
 /// Quantize against the caller's block scales: checked as [`compute_scales`] checks them,
@@ -633,16 +653,7 @@ fn quantize_in_pool(
     explicit: Option<ExplicitScales<'_>>,
     out: StorageMut<'_>,
 ) -> Result<Scales> {
-    #[cfg(target_arch = "x86_64")]
-    if calibrating_blocks(explicit)
-        && opts.calibration == Calibration::MinMax
-        && two_level_fusable(layout)
-        && crate::simd::has_avx2()
-        && crate::simd::has_f16c()
-    {
-        let global = given_global(layout, explicit)?;
-        return quantize_two_level(x, layout, opts, global, out);
-    }
+    // Two-level minmax went to `quantize_two_level`.
     #[cfg(target_arch = "x86_64")]
     if calibrating(explicit)
         && opts.calibration == Calibration::Mse
@@ -793,11 +804,13 @@ pub(crate) fn block_run(layout: &Layout) -> Option<usize> {
     }
 }
 
-/// A two-level scheme in two passes over memory: every block's amplitude (into a small array,
-/// in parallel, `nvfp4_avx2::amplitudes`), g from their maximum (unless `global` gives it),
-/// then per piece its block scales b_i from those amplitudes, each block's values against e_i = b_i × g while the piece is in cache, packed.
-/// The arithmetic of `compute_scales` + `encode_values` (the same bits, tested), without their
-/// third pass (the effective scales).
+/// A two-level scheme in two passes over memory: every block's amplitude (into `stored`, the
+/// grid's size: the caller's array or a new vector; in parallel, `nvfp4_avx2::amplitudes`), g
+/// from their maximum (unless `global` gives it), then per piece its block scales b_i from
+/// those amplitudes, in place, each block's values against e_i = b_i × g while the piece is in
+/// cache, packed. Returns g. The arithmetic of `compute_scales` + `encode_values` (the same
+/// bits, tested), without their third pass (the effective scales). A non-finite input is
+/// refused after pass 1, `out` untouched (`stored` then holds amplitudes).
 #[cfg(target_arch = "x86_64")]
 fn quantize_two_level(
     x: Input<'_>,
@@ -805,17 +818,16 @@ fn quantize_two_level(
     opts: &QuantizeOptions,
     global: Option<f32>,
     out: StorageMut<'_>,
-) -> Result<Scales> {
-    // The amplitudes, turned into the stored block scales in place by pass 2; a non-finite
-    // input is refused after pass 1.
+    stored: &mut [f32],
+) -> Result<f32> {
+    assert_eq!(stored.len(), layout.num_scales, "scale count");
     let m = block_run(layout).expect("blocks back to back");
     let pieces = pieces(layout);
-    let mut stored = vec![0.0f32; layout.num_scales];
-    if crate::nvfp4_avx2::amplitudes(x, m, &pieces, &mut stored) > f32::MAX.to_bits() {
+    if crate::nvfp4_avx2::amplitudes(x, m, &pieces, stored) > f32::MAX.to_bits() {
         return Err(first_non_finite(x));
     }
     let k = FusedKernel::new(layout, opts, false);
-    let g = global.unwrap_or_else(|| derived_global(&stored, k.half_range, k.dtype));
+    let g = global.unwrap_or_else(|| derived_global(stored, k.half_range, k.dtype));
     let bad = with_codec!(&layout.scheme, opts.rounding, |codec| {
         let encode = |_: &Piece, xs: &[f32], sc: &mut [f32], codes: &mut [u8]| {
             // SAFETY (both): the caller checked the CPU has AVX2 and F16C.
@@ -829,7 +841,7 @@ fn quantize_two_level(
             StorageMut::U8(words) if layout.packing.per == 1 => {
                 // One code a byte: the codes are the bytes, less than 8-bit ones masked.
                 let mask = layout.packing.field_mask() as u8;
-                fused_pieces(x, &pieces, &mut stored, words, |p, xs, sc, w, _| {
+                fused_pieces(x, &pieces, &mut *stored, words, |p, xs, sc, w, _| {
                     let bad = encode(p, xs, sc, w);
                     if layout.packing.masks_bytes() {
                         w.iter_mut().for_each(|c| *c &= mask);
@@ -838,7 +850,7 @@ fn quantize_two_level(
                 })
             }
             StorageMut::U8(words) => {
-                fused_pieces(x, &pieces, &mut stored, words, |p, xs, sc, w, codes| {
+                fused_pieces(x, &pieces, &mut *stored, words, |p, xs, sc, w, codes| {
                     codes.resize(p.len, 0);
                     let bad = encode(p, xs, sc, codes);
                     pack_last_axis(layout, codes, p.start, p.word0, w);
@@ -846,7 +858,7 @@ fn quantize_two_level(
                 })
             }
             StorageMut::U32(words) => {
-                fused_pieces(x, &pieces, &mut stored, words, |p, xs, sc, w, codes| {
+                fused_pieces(x, &pieces, &mut *stored, words, |p, xs, sc, w, codes| {
                     codes.resize(p.len, 0);
                     let bad = encode(p, xs, sc, codes);
                     pack_last_axis(layout, codes, p.start, p.word0, w);
@@ -858,7 +870,7 @@ fn quantize_two_level(
     if bad {
         return Err(first_non_finite(x));
     }
-    Ok(Scales::new(stored, Some(g)))
+    Ok(g)
 }
 
 /// A piece of the tensor for the one-pass kernel: elements, and the scales and storage words
@@ -1551,9 +1563,23 @@ pub(crate) mod tests {
                 ScaleDtype::UE4M3,
             )
             .per_tensor(ScaleDtype::F32),
+            // Two-level integers (`quantize_two_level`), packed and one a byte.
+            one_level(
+                QuantValue::Q4F,
+                QuantStore::PackedU32(0),
+                16,
+                ScaleDtype::UE4M3,
+            )
+            .per_tensor(ScaleDtype::F32),
+            one_level(QuantValue::Q8S, QuantStore::Native, 16, ScaleDtype::F16)
+                .per_tensor(ScaleDtype::F32),
         ];
         for scheme in schemes {
             let layout = Layout::new(&scheme, &[3, 64]).unwrap();
+            #[cfg(target_arch = "x86_64")]
+            if scheme.is_two_level() && crate::simd::has_avx2() && crate::simd::has_f16c() {
+                assert!(two_level_path(&layout, &opts, None), "{scheme}");
+            }
             let mut w1 = Words::new(&layout);
             let want = quantize(Input::F32(&x), &layout, &opts, None, w1.as_mut()).unwrap();
             let mut w2 = Words::filled(&layout, 0x5A5A_5A5A);
