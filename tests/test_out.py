@@ -62,7 +62,9 @@ def test_bad_out_arrays_are_refused_and_left_alone():
 QSCHEMES = SCHEMES + ["q2s/packed_u32_0/block16:bf16", "e2m1/packed_native1/block16:ue4m3",
                       "q8s/native/block4x8:f32", "e4m3/native/tensor:f32", "q4f/packed_u32_1/tensor:f16",
                       # two-level integers with minmax scales: their kernel's own route to out=
-                      "q4f/packed_u32_0/block16:ue4m3+tensor:f32", "q8s/native/block16:f16+tensor:f32"]
+                      "q4f/packed_u32_0/block16:ue4m3+tensor:f32", "q8s/native/block16:f16+tensor:f32",
+                      # searched scales
+                      "int4_block16", "nf4_block16"]
 
 
 def _garbage(shape, dtype, seed):

@@ -491,8 +491,8 @@ enum Direct<'a> {
 }
 
 /// The kernels that write the stored scales straight into `scales` (the grid's size): given
-/// scales rounded there, the one-pass and tile kernels, NVFP4's. The options are checked first
-/// either way.
+/// scales rounded there, the one-pass and tile kernels, NVFP4's, the other two-level minmax
+/// schemes' and the one-pass mse search. The options are checked first either way.
 fn quantize_direct<'a>(
     x: Input<'_>,
     layout: &Layout,
@@ -523,6 +523,14 @@ fn quantize_direct<'a>(
             let global = given_global(layout, explicit)?;
             let g = quantize_two_level(x, layout, opts, global, out, scales)?;
             Ok(Direct::Done(Some(g)))
+        }
+        #[cfg(target_arch = "x86_64")]
+        out if calibrating(explicit)
+            && opts.calibration == Calibration::Mse
+            && crate::search::searchable_in_one_pass(layout) =>
+        {
+            let g = crate::search::quantize_searched(x, None, layout, opts, None, out, scales)?;
+            Ok(Direct::Done(g))
         }
         out => Ok(Direct::Declined(out)),
     }
@@ -653,14 +661,7 @@ fn quantize_in_pool(
     explicit: Option<ExplicitScales<'_>>,
     out: StorageMut<'_>,
 ) -> Result<Scales> {
-    // Two-level minmax went to `quantize_two_level`.
-    #[cfg(target_arch = "x86_64")]
-    if calibrating(explicit)
-        && opts.calibration == Calibration::Mse
-        && crate::search::searchable_in_one_pass(layout)
-    {
-        return crate::search::quantize_searched(x, None, layout, opts, None, out);
-    }
+    // Two-level minmax and the one-pass mse search went to `quantize_direct`.
     #[cfg(target_arch = "x86_64")]
     if calibrating(explicit) && opts.calibration == Calibration::MinMax && layout.per_tensor {
         if let (Input::F32(xs), true) = (x, crate::simd::has_avx2()) {
@@ -1540,13 +1541,17 @@ pub(crate) mod tests {
     }
 
     /// `quantize_into` writes every stored scale into the caller's slice (garbage before), the
-    /// same as `quantize`'s, on the one-pass path and the others (per-tensor, two-level), and
-    /// refuses a slice of the wrong length.
+    /// same as `quantize`'s, on the one-pass path and the others (per-tensor, two-level, the mse
+    /// search), and refuses a slice of the wrong length.
     #[test]
     fn quantize_into_fills_the_callers_scales() {
         let mut rng = Rng::new(12);
         let x = tensor(&mut rng, 3 * 64);
-        let opts = QuantizeOptions::default();
+        let minmax = QuantizeOptions::default();
+        let mse = QuantizeOptions {
+            calibration: Calibration::Mse,
+            ..minmax
+        };
         let schemes = [
             one_level(QuantValue::Q8S, QuantStore::Native, 32, ScaleDtype::F16),
             one_level(
@@ -1574,11 +1579,17 @@ pub(crate) mod tests {
             one_level(QuantValue::Q8S, QuantStore::Native, 16, ScaleDtype::F16)
                 .per_tensor(ScaleDtype::F32),
         ];
-        for scheme in schemes {
-            let layout = Layout::new(&scheme, &[3, 64]).unwrap();
+        // Each scheme with minmax's scales and with searched ones (`quantize_searched`).
+        for (scheme, opts) in schemes.iter().flat_map(|s| [(s, minmax), (s, mse)]) {
+            let layout = Layout::new(scheme, &[3, 64]).unwrap();
             #[cfg(target_arch = "x86_64")]
             if scheme.is_two_level() && crate::simd::has_avx2() && crate::simd::has_f16c() {
-                assert!(two_level_path(&layout, &opts, None), "{scheme}");
+                let two_level = two_level_path(&layout, &opts, None);
+                assert_eq!(
+                    two_level,
+                    opts.calibration == Calibration::MinMax,
+                    "{scheme}"
+                );
             }
             let mut w1 = Words::new(&layout);
             let want = quantize(Input::F32(&x), &layout, &opts, None, w1.as_mut()).unwrap();

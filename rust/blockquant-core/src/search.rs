@@ -411,7 +411,9 @@ pub(crate) fn quantize_searched(
     opts: &QuantizeOptions,
     given_global: Option<f32>,
     out: StorageMut<'_>,
-) -> Result<Scales> {
+    stored: &mut [f32],
+) -> Result<Option<f32>> {
+    assert_eq!(stored.len(), layout.num_scales, "scale count");
     // What `with_codec!` names.
     use crate::codec::{minifloat, E2M1Code, FloatCode, IntHalfAway, IntHalfEven, Rounding};
     use crate::lookup::LookupCode;
@@ -427,10 +429,9 @@ pub(crate) fn quantize_searched(
         })
     });
     let ctx = Ctx::new(layout, opts.scale_rounding, global);
-    let mut stored = vec![0.0f32; layout.num_scales];
     let bad = with_dequant!(scheme, |q| {
         crate::quantize::with_codec!(scheme, opts.rounding, |codec| {
-            crate::quantize::encode_pieces(x, layout, &mut stored, out, |p, xs, sc, codes| {
+            crate::quantize::encode_pieces(x, layout, &mut *stored, out, |p, xs, sc, codes| {
                 let ws = weights.map(|w| &w[p.start..p.start + p.len]);
                 // SAFETY: `searchable_in_one_pass` checked the CPU has AVX2 and F16C.
                 unsafe { crate::search_lanes::search_encode(q, codec, &ctx, xs, ws, sc, codes) }
@@ -440,7 +441,7 @@ pub(crate) fn quantize_searched(
     if bad {
         return Err(crate::quantize::first_non_finite(x));
     }
-    Ok(Scales::new(stored, global))
+    Ok(global)
 }
 
 /// Weights are one finite value ≥ 0 per element.
@@ -498,7 +499,9 @@ pub fn quantize_weighted(
         }
         #[cfg(target_arch = "x86_64")]
         if searchable_in_one_pass(layout) {
-            return quantize_searched(x, Some(weights), layout, opts, ex.global, out);
+            let mut stored = vec![0.0f32; layout.num_scales];
+            let g = quantize_searched(x, Some(weights), layout, opts, ex.global, out, &mut stored)?;
+            return Ok(Scales::new(stored, g));
         }
         let scales = mse_scales(x, Some(weights), layout, opts, ex.global);
         encode_values(x, layout, scales.effective(), opts.rounding, out)?;
