@@ -536,7 +536,8 @@ fn quantize_direct<'a>(
     }
 }
 
-/// Whether [`quantize_direct`] takes [`quantize_two_level`] (after NVFP4's own kernel).
+/// Whether [`quantize_direct`] takes [`quantize_two_level`] (unless NVFP4's own kernel takes
+/// the call first): block scales to calibrate with minmax, blocks back to back.
 #[cfg(target_arch = "x86_64")]
 fn two_level_path(
     layout: &Layout,
@@ -637,16 +638,15 @@ fn avx2() -> bool {
     false
 }
 
-/// Whether [`quantize_direct`] takes `nvfp4_avx2`'s kernel (when the storage is u8).
+/// Whether [`quantize_direct`] takes `nvfp4_avx2`'s kernel (when the storage is u8): a
+/// [`two_level_path`] call that this kernel has a case for.
 #[cfg(target_arch = "x86_64")]
 fn nvfp4_path(
     layout: &Layout,
     opts: &QuantizeOptions,
     explicit: Option<ExplicitScales<'_>>,
 ) -> bool {
-    calibrating_blocks(explicit)
-        && opts.calibration == Calibration::MinMax
-        && two_level_fusable(layout)
+    two_level_path(layout, opts, explicit)
         && crate::nvfp4_avx2::applies(layout)
         && matches!(layout.block_cols(), 16 | 32)
         && layout.row_len().is_multiple_of(layout.block_cols())
