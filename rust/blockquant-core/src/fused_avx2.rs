@@ -173,21 +173,43 @@ pub(crate) unsafe fn measure_encode_groups<C: Encode>(
     let blocks = xs.len() / bc;
     assert!(blocks * bc == xs.len() && sc.len() == blocks && out.len() == xs.len());
     let mut bad = false;
+    let fast = eight_at_a_time(bc);
+    // Each group is measured one group ahead of its encode: the chain from its maxima to its
+    // scales (fold, division, rounding, checks) is long, and issued before the encode of the
+    // group before it, it runs beside that encode instead of holding up its own.
+    // In bounds: blocks 0..8 lie within xs.
+    let mut cur = if fast && blocks >= 8 {
+        measured8(codec, k, xs.as_ptr(), bc)
+    } else {
+        None
+    };
     let mut b = 0;
     while b + 8 <= blocks {
-        // In bounds: blocks b..b + 8 lie within xs, sc and out.
+        // In bounds: blocks b..b + 8 lie within xs, sc and out, and blocks b + 8..b + 16 (when
+        // measured) within xs.
         let x0 = xs.as_ptr().add(b * bc);
         let o0 = out.as_mut_ptr().add(b * bc);
         let s0 = sc.as_mut_ptr().add(b);
+        let next = if fast && b + 16 <= blocks {
+            measured8(codec, k, x0.add(8 * bc), bc)
+        } else {
+            None
+        };
         if bc != 16 && bc != 32 {
             x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * bc);
         }
-        let done = eight_at_a_time(bc) && group_fast(codec, k, x0, bc, s0, o0);
-        if !done {
-            bad |= group_general(codec, k, &xs[b * bc..(b + 8) * bc], &mut sc[b..b + 8], {
-                &mut out[b * bc..(b + 8) * bc]
-            });
+        match cur {
+            Some(plan) => {
+                _mm256_storeu_ps(s0, plan.e);
+                encode_planned(codec, x0, bc, &plan, o0, k.stream);
+            }
+            None => {
+                bad |= group_general(codec, k, &xs[b * bc..(b + 8) * bc], &mut sc[b..b + 8], {
+                    &mut out[b * bc..(b + 8) * bc]
+                })
+            }
         }
+        cur = next;
         b += 8;
     }
     bad | one_at_a_time(
@@ -221,32 +243,26 @@ unsafe fn group_general<C: Encode>(
     bad
 }
 
-/// Whether blocks of `bc` values take [`group_fast`] and [`encode_group_of`]: any multiple of
+/// Whether blocks of `bc` values take [`measured8`] and [`encode_group_of`]: any multiple of
 /// 8 (whole vectors a block).
 #[inline(always)]
 pub(crate) fn eight_at_a_time(bc: usize) -> bool {
     bc.is_multiple_of(8)
 }
 
-/// Eight blocks of `bc` values from `x0` ([`eight_at_a_time`]), their scales to `s0` and codes to
-/// `o0`, when every value is finite and every scale non-zero; returns false, having written
-/// nothing, otherwise (the caller then runs [`group_general`]).
+/// The maxima of the |x| bit patterns of eight blocks of `bc` values from `x0`
+/// ([`eight_at_a_time`]) and their stored scales, when every value is finite and every scale
+/// non-zero (the group's fast path); None otherwise (the caller then runs [`group_general`]).
 #[inline(always)]
-unsafe fn group_fast<C: Encode>(
+unsafe fn measured8<C: Encode>(
     codec: C,
     k: &FusedKernel<'_>,
     x0: *const f32,
     bc: usize,
-    s0: *mut f32,
-    o0: *mut u8,
-) -> bool {
+) -> Option<GroupPlan> {
     let bits = max_abs_bits_8blocks(x0, bc);
-    let Some(e) = checked_scales8(k, bits) else {
-        return false;
-    };
-    _mm256_storeu_ps(s0, e);
-    encode_group_of(codec, x0, bc, bits, e, o0, k.stream);
-    true
+    let e = checked_scales8(k, bits)?;
+    Some(plan8(codec, bits, e))
 }
 
 /// The largest |x| bit pattern of each of eight blocks of `bc` values (a multiple of 8)
@@ -274,37 +290,87 @@ pub(crate) unsafe fn encode_group_of<C: Encode>(
     o0: *mut u8,
     stream: bool,
 ) {
+    encode_planned(codec, x0, bc, &plan8(codec, bits, e), o0, stream);
+}
+
+/// How a group of eight blocks is encoded, worked out from their maxima and scales alone (so
+/// it can be, a group ahead of the encode).
+#[derive(Clone, Copy)]
+pub(crate) struct GroupPlan {
+    /// The blocks' scales: every lane non-zero, every value of the blocks finite.
+    e: __m256,
+    /// No quotient needs clamping ([`in_range8`]).
+    in_range: bool,
+    /// `d` holds the exact reciprocals of `e`, to multiply by; else `d` is `e`, to divide by.
+    mul: bool,
+    d: __m256,
+    /// Integer codes by the checked reciprocal ([`x86::int_codes8_recip`]) where it applies.
+    recip: Option<__m256>,
+}
+
+/// The [`GroupPlan`] of eight blocks with scales `e` (every lane non-zero, every value finite;
+/// `bits`: the blocks' maxima of the |x| bit patterns).
+#[inline(always)]
+pub(crate) unsafe fn plan8<C: Encode>(codec: C, bits: __m256i, e: __m256) -> GroupPlan {
+    let in_range = in_range8(codec, bits, e);
+    let (mul, d) = x86::divisor_lanes(e);
+    let recip = if !mul && codec.int_range().is_some() && x86::checked_reciprocal_lanes(e) {
+        Some(_mm256_div_ps(_mm256_set1_ps(1.0), e))
+    } else {
+        None
+    };
+    GroupPlan {
+        e,
+        in_range,
+        mul,
+        d,
+        recip,
+    }
+}
+
+/// [`encode_group_of`] by a plan already made.
+#[inline(always)]
+pub(crate) unsafe fn encode_planned<C: Encode>(
+    codec: C,
+    x0: *const f32,
+    bc: usize,
+    plan: &GroupPlan,
+    o0: *mut u8,
+    stream: bool,
+) {
     match bc {
-        8 => encode_group::<C, 1>(codec, x0, 8, bits, e, o0, stream),
-        16 => encode_group::<C, 2>(codec, x0, 16, bits, e, o0, stream),
-        32 => encode_group::<C, 4>(codec, x0, 32, bits, e, o0, stream),
-        _ if bc.is_multiple_of(32) => encode_group::<C, 4>(codec, x0, bc, bits, e, o0, stream),
-        _ if bc.is_multiple_of(16) => encode_group::<C, 2>(codec, x0, bc, bits, e, o0, stream),
-        _ => encode_group::<C, 1>(codec, x0, bc, bits, e, o0, stream),
+        8 => encode_group::<C, 1>(codec, x0, 8, plan, o0, stream),
+        16 => encode_group::<C, 2>(codec, x0, 16, plan, o0, stream),
+        32 => encode_group::<C, 4>(codec, x0, 32, plan, o0, stream),
+        _ if bc.is_multiple_of(32) => encode_group::<C, 4>(codec, x0, bc, plan, o0, stream),
+        _ if bc.is_multiple_of(16) => encode_group::<C, 2>(codec, x0, bc, plan, o0, stream),
+        _ => encode_group::<C, 1>(codec, x0, bc, plan, o0, stream),
     }
 }
 
 /// Codes of eight blocks of `bc` values from `x0` (a multiple of 8 · V, V = 1, 2 or 4) into
-/// `o0`, block j divided by lane j of `e` (every lane non-zero, every value finite; `bits`:
-/// the blocks' maxima of the |x| bit patterns), `8 * V` values at a time. `stream`:
+/// `o0`, block j divided by lane j of the plan's scales, `8 * V` values at a time. `stream`:
 /// non-temporal stores where `o0` allows them.
 #[inline(always)]
 unsafe fn encode_group<C: Encode, const V: usize>(
     codec: C,
     x0: *const f32,
     bc: usize,
-    bits: __m256i,
-    e: __m256,
+    plan: &GroupPlan,
     o0: *mut u8,
     stream: bool,
 ) {
     // Non-temporal stores need 16-byte alignment (numpy's storage has it; runs of 16 or 32
     // codes keep it, and blocks of 8 the 8 bytes of their `_mm_stream_si64` stores).
     let stream = stream && (o0 as usize).is_multiple_of(16);
-    let in_range = in_range8(codec, bits, e);
-    let (mul, d) = x86::divisor_lanes(e);
-    if let (false, Some(range), true) = (mul, codec.int_range(), x86::checked_reciprocal_lanes(e)) {
-        let r = _mm256_div_ps(_mm256_set1_ps(1.0), e);
+    let &GroupPlan {
+        e,
+        in_range,
+        mul,
+        d,
+        recip,
+    } = plan;
+    if let (Some(r), Some(range)) = (recip, codec.int_range()) {
         if in_range {
             encode_8blocks_recip::<C, V, true>(codec, x0, bc, e, r, range, o0, stream);
         } else {
@@ -570,37 +636,38 @@ pub(crate) unsafe fn two_level_piece<C: Encode>(
     assert!(blocks * bc == xs.len() && sc.len() == blocks);
     assert!(out.len() == xs.len() && (bc == 16 || bc == 32));
     let mut bad = false;
+    // As in `measure_encode_groups`, each group's scales and plan are worked out a group ahead
+    // of its encode, so that their chain of divisions runs beside the encode before it.
+    // In bounds: amplitudes 0..8 lie within sc.
+    let mut cur = if blocks >= 8 {
+        Some(two_level_group(codec, k, g, _mm256_loadu_ps(sc.as_ptr())))
+    } else {
+        None
+    };
     let mut b = 0;
-    while b + 8 <= blocks {
-        // In bounds: blocks b..b + 8 lie within sc, xs and out.
+    while let Some(group) = cur {
+        // In bounds: blocks b..b + 8 lie within sc, xs and out, and amplitudes b + 8..b + 16
+        // (when loaded) within sc.
         let x0 = xs.as_ptr().add(b * bc);
         let o0 = out.as_mut_ptr().add(b * bc);
+        cur = if b + 16 <= blocks {
+            let alpha = _mm256_loadu_ps(sc.as_ptr().add(b + 8));
+            Some(two_level_group(codec, k, g, alpha))
+        } else {
+            None
+        };
         x86::prefetch(x0.wrapping_add(x86::PREFETCH_AHEAD), 8 * bc);
-        let alpha = _mm256_loadu_ps(sc.as_ptr().add(b));
-        let bs = two_level_scales8(k, g, alpha);
-        _mm256_storeu_ps(sc.as_mut_ptr().add(b), bs);
-        let e = effective8(bs, g);
-        // The blocks' maxima of the |x| patterns are the amplitudes' patterns: reducing the
-        // eight blocks again was about a quarter of this pass's instructions.
-        let bits = _mm256_castps_si256(alpha);
-        let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF));
-        bad |= _mm256_movemask_epi8(non_finite) != 0;
-        // The zero rule: a block whose e is 0 gets the code of 0 (its quotients are masked
-        // away).
-        let keep = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_NEQ_UQ>(e, _mm256_setzero_ps()));
-        if _mm256_movemask_epi8(_mm256_or_si256(
-            non_finite,
-            _mm256_cmpeq_epi32(keep, _mm256_setzero_si256()),
-        )) == 0
-        {
+        _mm256_storeu_ps(sc.as_mut_ptr().add(b), group.bs);
+        bad |= group.non_finite;
+        match group.plan {
             // The usual group (every value finite, no scale zero): the one-level kernel's
             // encode, which skips the clamp where no quotient needs it and multiplies by a
             // checked reciprocal instead of dividing where it can (integer codes).
-            encode_group_of(codec, x0, bc, bits, e, o0, false);
-        } else if bc == 16 {
-            encode_8blocks_masked::<C, 2>(codec, x0, e, keep, o0);
-        } else {
-            encode_8blocks_masked::<C, 4>(codec, x0, e, keep, o0);
+            Some(plan) => encode_planned(codec, x0, bc, &plan, o0, false),
+            // The zero rule: a block whose e is 0 gets the code of 0 (its quotients are
+            // masked away).
+            None if bc == 16 => encode_8blocks_masked::<C, 2>(codec, x0, group.e, group.keep, o0),
+            None => encode_8blocks_masked::<C, 4>(codec, x0, group.e, group.keep, o0),
         }
         b += 8;
     }
@@ -611,6 +678,49 @@ pub(crate) unsafe fn two_level_piece<C: Encode>(
         bad |= encode_run(codec, &xs[r.clone()], e, &mut out[r]);
     }
     bad
+}
+
+/// One group of eight two-level blocks in pass 2, before its encode: block scales `bs` from
+/// the amplitudes, effective scales `e`, the lanes whose e is not zero (`keep`), whether a
+/// value is not finite, and the plan of the usual group (none of either).
+#[derive(Clone, Copy)]
+struct TwoLevelGroup {
+    bs: __m256,
+    e: __m256,
+    keep: __m256i,
+    non_finite: bool,
+    plan: Option<GroupPlan>,
+}
+
+#[inline(always)]
+unsafe fn two_level_group<C: Encode>(
+    codec: C,
+    k: &FusedKernel<'_>,
+    g: f32,
+    alpha: __m256,
+) -> TwoLevelGroup {
+    let bs = two_level_scales8(k, g, alpha);
+    let e = effective8(bs, g);
+    // The blocks' maxima of the |x| patterns are the amplitudes' patterns: reducing the
+    // eight blocks again was about a quarter of this pass's instructions.
+    let bits = _mm256_castps_si256(alpha);
+    let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF));
+    let keep = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_NEQ_UQ>(e, _mm256_setzero_ps()));
+    let usual = _mm256_movemask_epi8(_mm256_or_si256(
+        non_finite,
+        _mm256_cmpeq_epi32(keep, _mm256_setzero_si256()),
+    )) == 0;
+    TwoLevelGroup {
+        bs,
+        e,
+        keep,
+        non_finite: _mm256_movemask_epi8(non_finite) != 0,
+        plan: if usual {
+            Some(plan8(codec, bits, e))
+        } else {
+            None
+        },
+    }
 }
 
 /// `effective_scale` of eight block scales `b` in the lanes: min(b × g, f32::MAX).
