@@ -250,9 +250,9 @@ pub(crate) fn eight_at_a_time(bc: usize) -> bool {
     bc.is_multiple_of(8)
 }
 
-/// The maxima of the |x| bit patterns of eight blocks of `bc` values from `x0`
-/// ([`eight_at_a_time`]) and their stored scales, when every value is finite and every scale
-/// non-zero (the group's fast path); None otherwise (the caller then runs [`group_general`]).
+/// The [`GroupPlan`] of eight blocks of `bc` values from `x0` ([`eight_at_a_time`]), from their
+/// maxima and stored scales, when every value is finite and every scale non-zero (the group's
+/// fast path); None otherwise (the caller then runs [`group_general`]).
 #[inline(always)]
 unsafe fn measured8<C: Encode>(
     codec: C,
@@ -293,10 +293,10 @@ pub(crate) unsafe fn encode_group_of<C: Encode>(
     encode_planned(codec, x0, bc, &plan8(codec, bits, e), o0, stream);
 }
 
-/// How a group of eight blocks is encoded, worked out from their maxima and scales alone (so
-/// it can be, a group ahead of the encode).
+/// How a group of eight blocks is encoded, worked out from their maxima and scales alone, so
+/// that it can be made a group ahead of the encode.
 #[derive(Clone, Copy)]
-pub(crate) struct GroupPlan {
+struct GroupPlan {
     /// The blocks' scales: every lane non-zero, every value of the blocks finite.
     e: __m256,
     /// No quotient needs clamping ([`in_range8`]).
@@ -311,7 +311,7 @@ pub(crate) struct GroupPlan {
 /// The [`GroupPlan`] of eight blocks with scales `e` (every lane non-zero, every value finite;
 /// `bits`: the blocks' maxima of the |x| bit patterns).
 #[inline(always)]
-pub(crate) unsafe fn plan8<C: Encode>(codec: C, bits: __m256i, e: __m256) -> GroupPlan {
+unsafe fn plan8<C: Encode>(codec: C, bits: __m256i, e: __m256) -> GroupPlan {
     let in_range = in_range8(codec, bits, e);
     let (mul, d) = x86::divisor_lanes(e);
     let recip = if !mul && codec.int_range().is_some() && x86::checked_reciprocal_lanes(e) {
@@ -330,7 +330,7 @@ pub(crate) unsafe fn plan8<C: Encode>(codec: C, bits: __m256i, e: __m256) -> Gro
 
 /// [`encode_group_of`] by a plan already made.
 #[inline(always)]
-pub(crate) unsafe fn encode_planned<C: Encode>(
+unsafe fn encode_planned<C: Encode>(
     codec: C,
     x0: *const f32,
     bc: usize,
