@@ -661,7 +661,7 @@ fn quantize_in_pool(
     explicit: Option<ExplicitScales<'_>>,
     out: StorageMut<'_>,
 ) -> Result<Scales> {
-    // Two-level minmax and the one-pass mse search went to `quantize_direct`.
+    // Two-level minmax and the one-pass mse search never reach here: `quantize_direct` takes them.
     #[cfg(target_arch = "x86_64")]
     if calibrating(explicit) && opts.calibration == Calibration::MinMax && layout.per_tensor {
         if let (Input::F32(xs), true) = (x, crate::simd::has_avx2()) {
