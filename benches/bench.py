@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import bench_ggml
+import bench_markdown
 import bench_numpy
 import bench_report
 import numpy as np
@@ -311,6 +312,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--ref-repeat", type=int,
                    help="repetitions of the slow bit-exact reference (default 2; 0 skips it)")
     p.add_argument("--json", metavar="PATH", help="write every measurement there as JSON")
+    p.add_argument("--markdown", metavar="PATH",
+                   help="write the benchmark's page there (docs/benchmarks.md): the method, then "
+                        "this run's tables")
     p.add_argument("--ggml-only", action="store_true",
                    help="only ggml's block types (blockquant.gguf) against copyto, gguf-py, ggml")
     p.add_argument("--peers", metavar="GGML_TREE",
@@ -333,6 +337,20 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
+    if not args.markdown:
+        return run(args)
+    tee = bench_markdown.Tee(sys.stdout)
+    saved, sys.stdout = sys.stdout, tee
+    try:
+        rc = run(args)
+    finally:
+        sys.stdout = saved
+    argv_text = " ".join(sys.argv[1:] if argv is None else argv)
+    bench_markdown.write(args.markdown, tee.kept.getvalue(), f"python benches/bench.py {argv_text}")
+    return rc
+
+
+def run(args: argparse.Namespace) -> int:
     n = max(4096, args.size - args.size % 4096)
     x = np.random.default_rng(0).standard_normal((n // 4096, 4096), dtype=np.float32)
     torch = None if args.no_torch else use_torch()

@@ -93,7 +93,7 @@ SETTLE_S = 0.002
 
 
 def _spin_s() -> float:
-    """How long blockquant's workers poll after a call (BLOCKQUANT_SPIN_MS, README "Threads";
+    """How long blockquant's workers poll after a call (BLOCKQUANT_SPIN_MS, docs/threads.md;
     off by default), waited out after a call of two or more threads like the settle time."""
     try:
         ms = int(os.environ.get("BLOCKQUANT_SPIN_MS", "0"))

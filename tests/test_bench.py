@@ -36,7 +36,8 @@ def test_quick_run_writes_every_table_and_the_json(tmp_path):
     out = tmp_path / "b.json"
     # 16384 values: the smallest size with a whole 128x128 block for the square case.
     res = subprocess.run([*cmd, "--quick", "--size", "16384", "--repeat", "2", "--no-torch",
-                          "--json", str(out)], capture_output=True, text=True, timeout=300,
+                          "--json", str(out), "--markdown", str(tmp_path / "b.md")],
+                         capture_output=True, text=True, timeout=300,
                          cwd=tmp_path, check=False)
     assert res.returncode == 0, res.stderr
     for text in ("of copyto", "cpu/wall", "vs numpy", "nvfp4", "Q8_0", "targets (issues 13 and 11"):
@@ -58,6 +59,14 @@ def test_quick_run_writes_every_table_and_the_json(tmp_path):
     assert any(t["target"].startswith("#13 block-32 int8") for t in targets)
     assert any(t["target"].startswith("#11 Q8_0") for t in targets)
     assert all(t["ok"] in (True, False, None) for t in targets)
+    # The docs page the same run wrote: the method, then the printed tables as tables.
+    page = (tmp_path / "b.md").read_text(encoding="utf-8")
+    assert page.startswith("# Benchmarks") and "## How it measures" in page
+    assert "--quick --size 16384" in page
+    for text in ("| scheme ", "| ggml type ", "- `[", "of copyto"):
+        assert text in page, text
+    rows = [line for line in page.splitlines() if line.startswith("|")]
+    assert len(rows) > 30 and all(line.rstrip().endswith("|") for line in rows)
 
 
 def test_numpy_versions_do_the_same_job_as_blockquant(bench):

@@ -1,4 +1,4 @@
-"""Threads, the GIL and fork (README, "Threads").
+"""Threads, the GIL and fork (docs/threads.md).
 
 The binding releases the GIL around every kernel, and kernels run on one bounded rayon pool
 (rust/blockquant-core/src/pool.rs) that a forked child rebuilds. Here:
@@ -456,7 +456,7 @@ def test_out_of_memory_is_a_memory_error_and_the_process_lives():
     """)
 
 
-# ---- the workers pinned to CPUs (README, "Threads"; pool.rs) ----
+# ---- the workers pinned to CPUs (docs/threads.md; pool.rs) ----
 
 _WORKER_CPUS = """
     import os, time
@@ -547,7 +547,7 @@ def test_workers_are_pinned_one_to_a_cpu_when_they_match_the_cpus(pin):
     """, timeout=60)
 
 
-# ---- the workers' polling after a call (README, "Threads"; pool.rs) ----
+# ---- the workers' polling after a call (docs/threads.md; pool.rs) ----
 
 @pytest.mark.parametrize("variable, value", [
     *(("BLOCKQUANT_SPIN_MS", v) for v in ["abc", "-1", "1001", "", "2.5"]),
