@@ -309,3 +309,19 @@ def test_every_preset_targets_leave_out_rows_that_are_no_preset(bench):
     marked = {c.name: c.preset for c in bench.cases(1 << 16)}
     assert [n for n, p in marked.items() if not p] == ["E4M3 (per-tensor, scale 1)",
                                                       "block[128,128] Q8S F32"]
+
+
+def test_two_builds_compare_call_for_call(tmp_path):
+    # The installed build against itself: every row timed on both sides, the same bytes.
+    import blockquant
+
+    package_dir = str(Path(blockquant.__file__).resolve().parents[1])
+    md = tmp_path / "builds.md"
+    res = subprocess.run([sys.executable, str(BENCHES / "bench_builds.py"), package_dir,
+                          package_dir, "--size", "65536", "--repeat", "2", "--only", "block32",
+                          "--markdown", str(md)], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, check=False)
+    assert res.returncode == 0, res.stderr
+    rows = [line for line in md.read_text().splitlines() if line.startswith("| ")][1:]
+    assert len(rows) == 2 * 2 * 2  # int8_block32, int4_block32 × quantize, dequantize × 1T, 2T
+    assert all(line.split("|")[-2].strip() == "yes" for line in rows)
