@@ -28,8 +28,10 @@ from typing import Any, NoReturn, get_args
 
 import numpy as np
 
-from . import __version__, _fs, presets
+from . import _fs, presets
 from ._text import printable
+from ._threads import bounded
+from ._version import __version__
 from .checkpoint import FileOptions
 from .checkpoint.folders import (
     OTHER_WEIGHTS,
@@ -346,19 +348,13 @@ def _quantize_gguf(args: argparse.Namespace) -> int:
             for d in decisions}
     bar = Progress(sum(d.tensor.nbytes for d in decisions), "quantize", quiet=args.quiet,
                    verbose=args.verbose, describe=lambda file, name: what.get(name, "done"))
-    if args.threads:
-        from . import get_num_threads, set_num_threads
-
-        before = get_num_threads()
-        set_num_threads(args.threads)
     try:
-        res = requantize_gguf(args.input, args.output, target, options,
-                              allow_requantize=args.allow_requantize,
-                              progress=lambda name, n: bar(None, name, n))
+        with bounded(args.threads):
+            res = requantize_gguf(args.input, args.output, target, options,
+                                  allow_requantize=args.allow_requantize,
+                                  progress=lambda name, n: bar(None, name, n))
     finally:
         bar.close()
-        if args.threads:
-            set_num_threads(before)
     if not args.quiet:
         print(printable(f"{args.output}: {len(res.quantized)} of "
                         f"{_n(len(res.decisions), 'tensor')} "

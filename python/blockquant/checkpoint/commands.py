@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from .._fs import same_file
 from ..errors import QuantError
 from ..metrics import ErrorStats, bits_per_weight
 from ..qtensor import quantize
@@ -40,6 +39,7 @@ from .format import (
 )
 from .gguf_file import dequantize_gguf, inspect_gguf, is_gguf
 from .options import FileOptions
+from .outputs import check_output
 from .readers import open_checkpoint
 from .rules import Decision, plan
 from .safetensors import HeaderEntry, SafetensorsWriter, float_array
@@ -77,20 +77,6 @@ def _check_not_quantized(ckpt: Checkpoint) -> None:
         raise ckpt.error(
             None, "already holds blockquant-quantized tensors (dequantize it first)"
         )
-
-
-def _check_output(src: Any, dst: Any) -> None:
-    """Refuse an output that names a folder (pathlib would drop the trailing slash) or is the
-    input itself, whatever its spelling (same inode), even with force."""
-    if isinstance(dst, str) and dst.endswith(("/", os.sep)):
-        raise CheckpointError(dst, None, "names a folder; give a file name (the blockquant "
-                              "command and blockquant.quantize_file write into folders)")
-    if same_file(src, dst):
-        raise CheckpointError(dst, None, "is the input file; write to another name "
-                              "(--force never overwrites the input)")
-    if os.path.exists(dst) and not os.path.isfile(dst) and not os.path.isdir(dst):
-        # /dev/null, a pipe, a socket: --force would put a file in its place
-        raise CheckpointError(dst, None, "is not a regular file; not replacing it")
 
 
 def _quantize_tensor(ckpt: Checkpoint, t: TensorInfo, scheme: QuantScheme,
@@ -165,7 +151,7 @@ def quantize_file(
     t0 = time.perf_counter()
     if output_format not in (None, "safetensors", "burnpack"):
         raise CheckpointError(dst, None, f"unknown output format {output_format!r}")
-    _check_output(src, dst)
+    check_output(src, dst)
     burnpack = output_format == "burnpack" or (output_format is None and is_burnpack_path(dst))
     with open_checkpoint(src) as ckpt:
         _check_not_quantized(ckpt)
@@ -256,7 +242,7 @@ def dequantize_file(
     if is_gguf(src):  # llama.cpp's quantized types, dequantized by blockquant.gguf
         return dequantize_gguf(src, dst, options, progress=progress,
                                require_quantized=require_quantized)
-    _check_output(src, dst)
+    check_output(src, dst)
     if is_burnpack_path(dst):  # a .bpk name holding safetensors would mislead every reader
         raise CheckpointError(
             dst, None, "dequantize writes safetensors: name the output .safetensors"
