@@ -37,6 +37,8 @@ from .format import (
     metadata_value,
     read_entries,
 )
+from .formats import CHOOSABLE
+from .formats import output_format as decide_output
 from .gguf_file import dequantize_gguf, inspect_gguf, is_gguf
 from .options import FileOptions
 from .outputs import check_output
@@ -148,15 +150,38 @@ def quantize_file(
     each quantized tensor is a ``QFloat`` under its own name. One tensor is in memory at a
     time. Raises :class:`CheckpointError` (nothing written) on any problem."""
     options = options or FileOptions()
-    t0 = time.perf_counter()
-    if output_format not in (None, "safetensors", "burnpack"):
+    if output_format not in (None, *CHOOSABLE):
         raise CheckpointError(dst, None, f"unknown output format {output_format!r}")
     check_output(src, dst)
-    burnpack = output_format == "burnpack" or (output_format is None and is_burnpack_path(dst))
+    fmt = decide_output(src, dst, output_format)
+    if not fmt.writes or fmt.name not in CHOOSABLE:
+        raise CheckpointError(dst, None, f"{fmt.name} output is written by the blockquant "
+                              "command, blockquant.onnx.quantize_model or "
+                              "blockquant.checkpoint.gguf_file.requantize_gguf")
     with open_checkpoint(src) as ckpt:
         _check_not_quantized(ckpt)
         decisions = plan(ckpt, scheme, options)  # every decision (and --strict error) first
-        if burnpack:
+    return write_quantized(src, dst, decisions, options, progress=progress,
+                           output_format=fmt.name)
+
+
+def write_quantized(
+    src: Any,
+    dst: Any,
+    decisions: list[Decision],
+    options: FileOptions,
+    *,
+    progress: Progress = _no_progress,
+    output_format: str = "safetensors",
+) -> QuantizeSummary:
+    """Write ``dst`` (``output_format``: safetensors or burnpack) from ``src`` as planned:
+    ``decisions``, one per tensor of ``src`` in file order (:func:`.rules.plan`), made once
+    by the caller and handed here (to a worker process, too) rather than made again."""
+    t0 = time.perf_counter()
+    check_output(src, dst)
+    with open_checkpoint(src) as ckpt:
+        _check_planned(ckpt, decisions)
+        if output_format == "burnpack":
             return _quantize_to_burnpack(ckpt, dst, decisions, options, progress, t0)
         layout: list[HeaderEntry] = []
         owners: list[str] = []
@@ -193,6 +218,14 @@ def quantize_file(
             w.commit()
         bytes_out = os.path.getsize(dst)
     return _summary(decisions, bytes_out, t0)
+
+
+def _check_planned(ckpt: Checkpoint, decisions: list[Decision]) -> None:
+    """The file is still the one planned: the same tensors (names, dtypes, shapes), in order.
+    A file replaced between planning and writing is an error, not a wrong output."""
+    if [d.tensor for d in decisions] != ckpt.tensors:
+        raise ckpt.error(None, "changed since it was read (its tensors are not the ones "
+                         "planned); run again")
 
 
 def _quantize_to_burnpack(
