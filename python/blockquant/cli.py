@@ -42,6 +42,7 @@ from .checkpoint.folders import (
     plan_report,
     report_path,
 )
+from .checkpoint.formats import GGUF, ONNX, output_format
 from .checkpoint.gguf_file import is_gguf, is_gguf_path
 from .checkpoint.rules import kept_summary
 from .errors import QuantError
@@ -251,11 +252,12 @@ def _files_line(res: Any) -> str:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
-    if is_onnx_path(args.input) or is_onnx_path(args.output):  # blockquant.onnx
+    fmt = output_format(args.input, args.output, args.output_format)  # decided there only
+    if fmt is ONNX:  # blockquant.onnx
         from .onnx.commands import cmd_quantize as quantize_onnx
 
         return quantize_onnx(args, _scheme(args.scheme), _table)
-    if is_gguf_path(args.output):  # GGUF out: ggml's types, as llama-quantize
+    if fmt is GGUF:  # GGUF out: ggml's types, as llama-quantize
         return _quantize_gguf(args)
     if args.allow_requantize:
         raise CliError("--allow-requantize: only GGUF output requantizes (name OUT .gguf)")

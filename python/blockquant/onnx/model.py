@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .._fs import fsync_dir, fsync_path, publish, same_file, signals_deferred, temp_sibling
+from .. import _fs
+from .._fs import fsync_dir, fsync_path, same_file, signals_deferred, temp_sibling
 from ..checkpoint.base import CheckpointError
 from ..checkpoint.options import FileOptions, compile_rules
 from ..errors import QuantError
@@ -318,8 +319,8 @@ def save(model: Any, src: Any, dst: Path, *, force: bool, external: bool | None)
         with signals_deferred():  # the data file and the model that names it, together
             try:
                 if external:
-                    publish(tmp / data_name, data_dst, force=force, record=False)
-                publish(model_tmp, dst, force=force)
+                    _fs.publish(tmp / data_name, data_dst, force=force, record=False)
+                _fs.publish(model_tmp, dst, force=force)
             except FileExistsError:  # made meanwhile: still never clobbered
                 raise error(dst, "exists (--force replaces it)") from None
         fsync_dir(dst.parent)
