@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import codebooks, metrics, presets
 from ._native import get_num_threads, set_num_threads
+from ._version import __version__ as __version__
 from .errors import (
     InternalError,
     LayoutError,
@@ -74,8 +75,6 @@ __all__ = [
     "NonFiniteError",
     "InternalError",
 ]
-
-__version__ = "0.1.0"
 
 
 # The file formats (checkpoint, files, burnpack: three quarters of the package's import time,

@@ -1,6 +1,6 @@
 """File-system helpers every writer shares: temporary names beside a target, kept within the
-file-name limit, publishing a finished temporary file without clobbering, and "is this the same
-file" checks."""
+file-name limit, :class:`AtomicFile` (the one way a file is written: under a temporary name,
+fsynced, published without clobbering), and "is this the same file" checks."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 #: The longest file name (in bytes) Linux, macOS and Windows file systems accept.
 NAME_MAX = 255
@@ -100,7 +100,7 @@ def _restore(previous: dict[int, Any], caught: list[int]) -> None:
         raise first
 
 
-def publish(tmp: Path, path: Path, *, force: bool) -> None:
+def publish(tmp: Path, path: Path, *, force: bool, record: bool = True) -> None:
     """Put the finished (flushed, fsynced, closed) file ``tmp`` at ``path``. With ``force`` a
     rename replaces whatever is there; without, a hard link, which fails if ``path`` exists,
     so an existing file is never clobbered (``FileExistsError``); a file system without hard
@@ -118,7 +118,88 @@ def publish(tmp: Path, path: Path, *, force: bool) -> None:
                 if path.exists():
                     raise FileExistsError(path) from None
                 os.replace(tmp, path)
-        record_published(path)
+        if record:  # a file that goes with another (ONNX's external data) is not news itself
+            record_published(path)
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file written by someone else (a library that only takes a name) to the disk."""
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def fsync_dir(folder: Path) -> None:
+    """Makes a rename in ``folder`` itself durable; not every platform can open a directory."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class AtomicFile:
+    """A file written under a fresh hidden name beside ``path`` (:func:`temp_sibling`) and put
+    at ``path`` by :meth:`commit`: flushed, fsynced, published (:func:`publish`: never over an
+    existing file without ``force``), the folder fsynced. :meth:`abort`, a failed commit, or
+    leaving a ``with`` block uncommitted removes the temporary file: ``path`` is whole or
+    untouched. Every writer of an output file (safetensors, GGUF, burn-pack) writes through
+    this. ``OSError``s propagate, naming ``path`` rather than the temporary name."""
+
+    def __init__(self, path: os.PathLike[str] | str, *, force: bool) -> None:
+        self.path = Path(path)
+        self.force = force
+        self.tmp = temp_sibling(self.path)  # within NAME_MAX whatever the target's name
+        try:
+            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except OSError as e:
+            raise type(e)(e.errno, e.strerror, str(self.path)) from None
+        self.file: BinaryIO | None = os.fdopen(fd, "wb")
+
+    def __enter__(self) -> AtomicFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.file is not None:
+            self.abort()
+
+    @property
+    def f(self) -> BinaryIO:
+        """The open temporary file (an error once committed or aborted)."""
+        if self.file is None:
+            raise ValueError(f"{self.path}: the output is closed")
+        return self.file
+
+    def commit(self, size: int | None = None) -> None:
+        """Publish the file (cut to ``size`` bytes first, when given)."""
+        f = self.f
+        try:
+            if size is not None:
+                f.truncate(size)
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+            self.file = None
+            publish(self.tmp, self.path, force=self.force)
+        except BaseException:
+            self.abort()
+            raise
+        fsync_dir(self.path.parent)
+
+    def abort(self) -> None:
+        f, self.file = self.file, None
+        try:
+            if f is not None:
+                f.close()
+        finally:
+            try:
+                os.unlink(self.tmp)
+            except OSError:
+                pass
 
 
 def same_file(a: os.PathLike[str] | str, b: os.PathLike[str] | str) -> bool:

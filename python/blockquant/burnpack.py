@@ -44,7 +44,7 @@ from typing import Any, BinaryIO, Mapping, Union
 import numpy as np
 
 from ._cbor import MAX_CBOR_DEPTH, decode_cbor, encode_cbor
-from ._fs import publish, temp_sibling
+from ._fs import AtomicFile
 from .errors import LayoutError, QuantError, SchemeError
 from .qtensor import QTensor
 from .scheme import BlockScale, QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype
@@ -370,46 +370,17 @@ def save_burnpack(
         raise FileExistsError(f"{target} exists")
     if target.is_dir():
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
-    tmp = temp_sibling(target)  # within NAME_MAX (bytes) whatever the target's name
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except OSError as e:
-        # The same error, naming the file asked for rather than the hidden temporary one.
-        raise type(e)(e.errno, e.strerror, str(target)) from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(header)
-            f.write(blob)
-            f.write(bytes(data_start - HEADER_SIZE - len(blob)))
-            at = 0
-            for e, (begin, _) in zip(entries, offsets):
-                f.write(bytes(begin - at))
-                f.write(e.data())
-                at = begin + e.nbytes
-            f.flush()
-            os.fsync(f.fileno())
-        publish(tmp, target, force=force)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(target.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    # Makes the rename itself durable; not every platform can open a directory.
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    with AtomicFile(target, force=force) as out:
+        f = out.f
+        f.write(header)
+        f.write(blob)
+        f.write(bytes(data_start - HEADER_SIZE - len(blob)))
+        at = 0
+        for e, (begin, _) in zip(entries, offsets):
+            f.write(bytes(begin - at))
+            f.write(e.data())
+            at = begin + e.nbytes
+        out.commit()
 
 
 # -- reading ---------------------------------------------------------------------------------------

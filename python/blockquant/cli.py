@@ -28,8 +28,10 @@ from typing import Any, NoReturn, get_args
 
 import numpy as np
 
-from . import __version__, _fs, presets
+from . import _fs, presets
 from ._text import printable
+from ._threads import bounded
+from ._version import __version__
 from .checkpoint import FileOptions
 from .checkpoint.folders import (
     OTHER_WEIGHTS,
@@ -40,6 +42,7 @@ from .checkpoint.folders import (
     plan_report,
     report_path,
 )
+from .checkpoint.formats import GGUF, ONNX, output_format
 from .checkpoint.gguf_file import is_gguf, is_gguf_path
 from .checkpoint.rules import kept_summary
 from .errors import QuantError
@@ -249,11 +252,12 @@ def _files_line(res: Any) -> str:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
-    if is_onnx_path(args.input) or is_onnx_path(args.output):  # blockquant.onnx
+    fmt = output_format(args.input, args.output, args.output_format)  # decided there only
+    if fmt is ONNX:  # blockquant.onnx
         from .onnx.commands import cmd_quantize as quantize_onnx
 
         return quantize_onnx(args, _scheme(args.scheme), _table)
-    if is_gguf_path(args.output):  # GGUF out: ggml's types, as llama-quantize
+    if fmt is GGUF:  # GGUF out: ggml's types, as llama-quantize
         return _quantize_gguf(args)
     if args.allow_requantize:
         raise CliError("--allow-requantize: only GGUF output requantizes (name OUT .gguf)")
@@ -346,19 +350,13 @@ def _quantize_gguf(args: argparse.Namespace) -> int:
             for d in decisions}
     bar = Progress(sum(d.tensor.nbytes for d in decisions), "quantize", quiet=args.quiet,
                    verbose=args.verbose, describe=lambda file, name: what.get(name, "done"))
-    if args.threads:
-        from . import get_num_threads, set_num_threads
-
-        before = get_num_threads()
-        set_num_threads(args.threads)
     try:
-        res = requantize_gguf(args.input, args.output, target, options,
-                              allow_requantize=args.allow_requantize,
-                              progress=lambda name, n: bar(None, name, n))
+        with bounded(args.threads):
+            res = requantize_gguf(args.input, args.output, target, options,
+                                  allow_requantize=args.allow_requantize,
+                                  progress=lambda name, n: bar(None, name, n))
     finally:
         bar.close()
-        if args.threads:
-            set_num_threads(before)
     if not args.quiet:
         print(printable(f"{args.output}: {len(res.quantized)} of "
                         f"{_n(len(res.decisions), 'tensor')} "

@@ -4,7 +4,9 @@ at a time, and writing quantized ``.safetensors`` files that read back without g
 - :mod:`.base`: the error, :class:`TensorInfo`, the :class:`Checkpoint` reader interface;
 - :mod:`.safetensors`: the streaming safetensors reader and writer;
 - :mod:`.numpy_files`: the ``.npz`` and ``.npy`` readers;
+- :mod:`.formats`: the formats, recognised by name and by content, and the output decision;
 - :mod:`.readers`: :func:`open_checkpoint`, which picks the reader;
+- :mod:`.outputs`: checks on an output path, and the atomic output file;
 - :mod:`.format`: the blockquant file format (part names, metadata, ``FORMAT_VERSION``);
 - :mod:`.options`: :class:`FileOptions`, the options the commands share;
 - :mod:`.rules`: which tensor gets which scheme (rank, ``--rule``, ``--strict``);

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from .._fs import same_file
 from ..errors import QuantError
 from ..metrics import ErrorStats, bits_per_weight
 from ..qtensor import quantize
@@ -38,8 +37,11 @@ from .format import (
     metadata_value,
     read_entries,
 )
+from .formats import CHOOSABLE
+from .formats import output_format as decide_output
 from .gguf_file import dequantize_gguf, inspect_gguf, is_gguf
 from .options import FileOptions
+from .outputs import check_output
 from .readers import open_checkpoint
 from .rules import Decision, plan
 from .safetensors import HeaderEntry, SafetensorsWriter, float_array
@@ -77,20 +79,6 @@ def _check_not_quantized(ckpt: Checkpoint) -> None:
         raise ckpt.error(
             None, "already holds blockquant-quantized tensors (dequantize it first)"
         )
-
-
-def _check_output(src: Any, dst: Any) -> None:
-    """Refuse an output that names a folder (pathlib would drop the trailing slash) or is the
-    input itself, whatever its spelling (same inode), even with force."""
-    if isinstance(dst, str) and dst.endswith(("/", os.sep)):
-        raise CheckpointError(dst, None, "names a folder; give a file name (the blockquant "
-                              "command and blockquant.quantize_file write into folders)")
-    if same_file(src, dst):
-        raise CheckpointError(dst, None, "is the input file; write to another name "
-                              "(--force never overwrites the input)")
-    if os.path.exists(dst) and not os.path.isfile(dst) and not os.path.isdir(dst):
-        # /dev/null, a pipe, a socket: --force would put a file in its place
-        raise CheckpointError(dst, None, "is not a regular file; not replacing it")
 
 
 def _quantize_tensor(ckpt: Checkpoint, t: TensorInfo, scheme: QuantScheme,
@@ -162,15 +150,38 @@ def quantize_file(
     each quantized tensor is a ``QFloat`` under its own name. One tensor is in memory at a
     time. Raises :class:`CheckpointError` (nothing written) on any problem."""
     options = options or FileOptions()
-    t0 = time.perf_counter()
-    if output_format not in (None, "safetensors", "burnpack"):
+    if output_format not in (None, *CHOOSABLE):
         raise CheckpointError(dst, None, f"unknown output format {output_format!r}")
-    _check_output(src, dst)
-    burnpack = output_format == "burnpack" or (output_format is None and is_burnpack_path(dst))
+    check_output(src, dst)
+    fmt = decide_output(src, dst, output_format)
+    if not fmt.writes or fmt.name not in CHOOSABLE:
+        raise CheckpointError(dst, None, f"{fmt.name} output is written by the blockquant "
+                              "command, blockquant.onnx.quantize_model or "
+                              "blockquant.checkpoint.gguf_file.requantize_gguf")
     with open_checkpoint(src) as ckpt:
         _check_not_quantized(ckpt)
         decisions = plan(ckpt, scheme, options)  # every decision (and --strict error) first
-        if burnpack:
+    return write_quantized(src, dst, decisions, options, progress=progress,
+                           output_format=fmt.name)
+
+
+def write_quantized(
+    src: Any,
+    dst: Any,
+    decisions: list[Decision],
+    options: FileOptions,
+    *,
+    progress: Progress = _no_progress,
+    output_format: str = "safetensors",
+) -> QuantizeSummary:
+    """Write ``dst`` (``output_format``: safetensors or burnpack) from ``src`` as planned:
+    ``decisions``, one per tensor of ``src`` in file order (:func:`.rules.plan`), made once
+    by the caller and handed here (to a worker process, too) rather than made again."""
+    t0 = time.perf_counter()
+    check_output(src, dst)
+    with open_checkpoint(src) as ckpt:
+        _check_planned(ckpt, decisions)
+        if output_format == "burnpack":
             return _quantize_to_burnpack(ckpt, dst, decisions, options, progress, t0)
         layout: list[HeaderEntry] = []
         owners: list[str] = []
@@ -207,6 +218,14 @@ def quantize_file(
             w.commit()
         bytes_out = os.path.getsize(dst)
     return _summary(decisions, bytes_out, t0)
+
+
+def _check_planned(ckpt: Checkpoint, decisions: list[Decision]) -> None:
+    """The file is still the one planned: the same tensors (names, dtypes, shapes), in order.
+    A file replaced between planning and writing is an error, not a wrong output."""
+    if [d.tensor for d in decisions] != ckpt.tensors:
+        raise ckpt.error(None, "changed since it was read (its tensors are not the ones "
+                         "planned); run again")
 
 
 def _quantize_to_burnpack(
@@ -256,7 +275,7 @@ def dequantize_file(
     if is_gguf(src):  # llama.cpp's quantized types, dequantized by blockquant.gguf
         return dequantize_gguf(src, dst, options, progress=progress,
                                require_quantized=require_quantized)
-    _check_output(src, dst)
+    check_output(src, dst)
     if is_burnpack_path(dst):  # a .bpk name holding safetensors would mislead every reader
         raise CheckpointError(
             dst, None, "dequantize writes safetensors: name the output .safetensors"

@@ -31,7 +31,6 @@ from typing import Any
 from .._fs import is_inside, record_published, same_file, signals_deferred, temp_sibling
 from ..scheme import QuantScheme
 from .base import NAME_TO_ST, CheckpointError, TensorInfo, os_reason
-from .burnpack_file import is_burnpack_path
 from .commands import (
     Measured,
     QuantizeSummary,
@@ -41,8 +40,20 @@ from .commands import (
     inspect_file,
     measure_file,
     natural_key,
-    quantize_file,
     report_dict,
+    write_quantized,
+)
+from .formats import (
+    BURNPACK,
+    CHOOSABLE,
+    FORMATS,
+    GGUF,
+    ONNX,
+    SAFETENSORS,
+    names_folder,
+)
+from .formats import (
+    output_format as decide_output,
 )
 from .jobs import RunStats, Task, TensorProgress, run_tasks
 from .options import FileOptions
@@ -240,12 +251,7 @@ def _write_index(folder: ModelFolder, rel: str, out_root: Path) -> None:
 
 # -- where the output goes ----------------------------------------------------------------------
 #: Output names that ask for one checkpoint file.
-_FILE_SUFFIXES = (".bpk", ".safetensors", ".npz", ".npy", ".gguf", ".onnx")
-
-
-def _names_folder(dst: Any) -> bool:
-    """A trailing slash means a folder, as for cp; so does an existing folder."""
-    return str(dst).endswith(("/", os.sep)) or Path(dst).is_dir()
+_FILE_SUFFIXES = tuple(s for f in FORMATS for s in f.suffixes)
 
 
 class FolderTarget:
@@ -419,8 +425,8 @@ class Plan:
 
     def _task(self, f: FilePlan, out: Path) -> Task:
         opts = self.options
-        if self.kind == "quantize":
-            return Task(f.rel, quantize_file, (f.src, out, self.scheme, opts),
+        if self.kind == "quantize":  # the decisions made here, handed on: not made again
+            return Task(f.rel, write_quantized, (f.src, out, f.decisions, opts),
                         {"output_format": self.output_format})
         return Task(f.rel, dequantize_file, (f.src, out, opts),
                     {"require_quantized": self.folder is None})
@@ -478,22 +484,22 @@ def plan_dequantize(src: Any, dst: Any, options: FileOptions | None = None) -> P
 
 
 def _plan(kind: str, src: Any, dst: Any, scheme: QuantScheme | None, options: FileOptions,
-          output_format: str | None) -> Plan:
+          requested: str | None) -> Plan:
     for p in (src, dst):
         refuse_empty(p)
     src_path, dst_path = Path(src), Path(dst)
     if not src_path.exists():
         raise CheckpointError(src, None, "No such file or directory")
-    if output_format not in (None, "safetensors", "burnpack"):
-        raise CheckpointError(dst, None, f"unknown output format {output_format!r}")
+    if requested not in (None, *CHOOSABLE):
+        raise CheckpointError(dst, None, f"unknown output format {requested!r}")
     if src_path.is_dir():
-        if output_format == "burnpack":
+        if requested == "burnpack":
             raise CheckpointError(dst, None, "a folder is written as .safetensors files, "
                                   "not burn-pack")
         if dst_path.exists() and not dst_path.is_dir():
             raise CheckpointError(dst, None, "exists and is not a folder (a model folder is "
                                   "written to a folder)")
-        if not _names_folder(dst) and dst_path.suffix in _FILE_SUFFIXES:
+        if not names_folder(dst) and dst_path.suffix in _FILE_SUFFIXES:
             # A new folder called model.bpk or out.safetensors is surely a mistake: the name
             # asks for one file, which a folder's several checkpoints cannot be.
             raise CheckpointError(dst, None, f"names a {dst_path.suffix} file, but a model "
@@ -511,13 +517,16 @@ def _plan(kind: str, src: Any, dst: Any, scheme: QuantScheme | None, options: Fi
         if kind == "dequantize" and not any(d.quantized for f in files for d in f.decisions):
             raise CheckpointError(src, None, "holds no blockquant-quantized tensor (nothing to "
                                   "dequantize)")
-        return Plan(kind, src_path, dst_path, folder, files, scheme, options, output_format,
+        return Plan(kind, src_path, dst_path, folder, files, scheme, options, SAFETENSORS.name,
                     into_folder=True)
-    burnpack = output_format == "burnpack" or (
-        output_format is None and is_burnpack_path(dst) and not _names_folder(dst))
-    fmt = "burnpack" if burnpack else output_format
+    fmt = decide_output(src, dst, requested) if kind == "quantize" else SAFETENSORS
+    if fmt in (GGUF, ONNX):  # not a checkpoint of tensors and their decisions: their own paths
+        raise CheckpointError(dst, None, f"{fmt.name} output is written by the blockquant "
+                              "command, blockquant.onnx.quantize_model or "
+                              "blockquant.checkpoint.gguf_file.requantize_gguf")
+    burnpack = fmt == BURNPACK
     into_folder = False
-    if _names_folder(dst):
+    if names_folder(dst):
         name = _output_name(src_path, burnpack and kind == "quantize")
         if dst_path.is_dir():  # an existing folder: the file goes in it, written atomically
             dst_path = dst_path / name
@@ -531,7 +540,7 @@ def _plan(kind: str, src: Any, dst: Any, scheme: QuantScheme | None, options: Fi
                               "(--force never overwrites the input)")
     fp = _plan_file(kind, src_path, _output_name(src_path, burnpack and kind == "quantize")
                     if into_folder else dst_path.name, scheme, options)
-    return Plan(kind, src_path, dst_path, None, [fp], scheme, options, fmt, into_folder)
+    return Plan(kind, src_path, dst_path, None, [fp], scheme, options, fmt.name, into_folder)
 
 
 def _plan_file(kind: str, path: Path, rel: str, scheme: QuantScheme | None,

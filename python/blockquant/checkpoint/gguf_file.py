@@ -37,11 +37,11 @@ from typing import Any, BinaryIO, Callable
 import numpy as np
 
 from .. import gguf as bg
-from .._fs import publish, temp_sibling
 from ..errors import QuantError
 from ..metrics import ErrorStats, bits_per_weight
 from .base import NAME_TO_ST, Checkpoint, CheckpointError, TensorInfo, os_reason, st_nbytes
 from .options import FileOptions
+from .outputs import OutputFile, check_output
 from .safetensors import HeaderEntry, SafetensorsWriter, float_array
 
 MAGIC = b"GGUF"
@@ -471,12 +471,10 @@ def requantize_gguf(
     input is memory-mapped); ``dst`` appears only when complete. Uses ``options.include``,
     ``exclude``, ``min_rank``, ``strict`` and ``force``. Raises ``CheckpointError`` (nothing
     written) on any problem."""
-    from .commands import _check_output
-
     options = options or FileOptions()
     target = bg.ggml_type(qtype)
     t0 = time.perf_counter()
-    _check_output(src, dst)
+    check_output(src, dst)
     with GGUFCheckpoint(Path(src)) as ckpt:
         reader = ckpt.reader
         split = reader.fields.get("split.count")
@@ -486,23 +484,24 @@ def requantize_gguf(
         decisions = plan_requantize(ckpt, target, options, allow_requantize)
         kv = _kv_bytes(reader, target.name)
         infos, offsets, data_size = _tensor_infos(decisions, int(reader.alignment))
-        with _AtomicFile(dst, options.force) as out:
+        with OutputFile(dst, options.force) as out:
             out.write(MAGIC + struct.pack("<IQQ", VERSION, len(decisions), kv.count))
             out.write(kv.data)
             out.write(infos)
-            out.pad(int(reader.alignment))
+            alignment = int(reader.alignment)
+            _pad_to(out, -(-out.tell() // alignment) * alignment)
             base = out.tell()
             for d, offset in zip(decisions, offsets):
-                out.pad_to(base + offset)
+                _pad_to(out, base + offset)
                 data = _tensor_data(ckpt, d)
                 if data.nbytes != d.bytes_after:
                     raise ckpt.error(d.tensor.name, f"wrote {data.nbytes} bytes, expected "
                                      f"{d.bytes_after}")
-                out.write_array(data)
+                _write_array(out, data)
                 del data
                 if progress is not None:
                     progress(d.tensor.name, d.tensor.nbytes)
-            out.pad_to(base + data_size)
+            _pad_to(out, base + data_size)
             out.commit()
     return GGUFSummary(decisions, target.name, sum(d.tensor.nbytes for d in decisions),
                        os.path.getsize(dst), time.perf_counter() - t0,
@@ -582,86 +581,15 @@ def _tensor_data(ckpt: GGUFCheckpoint, d: GGUFDecision) -> np.ndarray:
         raise ckpt.error(t.name, str(e)) from None
 
 
-class _AtomicFile:
-    """A file written under a temporary name beside ``path`` and renamed into place by
-    :meth:`commit` (never over an existing file without ``force``); removed on any error."""
+def _write_array(out: OutputFile, a: np.ndarray) -> None:
+    flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    step = 1 << 24
+    for at in range(0, len(flat), step):
+        out.write(memoryview(flat[at: at + step]))
 
-    def __init__(self, path: Any, force: bool) -> None:
-        self.path = Path(path)
-        self.force = force
-        if self.path.is_dir():
-            raise CheckpointError(self.path, None, "is a directory")
-        if not self.path.parent.is_dir():
-            raise CheckpointError(self.path, None, f"no such directory {str(self.path.parent)!r}")
-        if self.path.exists() and not force:
-            raise CheckpointError(self.path, None, "already exists (--force replaces it)")
-        self.tmp = temp_sibling(self.path)
-        try:
-            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        except OSError as e:
-            raise CheckpointError(self.path, None, f"cannot write: {os_reason(e)}") from None
-        self.f: BinaryIO | None = os.fdopen(fd, "wb")
 
-    def __enter__(self) -> _AtomicFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.f is not None:
-            self.abort()
-
-    def _io(self, fn: Callable[[BinaryIO], Any]) -> Any:
-        assert self.f is not None
-        try:
-            return fn(self.f)
-        except OSError as e:
-            self.abort()
-            raise CheckpointError(self.path, None, f"cannot write: {os_reason(e)}") from None
-
-    def write(self, data: bytes | memoryview) -> None:
-        self._io(lambda f: f.write(data))
-
-    def write_array(self, a: np.ndarray) -> None:
-        flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-        step = 1 << 24
-        for at in range(0, len(flat), step):
-            self.write(memoryview(flat[at: at + step]))
-
-    def tell(self) -> int:
-        return int(self._io(lambda f: f.tell()))
-
-    def pad(self, alignment: int) -> None:
-        self.write(b"\0" * (-self.tell() % alignment))
-
-    def pad_to(self, offset: int) -> None:
-        self.write(b"\0" * (offset - self.tell()))
-
-    def commit(self) -> None:
-        f, self.f = self.f, None
-        assert f is not None
-        try:
-            f.flush()
-            os.fsync(f.fileno())
-            f.close()
-            try:
-                publish(self.tmp, self.path, force=self.force)
-            except FileExistsError:
-                raise CheckpointError(self.path, None,
-                                      "already exists (--force replaces it)") from None
-        except OSError as e:
-            self.abort()
-            raise CheckpointError(self.path, None, f"cannot write: {os_reason(e)}") from None
-        except BaseException:
-            self.abort()
-            raise
-
-    def abort(self) -> None:
-        f, self.f = self.f, None
-        if f is not None:
-            f.close()
-        try:
-            os.unlink(self.tmp)
-        except OSError:
-            pass
+def _pad_to(out: OutputFile, offset: int) -> None:
+    out.write(b"\0" * (offset - out.tell()))
 
 
 # --- inspect, dequantize, report ------------------------------------------------------------------
@@ -688,10 +616,8 @@ def dequantize_gguf(src: Any, dst: Any, options: FileOptions | None = None, *,
     """A GGUF file as a safetensors file: its quantized tensors dequantized (to float32, or
     ``options.dtype``), the others copied as they are, its scalar key/value pairs as metadata
     (text). Returns (tensors dequantized, tensors copied)."""
-    from .commands import _check_output
-
     options = options or FileOptions()
-    _check_output(src, dst)
+    check_output(src, dst)
     with GGUFCheckpoint(Path(src)) as ckpt:
         tensors = [t for t in ckpt.tensors if isinstance(t, GGUFTensorInfo)]
         if require_quantized and not any(t.quantized for t in tensors):

@@ -32,6 +32,7 @@ from multiprocessing import connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+from .. import _threads
 from ..options import MAX_THREADS
 from .base import CheckpointError
 
@@ -65,7 +66,7 @@ def _worker(conn: Any, threads: int, parent: int) -> None:
     # sent meanwhile ends it here, by the default action, without a traceback.
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STARTUP_SIGNALS)
-    _threads().set_num_threads(threads)
+    _threads.set_num_threads(threads)
     try:
         while True:
             data = conn.recv_bytes()
@@ -357,13 +358,6 @@ def _worker_died(w: _Worker, task: Task) -> None:
     raise CheckpointError(task.key, None, f"its worker process {how} before it was done")
 
 
-def _threads() -> Any:
-    """The package, for its thread-pool bound (imported when used: it imports this module)."""
-    import blockquant
-
-    return blockquant
-
-
 def _peak_rss() -> int:
     """This process's peak resident memory in bytes (Linux reports KiB, macOS bytes)."""
     try:
@@ -416,23 +410,16 @@ def run_tasks(tasks: Sequence[Task], jobs: int, threads: int | None,
     t0 = time.perf_counter()
     jobs, threads = operator.index(jobs), None if threads is None else operator.index(threads)
     jobs = max(1, min(jobs, len(tasks)))
-    bq = _threads()
-    total = threads if threads else bq.get_num_threads()
+    total = threads if threads else _threads.get_num_threads()
     stats.jobs, stats.threads_per_job = jobs, max(1, total // jobs)
     if jobs == 1:
-        before = bq.get_num_threads()
-        if threads:
-            bq.set_num_threads(threads)
-        try:
+        with _threads.bounded(threads):
             results = []
             for task in tasks:
                 def one(name: str, nbytes: int, key: Any = task.key) -> None:
                     progress(key, name, nbytes)
 
                 results.append(task.fn(*task.args, progress=one, **task.kwargs))
-        finally:
-            if threads:
-                bq.set_num_threads(before)
         stats.peak_rss = [_peak_rss()]
         stats.seconds = time.perf_counter() - t0
         return results

@@ -1,17 +1,80 @@
-"""The options the file commands share, as one value."""
+"""The options the file commands share, as one value, and the ``--rule REGEX=SCHEME`` texts
+they hold, parsed and checked (which tensor a rule then decides is :mod:`.rules`)."""
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 
+from ..errors import QuantError
 from ..options import Calibration, Rounding, ScaleRounding
+from ..presets import resolve
 from ..scheme import QuantScheme
 from .base import NAME_TO_ST, CheckpointError
-from .rules import RuleSpec, parse_rules
+
+#: The scheme word of a rule that keeps the tensors it matches.
+KEEP = "keep"
+
+#: One rule as FileOptions holds it: (regular expression, scheme text, QuantScheme or "keep").
+RuleSpec = tuple[str, Union[str, QuantScheme]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    pattern: re.Pattern[str]
+    scheme: QuantScheme | None  # None: keep
+    text: str  # as the user wrote it, for messages
+
+
+def parse_rules(rules: Any) -> tuple[RuleSpec, ...]:
+    """Rules in any of the spellings the API takes, as a tuple of (regex, scheme) pairs:
+    ``"REGEX=SCHEME"`` strings (split at the last ``=``: a scheme text has none, a regular
+    expression may), (regex, scheme) pairs, or a mapping regex -> scheme (in its order)."""
+    if rules is None:
+        return ()
+    if isinstance(rules, (str, bytes)):
+        rules = [rules]
+    items = rules.items() if isinstance(rules, Mapping) else rules
+    out: list[RuleSpec] = []
+    for item in items:
+        if isinstance(item, str):
+            regex, eq, scheme = item.rpartition("=")
+            if not eq or not regex or not scheme:
+                raise CheckpointError("--rule", None, f"{item!r} is not REGEX=SCHEME "
+                                      "(SCHEME a preset, a scheme text or 'keep')")
+            out.append((regex, scheme))
+        elif isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str):
+            out.append((item[0], item[1]))
+        else:
+            raise TypeError(f"a rule is 'REGEX=SCHEME' or a (regex, scheme) pair, got {item!r}")
+    compile_rules(tuple(out))  # every error now, when the options are built
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=64)
+def compile_rules(rules: tuple[RuleSpec, ...]) -> tuple[Rule, ...]:
+    compiled = []
+    for regex, scheme in rules:
+        text = f"{regex}={scheme}"
+        try:
+            pattern = re.compile(regex)
+        except re.error as e:
+            raise CheckpointError("--rule", None,
+                                  f"bad regular expression {regex!r} in {text!r}: {e}") from None
+        if isinstance(scheme, str) and scheme == KEEP:
+            compiled.append(Rule(pattern, None, text))
+            continue
+        try:
+            compiled.append(Rule(pattern, resolve(scheme), text))
+        except (QuantError, TypeError, OverflowError) as e:
+            raise CheckpointError("--rule", None, f"{text!r}: {e}") from None
+    return tuple(compiled)
+
 
 
 def _compile(pattern: str | None, what: str) -> re.Pattern[str] | None:

@@ -17,81 +17,16 @@ error found) before any tensor is read.
 
 from __future__ import annotations
 
-import functools
-import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
 
 from ..errors import QuantError
-from ..presets import resolve
 from ..scheme import QuantScheme
-from .base import Checkpoint, CheckpointError, TensorInfo
+from .base import Checkpoint, TensorInfo
 from .format import part_layout
+from .options import FileOptions, compile_rules
 from .safetensors import HeaderEntry
-
-if TYPE_CHECKING:
-    from .options import FileOptions
-
-#: The scheme word of a rule that keeps the tensors it matches.
-KEEP = "keep"
-
-#: One rule as FileOptions holds it: (regular expression, scheme text, QuantScheme or "keep").
-RuleSpec = tuple[str, Union[str, QuantScheme]]
-
-
-@dataclass(frozen=True)
-class Rule:
-    pattern: re.Pattern[str]
-    scheme: QuantScheme | None  # None: keep
-    text: str  # as the user wrote it, for messages
-
-
-def parse_rules(rules: Any) -> tuple[RuleSpec, ...]:
-    """Rules in any of the spellings the API takes, as a tuple of (regex, scheme) pairs:
-    ``"REGEX=SCHEME"`` strings (split at the last ``=``: a scheme text has none, a regular
-    expression may), (regex, scheme) pairs, or a mapping regex -> scheme (in its order)."""
-    if rules is None:
-        return ()
-    if isinstance(rules, (str, bytes)):
-        rules = [rules]
-    items = rules.items() if isinstance(rules, Mapping) else rules
-    out: list[RuleSpec] = []
-    for item in items:
-        if isinstance(item, str):
-            regex, eq, scheme = item.rpartition("=")
-            if not eq or not regex or not scheme:
-                raise CheckpointError("--rule", None, f"{item!r} is not REGEX=SCHEME "
-                                      "(SCHEME a preset, a scheme text or 'keep')")
-            out.append((regex, scheme))
-        elif isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str):
-            out.append((item[0], item[1]))
-        else:
-            raise TypeError(f"a rule is 'REGEX=SCHEME' or a (regex, scheme) pair, got {item!r}")
-    compile_rules(tuple(out))  # every error now, when the options are built
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=64)
-def compile_rules(rules: tuple[RuleSpec, ...]) -> tuple[Rule, ...]:
-    compiled = []
-    for regex, scheme in rules:
-        text = f"{regex}={scheme}"
-        try:
-            pattern = re.compile(regex)
-        except re.error as e:
-            raise CheckpointError("--rule", None,
-                                  f"bad regular expression {regex!r} in {text!r}: {e}") from None
-        if isinstance(scheme, str) and scheme == KEEP:
-            compiled.append(Rule(pattern, None, text))
-            continue
-        try:
-            compiled.append(Rule(pattern, resolve(scheme), text))
-        except (QuantError, TypeError, OverflowError) as e:
-            raise CheckpointError("--rule", None, f"{text!r}: {e}") from None
-    return tuple(compiled)
-
 
 #: Why a tensor was kept, as the summary groups them.
 KEPT_DTYPE, KEPT_SELECTION, KEPT_RULE, KEPT_RANK, KEPT_UNFIT = (

@@ -11,23 +11,21 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from .._fs import publish, temp_sibling
 from .base import (
     ST_DTYPES,
     Checkpoint,
     CheckpointError,
     TensorInfo,
     numel,
-    os_reason,
     to_le_bytes,
 )
+from .outputs import OutputFile
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -264,7 +262,9 @@ class SafetensorsWriter:
     ) -> None:
         self.path = Path(path)
         self.force = force
-        self._check_target()
+        # The target is checked (a folder, no such folder, exists without force) before the
+        # header is worked out: OutputFile checks again, and makes the temporary file.
+        OutputFile.check(self.path, force)
         outs = [_Out(n, d, tuple(s), b) for n, d, s, b in tensors]
         self._outs = {o.name: o for o in outs}
         if len(self._outs) != len(outs) or "__metadata__" in self._outs:
@@ -298,43 +298,31 @@ class SafetensorsWriter:
         raw += b" " * (-len(raw) % 8)  # data starts 8-aligned, as the safetensors library does
         self._data_start = 8 + len(raw)
         self._total = self._data_start + offset
-        self._tmp = temp_sibling(self.path)  # within NAME_MAX whatever the name's length
+        self._out = OutputFile(self.path, self.force)
         try:
-            fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            self._f: BinaryIO | None = os.fdopen(fd, "wb")
-            self._f.write(struct.pack("<Q", len(raw)))
-            self._f.write(raw)
-        except OSError as e:
+            self._out.write(struct.pack("<Q", len(raw)))
+            self._out.write(raw)
+        except BaseException:
             self.abort()
-            raise CheckpointError(self.path, None, f"cannot write: {os_reason(e)}") from None
-
-    def _check_target(self) -> None:
-        if self.path.is_dir():
-            raise CheckpointError(self.path, None, "is a directory")
-        if not self.path.parent.is_dir():
-            raise CheckpointError(self.path, None, f"no such directory {str(self.path.parent)!r}")
-        if self.path.exists() and not self.force:
-            raise CheckpointError(self.path, None, "already exists (--force replaces it)")
+            raise
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        if exc_type is not None or self._f is not None:
+        if exc_type is not None or self._out.open:
             self.abort()
 
-    def _seek(self, name: str) -> BinaryIO:
+    def _seek(self, name: str, f: BinaryIO) -> BinaryIO:
         o = self._outs[name]
         if o.written:
             raise ValueError(f"tensor {name!r} written twice")
-        assert self._f is not None
-        self._f.seek(self._data_start + o.offset)
-        return self._f
+        f.seek(self._data_start + o.offset)
+        return f
 
     def _done(self, name: str) -> None:
         o = self._outs[name]
-        assert self._f is not None
-        if self._f.tell() != self._data_start + o.offset + o.nbytes:
+        if self._out.tell() != self._data_start + o.offset + o.nbytes:
             raise ValueError(f"tensor {name!r}: wrote a wrong number of bytes")
         o.written = True
 
@@ -345,48 +333,21 @@ class SafetensorsWriter:
             raise ValueError(
                 f"tensor {name!r} takes {self._outs[name].nbytes} bytes, got {len(buf)}"
             )
-        self._io(lambda: self._seek(name).write(buf))
+        self._out.io(lambda f: self._seek(name, f).write(buf))
         self._done(name)
 
     def write_from(self, name: str, source: Checkpoint, source_name: str) -> None:
         """Copy a tensor's bytes from an open checkpoint, in chunks."""
-        self._io(lambda: source.copy_to(source_name, self._seek(name)))
+        self._out.io(lambda f: source.copy_to(source_name, self._seek(name, f)))
         self._done(name)
-
-    def _io(self, fn: Callable[[], Any]) -> None:
-        try:
-            fn()
-        except OSError as e:
-            raise CheckpointError(self.path, None, f"cannot write: {os_reason(e)}") from None
 
     def commit(self) -> None:
         missing = [o.name for o in self._outs.values() if not o.written]
         if missing:
             raise ValueError(f"tensors never written: {missing[:5]}")
-        f, self._f = self._f, None
-        assert f is not None
-        try:
-            f.truncate(self._total)
-            f.flush()
-            os.fsync(f.fileno())
-            f.close()
-            try:
-                publish(self._tmp, self.path, force=self.force)
-            except FileExistsError:
-                raise CheckpointError(self.path, None,
-                                      "already exists (--force replaces it)") from None
-        except OSError as e:
-            self.abort()
-            raise CheckpointError(self.path, None, f"cannot write: {os_reason(e)}") from None
-        except BaseException:
-            self.abort()
-            raise
+        self._out.commit(self._total)
 
     def abort(self) -> None:
-        f, self._f = getattr(self, "_f", None), None
-        if f is not None:
-            f.close()
-        try:
-            os.unlink(self._tmp)
-        except (OSError, AttributeError):
-            pass
+        out = getattr(self, "_out", None)  # none yet when the header could not be made
+        if out is not None:
+            out.abort()

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from .._fs import record_published, same_file, signals_deferred, temp_sibling
+from .. import _fs
+from .._fs import fsync_dir, fsync_path, same_file, signals_deferred, temp_sibling
 from ..checkpoint.base import CheckpointError
-from ..checkpoint.options import FileOptions
-from ..checkpoint.rules import compile_rules
+from ..checkpoint.options import FileOptions, compile_rules
 from ..errors import QuantError
 from ..scheme import QuantScheme
 from .lowering import FLOAT_TYPES, check_matmulnbits, check_scheme
@@ -310,17 +310,19 @@ def save(model: Any, src: Any, dst: Path, *, force: bool, external: bool | None)
         else:
             onnx.save_model(model, str(model_tmp))
         for f in tmp.iterdir():
-            with open(f, "rb+") as fh:
-                os.fsync(fh.fileno())
+            fsync_path(f)
         try:
             onnx.checker.check_model(str(model_tmp))
         except Exception as e:  # a bug of blockquant's: say so in one line, write nothing
             raise error(dst, f"the written model fails onnx.checker ({type(e).__name__}: {e}); "
                         "please report this") from None
         with signals_deferred():  # the data file and the model that names it, together
-            if external:
-                os.replace(tmp / data_name, data_dst)
-            os.replace(model_tmp, dst)
-            record_published(dst)
+            try:
+                if external:
+                    _fs.publish(tmp / data_name, data_dst, force=force, record=False)
+                _fs.publish(model_tmp, dst, force=force)
+            except FileExistsError:  # made meanwhile: still never clobbered
+                raise error(dst, "exists (--force replaces it)") from None
+        fsync_dir(dst.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

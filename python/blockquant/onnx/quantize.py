@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
+from .._version import __version__
 from ..checkpoint.commands import natural_key
 from ..checkpoint.options import FileOptions
 from ..metrics import ErrorStats, bits_per_weight
