@@ -14,6 +14,7 @@ from blockquant import _fs
 from blockquant.burnpack import save_burnpack
 from blockquant.checkpoint import CheckpointError, SafetensorsWriter, open_checkpoint
 from blockquant.checkpoint import formats as F
+from blockquant.cli import main
 
 W = {"w": np.linspace(-1, 1, 64 * 32, dtype=np.float32).reshape(64, 32),
      "b": np.ones(32, np.float32)}
@@ -96,12 +97,52 @@ def test_an_unknown_requested_format_is_refused():
         F.output_format("m.safetensors", "q.h5", "h5")
 
 
-def test_the_api_refuses_outputs_it_does_not_write_rather_than_misname_them(tmp_path):
+@pytest.mark.parametrize("out, says", [
+    ("q.gguf", "GGUF output is made from a GGUF file"),
+    ("q.onnx", "an ONNX model is quantized into an ONNX model"),
+])
+def test_the_api_and_the_command_refuse_through_the_same_door(tmp_path, capsys, out, says):
     src = safetensors_file(tmp_path / "m.safetensors")
-    for name in ("q.gguf", "q.onnx"):
-        with pytest.raises(CheckpointError, match="output is written by the blockquant command"):
-            bq.quantize_file(src, tmp_path / name, "int8")
-        assert not (tmp_path / name).exists()
+    with pytest.raises(CheckpointError, match=says) as raised:
+        bq.quantize_file(src, tmp_path / out, "int8")
+    assert main(["quantize", str(src), "-o", str(tmp_path / out), "--scheme", "int8"]) == 2
+    assert capsys.readouterr().err == f"blockquant: error: {raised.value}\n"
+    assert not (tmp_path / out).exists()
+
+
+def test_the_api_writes_gguf_and_onnx_as_the_command_does(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    src = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(src, "llama")
+    w.add_tensor("blk.0.attn_q.weight", W["w"])
+    w.add_tensor("blk.0.attn_norm.weight", W["b"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    res = bq.quantize_file(src, tmp_path / "api.gguf", "q8_0")
+    assert res.quantized == ["blk.0.attn_q.weight"]
+    assert main(["quantize", str(src), "-o", str(tmp_path / "cli.gguf"), "--scheme", "q8_0",
+                 "--quiet"]) == 0
+    assert (tmp_path / "api.gguf").read_bytes() == (tmp_path / "cli.gguf").read_bytes()
+
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
+        [numpy_helper.from_array(W["w"], "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]),
+              tmp_path / "m.onnx")
+    res = bq.quantize_file(tmp_path / "m.onnx", tmp_path / "api.onnx", "int8_block32")
+    assert res.quantized == ["w"]
+    assert main(["quantize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "cli.onnx"),
+                 "--scheme", "int8_block32", "--quiet"]) == 0
+    a, c = onnx.load(tmp_path / "api.onnx"), onnx.load(tmp_path / "cli.onnx")
+    assert [numpy_helper.to_array(t).tobytes() for t in a.graph.initializer] == \
+        [numpy_helper.to_array(t).tobytes() for t in c.graph.initializer]
 
 
 # -- one publish helper -------------------------------------------------------------------------

@@ -30,24 +30,21 @@ import numpy as np
 
 from . import _fs, presets
 from ._text import printable
-from ._threads import bounded
 from ._version import __version__
 from .checkpoint import FileOptions
-from .checkpoint.folders import (
-    OTHER_WEIGHTS,
-    Plan,
-    inspect_path,
+from .checkpoint.folders import OTHER_WEIGHTS, Plan
+from .checkpoint.registry import (
+    GGUFRun,
+    OnnxRun,
+    QuantizeRequest,
+    inspect,
     plan_dequantize,
     plan_quantize,
     plan_report,
-    report_path,
 )
-from .checkpoint.formats import GGUF, ONNX, output_format
-from .checkpoint.gguf_file import is_gguf, is_gguf_path
 from .checkpoint.rules import kept_summary
 from .errors import QuantError
 from .metrics import ErrorStats
-from .onnx import is_onnx_path
 from .options import MAX_THREADS, Calibration, Rounding, ScaleRounding
 from .progress import Progress, ProgressBar
 from .progress import human_bytes as _human
@@ -251,25 +248,29 @@ def _files_line(res: Any) -> str:
     return printable("; ".join(parts))
 
 
-def cmd_quantize(args: argparse.Namespace) -> int:
-    fmt = output_format(args.input, args.output, args.output_format)  # decided there only
-    if fmt is ONNX:  # blockquant.onnx
-        from .onnx.commands import cmd_quantize as quantize_onnx
+def _request(args: argparse.Namespace) -> QuantizeRequest:
+    """The command's arguments as the front door's request."""
+    return QuantizeRequest(args.input, args.output, args.scheme, _file_options(args),
+                           output_format=args.output_format,
+                           allow_requantize=args.allow_requantize, onnx_op=args.onnx_op,
+                           onnx_fp4=args.onnx_fp4, external_data=args.external_data or None)
 
-        return quantize_onnx(args, _scheme(args.scheme), _table)
-    if fmt is GGUF:  # GGUF out: ggml's types, as llama-quantize
-        return _quantize_gguf(args)
-    if args.allow_requantize:
-        raise CliError("--allow-requantize: only GGUF output requantizes (name OUT .gguf)")
-    scheme = _scheme(args.scheme)
-    options = _file_options(args)
-    plan_ = plan_quantize(args.input, args.output, scheme, options,
-                          output_format=args.output_format)
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    run = plan_quantize(_request(args))  # the format decided and the run planned, once
+    if isinstance(run, OnnxRun):
+        from .onnx.commands import print_dry_run, print_summary
+
+        if args.dry_run:
+            return print_dry_run(args, run, _table)
+        return print_summary(args, run.run(threads=args.threads))
+    if isinstance(run, GGUFRun):
+        return _quantize_gguf(args, run)
     if args.dry_run:
-        return _dry_run(plan_)
-    bar = _progress(plan_, plan_.total_bytes, "quantize", args)
+        return _dry_run(run)
+    bar = _progress(run, run.total_bytes, "quantize", args)
     try:
-        res = plan_.run(jobs=args.jobs, threads=args.threads, progress=bar)
+        res = run.run(jobs=args.jobs, threads=args.threads, progress=bar)
     finally:
         bar.close()  # type: ignore[attr-defined]
     if not res.quantized:
@@ -281,11 +282,11 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         # Tensor data against tensor data (as the dry run), then the file(s) as written: the
         # header counts in the file, and with many small tensors it outweighs their data.
         after = sum(d.bytes_after for d in res.decisions)
-        print(f"{printable(_written(plan_))}: {len(res.quantized)} of {_n(n, 'tensor')} "
+        print(f"{printable(_written(run))}: {len(res.quantized)} of {_n(n, 'tensor')} "
               f"quantized{used}, tensor data {_human(res.bytes_in)} -> {_human(after)} "
               f"({res.bytes_in / max(after, 1):.2f}x), {_human(res.bytes_out)} written in "
               f"{res.seconds:.2f} s")
-        for line in (kept_summary(res.decisions, options.min_rank), _files_line(res)):
+        for line in (kept_summary(res.decisions, run.options.min_rank), _files_line(res)):
             if line:
                 print(line)
         if args.verbose:
@@ -293,50 +294,12 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ggml_type(text: str) -> Any:
-    from .gguf import TYPES
-
-    return TYPES.get(text.upper())
-
-
-def _gguf_options(args: argparse.Namespace) -> FileOptions:
-    """The file options a GGUF run takes; blockquant's scheme options are refused."""
-    for flag, given in (("--rule", args.rules), ("--calibration", args.calibration),
-                        ("--rounding", args.rounding), ("--scale-rounding", args.scale_rounding),
-                        ("--format", getattr(args, "output_format", None))):
-        if given:
-            raise CliError(f"{flag}: GGUF files take ggml's types, whose rules are fixed")
-    if _ggml_type(args.scheme) is None:
-        from .gguf import TYPES
-
-        raise CliError(f"--scheme: GGUF takes a ggml type ({', '.join(TYPES).lower()}), got "
-                       f"{args.scheme!r}")
-    return FileOptions(include=args.include, exclude=args.exclude, min_rank=args.min_rank,
-                       strict=args.strict, force=getattr(args, "force", False))
-
-
-def _quantize_gguf(args: argparse.Namespace) -> int:
+def _quantize_gguf(args: argparse.Namespace, run: GGUFRun) -> int:
     """``blockquant quantize IN.gguf -o OUT.gguf --scheme q4_0``: llama-quantize --pure."""
-    from .checkpoint.gguf_file import (
-        KEPT_WORDS,
-        GGUFCheckpoint,
-        plan_requantize,
-        requantize_gguf,
-    )
+    from .checkpoint.gguf_file import KEPT_WORDS
     from .checkpoint.gguf_file import kept_summary as gguf_kept
 
-    if not is_gguf(args.input):
-        # Named .gguf but not one, or not a file at all: say what it is instead.
-        if is_gguf_path(args.input) or (os.path.exists(args.input)
-                                        and not os.path.isfile(args.input)
-                                        and not os.path.isdir(args.input)):
-            raise CliError(f"{args.input}: not a GGUF file ({_not_gguf_reason(args.input)})")
-        raise CliError(f"{args.input}: GGUF output is made from a GGUF file (llama.cpp's "
-                       "convert_hf_to_gguf.py converts other checkpoints)")
-    options = _gguf_options(args)
-    target = _ggml_type(args.scheme).name
-    with GGUFCheckpoint(args.input) as ckpt:
-        decisions = plan_requantize(ckpt, target, options, args.allow_requantize)
+    decisions, target = run.decisions, run.target
     if args.dry_run:
         rows = [[printable(d.tensor.name), _shape(d.tensor.shape), d.tensor.dtype_name,
                  d.new_type if d.quantized else f"keep: {KEPT_WORDS[d.why]}",
@@ -348,13 +311,10 @@ def _quantize_gguf(args: argparse.Namespace) -> int:
     what = {d.tensor.name: (f"{d.tensor.dtype_name} -> {d.new_type}" if d.quantized
                             else f"{d.tensor.dtype_name} kept: {KEPT_WORDS[d.why]}")
             for d in decisions}
-    bar = Progress(sum(d.tensor.nbytes for d in decisions), "quantize", quiet=args.quiet,
+    bar = Progress(run.total_bytes, "quantize", quiet=args.quiet,
                    verbose=args.verbose, describe=lambda file, name: what.get(name, "done"))
     try:
-        with bounded(args.threads):
-            res = requantize_gguf(args.input, args.output, target, options,
-                                  allow_requantize=args.allow_requantize,
-                                  progress=lambda name, n: bar(None, name, n))
+        res = run.run(threads=args.threads, progress=lambda name, n: bar(None, name, n))
     finally:
         bar.close()
     if not args.quiet:
@@ -363,22 +323,10 @@ def _quantize_gguf(args: argparse.Namespace) -> int:
                         f"quantized to {target}, {_human(res.bytes_in)} of tensor data -> "
                         f"{_human(res.bytes_out)} file ({res.bytes_in / max(res.bytes_out, 1):.2f}x)"
                         f" in {res.seconds:.2f} s"))
-        line = gguf_kept(res.decisions, target, options.min_rank)
+        line = gguf_kept(res.decisions, target, run.options.min_rank)
         if line:
             print(printable(line))
     return 0
-
-
-def _report_gguf(args: argparse.Namespace) -> dict[str, Any]:
-    from .checkpoint.gguf_file import report_gguf
-
-    options = _gguf_options(args)
-    bar = _progress(None, 0, "report", args)
-    try:
-        return report_gguf(args.input, _ggml_type(args.scheme).name, options,
-                           progress=lambda name, n: bar(None, name, n))
-    finally:
-        bar.close()  # type: ignore[attr-defined]
 
 
 def _stats_line(stats: Any) -> str:
@@ -387,22 +335,7 @@ def _stats_line(stats: Any) -> str:
             f"threads, peak memory {_human(peak)} per job, {stats.seconds:.2f} s")
 
 
-def _not_gguf_reason(path: Any) -> str:
-    try:
-        if os.path.exists(path) and not os.path.isfile(path):  # a pipe would block the open
-            return "not a regular file"
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except OSError as e:
-        return e.strerror or type(e).__name__
-    return "empty file" if not head else f"it starts with {head!r}, not b'GGUF'"
-
-
 def cmd_dequantize(args: argparse.Namespace) -> int:
-    if is_onnx_path(args.input):
-        raise CliError(f"{printable(args.input)}: an ONNX model's weights are dequantized by its "
-                       "DequantizeLinear/MatMulNBits nodes when it runs; blockquant dequantize "
-                       "reads safetensors, .bpk and .gguf (inspect and report read .onnx)")
     options = _file_options(args)
     plan_ = plan_dequantize(args.input, args.output, options)
     bar = _progress(plan_, plan_.total_bytes, "dequantize", args)
@@ -422,12 +355,7 @@ def cmd_dequantize(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    if is_onnx_path(args.file):
-        from .onnx import inspect_model
-
-        info = inspect_model(args.file)
-    else:
-        info = inspect_path(args.file)
+    info = inspect(args.file)
     if args.json:
         print(json.dumps(_jsonable(info), indent=1))  # ensure_ascii: every name escaped
         return 0
@@ -454,31 +382,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    if is_onnx_path(args.input):
-        from .onnx import report_model
-        from .onnx.commands import file_options
-
-        rep = report_model(args.input, _scheme(args.scheme), options=file_options(args))
-    elif is_gguf(args.input) and _ggml_type(args.scheme) is not None:
-        rep = _report_gguf(args)
-    else:
-        try:
-            scheme = _scheme(args.scheme)
-        except CliError as e:
-            if not is_gguf(args.input):
-                raise
-            from .gguf import TYPES  # neither: name both kinds of scheme a GGUF file takes
-
-            raise CliError(f"{e}; or, for a GGUF file, one of ggml's types "
-                           f"({', '.join(t.lower() for t in TYPES)})") from None
-        options = _file_options(args)
-        total = sum(f.bytes_in for f in plan_report(args.input, scheme, options))
-        bar = _progress(None, total, "report", args)
-        try:
-            rep = report_path(args.input, scheme, options, jobs=args.jobs, threads=args.threads,
-                              progress=bar)
-        finally:
-            bar.close()  # type: ignore[attr-defined]
+    options = _file_options(args)
+    run = plan_report(args.input, args.scheme, options)
+    bar = _progress(None, run.total_bytes, "report", args)
+    try:
+        rep = run.run(jobs=args.jobs, threads=args.threads, progress=bar)
+    finally:
+        bar.close()  # type: ignore[attr-defined]
     if args.json:
         print(json.dumps(_jsonable(rep), indent=1))
         return 0

@@ -24,16 +24,14 @@ from .checkpoint.burnpack_file import BurnpackCheckpoint
 from .checkpoint.folders import (
     DequantizeSummary,
     FolderSummary,
-    plan_dequantize,
-    plan_quantize,
+    Plan,
     refuse_empty,
     scan_folder,
 )
 from .checkpoint.format import load_qtensor, read_entries
 from .checkpoint.jobs import check_counts
-from .errors import QuantError
+from .checkpoint.registry import QuantizeRequest, plan_dequantize, plan_quantize
 from .options import Calibration, Rounding, ScaleRounding
-from .presets import resolve
 from .progress import Progress
 from .qtensor import QTensor
 from .scheme import QuantScheme
@@ -74,6 +72,10 @@ def quantize_file(
       (``model.safetensors``, or shards and ``model.safetensors.index.json``).
     - ``dst``: a file (``.safetensors``, or ``.bpk`` for burn), or a folder: always when
       ``src`` is a folder; for a file, when ``dst`` ends in ``/`` or is an existing folder.
+      A ``.gguf`` ``dst`` requantizes a GGUF ``src`` with a ggml type as ``scheme``, and an
+      ONNX model goes to an ``.onnx`` ``dst``, as the command does (their summaries are
+      :class:`blockquant.checkpoint.gguf_file.GGUFSummary` and
+      :class:`blockquant.onnx.OnnxSummary`).
     - ``scheme``: a :class:`QuantScheme`, a preset name or a scheme text.
     - ``rules``: per-tensor schemes, the first match (``re.search``) wins: a mapping
       ``{regex: scheme}``, or a list of ``"REGEX=SCHEME"`` strings or (regex, scheme) pairs; a
@@ -92,29 +94,25 @@ def quantize_file(
     options = FileOptions(include=include, exclude=exclude, calibration=calibration,
                           rounding=rounding, scale_rounding=scale_rounding, force=force,
                           rules=rules, min_rank=min_rank, strict=strict)
-    plan = plan_quantize(src, dst, _scheme(scheme), options, output_format=output_format)
+    run = plan_quantize(QuantizeRequest(src, dst, scheme, options, output_format=output_format))
+    if not isinstance(run, Plan):  # GGUF or ONNX: their own summaries
+        if dry_run:
+            raise CheckpointError(dst, None, "dry_run= covers checkpoint and folder outputs; "
+                                  "the command's --dry-run shows a GGUF or ONNX plan")
+        return run.run(jobs=jobs, threads=threads)  # type: ignore[no-any-return]
     if dry_run:
-        decisions = [d for _, d in plan.decisions()]
+        decisions = [d for _, d in run.decisions()]
         return FolderSummary(
             [d.tensor.name for d in decisions if d.quantized],
             [d.tensor.name for d in decisions if not d.quantized],
-            plan.total_bytes, sum(d.bytes_after for d in decisions), 0.0, decisions,
-            len(plan.files))
-    reporter = _reporter(progress, plan.total_bytes, "quantize")
+            run.total_bytes, sum(d.bytes_after for d in decisions), 0.0, decisions,
+            len(run.files))
+    reporter = _reporter(progress, run.total_bytes, "quantize")
     try:
-        result: Any = plan.run(jobs=jobs, threads=threads, progress=reporter)
+        result: Any = run.run(jobs=jobs, threads=threads, progress=reporter)
         return result
     finally:
         getattr(reporter, "close", lambda: None)()
-
-
-def _scheme(scheme: Union[QuantScheme, str]) -> QuantScheme:
-    """``scheme`` resolved; an unknown preset or a bad scheme text is a :class:`CheckpointError`
-    naming the option, as every other problem of these functions."""
-    try:
-        return resolve(scheme)
-    except QuantError as e:
-        raise CheckpointError("--scheme", None, str(e)) from None
 
 
 def dequantize_file(

@@ -465,12 +465,14 @@ def requantize_gguf(
     *,
     allow_requantize: bool = False,
     progress: Callable[[str, int], None] | None = None,
+    decisions: list[GGUFDecision] | None = None,
 ) -> GGUFSummary:
     """Requantize the GGUF file ``src`` to ``qtype`` into the GGUF file ``dst``, as
     llama-quantize does (see the module's docstring). One tensor is in memory at a time (the
     input is memory-mapped); ``dst`` appears only when complete. Uses ``options.include``,
     ``exclude``, ``min_rank``, ``strict`` and ``force``. Raises ``CheckpointError`` (nothing
-    written) on any problem."""
+    written) on any problem. ``decisions``: the plan :func:`plan_requantize` made (the front
+    door plans once); the file must still hold the tensors it was made for."""
     options = options or FileOptions()
     target = bg.ggml_type(qtype)
     t0 = time.perf_counter()
@@ -481,7 +483,10 @@ def requantize_gguf(
         if split is not None and int(split.contents()) > 1:
             raise ckpt.error(None, f"is one of {int(split.contents())} shards of a split model; "
                              "merge them first (llama-gguf-split --merge)")
-        decisions = plan_requantize(ckpt, target, options, allow_requantize)
+        if decisions is None:
+            decisions = plan_requantize(ckpt, target, options, allow_requantize)
+        elif [d.tensor for d in decisions] != list(ckpt.tensors):
+            raise ckpt.error(None, "changed since the run was planned")
         kv = _kv_bytes(reader, target.name)
         infos, offsets, data_size = _tensor_infos(decisions, int(reader.alignment))
         with OutputFile(dst, options.force) as out:

@@ -1,0 +1,300 @@
+"""The front door for files: the command and the Python API (``bq.quantize_file``,
+``bq.dequantize_file``) both come in here, for quantize, dequantize, inspect and report.
+
+:func:`plan_quantize` decides the output format (:func:`.formats.output_format`, the one place
+that does), hands the request to that format's planner, and returns the run it planned, once:
+a checkpoint :class:`.folders.Plan` (safetensors, burn-pack, model folders), a
+:class:`GGUFRun` (llama-quantize's way) or an :class:`OnnxRun`. Each has
+``run(jobs=, threads=, progress=)``; its decisions are what a dry run shows,
+and running it writes exactly what was planned (the workers of ``--jobs`` get the plan, they
+do not make it again).
+
+A new output format is a :class:`.formats.Format` entry and a planner in :data:`PLANNERS`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Union
+
+from ..errors import QuantError
+from ..presets import resolve
+from ..scheme import QuantScheme
+from .base import CheckpointError
+from .folders import Plan
+from .folders import plan_quantize as plan_checkpoint
+from .formats import BURNPACK, FOLDER, GGUF, ONNX, SAFETENSORS, Format, output_format
+from .options import FileOptions
+
+__all__ = ["GGUFRun", "OnnxRun", "QuantizeRequest", "ReportRun", "inspect", "plan_dequantize",
+           "plan_quantize", "plan_report", "resolve_scheme"]
+
+
+@dataclass(frozen=True)
+class QuantizeRequest:
+    """Everything a quantize run is asked to do, from the command's arguments or the API's.
+
+    ``scheme``: a :class:`QuantScheme`, a preset name or a scheme text (a ggml type name for a
+    GGUF output). ``allow_requantize``: GGUF only. ``onnx_op``, ``onnx_fp4``,
+    ``external_data``: ONNX only (see :func:`blockquant.onnx.quantize_model`)."""
+
+    src: Any
+    dst: Any
+    scheme: Union[QuantScheme, str]
+    options: FileOptions = FileOptions()
+    output_format: str | None = None
+    allow_requantize: bool = False
+    onnx_op: str = "qdq"
+    onnx_fp4: str = "lookup"
+    external_data: bool | None = None
+
+
+def resolve_scheme(scheme: Union[QuantScheme, str]) -> QuantScheme:
+    """``scheme`` resolved; an unknown preset or a bad scheme text is a CheckpointError naming
+    the option, as every other problem of a run."""
+    try:
+        return resolve(scheme)
+    except QuantError as e:
+        raise CheckpointError("--scheme", None, str(e)) from None
+
+
+def plan_quantize(req: QuantizeRequest) -> Any:
+    """The run ``req`` asks for, planned once (nothing written yet)."""
+    fmt = output_format(req.src, req.dst, req.output_format)
+    return PLANNERS[fmt](req, fmt)
+
+
+def _plan_checkpoint(req: QuantizeRequest, fmt: Format) -> Plan:
+    if req.allow_requantize:
+        raise CheckpointError("--allow-requantize", None,
+                              "only GGUF output requantizes (name OUT .gguf)")
+    return plan_checkpoint(req.src, req.dst, resolve_scheme(req.scheme), req.options,
+                           output_format=req.output_format)
+
+
+# --- GGUF: llama-quantize's way ------------------------------------------------------------------
+
+
+@dataclass
+class GGUFRun:
+    """A GGUF requantize, planned: each tensor's decision, made once from the header."""
+
+    src: Any
+    dst: Any
+    target: str
+    decisions: list[Any]
+    options: FileOptions
+    allow_requantize: bool
+    format: Format = GGUF
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(d.tensor.nbytes for d in self.decisions)
+
+    def run(self, *, jobs: int = 1, threads: int | None = None,
+            progress: Callable[[str, int], None] | None = None) -> Any:
+        from .._threads import bounded
+        from .gguf_file import requantize_gguf
+
+        with bounded(threads):
+            return requantize_gguf(self.src, self.dst, self.target, self.options,
+                                   allow_requantize=self.allow_requantize, progress=progress,
+                                   decisions=self.decisions)
+
+
+def ggml_type(text: Any) -> Any:
+    """The ggml type a ``--scheme`` text names (any case), or None."""
+    from ..gguf import TYPES
+
+    return TYPES.get(str(text).upper())
+
+
+def gguf_options(req: QuantizeRequest) -> FileOptions:
+    """The file options a GGUF run takes; blockquant's scheme options are refused."""
+    o = req.options
+    for flag, given in (("--rule", o.rules), ("--calibration", o.calibration),
+                        ("--rounding", o.rounding), ("--scale-rounding", o.scale_rounding),
+                        ("--format", req.output_format)):
+        if given:
+            raise CheckpointError(flag, None, "GGUF files take ggml's types, whose rules are fixed")
+    if ggml_type(req.scheme) is None:
+        from ..gguf import TYPES
+
+        raise CheckpointError("--scheme", None, f"GGUF takes a ggml type "
+                              f"({', '.join(TYPES).lower()}), got {str(req.scheme)!r}")
+    return FileOptions(include=o.include, exclude=o.exclude, min_rank=o.min_rank,
+                       strict=o.strict, force=o.force)
+
+
+def not_gguf_reason(path: Any) -> str:
+    try:
+        if os.path.exists(path) and not os.path.isfile(path):  # a pipe would block the open
+            return "not a regular file"
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return "empty file" if not head else f"it starts with {head!r}, not b'GGUF'"
+
+
+def _plan_gguf(req: QuantizeRequest, fmt: Format) -> GGUFRun:
+    from .gguf_file import GGUFCheckpoint, is_gguf, is_gguf_path, plan_requantize
+
+    src = req.src
+    if Path(src).is_dir():  # a model folder is written to a folder: the folder planner says so
+        return _plan_checkpoint(req, fmt)  # type: ignore[return-value]
+    if not is_gguf(src):
+        # Named .gguf but not one, or not a file at all: say what it is instead.
+        if is_gguf_path(src) or (os.path.exists(src) and not os.path.isfile(src)
+                                 and not os.path.isdir(src)):
+            raise CheckpointError(src, None, f"not a GGUF file ({not_gguf_reason(src)})")
+        raise CheckpointError(src, None, "GGUF output is made from a GGUF file (llama.cpp's "
+                              "convert_hf_to_gguf.py converts other checkpoints)")
+    options = gguf_options(req)
+    target = ggml_type(req.scheme).name
+    with GGUFCheckpoint(Path(src)) as ckpt:
+        decisions = plan_requantize(ckpt, target, options, req.allow_requantize)
+    return GGUFRun(src, req.dst, target, decisions, options, req.allow_requantize)
+
+
+# --- ONNX models ---------------------------------------------------------------------------------
+
+
+@dataclass
+class OnnxRun:
+    """An ONNX model's weights to quantize. The model is read and its weights decided once:
+    by :meth:`weights` for a dry run, or by the run itself, which checks the output first and
+    decides again only after onnx's version converter has made new nodes."""
+
+    src: Any
+    dst: Any
+    scheme: QuantScheme
+    options: FileOptions
+    form: str
+    fp4: str
+    external_data: bool | None
+    format: Format = ONNX
+
+    def weights(self) -> list[Any]:
+        from ..onnx.model import load, plan
+
+        return plan(load(self.src), self.scheme, self.options, self.form, self.src)
+
+    def run(self, *, jobs: int = 1, threads: int | None = None, progress: Any = None) -> Any:
+        from .._threads import bounded
+        from ..onnx.quantize import quantize_model
+
+        with bounded(threads):
+            return quantize_model(self.src, self.dst, self.scheme, form=self.form, fp4=self.fp4,
+                                  external_data=self.external_data, options=self.options)
+
+
+def _plan_onnx(req: QuantizeRequest, fmt: Format) -> OnnxRun:
+    for flag, given in (("--format", req.output_format),
+                        ("--allow-requantize", req.allow_requantize),
+                        ("--strict", req.options.strict)):
+        if given:
+            raise CheckpointError(flag, None, "does not apply to ONNX models")
+    if not ONNX.named_by(req.dst) or not ONNX.named_by(req.src):
+        raise CheckpointError(req.dst, None, "an ONNX model is quantized into an ONNX model:"
+                              " name both IN and OUT .onnx")
+    return OnnxRun(req.src, req.dst, resolve_scheme(req.scheme), req.options, req.onnx_op,
+                   req.onnx_fp4, req.external_data)
+
+
+# --- the other commands: inspect, dequantize, report --------------------------------------------
+
+
+def inspect(path: Any) -> dict[str, Any]:
+    """What ``path`` holds, per tensor (``blockquant inspect``)."""
+    if ONNX.named_by(path):
+        from ..onnx import inspect_model
+
+        return inspect_model(path)  # type: ignore[no-any-return]
+    from .folders import inspect_path
+
+    return inspect_path(path)
+
+
+def plan_dequantize(src: Any, dst: Any, options: FileOptions) -> Plan:
+    """A dequantize run (``blockquant dequantize``), planned once."""
+    if ONNX.named_by(src):
+        raise CheckpointError(src, None, "an ONNX model's weights are dequantized by its "
+                              "DequantizeLinear/MatMulNBits nodes when it runs; blockquant "
+                              "dequantize reads safetensors, .bpk and .gguf (inspect and report "
+                              "read .onnx)")
+    from .folders import plan_dequantize as plan_checkpoint_dequantize
+
+    return plan_checkpoint_dequantize(src, dst, options)
+
+
+@dataclass
+class ReportRun:
+    """A report (``blockquant report``): quantize in memory and measure, nothing written.
+    ``progress`` takes (file, tensor name, input bytes)."""
+
+    src: Any
+    kind: str  # "onnx", "gguf" or "checkpoint"
+    scheme: Any
+    options: FileOptions
+    total_bytes: int = 0
+
+    def run(self, *, jobs: int = 1, threads: int | None = None, progress: Any = None) -> Any:
+        from .._threads import bounded
+
+        def each(name: str, n: int) -> None:
+            if progress is not None:
+                progress(None, name, n)
+
+        if self.kind == "onnx":
+            from ..onnx import report_model
+
+            with bounded(threads):
+                return report_model(self.src, self.scheme, options=self.options)
+        if self.kind == "gguf":
+            from .gguf_file import report_gguf
+
+            with bounded(threads):
+                return report_gguf(self.src, self.scheme, self.options, progress=each)
+        from .folders import report_path
+
+        return report_path(self.src, self.scheme, self.options, jobs=jobs, threads=threads,
+                           progress=progress if progress is not None else (lambda *a: None))
+
+
+def plan_report(src: Any, scheme: Any, options: FileOptions) -> ReportRun:
+    """A report of ``src`` under ``scheme``: for a GGUF file with a ggml type, ggml's rules;
+    for an ONNX model its weights; else blockquant's scheme on every checkpoint tensor."""
+    from .gguf_file import is_gguf
+
+    if ONNX.named_by(src):
+        return ReportRun(src, "onnx", resolve_scheme(scheme), options)
+    gguf_in = is_gguf(src)
+    if gguf_in and ggml_type(scheme) is not None:
+        req = QuantizeRequest(src, None, scheme, options)
+        return ReportRun(src, "gguf", ggml_type(scheme).name, gguf_options(req))
+    try:
+        resolved = resolve_scheme(scheme)
+    except CheckpointError as e:
+        if not gguf_in:
+            raise
+        from ..gguf import TYPES  # neither: name both kinds of scheme a GGUF file takes
+
+        raise CheckpointError("--scheme", None, f"{e.reason}; or, for a GGUF file, one of "
+                              f"ggml's types ({', '.join(t.lower() for t in TYPES)})") from None
+    from .folders import plan_report as plan_checkpoint_report
+
+    total = sum(f.bytes_in for f in plan_checkpoint_report(src, resolved, options))
+    return ReportRun(src, "checkpoint", resolved, options, total)
+
+
+#: The planner of each output format.
+PLANNERS: dict[Format, Callable[[QuantizeRequest, Format], Any]] = {
+    SAFETENSORS: _plan_checkpoint,
+    BURNPACK: _plan_checkpoint,
+    FOLDER: _plan_checkpoint,
+    GGUF: _plan_gguf,
+    ONNX: _plan_onnx,
+}
