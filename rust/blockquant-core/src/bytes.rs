@@ -3,8 +3,9 @@
 
 use crate::error::{QuantError, Result};
 use crate::layout::Layout;
-use crate::pack::{check_storage_bytes, words_as_bytes, Storage};
-use crate::quantize::Scales;
+use crate::pack::check::check_storage_bytes;
+use crate::pack::storage::{words_as_bytes, Storage};
+use crate::quantize::scales::Scales;
 
 /// Serialize a quantized tensor. `scales` must already fit `layout` (see [`Scales::from_stored`]).
 pub fn to_bytes(layout: &Layout, storage: Storage<'_>, scales: &Scales) -> Vec<u8> {
@@ -94,8 +95,10 @@ pub fn from_bytes<'a>(layout: &Layout, data: &'a [u8]) -> Result<Parts<'a>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pack::{Storage, StorageMut};
-    use crate::quantize::{quantize, ExplicitScales, QuantizeOptions};
+    use crate::options::QuantizeOptions;
+    use crate::pack::storage::{Storage, StorageMut};
+    use crate::quantize::quantize;
+    use crate::quantize::scales::ExplicitScales;
     use crate::scheme::{QuantScheme, QuantStore, QuantValue, ScaleDtype};
 
     fn spec_example_scheme() -> QuantScheme {
@@ -130,7 +133,7 @@ mod tests {
         let x = [0.0f32, 37.5, 76.5, 114.0, 38.25, 47.625, -48.0, -0.375];
         let mut out = vec![0u8; 8];
         let scales = quantize(
-            crate::Input::F32(&x),
+            crate::input::Input::F32(&x),
             &layout,
             &QuantizeOptions::default(),
             Some(ExplicitScales {
@@ -168,7 +171,8 @@ mod tests {
 #[cfg(test)]
 mod fuzz_tests {
     use super::*;
-    use crate::pack::{check_storage, Storage};
+    use crate::pack::check_storage;
+    use crate::pack::storage::Storage;
     use crate::quantize::{dequantize, Output};
     use crate::scheme::{QuantScheme, QuantStore, QuantValue, ScaleDtype};
 

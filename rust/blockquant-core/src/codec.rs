@@ -518,6 +518,32 @@ pub fn field_is_valid(value: QuantValue, packing: &Packing, field: u32) -> bool 
     }
 }
 
+/// Encode one run against one scale; returns whether any input was non-finite.
+#[inline(always)]
+pub(crate) fn encode_run<C: Encode>(codec: C, xs: &[f32], e: f32, out: &mut [u8]) -> bool {
+    let mut bad = 0u32;
+    if e == 0.0 {
+        // Zero rule: nothing to divide by, every code is the code of 0.
+        let zero = codec.zero_code();
+        for (o, &x) in out.iter_mut().zip(xs) {
+            *o = zero;
+            bad |= non_finite(x);
+        }
+    } else {
+        for (o, &x) in out.iter_mut().zip(xs) {
+            // A true division, not a reciprocal multiply: SPEC §6 pins the bits on it.
+            *o = codec.encode(x / e);
+            bad |= non_finite(x);
+        }
+    }
+    bad != 0
+}
+
+#[inline(always)]
+fn non_finite(x: f32) -> u32 {
+    ((x.to_bits() & 0x7F80_0000) == 0x7F80_0000) as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,35 +12,22 @@
 
 pub mod bytes;
 pub mod calibrate;
+mod codebook;
 pub mod codec;
 pub mod error;
-#[cfg(target_arch = "x86_64")]
-mod fused_avx2;
-#[cfg(target_arch = "x86_64")]
-mod fused_narrow;
-mod fused_tiles;
 pub mod ggml;
 pub mod input;
+mod kernels;
 pub mod layout;
 pub mod lookup;
 pub mod minifloat;
-#[cfg(target_arch = "x86_64")]
-mod nvfp4_avx2;
-#[cfg(target_arch = "x86_64")]
-mod nvfp4_avx512;
 pub mod options;
 pub mod pack;
-#[cfg(target_arch = "x86_64")]
-mod pack2_avx2;
 pub mod pool;
 pub mod quantize;
 pub mod scale;
 pub mod scheme;
 pub mod search;
-mod search_avx2;
-mod search_cands;
-mod search_lanes;
-mod search_values;
 mod simd;
 
 pub use calibrate::Calibration;

@@ -1,5 +1,6 @@
-//! The names of the quantize options, parsed here and nowhere else: the binding turns a Python
-//! string into an option through [`OptionName::from_name`], and the error lists the choices.
+//! The quantize options ([`QuantizeOptions`]) and their names, parsed here and nowhere else: the
+//! binding turns a Python string into an option through [`OptionName::from_name`], and the
+//! error lists the choices.
 
 use crate::calibrate::Calibration;
 use crate::codec::Rounding;
@@ -53,6 +54,14 @@ impl OptionName for ScaleRounding {
         ("nearest", Self::Nearest),
         ("mx", Self::Mx),
     ];
+}
+
+/// Options of a quantize call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QuantizeOptions {
+    pub calibration: Calibration,
+    pub rounding: Rounding,
+    pub scale_rounding: ScaleRounding,
 }
 
 #[cfg(test)]

@@ -264,6 +264,56 @@ pub fn check_scales(scales: &[f32], what: &str) -> Result<()> {
     Ok(())
 }
 
+// ---------------------------------------------------------------------------------------------
+// From a block's amplitude to its stored scale, and the effective scale of two-level schemes.
+
+/// e = b × g (one f32 multiply). Capped at f32::MAX: only Q2 values of magnitude near f32::MAX
+/// get there (b rounded up to the dtype max, times g), and an infinite scale would turn every
+/// value of the block into NaN on the way back.
+#[inline]
+pub fn effective_scale(b: f32, g: f32) -> f32 {
+    (b * g).min(f32::MAX)
+}
+
+/// A two-level block's raw scale in the block dtype's units: ÷ g. A caller's g of 0 (or a
+/// derived one that underflowed) leaves nothing to normalize by: every block quantizes to 0.
+#[inline(always)]
+pub(crate) fn to_block(s: f32, g: f32) -> f32 {
+    if g == 0.0 {
+        0.0
+    } else {
+        s / g
+    }
+}
+
+/// The per-tensor scale g of a two-level scheme from its blocks' amplitudes: it maps the
+/// largest raw block scale onto the block dtype's largest value (1 when all are 0).
+pub(crate) fn derived_global(alpha: &[f32], half_range: f32, dtype: ScaleDtype) -> f32 {
+    let max_raw = alpha.iter().fold(0.0f32, |m, &a| m.max(a)) / half_range;
+    if max_raw == 0.0 {
+        1.0
+    } else {
+        max_raw / dtype.max_value()
+    }
+}
+
+/// The stored scale of a block of amplitude `alpha`: s_raw = α / half_range (mapped by
+/// `to_block`: two-level ÷ g) rounded to the dtype, or the OCP MX scale straight from α.
+#[inline(always)]
+pub(crate) fn stored_scale(
+    alpha: f32,
+    half_range: f32,
+    dtype: ScaleDtype,
+    mode: ScaleRounding,
+    emax: i32,
+    to_block: impl Fn(f32) -> f32,
+) -> f32 {
+    match mode {
+        ScaleRounding::Mx => dtype.decode_code(mx_scale_code(alpha, emax)),
+        _ => dtype.round(to_block(alpha / half_range), mode),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

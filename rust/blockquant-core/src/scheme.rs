@@ -5,8 +5,8 @@
 
 use std::fmt;
 
+use crate::codebook::Codebook;
 use crate::error::{QuantError, Result};
-use crate::lookup::Codebook;
 
 /// Blocks have at most this many dimensions.
 pub const MAX_BLOCK_DIMS: usize = 5;

@@ -13,10 +13,11 @@
 //!   to 0; the value halved, since the codes below are E2M1 values doubled), then four runs of 8
 //!   bytes holding 16 nibbles each as IQ4_NL's; nibble = sign · 8 + index into 0,1,2,3,4,6,8,12.
 
+use super::block::{abs_max_bits, Block, INF_BITS};
+use super::float16::f16_value;
 use super::search::{
     nearest_codes, scaled_error, signed_max, signed_subscales, symmetric, Book, Grid, STEPS,
 };
-use super::{abs_max_bits, f16_value, Block, INF_BITS};
 
 /// IQ4_NL's codebook (`kvalues_iq4nl`).
 const CODEBOOK: [i8; 16] = [
@@ -90,7 +91,7 @@ impl Block for IQ4_XS {
         }
         let mut sc = [0i32; 8];
         let bits = signed_subscales(x, 32, &s, -32, 31, &BOOK, &mut sc);
-        let d = super::f16_to_f32(bits);
+        let d = super::float16::f16_to_f32(bits);
         out[..2].copy_from_slice(&bits.to_le_bytes());
         let mut high = 0u16;
         for (j, &c) in sc.iter().enumerate() {

@@ -11,7 +11,8 @@
 //! one measured. Everything is a fixed sequence of f32/f64 operations on one block: the bytes
 //! do not depend on the thread count.
 
-use super::{f16_to_f32, f32_to_f16, round_away};
+use super::block::round_away;
+use super::float16::{f16_to_f32, f32_to_f16};
 
 /// A set of codes a value rounds to (times a scale).
 pub(super) trait Grid {

@@ -9,6 +9,13 @@ use std::arch::x86_64::*;
 use crate::codec::minifloat;
 use crate::scheme::QuantValue;
 
+/// The reciprocal the search multiplies by for a candidate of effective scale `e` (the
+/// definition's r = 1 / e in f32); infinite for a scale whose error is +inf (`search::error`).
+#[inline(always)]
+pub(crate) fn reciprocal(e: f32) -> f32 {
+    1.0 / e
+}
+
 /// q(u) of one value type, one element at a time and (x86_64) eight at a time.
 pub(crate) trait Dequant: Copy + Send + Sync {
     /// The value u quantizes to, as f32 (any ±0: only (u − q(u))² is used).
@@ -320,12 +327,12 @@ macro_rules! with_dequant {
                 $body
             }
             QuantValue::E2M1 | QuantValue::E4M3 | QuantValue::E5M2 => {
-                let $q = $crate::search_values::MiniQ::new(value);
+                let $q = $crate::search::values::MiniQ::new(value);
                 $body
             }
             _ => {
                 let (qmin, qmax) = value.range();
-                let $q = $crate::search_values::IntQ { qmin, qmax };
+                let $q = $crate::search::values::IntQ { qmin, qmax };
                 $body
             }
         }

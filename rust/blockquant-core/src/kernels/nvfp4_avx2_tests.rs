@@ -5,8 +5,11 @@
 use super::*;
 use crate::codec::Encode;
 use crate::error::QuantError;
+use crate::options::QuantizeOptions;
 use crate::pack::tests::{oracle, Rng, Words, EDGES};
-use crate::quantize::{compute_scales, encode_values, QuantizeOptions, Scales};
+use crate::quantize::compute_scales;
+use crate::quantize::encode::encode_values;
+use crate::quantize::scales::Scales;
 use crate::scale::ScaleRounding;
 use crate::scheme::{QuantScheme, QuantStore, ScaleDtype};
 use crate::Rounding;
@@ -173,7 +176,7 @@ fn two_pass(
     opts: &QuantizeOptions,
     global: Option<f32>,
 ) -> (Scales, Words) {
-    let explicit = crate::quantize::ExplicitScales {
+    let explicit = crate::quantize::scales::ExplicitScales {
         scales: None,
         global,
     };
@@ -188,7 +191,7 @@ fn kernel(
     layout: &Layout,
     opts: &QuantizeOptions,
     global: Option<f32>,
-) -> crate::Result<(Scales, Words)> {
+) -> crate::error::Result<(Scales, Words)> {
     assert!(applies(layout));
     let mut w = Words::filled(layout, 0x5A);
     let Words::U8(bytes) = &mut w else {
@@ -495,7 +498,7 @@ fn one_level_kernel_matches_two_pass() {
                         let kern = FusedKernel::new(&layout, &opts, stream);
                         let mut bytes = vec![0x5Au8; n / 2];
                         let mut sc = vec![f32::NAN; layout.num_scales];
-                        for p in crate::quantize::pieces(&layout) {
+                        for p in crate::kernels::piece::pieces(&layout) {
                             let xs = &x[p.start..p.start + p.len];
                             let o = &mut bytes[p.start / 2..(p.start + p.len) / 2];
                             let s = &mut sc[p.scale0..p.scale0 + p.scales];
@@ -836,7 +839,7 @@ fn time_nvfp4() {
     unsafe { amplitude_piece(&x[..piece], 16, &mut amps) };
     let amps0 = amps.clone();
     let mut best = [f64::MAX; 4];
-    let pieces = crate::quantize::pieces(&layout);
+    let pieces = crate::kernels::piece::pieces(&layout);
     for _ in 0..21 {
         let t = std::time::Instant::now();
         crate::pool::install(|| {

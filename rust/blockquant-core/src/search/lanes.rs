@@ -17,9 +17,9 @@ use std::mem::MaybeUninit;
 
 use crate::codec::Encode;
 use crate::layout::Layout;
-use crate::search::MAX_CANDIDATES;
-use crate::search_cands::Ctx;
-use crate::search_values::{Bracket8, Dequant};
+use crate::search::cands::Ctx;
+use crate::search::cands::MAX_CANDIDATES;
+use crate::search::values::{Bracket8, Dequant};
 use crate::simd::x86;
 
 /// Whether `layout`'s blocks are whole runs of 16 or 32 values end to end (block b at b · bc),
@@ -512,10 +512,17 @@ unsafe fn encode8<C: Encode, const V: usize>(
 ) {
     let non_finite = _mm256_cmpgt_epi32(bits, _mm256_set1_epi32(0x7F7F_FFFF));
     if _mm256_movemask_epi8(non_finite) == 0 {
-        crate::fused_avx2::encode_group_of(codec, x0, 8 * V, bits, e, o0, false);
+        crate::kernels::fused_avx2::encode_group_of(codec, x0, 8 * V, bits, e, o0, false);
     } else {
         // The call fails (a NaN or infinity): any codes of the right length do.
-        crate::fused_avx2::encode_8blocks::<C, V, false, false>(codec, x0, 8 * V, e, o0, false);
+        crate::kernels::fused_avx2::encode_8blocks::<C, V, false, false>(
+            codec,
+            x0,
+            8 * V,
+            e,
+            o0,
+            false,
+        );
     }
 }
 
@@ -633,5 +640,5 @@ unsafe fn piece<Q: Dequant, C: Encode, const V: usize, const W: bool>(
 }
 
 #[cfg(test)]
-#[path = "search_lanes_tests.rs"]
+#[path = "lanes_tests.rs"]
 mod tests;

@@ -7,9 +7,12 @@ use super::*;
 use crate::codec::{minifloat, E2M1Code, FloatCode, IntHalfAway, IntHalfEven, Rounding};
 use crate::error::QuantError;
 use crate::lookup::LookupCode;
+use crate::options::QuantizeOptions;
 use crate::pack::tests::{Rng, Words, EDGES};
+use crate::quantize::encode::encode_values;
+use crate::quantize::scales::Scales;
 use crate::quantize::tests::{near_tie, product_misses};
-use crate::quantize::{compute_scales, encode_values, quantize, QuantizeOptions, Scales};
+use crate::quantize::{compute_scales, quantize};
 use crate::scale::ScaleRounding;
 use crate::scheme::{QuantScheme, QuantStore, QuantValue, ScaleDtype};
 
@@ -58,12 +61,12 @@ fn tiled(
     let mut w = Words::filled(layout, 0x5A5A_5A5A);
     // Garbage (a NaN) in every scale: the kernel must write each one.
     let mut stored = vec![f32::from_bits(0x7FC0_5A5A); layout.num_scales];
-    let k = FusedKernel::new(layout, opts, crate::quantize::streams(layout));
-    let bad = crate::quantize::with_codec!(&layout.scheme, opts.rounding, |codec| {
+    let k = FusedKernel::new(layout, opts, crate::kernels::piece::streams(layout));
+    let bad = crate::kernels::with_codec::with_codec!(&layout.scheme, opts.rounding, |codec| {
         quantize_tiles_of(codec, x, &k, w.as_mut(), &mut stored, avx2, sizes)
     });
     if bad {
-        return Err(crate::quantize::first_non_finite(x));
+        return Err(crate::kernels::piece::first_non_finite(x));
     }
     Ok((stored, w))
 }

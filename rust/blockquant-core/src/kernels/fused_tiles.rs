@@ -28,11 +28,13 @@
 use rayon::prelude::*;
 
 use crate::calibrate::{for_each_row_in_grid_row, max_abs_blocks, Calibration, MIN_TASK_ELEMS};
+use crate::codec::encode_run;
 use crate::codec::Encode;
 use crate::input::Input;
+use crate::kernels::piece::FusedKernel;
 use crate::layout::Layout;
-use crate::pack::{encode_run, pack_last_axis, StorageMut, Word};
-use crate::quantize::FusedKernel;
+use crate::pack::fields::pack_last_axis;
+use crate::pack::storage::{StorageMut, Word};
 
 /// Bytes of f32 input a tile holds at most: a grid row up to this size is one tile. Two tiles a
 /// thread (the one encoded, the one measured) stay well within the shared last-level cache.
@@ -835,7 +837,7 @@ unsafe fn encode_row_of_columns<C: Encode>(
         }
         let s = stream && (base + c).is_multiple_of(16);
         streamed |= s;
-        crate::fused_avx2::store_codes::<4>(&codes, out.as_mut_ptr().add(c), s);
+        crate::kernels::lanes::store_codes::<4>(&codes, out.as_mut_ptr().add(c), s);
         c += 32;
     }
     if streamed {

@@ -9,7 +9,8 @@ use std::arch::x86_64::*;
 use crate::codec::Encode;
 use crate::input::{Input, Window};
 use crate::layout::Layout;
-use crate::pack::{encode_words_last_axis, ScaleSlice, Word};
+use crate::pack::encode::encode_words_last_axis;
+use crate::pack::storage::{ScaleSlice, Word};
 
 /// Whether [`encode_words`] takes this call: f32 input, one scale for the tensor (not 0: the
 /// zero rule stays with the general path), 2-bit fields filling their words, packed along the

@@ -6,8 +6,8 @@ use crate::codec::minifloat;
 use crate::lookup::{Codebook, NearestEntry};
 use crate::scale::ScaleRounding;
 use crate::scheme::{QuantScheme, QuantStore, ScaleDtype};
-use crate::search_cands::FastRound;
-use crate::search_values::{IntQ, MiniQ};
+use crate::search::cands::FastRound;
+use crate::search::values::{IntQ, MiniQ};
 
 fn layout(value: QuantValue, block: &[usize], dtype: ScaleDtype, shape: &[usize]) -> Layout {
     let s = QuantScheme::default()

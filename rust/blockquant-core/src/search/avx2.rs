@@ -7,9 +7,9 @@
 
 use std::arch::x86_64::*;
 
-use crate::search::reciprocal;
-use crate::search::MAX_CANDIDATES;
-use crate::search_values::Dequant;
+use crate::search::cands::MAX_CANDIDATES;
+use crate::search::values::reciprocal;
+use crate::search::values::Dequant;
 
 /// Candidate slots, rounded up to whole groups of eight for [`combine8`].
 const SLOTS: usize = MAX_CANDIDATES.div_ceil(8) * 8;

@@ -2,7 +2,7 @@
 //! minmax's, rounded to the scale dtype, in search order.
 
 use crate::layout::Layout;
-use crate::quantize::effective_scale;
+use crate::scale::effective_scale;
 use crate::scale::{mx_scale_code, ScaleRounding};
 use crate::scheme::{QuantValue, ScaleDtype};
 
@@ -248,9 +248,9 @@ impl Ctx {
 mod lanes {
     use std::arch::x86_64::*;
 
-    use super::{Ctx, MAX_CANDIDATES};
     use crate::scale::ScaleRounding;
     use crate::scheme::ScaleDtype;
+    use crate::search::cands::{Ctx, MAX_CANDIDATES};
     use crate::simd::x86;
 
     impl Ctx {

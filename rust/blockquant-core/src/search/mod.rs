@@ -30,23 +30,26 @@ use crate::calibrate::{amplitudes, Calibration, MIN_TASK_ELEMS};
 use crate::error::{QuantError, Result};
 use crate::input::Input;
 use crate::layout::Layout;
-use crate::pack::StorageMut;
-use crate::quantize::{encode_values, ExplicitScales, QuantizeOptions, Scales};
+use crate::options::QuantizeOptions;
+use crate::pack::storage::StorageMut;
+use crate::quantize::encode::encode_values;
+use crate::quantize::scales::{ExplicitScales, Scales};
 use crate::scheme::QuantValue;
-use crate::search_cands::Ctx;
-pub use crate::search_cands::{divisors, MAX_CANDIDATES};
-use crate::search_values::{with_dequant, Dequant};
+use crate::search::cands::Ctx;
+pub use crate::search::cands::{divisors, MAX_CANDIDATES};
+use crate::search::values::{reciprocal, with_dequant, Dequant};
 use crate::simd::avx2_dispatch;
+
+// The search's vocabulary (candidates, what each value type quantizes to), then its kernels.
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+pub(crate) mod cands;
+#[cfg(target_arch = "x86_64")]
+mod lanes;
+pub(crate) mod values;
 
 /// Elements per error chunk (part of the definition: the reference cuts blocks the same way).
 pub const CHUNK: usize = 1 << 16;
-
-/// The reciprocal the search multiplies by for a candidate of effective scale `e` (the
-/// definition's r = 1 / e in f32); infinite for a scale whose error is +inf ([`error`]).
-#[inline(always)]
-pub(crate) fn reciprocal(e: f32) -> f32 {
-    1.0 / e
-}
 
 /// (u − q(u))² of one element, u = x · r.
 #[inline(always)]
@@ -103,7 +106,7 @@ fn chunk_sums<Q: Dequant>(q: Q, xs: &[f32], ws: Option<&[f32]>, eff: &[f32], sum
     {
         if crate::simd::has_avx2() {
             // SAFETY: the CPU supports AVX2, checked just above.
-            return unsafe { crate::search_avx2::chunk_sums(q, xs, ws, eff, sums) };
+            return unsafe { crate::search::avx2::chunk_sums(q, xs, ws, eff, sums) };
         }
     }
     chunk_sums_portable(q, xs, ws, eff, sums)
@@ -119,7 +122,7 @@ fn block_sums<Q: Dequant>(q: Q, xs: &[f32], ws: Option<&[f32]>, eff: &[f32], sum
             // SAFETY: the CPU supports AVX2, checked just above; called only from the block
             // search, whose AVX2 build inlines the kernel (its portable build never runs on an
             // AVX2 CPU).
-            return unsafe { crate::search_avx2::chunk_sums_inline(q, xs, ws, eff, sums) };
+            return unsafe { crate::search::avx2::chunk_sums_inline(q, xs, ws, eff, sums) };
         }
     }
     chunk_sums_portable(q, xs, ws, eff, sums)
@@ -330,12 +333,12 @@ pub fn mse_scales(
     // g as the one-pass path (`quantize_searched`) derives it, by the same function.
     let global = scheme.is_two_level().then(|| {
         given_global.unwrap_or_else(|| {
-            crate::quantize::derived_global(&alpha, scheme.half_range(), scheme.scale_dtype())
+            crate::scale::derived_global(&alpha, scheme.half_range(), scheme.scale_dtype())
         })
     });
     let ctx = Ctx::new(layout, opts.scale_rounding, global);
     #[cfg(target_arch = "x86_64")]
-    if crate::search_lanes::fits(layout) {
+    if crate::search::lanes::fits(layout) {
         let stored = with_dequant!(scheme, |q| lane_scales(q, &ctx, x, weights, layout, &alpha));
         return Scales::new(stored, global);
     }
@@ -380,7 +383,7 @@ fn lane_scales<Q: Dequant>(
             let xs = x.read(start, sc.len() * bc, buf);
             let ws = weights.map(|w| &w[start..start + xs.len()]);
             // SAFETY: `fits` checked the CPU has AVX2 and F16C.
-            unsafe { crate::search_lanes::search_run(q, ctx, xs, ws, a, sc) }
+            unsafe { crate::search::lanes::search_run(q, ctx, xs, ws, a, sc) }
         });
     stored
 }
@@ -390,7 +393,7 @@ fn lane_scales<Q: Dequant>(
 pub(crate) fn searchable_in_one_pass(layout: &Layout) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        crate::search_lanes::fits(layout) && layout.packing.axis + 1 == layout.rank()
+        crate::search::lanes::fits(layout) && layout.packing.axis + 1 == layout.rank()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -425,21 +428,29 @@ pub(crate) fn quantize_searched(
     let global = scheme.is_two_level().then(|| {
         given_global.unwrap_or_else(|| {
             let top = crate::calibrate::tensor_amplitude(x, Calibration::MinMax);
-            crate::quantize::derived_global(&[top], scheme.half_range(), scheme.scale_dtype())
+            crate::scale::derived_global(&[top], scheme.half_range(), scheme.scale_dtype())
         })
     });
     let ctx = Ctx::new(layout, opts.scale_rounding, global);
     let bad = with_dequant!(scheme, |q| {
-        crate::quantize::with_codec!(scheme, opts.rounding, |codec| {
-            crate::quantize::encode_pieces(x, layout, &mut *stored, out, |p, xs, sc, codes| {
-                let ws = weights.map(|w| &w[p.start..p.start + p.len]);
-                // SAFETY: `searchable_in_one_pass` checked the CPU has AVX2 and F16C.
-                unsafe { crate::search_lanes::search_encode(q, codec, &ctx, xs, ws, sc, codes) }
-            })
+        crate::kernels::with_codec::with_codec!(scheme, opts.rounding, |codec| {
+            crate::kernels::piece::encode_pieces(
+                x,
+                layout,
+                &mut *stored,
+                out,
+                |p, xs, sc, codes| {
+                    let ws = weights.map(|w| &w[p.start..p.start + p.len]);
+                    // SAFETY: `searchable_in_one_pass` checked the CPU has AVX2 and F16C.
+                    unsafe {
+                        crate::search::lanes::search_encode(q, codec, &ctx, xs, ws, sc, codes)
+                    }
+                },
+            )
         })
     });
     if bad {
-        return Err(crate::quantize::first_non_finite(x));
+        return Err(crate::kernels::piece::first_non_finite(x));
     }
     Ok(global)
 }
@@ -510,5 +521,4 @@ pub fn quantize_weighted(
 }
 
 #[cfg(test)]
-#[path = "search_tests.rs"]
 mod tests;

@@ -5,12 +5,14 @@ use super::*;
 use crate::calibrate::{amplitudes, Calibration};
 use crate::input::Input;
 use crate::lookup::Codebook;
-use crate::pack::StorageMut;
-use crate::quantize::{effective_scale, encode_values, QuantizeOptions};
+use crate::options::QuantizeOptions;
+use crate::pack::storage::StorageMut;
+use crate::quantize::encode::encode_values;
+use crate::scale::effective_scale;
 use crate::scale::ScaleRounding;
 use crate::scheme::{QuantScheme, QuantStore, QuantValue, ScaleDtype};
+use crate::search::values::with_dequant;
 use crate::search::{search_block_portable, Bufs};
-use crate::search_values::with_dequant;
 
 /// A small deterministic generator (xorshift).
 struct Rng(u64);
@@ -110,7 +112,7 @@ fn global(x: &[f32], layout: &Layout) -> Option<f32> {
     let s = &layout.scheme;
     s.is_two_level().then(|| {
         let a = amplitudes(Input::F32(x), layout, Calibration::MinMax);
-        crate::quantize::derived_global(&a, s.half_range(), s.scale_dtype())
+        crate::scale::derived_global(&a, s.half_range(), s.scale_dtype())
     })
 }
 
@@ -249,7 +251,7 @@ fn listed_candidates_equal_the_rounded_ones() {
                 for mode in [ScaleRounding::Up, ScaleRounding::Nearest] {
                     let ctx = Ctx::new(&layout, mode, g);
                     let (h, gg) = (scheme.half_range(), g.unwrap_or(1.0));
-                    let divs = crate::search_cands::divisors(scheme.value);
+                    let divs = crate::search::cands::divisors(scheme.value);
                     for _ in 0..400 {
                         // Three groups in four with every lane's raw scales inside UE4M3's
                         // range (listed, unless g is 0), the others anywhere.
@@ -408,7 +410,7 @@ fn one_pass_search_equals_scales_then_values() {
                 let e = crate::quantize::quantize(xb, &layout, &opts, None, out).unwrap_err();
                 assert_eq!(
                     e.to_string(),
-                    crate::quantize::first_non_finite(xb).to_string()
+                    crate::kernels::piece::first_non_finite(xb).to_string()
                 );
             }
         }
@@ -432,7 +434,7 @@ unsafe fn both_sums(
     // The sums take the candidates' reciprocals.
     let e: Vec<__m256> = eff
         .iter()
-        .map(|e| _mm256_loadu_ps(e.map(crate::search::reciprocal).as_ptr()))
+        .map(|e| _mm256_loadu_ps(e.map(crate::search::values::reciprocal).as_ptr()))
         .collect();
     let out = |s: &[__m256; MAX_CANDIDATES]| {
         s[..e.len()]

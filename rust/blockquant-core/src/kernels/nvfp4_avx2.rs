@@ -27,11 +27,11 @@ use std::arch::x86_64::*;
 use rayon::prelude::*;
 
 use crate::calibrate::Calibration;
+use crate::codec::encode_run;
 use crate::codec::E2M1Code;
 use crate::input::Input;
+use crate::kernels::piece::{FusedKernel, Piece};
 use crate::layout::Layout;
-use crate::pack::encode_run;
-use crate::quantize::{FusedKernel, Piece};
 use crate::scheme::QuantValue;
 use crate::simd::x86;
 
@@ -245,7 +245,7 @@ pub(crate) unsafe fn encode_piece(
         let p = sc.as_mut_ptr().add(b);
         _mm256_storeu_ps(
             p,
-            crate::fused_avx2::two_level_scales8(k, g, _mm256_loadu_ps(p)),
+            crate::kernels::lanes::two_level_scales8(k, g, _mm256_loadu_ps(p)),
         );
         b += 8;
     }
@@ -294,7 +294,7 @@ pub(crate) unsafe fn measure_encode_piece(
         if _mm256_movemask_epi8(non_finite) != 0 {
             return true;
         }
-        let s = crate::fused_avx2::two_level_scales8(k, g, _mm256_castsi256_ps(bits));
+        let s = crate::kernels::lanes::two_level_scales8(k, g, _mm256_castsi256_ps(bits));
         _mm256_storeu_ps(sc.as_mut_ptr().add(b), s);
         encode_group_of(xs, sc, g, b, bc, out, avx512);
         b += 8;
@@ -332,7 +332,7 @@ unsafe fn encode_group_of(
     avx512: bool,
 ) {
     let (x0, o0) = (xs.as_ptr().add(b * bc), out.as_mut_ptr().add(b * bc / 2));
-    let e = crate::fused_avx2::effective8(_mm256_loadu_ps(sc.as_ptr().add(b)), g);
+    let e = crate::simd::x86::effective8(_mm256_loadu_ps(sc.as_ptr().add(b)), g);
     let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(e, _mm256_setzero_ps());
     if _mm256_movemask_ps(zero) == 0 {
         if avx512 && encode_group512(bc, x0, e, o0, false) {
@@ -356,7 +356,7 @@ unsafe fn encode_group_of(
 fn encode_block(xs: &[f32], b: f32, g: f32, out: &mut [u8]) {
     let mut codes = [0u8; 32];
     let codes = &mut codes[..xs.len()];
-    encode_run(E2M1Code, xs, crate::quantize::effective_scale(b, g), codes);
+    encode_run(E2M1Code, xs, crate::scale::effective_scale(b, g), codes);
     nibble_pairs(codes, out);
 }
 
@@ -454,7 +454,7 @@ pub(crate) unsafe fn one_level_piece(
         let x0 = xs.as_ptr().add(b * bc);
         let o0 = out.as_mut_ptr().add(b * bc / 2);
         let bits = max_abs_bits8(x0, bc);
-        if let Some(e) = crate::fused_avx2::checked_scales8(k, bits) {
+        if let Some(e) = crate::kernels::lanes::checked_scales8(k, bits) {
             _mm256_storeu_ps(sc.as_mut_ptr().add(b), e);
             encode_group(bc, x0, e, o0, stream, avx512);
         } else {
@@ -500,14 +500,14 @@ unsafe fn encode_group(
 }
 
 /// Eight blocks of `bc` = 16 or 32 values against the lanes of `e` (none 0) by
-/// [`crate::nvfp4_avx512::encode_8blocks`], which multiplies by the reciprocals: unchecked when
+/// [`crate::kernels::nvfp4_avx512::encode_8blocks`], which multiplies by the reciprocals: unchecked when
 /// they are exact (powers of two), checked when they are normal f32s, not tried otherwise (a
 /// scale at or past 2^125, or subnormal). Returns whether the group is written; if not (or if
 /// the check flagged a value near a rounding boundary), the caller encodes it by the division.
 /// Needs AVX-512 F, BW and VBMI (`crate::simd::has_avx512_vbmi`), which the caller checked.
 #[inline(always)]
 unsafe fn encode_group512(bc: usize, x0: *const f32, e: __m256, o0: *mut u8, stream: bool) -> bool {
-    use crate::nvfp4_avx512::encode_8blocks as enc;
+    use crate::kernels::nvfp4_avx512::encode_8blocks as enc;
     let exact = _mm256_movemask_epi8(x86::exact_reciprocal_lanes(e)) == -1;
     if !exact && !x86::checked_reciprocal_lanes(e) {
         return false;
@@ -567,8 +567,8 @@ pub(crate) fn given_pieces(
     words: &mut [u8],
 ) -> bool {
     let bc = layout.block_cols();
-    let pieces = crate::quantize::pieces(layout);
-    crate::quantize::fused_pieces(x, &pieces, stored, words, |_, xs, sc, w, _| {
+    let pieces = crate::kernels::piece::pieces(layout);
+    crate::kernels::piece::fused_pieces(x, &pieces, stored, words, |_, xs, sc, w, _| {
         // SAFETY: `applies_given` checked the CPU has AVX2 and F16C.
         unsafe { given_piece(xs, sc, g, bc, w) }
     })
@@ -586,7 +586,7 @@ unsafe fn given_piece(xs: &[f32], stored: &[f32], g: f32, bc: usize, out: &mut [
     let blocks = xs.len() / bc;
     assert!(blocks * bc == xs.len() && stored.len() == blocks && out.len() * 2 == xs.len());
     assert!(bc == 16 || bc == 32);
-    let e_of = |b: f32| crate::quantize::effective_scale(b, g);
+    let e_of = |b: f32| crate::scale::effective_scale(b, g);
     let avx512 = crate::simd::has_avx512_vbmi();
     let mut bad = false;
     let mut b = 0;
@@ -594,9 +594,9 @@ unsafe fn given_piece(xs: &[f32], stored: &[f32], g: f32, bc: usize, out: &mut [
         // In bounds: blocks b..b + 8 lie within stored, xs and (at half a byte a value) out.
         let x0 = xs.as_ptr().add(b * bc);
         let o0 = out.as_mut_ptr().add(b * bc / 2);
-        let e = crate::fused_avx2::effective8(_mm256_loadu_ps(stored.as_ptr().add(b)), g);
+        let e = crate::simd::x86::effective8(_mm256_loadu_ps(stored.as_ptr().add(b)), g);
         let bits = max_abs_bits8(x0, bc);
-        if crate::fused_avx2::finite_and_nonzero(bits, e) {
+        if crate::kernels::lanes::finite_and_nonzero(bits, e) {
             encode_group(bc, x0, e, o0, false, avx512);
         } else {
             for (j, &sj) in stored.iter().enumerate().skip(b).take(8) {
@@ -632,21 +632,23 @@ unsafe fn given_block(run: &[f32], e: f32, out: &mut [u8], at: usize) -> bool {
 pub(crate) fn quantize_nvfp4(
     x: Input<'_>,
     layout: &Layout,
-    opts: &crate::quantize::QuantizeOptions,
+    opts: &crate::options::QuantizeOptions,
     global: Option<f32>,
     words: &mut [u8],
     stored: &mut [f32],
-) -> crate::Result<f32> {
-    use crate::quantize::{derived_global, first_non_finite, pieces};
+) -> crate::error::Result<f32> {
+    use crate::kernels::piece::{first_non_finite, pieces};
+    use crate::scale::derived_global;
     assert_eq!(stored.len(), layout.num_scales, "scale count");
     let pieces = pieces(layout);
     if let Some(g) = global {
         // g known: nothing to measure first, one pass over the tensor.
         let k = FusedKernel::new(layout, opts, false);
-        let bad = crate::quantize::fused_pieces(x, &pieces, stored, words, |_, xs, sc, w, _| {
-            // SAFETY: `applies` checked the CPU has AVX2 and F16C.
-            unsafe { measure_encode_piece(&k, g, xs, sc, w) }
-        });
+        let bad =
+            crate::kernels::piece::fused_pieces(x, &pieces, stored, words, |_, xs, sc, w, _| {
+                // SAFETY: `applies` checked the CPU has AVX2 and F16C.
+                unsafe { measure_encode_piece(&k, g, xs, sc, w) }
+            });
         return if bad { Err(first_non_finite(x)) } else { Ok(g) };
     }
     // Every scale is written by pass 1 (the pieces tile the blocks).

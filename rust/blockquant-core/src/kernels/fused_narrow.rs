@@ -22,11 +22,13 @@
 use std::arch::x86_64::*;
 
 use crate::codec::{Decode, Encode};
-use crate::fused_avx2::{checked_scales8, effective8, finite_and_nonzero, in_range8};
-use crate::fused_avx2::{one_at_a_time, store8, store_codes, two_level_scales8};
-use crate::pack::Effective;
-use crate::quantize::{effective_scale, FusedKernel};
+use crate::kernels::lanes::{checked_scales8, finite_and_nonzero, in_range8};
+use crate::kernels::lanes::{one_at_a_time, store8, store_codes, two_level_scales8};
+use crate::kernels::piece::FusedKernel;
+use crate::pack::storage::Effective;
+use crate::scale::effective_scale;
 use crate::simd::x86;
+use crate::simd::x86::effective8;
 
 /// Blocks shorter than this take [`measure_encode_narrow`] (when not a multiple of 8): the
 /// spreading patterns are m vectors, and a longer block's set-up is a small part of it anyway.
@@ -161,7 +163,7 @@ pub(crate) unsafe fn two_level_piece<C: Encode>(
             for (j, &s) in sc.iter().enumerate().skip(b).take(8) {
                 let r = j * m..(j + 1) * m;
                 let e = effective_scale(s, g);
-                bad |= crate::pack::encode_run(codec, &xs[r.clone()], e, &mut out[r]);
+                bad |= crate::codec::encode_run(codec, &xs[r.clone()], e, &mut out[r]);
             }
         }
         b += 8;
@@ -170,7 +172,7 @@ pub(crate) unsafe fn two_level_piece<C: Encode>(
         let r = j * m..(j + 1) * m;
         *s = k.two_level_scale(*s, g);
         let e = effective_scale(*s, g);
-        bad |= crate::pack::encode_run(codec, &xs[r.clone()], e, &mut out[r]);
+        bad |= crate::codec::encode_run(codec, &xs[r.clone()], e, &mut out[r]);
     }
     bad
 }
