@@ -7,8 +7,8 @@
 
 use blockquant_core::{
     bytes, pack, pool, quantize as q, BF16Bits, Calibration, Codebook, ExplicitScales, F16Bits,
-    Input, Layout, OptionName, Output, QuantError, QuantMode, QuantScheme, QuantStore, QuantValue,
-    QuantizeOptions, Rounding, ScaleDtype, ScaleRounding, Scales, Storage, StorageMut,
+    Layout, OptionName, Output, QuantMode, QuantScheme, QuantStore, QuantValue, QuantizeOptions,
+    Rounding, ScaleDtype, ScaleRounding, Scales, Storage, StorageMut,
 };
 use numpy::{
     PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,

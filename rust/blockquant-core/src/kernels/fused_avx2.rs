@@ -21,6 +21,7 @@ use crate::kernels::lanes::{
 use crate::kernels::piece::{FusedKernel, Piece};
 use crate::simd::x86;
 use crate::simd::x86::effective8;
+use crate::simd::x86_runs;
 
 /// Whether blocks of `m` values back to back take an eight-blocks kernel:
 /// [`measure_encode_groups`] for a multiple of 8, `fused_narrow`'s for a short length that is
@@ -175,7 +176,7 @@ unsafe fn group_general<C: Encode>(
     for (j, &e) in sc.iter().enumerate() {
         let r = j * bc..(j + 1) * bc;
         let (run, o) = (&xs[r.clone()], &mut out[r]);
-        bad |= x86::encode_run_or_zero(codec, run, e, o, k.stream);
+        bad |= x86_runs::encode_run_or_zero(codec, run, e, o, k.stream);
     }
     bad
 }
@@ -357,7 +358,7 @@ pub(crate) unsafe fn encode_groups_given<C: Encode>(
             for (j, &e) in eff.iter().enumerate().skip(b).take(8) {
                 let r = j * bc..(j + 1) * bc;
                 let (run, o) = (&xs[r.clone()], &mut out[r]);
-                bad |= x86::encode_run_or_zero(codec, run, e, o, stream);
+                bad |= x86_runs::encode_run_or_zero(codec, run, e, o, stream);
             }
         } else {
             encode_group_of(codec, x0, bc, bits, e, o0, stream);
@@ -367,7 +368,7 @@ pub(crate) unsafe fn encode_groups_given<C: Encode>(
     for (j, &e) in eff.iter().enumerate().skip(b) {
         let r = j * bc..(j + 1) * bc;
         let (run, o) = (&xs[r.clone()], &mut out[r]);
-        bad |= x86::encode_run_or_zero(codec, run, e, o, stream);
+        bad |= x86_runs::encode_run_or_zero(codec, run, e, o, stream);
     }
     bad
 }

@@ -274,7 +274,7 @@ unsafe fn encode_recip<const IN_RANGE: bool>(
 /// elements `start..`, one a byte) into `out`: eight blocks at a time from a block boundary,
 /// each vector of values times its lanes' scales spread from the eight blocks' (`effective`,
 /// all of the tensor's), the values before and after one at a time; the product of
-/// `Decode::decode` and the scale either way, as `x86::decode_lanes`. With `STREAM` every
+/// `Decode::decode` and the scale either way, as `x86_runs::decode_lanes`. With `STREAM` every
 /// store is non-temporal (the one-at-a-time ones too, so no line is written both ways): the
 /// groups then start where `out` is 16-byte aligned too. Returns false, having written
 /// nothing, when no such start is near (`out` at an odd place for even blocks, or too short a

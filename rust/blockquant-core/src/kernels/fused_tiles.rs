@@ -418,6 +418,7 @@ unsafe fn run_avx2<'l, C: Encode, S: Sink<'l>>(
     next_rows: &mut Vec<usize>,
 ) -> bool {
     use crate::simd::x86;
+    use crate::simd::x86_runs;
     let layout = k.layout;
     let (n, bc) = (layout.row_len(), layout.block_cols());
     let stream = k.stream;
@@ -495,9 +496,9 @@ unsafe fn run_avx2<'l, C: Encode, S: Sink<'l>>(
                     off += bc;
                 }
                 if quick {
-                    x86::encode_run_recip_in_range::<C, false>(codec, run, e, o, stream);
+                    x86_runs::encode_run_recip_in_range::<C, false>(codec, run, e, o, stream);
                 } else {
-                    bad |= x86::encode_run_or_zero(codec, run, e, o, stream);
+                    bad |= x86_runs::encode_run_or_zero(codec, run, e, o, stream);
                 }
             }
             if off < ahead.1 {
@@ -731,7 +732,7 @@ unsafe fn tile_avx2<'l, C: Encode, S: Sink<'l>>(
     scales: &mut [f32],
     sink: &mut S,
 ) -> bool {
-    use crate::simd::x86;
+    use crate::simd::x86_runs;
     let layout = k.layout;
     let bc = layout.block_cols();
     let stream = k.stream;
@@ -745,7 +746,7 @@ unsafe fn tile_avx2<'l, C: Encode, S: Sink<'l>>(
             bad |= encode_row_of_columns(codec, xs, sc, bc, out, stream);
         } else {
             for ((run, o), &e) in xs.chunks(bc).zip(out.chunks_mut(bc)).zip(scales.iter()) {
-                bad |= x86::encode_run_or_zero(codec, run, e, o, stream);
+                bad |= x86_runs::encode_run_or_zero(codec, run, e, o, stream);
             }
         }
         sink.done(r);
@@ -798,7 +799,7 @@ unsafe fn encode_row_of_columns<C: Encode>(
         for j in r {
             let (x, o) = (&xr[j..j + 1], &mut out[j..j + 1]);
             let e = scales[j >> shift];
-            bad |= crate::simd::x86::encode_run_or_zero(codec, x, e, o, false);
+            bad |= crate::simd::x86_runs::encode_run_or_zero(codec, x, e, o, false);
         }
         bad
     }

@@ -10,6 +10,7 @@ use crate::kernels::piece::FusedKernel;
 use crate::scale::ScaleRounding;
 use crate::scheme::ScaleDtype;
 use crate::simd::x86;
+use crate::simd::x86_runs;
 
 /// Blocks of `bc` values back to back (`xs`, the last one possibly shorter), each measured,
 /// its stored scale worked out (into `sc`) and its codes encoded (into `out`) on its own: the
@@ -28,7 +29,7 @@ pub(crate) unsafe fn one_at_a_time<C: Encode>(
     for ((run, o), s) in xs.chunks(bc).zip(out.chunks_mut(bc)).zip(sc) {
         let e = k.scale(x86::max_abs(run));
         *s = e;
-        bad |= x86::encode_run_or_zero(codec, run, e, o, k.stream);
+        bad |= x86_runs::encode_run_or_zero(codec, run, e, o, k.stream);
     }
     bad
 }

@@ -34,6 +34,7 @@ use crate::kernels::piece::{FusedKernel, Piece};
 use crate::layout::Layout;
 use crate::scheme::QuantValue;
 use crate::simd::x86;
+use crate::simd::x86_runs;
 
 /// Whether [`quantize_nvfp4`] takes this call: a two-level E2M1 scheme already found fusable
 /// (blocks of 16 or 32, whole in every row, packed along the last axis), two codes a byte of
@@ -537,7 +538,7 @@ unsafe fn one_level_block(
     let mut codes = [0u8; 32];
     let codes = &mut codes[..run.len()];
     *s = k.scale(x86::max_abs(run));
-    let bad = x86::encode_run_or_zero(E2M1Code, run, *s, codes, false);
+    let bad = x86_runs::encode_run_or_zero(E2M1Code, run, *s, codes, false);
     nibble_pairs(codes, &mut out[at..]);
     bad
 }
@@ -618,7 +619,7 @@ unsafe fn given_piece(xs: &[f32], stored: &[f32], g: f32, bc: usize, out: &mut [
 unsafe fn given_block(run: &[f32], e: f32, out: &mut [u8], at: usize) -> bool {
     let mut codes = [0u8; 32];
     let codes = &mut codes[..run.len()];
-    let bad = x86::encode_run_or_zero(E2M1Code, run, e, codes, false);
+    let bad = x86_runs::encode_run_or_zero(E2M1Code, run, e, codes, false);
     nibble_pairs(codes, &mut out[at..]);
     bad
 }

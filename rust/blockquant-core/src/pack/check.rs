@@ -92,7 +92,7 @@ pub(super) fn storage_bytes_valid(layout: &Layout, bytes: &[u8]) -> bool {
 }
 
 /// A set of byte values (those a stored word's bytes may hold), with the tables of its
-/// non-members that [`crate::simd::x86::all_in_set`] looks 32 bytes up in at once.
+/// non-members that [`crate::simd::x86_runs::all_in_set`] looks 32 bytes up in at once.
 pub(crate) struct ByteSet {
     member: [u8; 256],
     /// Bit h of `low[l]`: byte 16·h + l is not a member (h < 8); `high` for h ≥ 8, bit h − 8.
@@ -126,7 +126,7 @@ impl ByteSet {
         #[cfg(target_arch = "x86_64")]
         if run.len() >= 32 && crate::simd::has_avx2() {
             // SAFETY: the CPU has AVX2, checked just above; the run is at least 32 bytes.
-            return unsafe { crate::simd::x86::all_in_set(run, &self.low, &self.high) };
+            return unsafe { crate::simd::x86_runs::all_in_set(run, &self.low, &self.high) };
         }
         self.contains_all_portable(run)
     }

@@ -81,7 +81,7 @@ pub(super) unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
 ) {
     if layout.per_tensor {
         // One scale: the range is one run, whatever the rows' length.
-        return crate::simd::x86::decode_run::<D, STREAM>(dec, codes, effective.get(0), out);
+        return crate::simd::x86_runs::decode_run::<D, STREAM>(dec, codes, effective.get(0), out);
     }
     let (n, bc) = (layout.row_len(), layout.block_cols());
     if let Some(m) = crate::kernels::piece::block_run(layout)
@@ -156,9 +156,9 @@ pub(super) unsafe fn decode_range_f32_avx2_with<D: Decode, const STREAM: bool>(
             let (c, y) = (&codes[r.clone()], &mut out[r]);
             // Streamed only when every store is (a run of whole vectors): see `decode_run`.
             if STREAM && (y.as_ptr() as usize).is_multiple_of(16) && take.is_multiple_of(8) {
-                crate::simd::x86::decode_lanes::<D, true>(dec, c, es, y);
+                crate::simd::x86_runs::decode_lanes::<D, true>(dec, c, es, y);
             } else {
-                crate::simd::x86::decode_lanes::<D, false>(dec, c, es, y);
+                crate::simd::x86_runs::decode_lanes::<D, false>(dec, c, es, y);
             }
             pos += take;
         }
@@ -223,9 +223,9 @@ pub(super) unsafe fn decode_run_streamed_or_not<D: Decode, const STREAM: bool>(
     stream: bool,
 ) {
     if STREAM && stream {
-        crate::simd::x86::decode_run::<D, true>(dec, codes, e, out);
+        crate::simd::x86_runs::decode_run::<D, true>(dec, codes, e, out);
     } else {
-        crate::simd::x86::decode_run::<D, false>(dec, codes, e, out);
+        crate::simd::x86_runs::decode_run::<D, false>(dec, codes, e, out);
     }
 }
 
@@ -245,7 +245,7 @@ pub(super) unsafe fn decode_block_run<D: Decode, const STREAM: bool>(
         let es = eff.chunk(k, &mut buf);
         let r = k * bc..(k + es.len()) * bc;
         let (c, o) = (&codes[r.clone()], &mut out[r]);
-        crate::simd::x86::decode_blocks_8s::<D, STREAM>(dec, c, es, bc, o);
+        crate::simd::x86_runs::decode_blocks_8s::<D, STREAM>(dec, c, es, bc, o);
         k += es.len();
     }
 }
@@ -411,7 +411,7 @@ pub(super) unsafe fn decode_nibbles_f32<W: Word, D: Decode>(
     chunk: &mut [f32],
     stream: bool,
 ) {
-    use crate::simd::x86::decode_nibble_blocks_8s;
+    use crate::simd::x86_runs::decode_nibble_blocks_8s;
     let (n, bc) = (layout.row_len(), layout.block_cols());
     // Little-endian words: field f of a line is nibble f % 2 of the line's byte f / 2.
     let bytes =

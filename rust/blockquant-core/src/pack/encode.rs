@@ -69,7 +69,7 @@ pub fn encode_range_f32<C: Encode>(
 }
 
 /// `stream`: `out` is the final storage, written with non-temporal stores (see
-/// `simd::x86::encode_run`).
+/// `simd::x86_runs::encode_run`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[allow(clippy::too_many_arguments)]
@@ -86,7 +86,7 @@ pub(super) unsafe fn encode_range_avx2<C: Encode>(
     if layout.per_tensor {
         // One scale: the range is one run, whatever the rows' length.
         let xs = &xs[start - x_start..start - x_start + out.len()];
-        return crate::simd::x86::encode_run_or_zero(codec, xs, effective.get(0), out, stream);
+        return crate::simd::x86_runs::encode_run_or_zero(codec, xs, effective.get(0), out, stream);
     }
     let bc = layout.block_cols();
     let whole_blocks = crate::kernels::fused_avx2::eight_at_a_time(bc)
@@ -114,7 +114,7 @@ pub(super) unsafe fn encode_range_avx2<C: Encode>(
             let ahead = xs.as_ptr().wrapping_add(crate::simd::x86::PREFETCH_AHEAD);
             crate::simd::x86::prefetch(ahead, len);
         }
-        bad |= crate::simd::x86::encode_run_or_zero(codec, xs, effective.get(s), out, stream);
+        bad |= crate::simd::x86_runs::encode_run_or_zero(codec, xs, effective.get(s), out, stream);
     }
     bad
 }

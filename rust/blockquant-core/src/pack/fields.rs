@@ -31,7 +31,7 @@ pub(super) fn pack_fields<W: Word>(codes: &[u8], words: &mut [W], per: usize) {
                 words.as_mut_ptr() as *mut u8,
                 std::mem::size_of_val(words),
             );
-            crate::simd::x86::pack_fields(codes, bytes, bits)
+            crate::simd::x86_runs::pack_fields(codes, bytes, bits)
         };
         (&codes[done..], &mut words[done / per..])
     } else {
@@ -99,7 +99,7 @@ pub(super) fn unpack_fields<W: Word>(line: &[W], first: usize, codes: &mut [u8],
         let done = unsafe {
             let bytes =
                 std::slice::from_raw_parts(line.as_ptr() as *const u8, std::mem::size_of_val(line));
-            crate::simd::x86::unpack_nibbles(&bytes[first / 2..], codes)
+            crate::simd::x86_runs::unpack_nibbles(&bytes[first / 2..], codes)
         };
         (first + done, &mut codes[done..])
     } else if W::BITS as usize / per == 2 && first.is_multiple_of(4) && crate::simd::has_avx2() {
@@ -107,7 +107,7 @@ pub(super) fn unpack_fields<W: Word>(line: &[W], first: usize, codes: &mut [u8],
         let done = unsafe {
             let bytes =
                 std::slice::from_raw_parts(line.as_ptr() as *const u8, std::mem::size_of_val(line));
-            crate::simd::x86::unpack_crumbs(&bytes[first / 4..], codes)
+            crate::simd::x86_runs::unpack_crumbs(&bytes[first / 4..], codes)
         };
         (first + done, &mut codes[done..])
     } else {

@@ -416,7 +416,7 @@ fn encode_in_range<C: Encode>(
     /// The CPU must have AVX2.
     #[target_feature(enable = "avx2")]
     unsafe fn chunk<C: Encode>(codec: C, xs: &[f32], e: f32, out: &mut [u8], stream: bool) {
-        crate::simd::x86::encode_run_recip_in_range::<C, true>(codec, xs, e, out, stream);
+        crate::simd::x86_runs::encode_run_recip_in_range::<C, true>(codec, xs, e, out, stream);
         if stream {
             // The non-temporal stores are weakly ordered: done before the task says it is done.
             std::arch::x86_64::_mm_sfence();
@@ -693,6 +693,7 @@ unsafe fn measure_encode_avx2<C: Encode>(
     out: &mut [u8],
 ) -> bool {
     use crate::simd::x86;
+    use crate::simd::x86_runs;
     let mut bad = false;
     for (pos, len, s) in Segments::new(k.layout, p.start, p.len) {
         let i = pos - p.start;
@@ -705,7 +706,7 @@ unsafe fn measure_encode_avx2<C: Encode>(
         let e = k.scale(alpha);
         sc[s - p.scale0] = e;
         let o = &mut out[i..i + len];
-        bad |= x86::encode_run_or_zero(codec, run, e, o, k.stream);
+        bad |= x86_runs::encode_run_or_zero(codec, run, e, o, k.stream);
     }
     bad
 }

@@ -21,6 +21,7 @@ use crate::search::cands::Ctx;
 use crate::search::cands::MAX_CANDIDATES;
 use crate::search::values::{Bracket8, Dequant};
 use crate::simd::x86;
+use crate::simd::x86_runs;
 
 /// Whether `layout`'s blocks are whole runs of 16 or 32 values end to end (block b at b · bc),
 /// the lane kernel's case.
@@ -611,7 +612,7 @@ unsafe fn piece<Q: Dequant, C: Encode, const V: usize, const W: bool>(
             _mm256_storeu_ps(es.as_mut_ptr(), e);
             for (j, &ej) in es.iter().enumerate() {
                 let r = (b + j) * bc..(b + j + 1) * bc;
-                bad |= x86::encode_run_or_zero(codec, &xs[r.clone()], ej, &mut out[r], false);
+                bad |= x86_runs::encode_run_or_zero(codec, &xs[r.clone()], ej, &mut out[r], false);
             }
         }
         b += 8;
@@ -633,7 +634,7 @@ unsafe fn piece<Q: Dequant, C: Encode, const V: usize, const W: bool>(
         for (j, &s) in sc[b..].iter().enumerate() {
             let e = ctx.effective(s);
             let r = j * bc..(j + 1) * bc;
-            bad |= x86::encode_run_or_zero(codec, &xs[r.clone()], e, &mut out[r], false);
+            bad |= x86_runs::encode_run_or_zero(codec, &xs[r.clone()], e, &mut out[r], false);
         }
     }
     bad

@@ -86,6 +86,8 @@ pub(crate) fn checked_reciprocal(e: f32) -> Option<f32> {
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86_runs;
 
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests;

@@ -14,7 +14,7 @@ fn reciprocal_runs_equal_the_division() {
     unsafe fn avx2<C: Encode, const LONG: bool>(c: C, xs: &[f32], e: f32, out: &mut [u8]) -> bool {
         let r = super::checked_reciprocal(e).unwrap();
         let range = c.int_range().unwrap();
-        super::x86::encode_run_recip::<C, LONG>(c, xs, e, r, range, out, false)
+        super::x86_runs::encode_run_recip::<C, LONG>(c, xs, e, r, range, out, false)
     }
     fn check<C: Encode>(c: C, rng: &mut Rng, qmax: f32) {
         let mut misses = 0;
@@ -59,7 +59,7 @@ fn reciprocal_runs_equal_the_division() {
                     got.fill(0xA5);
                     let (r, range) = (1.0 / e, c.int_range().unwrap());
                     let b = unsafe {
-                        super::x86::encode_run_recip512(c, xs, e, r, range, &mut got, false)
+                        super::x86_runs::encode_run_recip512(c, xs, e, r, range, &mut got, false)
                     };
                     assert_eq!(b, wbad);
                     assert_eq!(got, want, "AVX-512, e = {e:e}");
