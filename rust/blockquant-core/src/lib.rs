@@ -4,11 +4,19 @@
 //! - [`scheme`]: what a quantized tensor is (values, store, scale levels) and its rules;
 //! - [`layout`]: that scheme on a concrete shape: block grid, storage packing;
 //! - [`calibrate`]: the amplitude of each block; [`search`]: searched (mse) scales;
-//!   [`scale`]: rounding scales to their dtype;
-//! - [`codec`] and [`minifloat`]: one value to its code and back; [`lookup`]: codebooks;
-//! - [`quantize`] and [`pack`]: the kernels; [`bytes`]: burn's byte layout;
+//!   [`scale`]: rounding scales to their dtype, and a block's α to its stored scale;
+//! - [`codec`] and [`minifloat`]: one value to its code and back; [`lookup`]: codebooks
+//!   (the [`Codebook`] value itself is `codebook`'s, low, so the scheme needs no encoder);
+//! - [`quantize`] and [`pack`]: the dispatchers (a path, then a kernel for it); [`bytes`]:
+//!   burn's byte layout;
+//! - `kernels`: the kernel wing the dispatchers call (the one-pass pieces and scale rule low,
+//!   the AVX2 kernels above them), `simd`: CPU feature checks and the AVX2 primitives; neither
+//!   imports a dispatcher;
 //! - [`pool`]: the bounded thread pool every kernel runs in;
 //! - [`ggml`]: llama.cpp's block types (GGUF tensors), apart from the scheme model.
+//!
+//! Inside the crate, items are imported from the module that defines them (never through the
+//! re-exports below, which are the public face), so the module graph stays one-way.
 
 pub mod bytes;
 pub mod calibrate;

@@ -51,7 +51,7 @@ pub(crate) fn applies(layout: &Layout) -> bool {
 }
 
 /// Pass 1 of every piece (in the pool): the amplitudes into `stored` (one per block, in
-/// order), blocks of `bc` values back to back (`quantize::block_run`). Returns the largest |x|
+/// order), blocks of `bc` values back to back (`piece::block_run`). Returns the largest |x|
 /// bit pattern (past f32::MAX's when any input is not finite).
 pub(crate) fn amplitudes(x: Input<'_>, bc: usize, pieces: &[Piece], stored: &mut [f32]) -> u32 {
     let mut work = Vec::with_capacity(pieces.len());

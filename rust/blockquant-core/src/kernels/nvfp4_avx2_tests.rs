@@ -1,4 +1,4 @@
-//! Tests of [`crate::nvfp4_avx2`]: the vector E2M1 rounding against the scalar one and SPEC's
+//! Tests of [`crate::kernels::nvfp4_avx2`]: the vector E2M1 rounding against the scalar one and SPEC's
 //! oracle, and the two-pass NVFP4 kernel against `compute_scales` + `encode_values` (the
 //! general path, itself tested against the portable build and the Python reference).
 

@@ -1,4 +1,4 @@
-//! The E2M1 encode of [`crate::nvfp4_avx2`]'s group kernels on AVX-512 (F, BW and VBMI: Ice
+//! The E2M1 encode of [`crate::kernels::nvfp4_avx2`]'s group kernels on AVX-512 (F, BW and VBMI: Ice
 //! Lake and later, Zen 4 and later): eight blocks of 16 or 32 values, 64 values a step, with no
 //! division. Every E2M1-two-a-byte kernel there uses it: NVFP4's pass 2 and its one pass under
 //! a given g, the one-level schemes' (MXFP4 and its kin), given scales'.

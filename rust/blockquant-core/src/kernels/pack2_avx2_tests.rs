@@ -1,4 +1,4 @@
-//! Tests of [`crate::pack2_avx2`]: the in-register 2-bit packing against the general path
+//! Tests of [`crate::kernels::pack2_avx2`]: the in-register 2-bit packing against the general path
 //! (codes to a buffer, then `pack_fields`), word for word, with the same non-finite flag.
 
 use super::*;

@@ -1,6 +1,6 @@
 //! Packing against a bit-at-a-time oracle, the kernels against scalar oracles, and every
 //! dispatching (AVX2) kernel against its portable build. The oracles also serve the tests
-//! of `quantize.rs`.
+//! of `quantize/tests.rs`.
 
 use super::check::*;
 use super::decode::*;

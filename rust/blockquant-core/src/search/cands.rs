@@ -243,7 +243,7 @@ impl Ctx {
     }
 }
 
-/// The candidates of eight blocks at once, block j in AVX2 lane j (for `search_lanes.rs`).
+/// The candidates of eight blocks at once, block j in AVX2 lane j (for `lanes.rs`).
 #[cfg(target_arch = "x86_64")]
 mod lanes {
     use std::arch::x86_64::*;

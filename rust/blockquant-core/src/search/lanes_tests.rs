@@ -1,4 +1,4 @@
-//! Tests of [`crate::search_lanes`]: eight blocks in lanes give the scales of the portable
+//! Tests of [`crate::search::lanes`]: eight blocks in lanes give the scales of the portable
 //! block-by-block search, and the one-pass quantize the codes of the two-pass one.
 
 use super::*;

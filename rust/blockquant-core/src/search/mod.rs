@@ -20,9 +20,9 @@
 //! are summed in chunk order whichever thread measured them.
 //!
 //! Where the code is: this file walks blocks one at a time (any layout) and, for `quantize`,
-//! hands blocks of 16 or 32 values laid end to end to `search_lanes.rs` (eight blocks in
-//! AVX2 lanes, encoded in the same pass); candidates are in `search_cands.rs`, q(u) per value
-//! kind in `search_values.rs`, the one-block AVX2 sums in `search_avx2.rs`.
+//! hands blocks of 16 or 32 values laid end to end to `lanes.rs` (eight blocks in
+//! AVX2 lanes, encoded in the same pass); candidates are in `cands.rs`, q(u) per value
+//! kind in `values.rs`, the one-block AVX2 sums in `avx2.rs`.
 
 use rayon::prelude::*;
 
@@ -360,7 +360,7 @@ pub fn mse_scales(
     Scales::new(stored, global)
 }
 
-/// [`mse_scales`]' blocks by the lane kernel ([`crate::search_lanes`]), in parallel tasks of
+/// [`mse_scales`]' blocks by the lane kernel ([`crate::search::lanes`]), in parallel tasks of
 /// whole groups of eight blocks (blocks are independent, so the split changes nothing).
 #[cfg(target_arch = "x86_64")]
 fn lane_scales<Q: Dequant>(

@@ -4,6 +4,9 @@
 //! with AVX2 enabled; the wheel itself targets baseline x86-64, so the choice is made per call
 //! (the check is one cached atomic load). Widening the vectors never changes a result: there is
 //! no fast-math, so no reordering or fused multiply-add.
+//!
+//! The bottom of the kernel wing: the feature checks and [`avx2_dispatch!`] here, the AVX2
+//! primitives in `x86`, the runs built on them in `x86_runs`; they import only `codec`.
 
 /// Whether this CPU runs AVX2 code.
 #[cfg(target_arch = "x86_64")]

@@ -1,5 +1,6 @@
-//! Hand-written AVX2 kernels: left to itself the compiler turns a block's division,
-//! rounding and clamping into code well short of the memory's pace.
+//! Hand-written AVX2 primitives (maxima, scale rounding, reciprocals, stores): left to itself
+//! the compiler turns a block's division, rounding and clamping into code well short of the
+//! memory's pace. The runs built on them (decode, byte packing, encode) are in `x86_runs`.
 //!
 //! Every function here is `unsafe` for one reason: the CPU must have AVX2 (and F16C where
 //! said; callers check [`super::has_avx2`]); slices are indexed only within their bounds.

@@ -378,7 +378,7 @@ pub(crate) unsafe fn encode_run<C: Encode>(
 ) -> bool {
     let long = xs.len() > 256;
     // Streamed where every store is (32 codes at a time), or the run is long: see
-    // [`stream_runs`]. The neighbouring runs' side is the layout's (`quantize::streams`).
+    // [`stream_runs`]. The neighbouring runs' side is the layout's (`kernels::piece::streams`).
     let stream = stream
         && (out.as_ptr() as usize).is_multiple_of(16)
         && stream_runs(xs.len(), xs.len().is_multiple_of(32));
