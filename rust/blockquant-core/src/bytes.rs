@@ -3,8 +3,9 @@
 
 use crate::error::{QuantError, Result};
 use crate::layout::Layout;
-use crate::pack::{check_storage_bytes, words_as_bytes, Storage};
-use crate::quantize::Scales;
+use crate::pack::check::check_storage_bytes;
+use crate::pack::storage::{words_as_bytes, Storage};
+use crate::quantize::scales::Scales;
 
 /// Serialize a quantized tensor. `scales` must already fit `layout` (see [`Scales::from_stored`]).
 pub fn to_bytes(layout: &Layout, storage: Storage<'_>, scales: &Scales) -> Vec<u8> {
@@ -92,181 +93,9 @@ pub fn from_bytes<'a>(layout: &Layout, data: &'a [u8]) -> Result<Parts<'a>> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::pack::{Storage, StorageMut};
-    use crate::quantize::{quantize, ExplicitScales, QuantizeOptions};
-    use crate::scheme::{QuantScheme, QuantStore, QuantValue, ScaleDtype};
-
-    fn spec_example_scheme() -> QuantScheme {
-        QuantScheme::default()
-            .with_value(QuantValue::Q8F)
-            .with_store(QuantStore::Native)
-            .per_block(&[4], ScaleDtype::UE4M3)
-            .unwrap()
-            .per_tensor(ScaleDtype::F32)
-    }
-
-    /// SPEC §9's 14-byte example, byte for byte.
-    #[test]
-    fn spec_example_round_trips() {
-        let data = [
-            0x00, 0x19, 0x33, 0x4c, 0x66, 0x7f, 0x80, 0xff, 0x30, 0x20, 0x00, 0x00, 0x40, 0x40,
-        ];
-        let layout = Layout::new(&spec_example_scheme(), &[8]).unwrap();
-        assert_eq!(layout.total_bytes(), 14);
-        let parts = from_bytes(&layout, &data).unwrap();
-        assert_eq!(parts.scales.stored, [0.5, 0.125]);
-        assert_eq!(parts.scales.global, Some(3.0));
-        assert_eq!(parts.scales.effective(), [1.5, 0.375]);
-        let again = to_bytes(&layout, Storage::U8(parts.storage), &parts.scales);
-        assert_eq!(again, data);
-    }
-
-    /// The same bytes from quantize with explicit scales: -48 / 0.375 = -128, Q8F's minimum.
-    #[test]
-    fn spec_example_from_quantize() {
-        let layout = Layout::new(&spec_example_scheme(), &[8]).unwrap();
-        let x = [0.0f32, 37.5, 76.5, 114.0, 38.25, 47.625, -48.0, -0.375];
-        let mut out = vec![0u8; 8];
-        let scales = quantize(
-            crate::Input::F32(&x),
-            &layout,
-            &QuantizeOptions::default(),
-            Some(ExplicitScales {
-                scales: Some(&[0.5, 0.125]),
-                global: Some(3.0),
-            }),
-            StorageMut::U8(&mut out),
-        )
-        .unwrap();
-        let bytes = to_bytes(&layout, Storage::U8(&out), &scales);
-        assert_eq!(
-            bytes,
-            [0x00, 0x19, 0x33, 0x4c, 0x66, 0x7f, 0x80, 0xff, 0x30, 0x20, 0x00, 0x00, 0x40, 0x40]
-        );
-    }
-
-    #[test]
-    fn wrong_lengths_are_layout_errors() {
-        let layout = Layout::new(&spec_example_scheme(), &[8]).unwrap();
-        for len in [0, 13, 15] {
-            let err = from_bytes(&layout, &vec![0u8; len]).unwrap_err();
-            assert!(
-                matches!(err, QuantError::Layout(ref m) if m.contains("expected 14 bytes") && m.contains(&format!("got {len}")))
-            );
-        }
-        let mut data = vec![0u8; 14];
-        data[8] = 0x7F; // a NaN UE4M3 scale
-        assert!(matches!(
-            from_bytes(&layout, &data),
-            Err(QuantError::Layout(_))
-        ));
-    }
-}
+#[path = "bytes_tests.rs"]
+mod tests;
 
 #[cfg(test)]
-mod fuzz_tests {
-    use super::*;
-    use crate::pack::{check_storage, Storage};
-    use crate::quantize::{dequantize, Output};
-    use crate::scheme::{QuantScheme, QuantStore, QuantValue, ScaleDtype};
-
-    /// A tiny deterministic generator: the test needs no dependency and is the same every run.
-    struct XorShift(u64);
-    impl XorShift {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-    }
-
-    /// Arbitrary bytes never panic: from_bytes either rejects them or gives parts that
-    /// serialize back to the same bytes and dequantize without trouble.
-    #[test]
-    fn arbitrary_bytes_never_panic() {
-        let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
-        let shapes: [&[usize]; 5] = [&[], &[0], &[7], &[3, 5], &[2, 3, 9]];
-        let mut accepted = 0;
-        for value in QuantValue::ALL {
-            for store in [
-                QuantStore::Native,
-                QuantStore::PackedU32(0),
-                QuantStore::PackedNative(1),
-            ] {
-                for levels in 0..3 {
-                    let s = QuantScheme::default().with_value(value).with_store(store);
-                    let s = match levels {
-                        0 => s.per_tensor(ScaleDtype::UE8M0),
-                        1 => s.per_block(&[4], ScaleDtype::UE4M3).unwrap(),
-                        _ => s
-                            .per_block(&[4], ScaleDtype::F16)
-                            .unwrap()
-                            .per_tensor(ScaleDtype::F32),
-                    };
-                    for shape in shapes {
-                        let Ok(layout) = Layout::new(&s, shape) else {
-                            continue;
-                        };
-                        let n = layout.total_bytes();
-                        for len in [n, n.saturating_sub(1), n + 1] {
-                            let mut data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
-                            // Random value bytes are rarely all valid codes; zero codes are, so
-                            // half the time the scales and the rest of the checks get their turn.
-                            if rng.next().is_multiple_of(2) {
-                                let n = layout.storage_bytes().min(len);
-                                data[..n].fill(0);
-                            }
-                            let Ok(parts) = from_bytes(&layout, &data) else {
-                                continue;
-                            };
-                            accepted += 1;
-                            let st = storage_of(&layout, parts.storage);
-                            assert_eq!(to_bytes(&layout, st.as_storage(), &parts.scales), data);
-                            let _ = check_storage(&layout, st.as_storage());
-                            let mut out = vec![0.0f32; layout.num_elements];
-                            dequantize(
-                                &layout,
-                                st.as_storage(),
-                                &parts.scales.stored,
-                                parts.scales.global,
-                                Output::F32(&mut out),
-                            );
-                        }
-                    }
-                }
-            }
-        }
-        assert!(
-            accepted > 100,
-            "the generator should produce valid layouts too ({accepted})"
-        );
-    }
-
-    enum Owned {
-        U8(Vec<u8>),
-        U32(Vec<u32>),
-    }
-    impl Owned {
-        fn as_storage(&self) -> Storage<'_> {
-            match self {
-                Owned::U8(v) => Storage::U8(v),
-                Owned::U32(v) => Storage::U32(v),
-            }
-        }
-    }
-    fn storage_of(layout: &Layout, bytes: &[u8]) -> Owned {
-        if layout.packing.word_bits == 32 {
-            Owned::U32(
-                bytes
-                    .chunks_exact(4)
-                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect(),
-            )
-        } else {
-            Owned::U8(bytes.to_vec())
-        }
-    }
-}
+#[path = "bytes_fuzz_tests.rs"]
+mod fuzz_tests;

@@ -4,43 +4,38 @@
 //! - [`scheme`]: what a quantized tensor is (values, store, scale levels) and its rules;
 //! - [`layout`]: that scheme on a concrete shape: block grid, storage packing;
 //! - [`calibrate`]: the amplitude of each block; [`search`]: searched (mse) scales;
-//!   [`scale`]: rounding scales to their dtype;
-//! - [`codec`] and [`minifloat`]: one value to its code and back; [`lookup`]: codebooks;
-//! - [`quantize`] and [`pack`]: the kernels; [`bytes`]: burn's byte layout;
+//!   [`scale`]: rounding scales to their dtype, and a block's α to its stored scale;
+//! - [`codec`] and [`minifloat`]: one value to its code and back; [`lookup`]: codebooks
+//!   (the [`Codebook`] value itself is `codebook`'s, low, so the scheme needs no encoder);
+//! - [`quantize`] and [`pack`]: the dispatchers (a path, then a kernel for it); [`bytes`]:
+//!   burn's byte layout;
+//! - `kernels`: the kernel wing the dispatchers call (the one-pass pieces and scale rule low,
+//!   the AVX2 kernels above them), `simd`: CPU feature checks and the AVX2 primitives; neither
+//!   imports a dispatcher;
 //! - [`pool`]: the bounded thread pool every kernel runs in;
 //! - [`ggml`]: llama.cpp's block types (GGUF tensors), apart from the scheme model.
+//!
+//! Inside the crate, items are imported from the module that defines them (never through the
+//! re-exports below, which are the public face), so the module graph stays one-way.
 
 pub mod bytes;
 pub mod calibrate;
+mod codebook;
 pub mod codec;
 pub mod error;
-#[cfg(target_arch = "x86_64")]
-mod fused_avx2;
-#[cfg(target_arch = "x86_64")]
-mod fused_narrow;
-mod fused_tiles;
 pub mod ggml;
 pub mod input;
+mod kernels;
 pub mod layout;
 pub mod lookup;
 pub mod minifloat;
-#[cfg(target_arch = "x86_64")]
-mod nvfp4_avx2;
-#[cfg(target_arch = "x86_64")]
-mod nvfp4_avx512;
 pub mod options;
 pub mod pack;
-#[cfg(target_arch = "x86_64")]
-mod pack2_avx2;
 pub mod pool;
 pub mod quantize;
 pub mod scale;
 pub mod scheme;
 pub mod search;
-mod search_avx2;
-mod search_cands;
-mod search_lanes;
-mod search_values;
 mod simd;
 
 pub use calibrate::Calibration;

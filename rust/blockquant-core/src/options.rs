@@ -1,5 +1,6 @@
-//! The names of the quantize options, parsed here and nowhere else: the binding turns a Python
-//! string into an option through [`OptionName::from_name`], and the error lists the choices.
+//! The quantize options ([`QuantizeOptions`]) and their names, parsed here and nowhere else: the
+//! binding turns a Python string into an option through [`OptionName::from_name`], and the
+//! error lists the choices.
 
 use crate::calibrate::Calibration;
 use crate::codec::Rounding;
@@ -55,27 +56,14 @@ impl OptionName for ScaleRounding {
     ];
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_name_parses_to_its_option() {
-        assert_eq!(Calibration::from_name("absmean"), Ok(Calibration::AbsMean));
-        assert_eq!(Rounding::from_name("half_even"), Ok(Rounding::HalfEven));
-        assert_eq!(
-            ScaleRounding::from_name("nearest"),
-            Ok(ScaleRounding::Nearest)
-        );
-    }
-
-    #[test]
-    fn an_unknown_name_lists_the_choices() {
-        let err = Rounding::from_name("HALF_AWAY").unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "rounding must be one of ('half_away', 'half_even'), got 'HALF_AWAY'"
-        );
-        assert!(matches!(err, QuantError::Option(_)));
-    }
+/// Options of a quantize call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QuantizeOptions {
+    pub calibration: Calibration,
+    pub rounding: Rounding,
+    pub scale_rounding: ScaleRounding,
 }
+
+#[cfg(test)]
+#[path = "options_tests.rs"]
+mod tests;

@@ -5,8 +5,8 @@
 
 use std::fmt;
 
+use crate::codebook::Codebook;
 use crate::error::{QuantError, Result};
-use crate::lookup::Codebook;
 
 /// Blocks have at most this many dimensions.
 pub const MAX_BLOCK_DIMS: usize = 5;
@@ -425,67 +425,5 @@ impl fmt::Display for QuantScheme {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn leading_ones_are_dropped() {
-        let a = BlockScale::new(&[1, 1, 32], ScaleDtype::F16).unwrap();
-        let b = BlockScale::new(&[32], ScaleDtype::F16).unwrap();
-        assert_eq!(a, b);
-        assert_eq!(a.size(), &[32]);
-    }
-
-    #[test]
-    fn bad_block_sizes_are_rejected() {
-        assert!(BlockScale::new(&[], ScaleDtype::F32).is_err());
-        assert!(BlockScale::new(&[0], ScaleDtype::F32).is_err());
-        assert!(BlockScale::new(&[2, 2, 2, 2, 2, 2], ScaleDtype::F32).is_err());
-        assert!(BlockScale::new(&[1, 2, 2, 2, 2, 2], ScaleDtype::F32).is_ok());
-    }
-
-    #[test]
-    fn two_level_rules() {
-        let s = QuantScheme::default()
-            .per_block(&[16], ScaleDtype::UE4M3)
-            .unwrap();
-        assert!(s.per_tensor(ScaleDtype::F32).validate().is_ok());
-        let err = s.per_tensor(ScaleDtype::F16).validate().unwrap_err();
-        assert!(err.to_string().starts_with(
-            "a two-level scheme stores its per-tensor scale as f32, got QuantScheme("
-        ));
-        for wide in [ScaleDtype::F32, ScaleDtype::BF16, ScaleDtype::UE8M0] {
-            let s = QuantScheme::default()
-                .per_block(&[16], wide)
-                .unwrap()
-                .per_tensor(ScaleDtype::F32);
-            assert!(matches!(s.validate(), Err(QuantError::Scheme(_))));
-        }
-    }
-
-    #[test]
-    fn display_matches_python_repr() {
-        let s = QuantScheme::default()
-            .with_value(QuantValue::E2M1)
-            .with_store(QuantStore::PackedNative(0))
-            .per_block(&[16], ScaleDtype::UE4M3)
-            .unwrap()
-            .per_tensor(ScaleDtype::F32);
-        assert_eq!(
-            s.to_string(),
-            "QuantScheme(value=E2M1, store=PackedNative(0), block=BlockScale([16], UE4M3), tensor=F32)"
-        );
-        assert_eq!(
-            QuantScheme::default().to_string(),
-            "QuantScheme(value=Q8F, store=PackedU32(0))"
-        );
-    }
-
-    #[test]
-    fn half_range_matches_spec_divisors() {
-        assert_eq!(QuantValue::Q8F.half_range(), 127.5);
-        assert_eq!(QuantValue::Q8S.half_range(), 127.0);
-        assert_eq!(QuantValue::E2M1.half_range(), 6.0);
-        assert_eq!(QuantValue::E4M3.half_range(), 448.0);
-    }
-}
+#[path = "scheme_tests.rs"]
+mod tests;

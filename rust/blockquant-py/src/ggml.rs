@@ -10,7 +10,8 @@ use numpy::{
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
-use crate::{errors, guarded, to_py, with_input};
+use crate::errors::{self, guarded, to_py};
+use crate::input::with_input;
 
 /// One ggml type as the core knows it.
 #[pyclass(frozen, get_all, module = "blockquant._core", name = "GgmlType")]

@@ -5,12 +5,10 @@
 //! then map a core error onto its `blockquant.errors` class. Panics are caught at each entry point
 //! and raised as `blockquant.errors.InternalError`, never as pyo3's `PanicException`.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
 use blockquant_core::{
     bytes, pack, pool, quantize as q, BF16Bits, Calibration, Codebook, ExplicitScales, F16Bits,
-    Input, Layout, OptionName, Output, QuantError, QuantMode, QuantScheme, QuantStore, QuantValue,
-    QuantizeOptions, Rounding, ScaleDtype, ScaleRounding, Scales, Storage, StorageMut,
+    Layout, OptionName, Output, QuantMode, QuantScheme, QuantStore, QuantValue, QuantizeOptions,
+    Rounding, ScaleDtype, ScaleRounding, Scales, Storage, StorageMut,
 };
 use numpy::{
     PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
@@ -19,54 +17,12 @@ use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+mod errors;
 mod ggml;
+mod input;
 
-mod errors {
-    pyo3::import_exception!(blockquant.errors, QuantError);
-    pyo3::import_exception!(blockquant.errors, SchemeError);
-    pyo3::import_exception!(blockquant.errors, ScaleError);
-    pyo3::import_exception!(blockquant.errors, MissingGlobalScaleError);
-    pyo3::import_exception!(blockquant.errors, UnexpectedGlobalScaleError);
-    pyo3::import_exception!(blockquant.errors, UnsupportedSchemeError);
-    pyo3::import_exception!(blockquant.errors, LayoutError);
-    pyo3::import_exception!(blockquant.errors, NonFiniteError);
-    pyo3::import_exception!(blockquant.errors, InternalError);
-}
-
-/// One core error → its Python class (SPEC §10).
-fn to_py(err: QuantError) -> PyErr {
-    let msg = err.to_string();
-    match err {
-        QuantError::Scheme(_) => errors::SchemeError::new_err(msg),
-        QuantError::MissingGlobalScale { .. } => errors::MissingGlobalScaleError::new_err(msg),
-        QuantError::UnexpectedGlobalScale { .. } | QuantError::GlobalScaleNotTaken { .. } => {
-            errors::UnexpectedGlobalScaleError::new_err(msg)
-        }
-        QuantError::Scale(_) => errors::ScaleError::new_err(msg),
-        QuantError::Unsupported { .. } => errors::UnsupportedSchemeError::new_err(msg),
-        QuantError::Layout(_) => errors::LayoutError::new_err(msg),
-        QuantError::NonFinite { .. } => errors::NonFiniteError::new_err(msg),
-        QuantError::Option(_) => errors::QuantError::new_err(msg),
-    }
-}
-
-/// Run an entry point's body; a panic anywhere in it (rayon workers included) becomes
-/// `InternalError` with the panic message.
-fn guarded<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(r) => r,
-        Err(payload) => {
-            let what = payload
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| payload.downcast_ref::<&str>().copied())
-                .unwrap_or("unknown panic");
-            Err(errors::InternalError::new_err(format!(
-                "internal error in blockquant (please report it): {what}"
-            )))
-        }
-    }
-}
+use errors::{guarded, to_py};
+use input::with_input;
 
 /// A scheme, built and validated once on the Python side's request and then handed to every
 /// call as it is: Rust is the one validator of the scheme rules (SPEC §1).
@@ -433,42 +389,6 @@ type Quantized<'py> = (
     Bound<'py, PyArrayDyn<f32>>,
     Option<f32>,
 );
-
-/// Run `f` on the input values, borrowed from the numpy array without a copy. `kind` says how to
-/// read it: "f32", "f64", or "f16" / "bf16" for a uint16 view of half-precision bits.
-fn with_input<R>(
-    x: &Bound<'_, PyUntypedArray>,
-    kind: &str,
-    f: impl FnOnce(Input<'_>) -> PyResult<R>,
-) -> PyResult<R> {
-    let bad = || {
-        PyTypeError::new_err(format!(
-            "x of kind {kind:?} must be an aligned, C-contiguous array of its dtype"
-        ))
-    };
-    match kind {
-        "f32" => {
-            let a = x.cast::<PyArrayDyn<f32>>().map_err(|_| bad())?.readonly();
-            f(Input::F32(a.as_slice().map_err(|_| bad())?))
-        }
-        "f64" => {
-            let a = x.cast::<PyArrayDyn<f64>>().map_err(|_| bad())?.readonly();
-            f(Input::F64(a.as_slice().map_err(|_| bad())?))
-        }
-        "f16" | "bf16" => {
-            let a = x.cast::<PyArrayDyn<u16>>().map_err(|_| bad())?.readonly();
-            let bits = a.as_slice().map_err(|_| bad())?;
-            f(if kind == "f16" {
-                Input::F16(bits)
-            } else {
-                Input::BF16(bits)
-            })
-        }
-        _ => Err(errors::QuantError::new_err(format!(
-            "unknown input kind {kind:?}"
-        ))),
-    }
-}
 
 /// The option names of a quantize call, checked (`TypeError` for a non-string, `QuantError`
 /// for an unknown name) before the input's dtype is, as the reference checks them.

@@ -3,7 +3,8 @@
 
 use rayon::prelude::*;
 
-use super::{Block, GROUP, INF_BITS, TASK_VALUES};
+use super::block::{Block, GROUP, INF_BITS, TASK_VALUES};
+use super::float16::{f16_bits, f16_value, f32_to_f16};
 use crate::input::Input;
 
 #[allow(non_camel_case_types)]
@@ -64,7 +65,8 @@ impl Block for F16 {
         out[0] = f16_value(b);
     }
     #[cfg(target_arch = "x86_64")]
-    const DECODE_AVX2: Option<super::DecodeRun> = Some(super::legacy_avx2::f16_decode);
+    const DECODE_AVX2: Option<super::block::DecodeRun> =
+        Some(super::legacy_avx2::f16_decode::<Self>);
 }
 
 /// Round to nearest even on the bits, as gguf-py (and ggml's `ggml_compute_fp32_to_bf16`) do.
@@ -82,7 +84,8 @@ impl Block for BF16 {
         out[0] = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16);
     }
     #[cfg(target_arch = "x86_64")]
-    const DECODE_AVX2: Option<super::DecodeRun> = Some(super::legacy_avx2::bf16_decode);
+    const DECODE_AVX2: Option<super::block::DecodeRun> =
+        Some(super::legacy_avx2::bf16_decode::<Self>);
 }
 
 /// Round to nearest even on the bits (finite values; a NaN or infinity is refused before it is
@@ -137,68 +140,6 @@ pub(super) fn encode_f16_from_f64(x: &[f64], out: &mut [u8]) -> bool {
         })
         .reduce(|| false, |a, b| a | b)
 }
-
-/// numpy's `astype(np.float16)`: round to nearest even.
-#[inline(always)]
-pub(super) fn f16_bits(v: f32) -> [u8; 2] {
-    f32_to_f16(v).to_le_bytes()
-}
-
-/// f32 → float16 bits, rounded to nearest even (numpy's cast; a NaN keeps its top payload bits
-/// and is quieted). Branch-free integer code, so it inlines into the kernels and vectorizes
-/// (`half` calls out to F16C behind a run-time check on every value).
-#[inline(always)]
-pub(super) fn f32_to_f16(v: f32) -> u16 {
-    let x = v.to_bits();
-    let sign = ((x >> 16) & 0x8000) as u16;
-    let a = x & 0x7FFF_FFFF;
-    // Normal results: drop 13 mantissa bits rounding to nearest even, rebias the exponent
-    // (a carry out of the mantissa correctly bumps the exponent).
-    let normal = ((a + 0x0FFF + ((a >> 13) & 1)) >> 13).wrapping_sub(112 << 10);
-    // Subnormal results (|v| < 2^-14): adding 0.5 makes the f32 spacing 2^-24, f16's subnormal
-    // step, so the f32 add rounds to nearest even and the low bits count the steps.
-    let sub = (f32::from_bits(a) + 0.5)
-        .to_bits()
-        .wrapping_sub(0x3F00_0000);
-    let nan = 0x7E00 | ((a >> 13) & 0x03FF) as u16;
-    let h = if a > 0x7F80_0000 {
-        nan
-    } else if a >= 0x477F_F000 {
-        0x7C00 // 65520 and up round to infinity (65520 is a tie, and inf's mantissa is even)
-    } else if a >= 0x3880_0000 {
-        normal as u16
-    } else {
-        sub as u16
-    };
-    sign | h
-}
-
-#[inline(always)]
-pub(super) fn f16_value(b: &[u8]) -> f32 {
-    f16_to_f32(u16::from_le_bytes([b[0], b[1]]))
-}
-
-/// float16 bits → f32, exactly, a NaN keeping its payload unquieted as numpy's cast does (F16C
-/// and `half` set the quiet bit). Branch-free so a run of them vectorizes.
-#[inline(always)]
-pub(super) fn f16_to_f32(h: u16) -> f32 {
-    let sign = ((h & 0x8000) as u32) << 16;
-    let em = (h & 0x7FFF) as u32;
-    // Normal: rebias the exponent by 127 − 15. Inf/NaN: all-ones exponent, mantissa as is.
-    // Subnormal (and zero): m × 2^-24, exact in f32.
-    let normal = (em << 13) + ((127 - 15) << 23);
-    let special = (em << 13) | 0x7F80_0000;
-    let sub = (em as f32 * f32::from_bits(0x3380_0000)).to_bits(); // 2^-24
-    let bits = if em >= 0x7C00 {
-        special
-    } else if em < 0x0400 {
-        sub
-    } else {
-        normal
-    };
-    f32::from_bits(sign | bits)
-}
-
 /// float64 → float16 bits, rounded once to nearest even (as numpy casts; `half`'s F16C path
 /// would round to f32 first, and double rounding differs on some values).
 pub(super) fn f64_to_f16_bits(v: f64) -> u16 {

@@ -22,8 +22,9 @@
 //!   h = j/128, r = j%128, low nibble in ql[64h + r%64] (nibble r/64), high two bits in
 //!   qh[32h + r%32] at bit 2·(r/32). Sub-blocks of 16.
 
+use super::block::{abs_max_bits, round_away, Block, INF_BITS};
+use super::float16::f16_value;
 use super::search::{self, affine, f16_sat, nearest_codes, signed_subscales, symmetric, Uniform};
-use super::{abs_max_bits, f16_value, round_away, Block, INF_BITS};
 
 #[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Default)]
@@ -153,7 +154,7 @@ fn encode_symmetric(
         q: [0; QK],
     };
     out.d = signed_subscales(x, sub, &s[..n], slo, shi, grid, &mut out.sc[..n]);
-    let d = super::f16_to_f32(out.d);
+    let d = super::float16::f16_to_f32(out.d);
     for (j, xj) in x.chunks_exact(sub).enumerate() {
         let e = d * out.sc[j] as f32;
         nearest_codes(xj, e, grid, &mut out.q[j * sub..(j + 1) * sub]);

@@ -1,10 +1,10 @@
 //! ggml's original block types: Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1, 32 values a block with an
 //! f16 scale (and an f16 minimum for the _1 types).
 
-use super::{
-    abs_max_bits, f16_bits, f16_value, f32_to_f16, inverse, pack_nibbles, round_away, trunc_small,
-    Block, Codes, GROUP, INF_BITS,
+use super::block::{
+    abs_max_bits, inverse, pack_nibbles, round_away, trunc_small, Block, Codes, GROUP, INF_BITS,
 };
+use super::float16::{f16_bits, f16_value, f32_to_f16};
 
 #[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Default)]
@@ -108,9 +108,10 @@ impl Block for Q8_0 {
     const BS: usize = 32;
     const TS: usize = 34;
     #[cfg(target_arch = "x86_64")]
-    const ENCODE_AVX2: Option<super::EncodeRun> = Some(super::legacy_avx2::q8_0_run);
+    const ENCODE_AVX2: Option<super::block::EncodeRun> = Some(super::legacy_avx2::q8_0_run::<Self>);
     #[cfg(target_arch = "x86_64")]
-    const DECODE_AVX2: Option<super::DecodeRun> = Some(super::legacy_avx2::q8_0_decode);
+    const DECODE_AVX2: Option<super::block::DecodeRun> =
+        Some(super::legacy_avx2::q8_0_decode::<Self>);
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
         let m = abs_max_bits(x);
@@ -388,9 +389,10 @@ impl Block for Q4_0 {
     const BS: usize = 32;
     const TS: usize = 18;
     #[cfg(target_arch = "x86_64")]
-    const ENCODE_AVX2: Option<super::EncodeRun> = Some(super::legacy_avx2::q4_0_run);
+    const ENCODE_AVX2: Option<super::block::EncodeRun> = Some(super::legacy_avx2::q4_0_run::<Self>);
     #[cfg(target_arch = "x86_64")]
-    const DECODE_AVX2: Option<super::DecodeRun> = Some(super::legacy_avx2::q4_0_decode);
+    const DECODE_AVX2: Option<super::block::DecodeRun> =
+        Some(super::legacy_avx2::q4_0_decode::<Self>);
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
         let mut q = [0i32; 32];
@@ -422,9 +424,10 @@ impl Block for Q4_1 {
     const BS: usize = 32;
     const TS: usize = 20;
     #[cfg(target_arch = "x86_64")]
-    const ENCODE_AVX2: Option<super::EncodeRun> = Some(super::legacy_avx2::q4_1_run);
+    const ENCODE_AVX2: Option<super::block::EncodeRun> = Some(super::legacy_avx2::q4_1_run::<Self>);
     #[cfg(target_arch = "x86_64")]
-    const DECODE_AVX2: Option<super::DecodeRun> = Some(super::legacy_avx2::q4_1_decode);
+    const DECODE_AVX2: Option<super::block::DecodeRun> =
+        Some(super::legacy_avx2::q4_1_decode::<Self>);
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
         let mut q = [0i32; 32];
@@ -453,9 +456,10 @@ impl Block for Q5_0 {
     const BS: usize = 32;
     const TS: usize = 22;
     #[cfg(target_arch = "x86_64")]
-    const ENCODE_AVX2: Option<super::EncodeRun> = Some(super::legacy_avx2::q5_0_run);
+    const ENCODE_AVX2: Option<super::block::EncodeRun> = Some(super::legacy_avx2::q5_0_run::<Self>);
     #[cfg(target_arch = "x86_64")]
-    const DECODE_AVX2: Option<super::DecodeRun> = Some(super::legacy_avx2::q5_0_decode);
+    const DECODE_AVX2: Option<super::block::DecodeRun> =
+        Some(super::legacy_avx2::q5_0_decode::<Self>);
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
         let mut q = [0i32; 32];
@@ -483,9 +487,10 @@ impl Block for Q5_1 {
     const BS: usize = 32;
     const TS: usize = 24;
     #[cfg(target_arch = "x86_64")]
-    const ENCODE_AVX2: Option<super::EncodeRun> = Some(super::legacy_avx2::q5_1_run);
+    const ENCODE_AVX2: Option<super::block::EncodeRun> = Some(super::legacy_avx2::q5_1_run::<Self>);
     #[cfg(target_arch = "x86_64")]
-    const DECODE_AVX2: Option<super::DecodeRun> = Some(super::legacy_avx2::q5_1_decode);
+    const DECODE_AVX2: Option<super::block::DecodeRun> =
+        Some(super::legacy_avx2::q5_1_decode::<Self>);
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
         let mut q = [0i32; 32];

@@ -12,7 +12,8 @@
 
 use std::arch::x86_64::*;
 
-use super::{prefetch, Block, GROUP, INF_BITS, PREFETCH_AHEAD};
+use super::block::{prefetch, Block, GROUP, INF_BITS, PREFETCH_AHEAD};
+use super::float16::{f16_to_f32, f32_to_f16};
 use crate::simd::x86::store8;
 
 /// Values a block of every legacy type.
@@ -121,11 +122,10 @@ unsafe fn write_codes<const Q5: bool>(q: [__m256i; 4], o: *mut u8) {
 /// The runs: whole groups by `$group`, the blocks after them by the portable `encode`
 /// (compiled here for AVX2).
 macro_rules! run {
-    ($(#[$meta:meta])* $name:ident, $block:ty, $group:expr) => {
+    ($(#[$meta:meta])* $name:ident, $group:expr) => {
         $(#[$meta])*
         #[target_feature(enable = "avx2,f16c")]
-        pub(super) unsafe fn $name(xs: &[f32], out: &mut [u8]) -> bool {
-            type B = $block;
+        pub(super) unsafe fn $name<B: Block>(xs: &[f32], out: &mut [u8]) -> bool {
             let mut bad = false;
             let (gx, gt) = (GROUP * B::BS, GROUP * B::TS);
             let groups = xs.len() / gx;
@@ -146,13 +146,12 @@ run!(
     /// Q8_0: d = amax/127, codes round_away(x · (1/d)); a 1/d that overflows is taken as 0,
     /// which makes every code 0 as the portable code's fill does.
     q8_0_run,
-    super::legacy::Q8_0,
     q8_0_group
 );
-run!(q4_0_run, super::legacy::Q4_0, signed_group::<false>);
-run!(q5_0_run, super::legacy::Q5_0, signed_group::<true>);
-run!(q4_1_run, super::legacy::Q4_1, min_group::<false>);
-run!(q5_1_run, super::legacy::Q5_1, min_group::<true>);
+run!(q4_0_run, signed_group::<false>);
+run!(q5_0_run, signed_group::<true>);
+run!(q4_1_run, min_group::<false>);
+run!(q5_1_run, min_group::<true>);
 
 #[inline(always)]
 unsafe fn q8_0_group(x: *const f32, out: *mut u8) -> bool {
@@ -343,7 +342,7 @@ pub(super) unsafe fn f16_run(xs: &[f32], out: &mut [u8]) -> bool {
     }
     let mut bad = any_non_finite(m);
     for (&v, o) in xs[full..].iter().zip(out[full * 2..].chunks_exact_mut(2)) {
-        o.copy_from_slice(&super::f32_to_f16(v).to_le_bytes());
+        o.copy_from_slice(&f32_to_f16(v).to_le_bytes());
         bad |= !v.is_finite();
     }
     bad
@@ -358,12 +357,11 @@ pub(super) unsafe fn f16_run(xs: &[f32], out: &mut [u8]) -> bool {
 /// `simd::x86::STREAM_MIN_BYTES`) and `out` 16-byte aligned, the stores skip the cache: every
 /// block's 32 values then start 16-byte aligned too.
 macro_rules! decode_run {
-    ($name:ident, $ty:ty, $block:ident $(, $q5:expr)?) => {
+    ($name:ident, $block:ident $(, $q5:expr)?) => {
         #[target_feature(enable = "avx2,f16c")]
-        pub(super) unsafe fn $name(blocks: &[u8], out: &mut [f32], stream: bool) {
+        pub(super) unsafe fn $name<B: Block>(blocks: &[u8], out: &mut [f32], stream: bool) {
             #[inline(always)]
-            unsafe fn each<const STREAM: bool>(blocks: &[u8], out: &mut [f32]) {
-                type B = $ty;
+            unsafe fn each<B: Block, const STREAM: bool>(blocks: &[u8], out: &mut [f32]) {
                 for (b, o) in blocks.chunks_exact(B::TS).zip(out.chunks_exact_mut(B::BS)) {
                     if !$block::<$($q5,)? STREAM>(b.as_ptr(), o.as_mut_ptr()) {
                         B::decode(b, o);
@@ -371,25 +369,25 @@ macro_rules! decode_run {
                 }
             }
             if stream && (out.as_ptr() as usize) % 16 == 0 {
-                each::<true>(blocks, out);
+                each::<B, true>(blocks, out);
                 // The non-temporal stores are weakly ordered: done before the task says so.
                 _mm_sfence();
             } else {
-                each::<false>(blocks, out);
+                each::<B, false>(blocks, out);
             }
         }
     };
 }
 
-decode_run!(q8_0_decode, super::legacy::Q8_0, q8_0_block);
-decode_run!(q4_0_decode, super::legacy::Q4_0, signed_block, false);
-decode_run!(q5_0_decode, super::legacy::Q5_0, signed_block, true);
-decode_run!(q4_1_decode, super::legacy::Q4_1, min_block, false);
-decode_run!(q5_1_decode, super::legacy::Q5_1, min_block, true);
+decode_run!(q8_0_decode, q8_0_block);
+decode_run!(q4_0_decode, signed_block, false);
+decode_run!(q5_0_decode, signed_block, true);
+decode_run!(q4_1_decode, min_block, false);
+decode_run!(q5_1_decode, min_block, true);
 
 #[inline(always)]
 unsafe fn scale_at(b: *const u8) -> f32 {
-    super::f16_to_f32(u16::from_le_bytes(*(b as *const [u8; 2])))
+    f16_to_f32(u16::from_le_bytes(*(b as *const [u8; 2])))
 }
 
 #[inline(always)]
@@ -468,22 +466,22 @@ unsafe fn min_block<const Q5: bool, const STREAM: bool>(b: *const u8, o: *mut f3
 /// values with a NaN among them: F16C would quiet a signalling NaN, which numpy's cast keeps,
 /// so those take the portable conversion.
 macro_rules! half_decode {
-    ($name:ident, $ty:ty, $bf16:expr) => {
+    ($name:ident, $bf16:expr) => {
         #[target_feature(enable = "avx2,f16c")]
-        pub(super) unsafe fn $name(blocks: &[u8], out: &mut [f32], stream: bool) {
+        pub(super) unsafe fn $name<B: Block>(blocks: &[u8], out: &mut [f32], stream: bool) {
             if stream && (out.as_ptr() as usize) % 16 == 0 {
-                half_run::<$ty, $bf16, true>(blocks, out);
+                half_run::<B, $bf16, true>(blocks, out);
                 // The non-temporal stores are weakly ordered: done before the task says so.
                 _mm_sfence();
             } else {
-                half_run::<$ty, $bf16, false>(blocks, out);
+                half_run::<B, $bf16, false>(blocks, out);
             }
         }
     };
 }
 
-half_decode!(f16_decode, super::float::F16, false);
-half_decode!(bf16_decode, super::float::BF16, true);
+half_decode!(f16_decode, false);
+half_decode!(bf16_decode, true);
 
 /// Values of `B` (F16 or BF16, as `BF16` says) eight a step; NaN groups and the tail by
 /// `B::decode`, one value at a time.

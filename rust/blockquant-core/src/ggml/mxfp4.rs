@@ -2,7 +2,7 @@
 
 use std::sync::OnceLock;
 
-use super::{abs_max_bits, pack_nibbles, Block, INF_BITS};
+use super::block::{abs_max_bits, pack_nibbles, Block, INF_BITS};
 
 #[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Default)]

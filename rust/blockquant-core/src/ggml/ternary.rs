@@ -1,6 +1,7 @@
 //! The ternary BitNet types TQ1_0 and TQ2_0: 256 values in {−1, 0, 1} times an f16 scale.
 
-use super::{abs_max_bits, f16_bits, f16_value, inverse, round_away, Block, INF_BITS};
+use super::block::{abs_max_bits, inverse, round_away, Block, INF_BITS};
+use super::float16::{f16_bits, f16_value};
 
 #[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Default)]

@@ -3,7 +3,9 @@
 //! against the portable ones; the float16 cast and the log2 table against direct
 //! computations. Python's tests/test_gguf.py holds the same kernels to gguf-py itself.
 
+use super::block::*;
 use super::float::f64_to_f16_bits;
+use super::float16::*;
 use super::legacy::{max_ps, min_ps, np_reduce32};
 use super::mxfp4::{e8m0_half, log2_round_up_from, np_floor_log2};
 use super::*;
