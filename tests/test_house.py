@@ -185,7 +185,7 @@ def _expand(text: str) -> list[list[str]]:
     prefix = [p for p in head.split("::") if p]
     out = []
     for part in parts:
-        part = part.split(" as ")[0]
+        part = part.strip().split(" as ")[0].strip()
         if part:
             for sub in _expand(part):
                 out.append(prefix + sub)
