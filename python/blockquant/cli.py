@@ -42,7 +42,7 @@ from .checkpoint.registry import (
     plan_quantize,
     plan_report,
 )
-from .checkpoint.rules import kept_summary
+from .checkpoint.rules import dequantized_summary, kept_summary
 from .errors import QuantError
 from .metrics import ErrorStats
 from .options import MAX_THREADS, Calibration, Rounding, ScaleRounding
@@ -286,7 +286,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
               f"quantized{used}, tensor data {_human(res.bytes_in)} -> {_human(after)} "
               f"({res.bytes_in / max(after, 1):.2f}x), {_human(res.bytes_out)} written in "
               f"{res.seconds:.2f} s")
-        for line in (kept_summary(res.decisions, run.options.min_rank), _files_line(res)):
+        for line in (kept_summary(res.decisions, run.options.min_rank),
+                     dequantized_summary(res.decisions), _files_line(res)):
             if line:
                 print(line)
         if args.verbose:

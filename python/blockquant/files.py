@@ -59,6 +59,7 @@ def quantize_file(
     scale_rounding: ScaleRounding | None = None,
     force: bool = False,
     output_format: str | None = None,
+    allow_requantize: bool = False,
     jobs: int = 1,
     threads: int | None = None,
     dry_run: bool = False,
@@ -84,6 +85,9 @@ def quantize_file(
     - ``strict``: a tensor its scheme cannot take is an error, not kept.
     - ``calibration``, ``rounding``, ``scale_rounding``: as for :func:`blockquant.quantize`.
     - ``force``: replace an existing ``dst`` (never the input).
+    - ``allow_requantize``: quantize a GGUF ``src``'s already-quantized tensors (Q4_0, ...)
+      from their dequantized values; without it such a tensor is an error. The ones kept are
+      written as float32 (their dequantized values) into safetensors and burn-pack outputs.
     - ``jobs``, ``threads``: files converted at once (processes), kernel threads in all.
     - ``dry_run``: decide everything and return the summary with the expected sizes; write
       nothing.
@@ -94,7 +98,8 @@ def quantize_file(
     options = FileOptions(include=include, exclude=exclude, calibration=calibration,
                           rounding=rounding, scale_rounding=scale_rounding, force=force,
                           rules=rules, min_rank=min_rank, strict=strict)
-    run = plan_quantize(QuantizeRequest(src, dst, scheme, options, output_format=output_format))
+    run = plan_quantize(QuantizeRequest(src, dst, scheme, options, output_format=output_format,
+                                        allow_requantize=allow_requantize))
     if not isinstance(run, Plan):  # GGUF or ONNX: their own summaries
         if dry_run:
             raise CheckpointError(dst, None, "dry_run= covers checkpoint and folder outputs; "

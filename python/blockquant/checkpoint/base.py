@@ -130,6 +130,23 @@ class TensorInfo:
         return self.dtype in FLOAT_DTYPES
 
     @property
+    def dequantized_on_read(self) -> bool:
+        """Whether reading gives float32 values decoded from another tool's quantized type (a
+        GGUF Q4_0 tensor, say): such a tensor is written as float32 when it is not quantized,
+        and quantizing it again takes ``allow_requantize``."""
+        return False
+
+    @property
+    def read_dtype(self) -> str | None:
+        """The safetensors dtype of what :meth:`Checkpoint.read` gives."""
+        return "F32" if self.dequantized_on_read else self.dtype
+
+    @property
+    def read_nbytes(self) -> int:
+        """Bytes of what :meth:`Checkpoint.read` gives."""
+        return self.numel * 4 if self.dequantized_on_read else self.nbytes
+
+    @property
     def numel(self) -> int:
         return numel(self.shape)
 

@@ -119,11 +119,11 @@ def write_burnpack(
         if make is not None:
             tensors[t.name] = Planned(t.shape, make, scheme=make.scheme)
             continue
-        burn = _ST_TO_BURN.get(t.dtype or "")
+        burn = _ST_TO_BURN.get(t.read_dtype or "")
         if burn is None:
             raise ckpt.error(t.name, f"dtype {t.dtype_name} has no burn-pack dtype")
-        tensors[t.name] = Planned(t.shape, _copier(ckpt, t.name), burn_dtype=burn,
-                                  nbytes=t.nbytes)
+        tensors[t.name] = Planned(t.shape, _copier(ckpt, t), burn_dtype=burn,
+                                  nbytes=t.read_nbytes)
     try:
         save_burnpack(dst, tensors, metadata, force=force)
     except FileExistsError:
@@ -136,14 +136,19 @@ def write_burnpack(
         raise CheckpointError(dst, None, os_reason(e)) from None
 
 
-def _copier(ckpt: Checkpoint, name: str) -> Any:
+def _copier(ckpt: Checkpoint, t: TensorInfo) -> Any:
+    name = t.name
+
     def produce() -> bytes:
+        if t.dequantized_on_read:  # another tool's quantized type: its float32 values
+            return np.ascontiguousarray(ckpt.read(name), "<f4").tobytes()
         if isinstance(ckpt, BurnpackCheckpoint):
-            return ckpt.raw(name)
-        buf = io.BytesIO()
-        ckpt.copy_to(name, buf)
-        raw = buf.getvalue()
-        if ckpt.info(name).dtype == "BOOL":
+            raw = bytes(ckpt.raw(name))
+        else:
+            buf = io.BytesIO()
+            ckpt.copy_to(name, buf)
+            raw = buf.getvalue()
+        if t.dtype == "BOOL":
             # burn's Bool holds 0 or 1 (blockquant's own reader refuses any other byte); a
             # safetensors BOOL may hold any (numpy reads a non-zero byte as True).
             stored = np.frombuffer(raw, np.uint8)

@@ -91,6 +91,8 @@ def _quantize_tensor(ckpt: Checkpoint, t: TensorInfo, scheme: QuantScheme,
 
 
 def _copy_entry(ckpt: Checkpoint, t: TensorInfo) -> HeaderEntry:
+    if t.dequantized_on_read:  # written as the float32 values it reads as
+        return HeaderEntry(t.name, "F32", t.shape, t.read_nbytes)
     if t.dtype is None:
         raise ckpt.error(t.name, f"dtype {t.dtype_name} cannot be stored in a safetensors file")
     return HeaderEntry(t.name, t.dtype, t.shape, t.nbytes)
@@ -192,7 +194,7 @@ def write_quantized(
                 layout += d.parts
                 owners += [t.name] * len(d.parts)
                 entries[t.name] = Entry(
-                    t.name, d.scheme, t.shape, FLOAT_DTYPES[t.dtype or ""],
+                    t.name, d.scheme, t.shape, FLOAT_DTYPES[t.read_dtype or ""],
                     {key: p.name for key, p in zip(PART_KEYS, d.parts)},
                     options.quantize_options(d.scheme),
                 )
@@ -212,6 +214,8 @@ def write_quantized(
                         w.write(part.name, blob[at: at + part.nbytes])
                         at += part.nbytes
                     del blob
+                elif t.dequantized_on_read:
+                    w.write(t.name, np.ascontiguousarray(ckpt.read(t.name), "<f4"))
                 else:
                     w.write_from(t.name, ckpt, t.name)
                 progress(t.name, t.nbytes)

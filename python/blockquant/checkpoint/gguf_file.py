@@ -137,6 +137,9 @@ class _Lengths:
     def __init__(self, f: BinaryIO, size: int) -> None:
         self.f, self.size = f, size
         self.items = 0
+        self.alignment = 32  # GGUF's default, unless general.alignment says otherwise
+        #: (name, dims, ggml type number, offset) of each tensor, as the header gives them.
+        self.tensors: list[tuple[str, tuple[int, ...], int, int]] = []
 
     def count(self, n: int, what: str) -> None:
         self.items += n
@@ -201,12 +204,55 @@ class _Lengths:
         self.need(n_kv * _MIN_KV + n_tensors * _MIN_TENSOR,
                   f"{n_kv} key/value pairs and {n_tensors} tensors")
         for i in range(n_kv):
-            self.string(f"key {i}")
-            self.value(self.u32(f"key {i}'s type"), f"key {i}'s value")
+            key = self.take(self.u64(f"key {i}"), f"key {i}")
+            vtype = self.u32(f"key {i}'s type")
+            if key == b"general.alignment" and vtype == 4:  # uint32, as ggml reads it
+                self.alignment = self.u32("general.alignment")
+                if self.alignment == 0 or self.alignment & (self.alignment - 1):
+                    raise ValueError(f"general.alignment {self.alignment} is not a power of two")
+                continue
+            self.value(vtype, f"key {i}'s value")
         for i in range(n_tensors):
-            self.string(f"tensor {i}'s name")
-            dims = self.u32(f"tensor {i}'s dimension count")
-            self.skip(8 * dims + 12, f"tensor {i}'s {dims} dimensions")
+            name = self.take(self.u64(f"tensor {i}'s name"), f"tensor {i}'s name")
+            n_dims = self.u32(f"tensor {i}'s dimension count")
+            self.need(8 * n_dims + 12, f"tensor {i}'s {n_dims} dimensions")
+            dims = struct.unpack(f"<{n_dims}Q", self.f.read(8 * n_dims))
+            gtype, offset = struct.unpack("<IQ", self.f.read(12))
+            self.tensors.append((name.decode("utf-8", "replace"), dims, gtype, offset))
+        self.placement()
+
+    def placement(self) -> None:
+        """Every tensor's bytes inside the data section, at an offset on the file's alignment,
+        and apart from every other tensor's, as llama.cpp's loader requires: gguf-py adds an
+        offset to the data section's start in 64 bits (2^64 - 1 wraps to the header) and lets
+        tensors overlap (64 tensors at one offset, each padded to a 1 MiB alignment when
+        written out again, made a 65 MiB file of a 1 MiB one)."""
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        start = -(-self.f.tell() // self.alignment) * self.alignment
+        data = max(self.size - start, 0)
+        spans = []
+        for name, dims, gtype, offset in self.tensors:
+            try:
+                block, size = GGML_QUANT_SIZES[GGMLQuantizationType(gtype)]
+            except (ValueError, KeyError):
+                continue  # an unknown type: gguf-py's reader names it
+            numel = 1
+            for d in dims:
+                numel *= d
+            nbytes = numel // block * size
+            if offset > data or nbytes > data - offset:
+                raise _Placement(name, f"its {nbytes} bytes at offset {offset} lie outside the "
+                                 f"data section ({data} bytes)")
+            if offset % self.alignment:
+                raise _Placement(name, f"its offset {offset} is not a multiple of the file's "
+                                 f"alignment ({self.alignment})")
+            spans.append((offset, offset + nbytes, name))
+        spans.sort()
+        for (_, end, before), (at, _, name) in zip(spans, spans[1:]):
+            if at < end:
+                raise _Placement(name, f"at offset {at}, it overlaps tensor {before!r} (whose "
+                                 f"bytes end at {end})")
 
 
 _BIG_ENDIAN = "is a big-endian GGUF file, which blockquant does not read"
@@ -214,6 +260,14 @@ _BIG_ENDIAN = "is a big-endian GGUF file, which blockquant does not read"
 
 class _BigEndian(Exception):
     """A big-endian GGUF file, refused before its counts are read the wrong way round."""
+
+
+class _Placement(Exception):
+    """A tensor whose bytes are not where a GGUF file may keep them."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
 
 
 def _check_lengths(path: Any) -> None:
@@ -230,6 +284,8 @@ def open_reader(path: Any) -> Any:
         raise CheckpointError(path, None, os_reason(e)) from None
     except _BigEndian:
         raise CheckpointError(path, None, _BIG_ENDIAN) from None
+    except _Placement as e:
+        raise CheckpointError(path, e.name, f"not a valid GGUF file: {e}") from None
     except (ValueError, struct.error) as e:
         raise CheckpointError(path, None, f"not a valid GGUF file ({e})") from None
     try:
@@ -259,6 +315,10 @@ class GGUFTensorInfo(TensorInfo):
     @property
     def quantized(self) -> bool:
         return self.ggml_type not in _PLAIN
+
+    @property
+    def dequantized_on_read(self) -> bool:
+        return self.quantized
 
 
 def _type_name(t: Any) -> str:
@@ -386,7 +446,7 @@ def plan_requantize(ckpt: GGUFCheckpoint, qtype: Any, options: FileOptions,
         assert isinstance(t, GGUFTensorInfo)
         why = _kept_because(t, target, options)
         if why == KEPT_ROWS and options.strict:
-            raise ckpt.error(t.name, f"rows of {t.shape[-1]} values are not whole {target.name} "
+            raise ckpt.error(t.name, f"rows of {(t.shape or (1,))[-1]} values are not whole {target.name} "
                              f"blocks of {target.block_size} (--strict)")
         if why:
             out.append(GGUFDecision(t, t.ggml_type, why))
@@ -411,7 +471,7 @@ def _kept_because(t: GGUFTensorInfo, target: bg.GGMLType, options: FileOptions) 
         return KEPT_SAME
     if not (t.ggml_type in _FLOATS or t.quantized):
         return KEPT_DTYPE
-    if t.shape[-1] % target.block_size:
+    if not t.shape or t.shape[-1] % target.block_size:  # a 0-d tensor: one value, no row
         return KEPT_ROWS
     return ""
 

@@ -118,6 +118,9 @@ class FileOptions:
       biases stay as they are).
     - ``strict``: a tensor its scheme cannot take is an error instead of being kept.
     - ``force``: replace an existing output file.
+    - ``allow_requantize``: quantize tensors another tool quantized (a GGUF file's Q4_0 ...),
+      from their dequantized values; without it such a tensor that would be quantized is an
+      error, as llama-quantize's ``--allow-requantize``.
     - ``dtype``: dequantize to float16, bfloat16, float32 or float64 rather than each tensor's
       original dtype (a name, a numpy dtype or a type such as ``np.float16``).
     """
@@ -132,6 +135,7 @@ class FileOptions:
     rules: tuple[RuleSpec, ...] = ()
     min_rank: int = 2
     strict: bool = False
+    allow_requantize: bool = False
 
     def __post_init__(self) -> None:
         _compile(self.include, "--include")

@@ -15,7 +15,7 @@ A new output format is a :class:`.formats.Format` entry and a planner in :data:`
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Union
 
@@ -67,10 +67,15 @@ def plan_quantize(req: QuantizeRequest) -> Any:
 
 
 def _plan_checkpoint(req: QuantizeRequest, fmt: Format) -> Plan:
+    from .gguf_file import is_gguf
+
+    options = req.options
     if req.allow_requantize:
-        raise CheckpointError("--allow-requantize", None,
-                              "only GGUF output requantizes (name OUT .gguf)")
-    return plan_checkpoint(req.src, req.dst, resolve_scheme(req.scheme), req.options,
+        if not is_gguf(req.src):
+            raise CheckpointError("--allow-requantize", None, "only a GGUF input holds tensors "
+                                  "of another tool's quantized types to requantize")
+        options = replace(options, allow_requantize=True)
+    return plan_checkpoint(req.src, req.dst, resolve_scheme(req.scheme), options,
                            output_format=req.output_format)
 
 
@@ -286,6 +291,9 @@ def plan_report(src: Any, scheme: Any, options: FileOptions) -> ReportRun:
                               f"ggml's types ({', '.join(t.lower() for t in TYPES)})") from None
     from .folders import plan_report as plan_checkpoint_report
 
+    # A report measures what requantizing would do: a GGUF file's quantized tensors are taken
+    # from their dequantized values, as llama-quantize's report does.
+    options = replace(options, allow_requantize=True)
     total = sum(f.bytes_in for f in plan_checkpoint_report(src, resolved, options))
     return ReportRun(src, "checkpoint", resolved, options, total)
 

@@ -50,8 +50,9 @@ class Decision:
 
     @property
     def bytes_after(self) -> int:
-        """Bytes of this tensor's data in the output."""
-        return sum(p.nbytes for p in self.parts) if self.quantized else self.tensor.nbytes
+        """Bytes of this tensor's data in the output (a tensor dequantized on read is written
+        as float32)."""
+        return sum(p.nbytes for p in self.parts) if self.quantized else self.tensor.read_nbytes
 
     def describe(self) -> str:
         """One phrase: ``-> SCHEME`` or ``kept: WHY``."""
@@ -62,7 +63,7 @@ def decide(ckpt: Checkpoint, t: TensorInfo, scheme: QuantScheme,
            options: FileOptions) -> Decision:
     """The decision for one tensor (module docstring). Raises CheckpointError only with
     ``options.strict``, for a tensor its scheme cannot take."""
-    if not t.is_float:
+    if not (t.is_float or t.dequantized_on_read):
         return Decision(t, None, why=KEPT_DTYPE, detail=f"{t.dtype_name} is not floating point")
     if not options.selects(t.name):
         return Decision(t, None, why=KEPT_SELECTION, detail="left out by --include/--exclude")
@@ -83,12 +84,28 @@ def decide(ckpt: Checkpoint, t: TensorInfo, scheme: QuantScheme,
             raise ckpt.error(t.name, f"{e} (--strict; leave it out with --exclude or "
                              "--rule 'REGEX=keep')") from None
         return Decision(t, None, why=KEPT_UNFIT, detail=f"{chosen} does not fit: {e}")
+    if t.dequantized_on_read and not options.allow_requantize:
+        raise ckpt.error(t.name, f"is already quantized ({t.dtype_name}); quantizing it again "
+                         "adds error: --allow-requantize does it anyway")
     return Decision(t, chosen, tuple(parts))
 
 
 def plan(ckpt: Checkpoint, scheme: QuantScheme, options: FileOptions) -> list[Decision]:
     """One decision per tensor of ``ckpt``, in file order."""
     return [decide(ckpt, t, scheme, options) for t in ckpt.tensors]
+
+
+def dequantized_summary(decisions: Iterable[Decision]) -> str:
+    """Which tensors were another tool's quantized type, read as their dequantized values (one
+    phrase, empty when none was)."""
+    counts = Counter(d.tensor.dtype_name for d in decisions if d.tensor.dequantized_on_read)
+    if not counts:
+        return ""
+    n = sum(counts.values())
+    types = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
+    return (f"{n} tensor{'s' if n != 1 else ''} of quantized GGUF types ({types}) dequantized "
+            "on read, as ggml dequantizes them: requantized from those values, or written as "
+            "float32 where kept")
 
 
 def kept_summary(decisions: Iterable[Decision], min_rank: int = 2) -> str:
