@@ -1,0 +1,52 @@
+//! The Python side's error classes (`blockquant.errors`), and the two ways into them: a core
+//! error mapped onto its class, a panic caught and raised as `InternalError`.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use blockquant_core::QuantError as CoreError;
+use pyo3::prelude::*;
+
+pyo3::import_exception!(blockquant.errors, QuantError);
+pyo3::import_exception!(blockquant.errors, SchemeError);
+pyo3::import_exception!(blockquant.errors, ScaleError);
+pyo3::import_exception!(blockquant.errors, MissingGlobalScaleError);
+pyo3::import_exception!(blockquant.errors, UnexpectedGlobalScaleError);
+pyo3::import_exception!(blockquant.errors, UnsupportedSchemeError);
+pyo3::import_exception!(blockquant.errors, LayoutError);
+pyo3::import_exception!(blockquant.errors, NonFiniteError);
+pyo3::import_exception!(blockquant.errors, InternalError);
+
+/// One core error → its Python class (SPEC §10).
+pub(crate) fn to_py(err: CoreError) -> PyErr {
+    let msg = err.to_string();
+    match err {
+        CoreError::Scheme(_) => SchemeError::new_err(msg),
+        CoreError::MissingGlobalScale { .. } => MissingGlobalScaleError::new_err(msg),
+        CoreError::UnexpectedGlobalScale { .. } | CoreError::GlobalScaleNotTaken { .. } => {
+            UnexpectedGlobalScaleError::new_err(msg)
+        }
+        CoreError::Scale(_) => ScaleError::new_err(msg),
+        CoreError::Unsupported { .. } => UnsupportedSchemeError::new_err(msg),
+        CoreError::Layout(_) => LayoutError::new_err(msg),
+        CoreError::NonFinite { .. } => NonFiniteError::new_err(msg),
+        CoreError::Option(_) => QuantError::new_err(msg),
+    }
+}
+
+/// Run an entry point's body; a panic anywhere in it (rayon workers included) becomes
+/// `InternalError` with the panic message.
+pub(crate) fn guarded<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or("unknown panic");
+            Err(InternalError::new_err(format!(
+                "internal error in blockquant (please report it): {what}"
+            )))
+        }
+    }
+}
