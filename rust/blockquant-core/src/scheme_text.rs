@@ -366,11 +366,7 @@ pub fn float32_text(v: f32) -> String {
     if v == 0.0 {
         return format!("{sign}0.0");
     }
-    // `{:e}` is Rust's shortest round-trip text of the f32: d[.ddd]e[-]X.
-    let sci = format!("{:e}", v.abs());
-    let (mantissa, exp) = sci.split_once('e').expect("`{:e}` writes an exponent");
-    let exp: i32 = exp.parse().expect("`{:e}` writes an integer exponent");
-    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    let (digits, exp) = shortest_digits(v.abs());
     let a = v.abs() as f64;
     if (1e-4..1e6).contains(&a) {
         let point = exp + 1; // digits before the decimal point
@@ -395,6 +391,58 @@ pub fn float32_text(v: f32) -> String {
         format!(".{rest}")
     };
     format!("{sign}{first}{frac}e{exp_sign}{:02}", exp.abs())
+}
+
+/// The shortest digits that read back as `a` (> 0, finite) and the decimal exponent of the
+/// first, as numpy's Dragon4 chooses them: Rust's shortest (`{:e}`), except that where two
+/// candidates are equally near `a` numpy takes the one ending in an even digit.
+fn shortest_digits(a: f32) -> (String, i32) {
+    let split = |sci: &str| -> (String, i32) {
+        let (mantissa, exp) = sci.split_once('e').expect("`{:e}` writes an exponent");
+        let digits = mantissa.chars().filter(|c| *c != '.').collect();
+        (
+            digits,
+            exp.parse().expect("`{:e}` writes an integer exponent"),
+        )
+    };
+    let (digits, exp) = split(&format!("{a:e}"));
+    // Every f32 is exact in 112 significant digits.
+    let (exact, exact_exp) = split(&format!("{a:.120e}"));
+    let n = digits.len();
+    let tie = exact_exp == exp
+        && exact.as_bytes()[n] == b'5'
+        && exact.as_bytes()[n + 1..].iter().all(|d| *d == b'0');
+    if !tie {
+        return (digits, exp);
+    }
+    let reads_back = |d: &str| {
+        let text = format!("{}.{}e{exp}", &d[..1], &d[1..]);
+        text.parse::<f32>() == Ok(a)
+    };
+    let below = exact[..n].to_string();
+    let above = increment(&below);
+    for other in [Some(below), above].into_iter().flatten() {
+        let even = other.as_bytes()[n - 1] % 2 == 0;
+        if other != digits && even && reads_back(&other) {
+            return (other, exp);
+        }
+    }
+    (digits, exp)
+}
+
+/// A string of decimal digits plus one in its last place; `None` when that carries past the
+/// first digit.
+fn increment(digits: &str) -> Option<String> {
+    let mut d = digits.as_bytes().to_vec();
+    for i in (0..d.len()).rev() {
+        if d[i] == b'9' {
+            d[i] = b'0';
+        } else {
+            d[i] += 1;
+            return String::from_utf8(d).ok();
+        }
+    }
+    None
 }
 
 /// `s` as Python's `repr` quotes a str: in single quotes unless it holds a `'` and no `"`, with
@@ -428,8 +476,8 @@ pub fn quote(s: &str) -> String {
 }
 
 /// Whether Python's `repr` shows `c` as it is: not a control, format, separator (but the
-/// space), private-use or noncharacter code point. (Python also escapes unassigned code points, which Rust's
-/// std cannot name; a scheme text holding one is refused all the same.)
+/// space), private-use or noncharacter code point. (Python also escapes unassigned code points,
+/// which Rust's std cannot name; a scheme text holding one is refused all the same.)
 fn prints(c: char) -> bool {
     let u = c as u32;
     let format = matches!(u,

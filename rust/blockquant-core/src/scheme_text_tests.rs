@@ -134,6 +134,9 @@ fn float32_text_is_numpys() {
         (0.000_100_01, "0.00010001"),
         (1e-8, "1e-08"),
         (-1e30, "-1e+30"),
+        // 2^20 + 0.25 and + 0.75: equally near two shortest texts, numpy takes the even digit
+        (f32::from_bits(0x4980_0002), "1.0485762e+06"),
+        (f32::from_bits(0x4980_0006), "1.0485768e+06"),
         (f32::MAX, "3.4028235e+38"),
         (f32::from_bits(1), "1e-45"),
         (f32::NAN, "nan"),
@@ -185,7 +188,9 @@ fn every_scheme_of_a_grid_round_trips() {
         QuantStore::PackedU32(0),
         QuantStore::PackedNative(7),
     ];
-    let levels: [(Option<ScaleDtype>, Option<(&[usize], ScaleDtype)>); 5] = [
+    // (per-tensor dtype, block) pairs: none, tensor only, block only (1-d, 3-d), two-level.
+    type Levels = (Option<ScaleDtype>, Option<(&'static [usize], ScaleDtype)>);
+    let levels: [Levels; 5] = [
         (None, None),
         (Some(ScaleDtype::BF16), None),
         (None, Some((&[32], ScaleDtype::UE8M0))),

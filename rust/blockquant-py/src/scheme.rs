@@ -202,11 +202,25 @@ impl Scheme {
 #[pyfunction]
 fn parse_scheme(text: &Bound<'_, pyo3::types::PyString>) -> PyResult<Scheme> {
     guarded(|| {
-        // Lossy: a lone surrogate is no part of any scheme, refused by the grammar like any other
-        // character (SchemeError), not by UTF-8 encoding (UnicodeEncodeError).
-        let text = text.to_string_lossy();
+        let text = match text.to_str() {
+            Ok(t) => t.to_owned(),
+            Err(_) => with_replaced_surrogates(text)?,
+        };
         scheme_text::parse(&text).map(Scheme).map_err(to_py)
     })
+}
+
+/// A str holding lone surrogates (no UTF-8 form), each replaced by U+FFFD: the grammar refuses
+/// it as any other bad text (`SchemeError`, not `UnicodeEncodeError`), counting its characters
+/// as Python does.
+fn with_replaced_surrogates(text: &Bound<'_, pyo3::types::PyString>) -> PyResult<String> {
+    let units = text.call_method1("encode", ("utf-32-le", "surrogatepass"))?;
+    let units = units.cast::<pyo3::types::PyBytes>()?;
+    Ok(units
+        .as_bytes()
+        .chunks_exact(4)
+        .map(|b| char::from_u32(u32::from_le_bytes([b[0], b[1], b[2], b[3]])).unwrap_or('\u{FFFD}'))
+        .collect())
 }
 
 /// One value type's facts (`QuantValue.bits`, ...).
@@ -232,32 +246,36 @@ struct ScaleInfo {
 
 /// The facts of every value type, in declaration order.
 #[pyfunction]
-fn value_info() -> Vec<ValueInfo> {
-    QuantValue::ALL
-        .into_iter()
-        .map(|v| ValueInfo {
-            name: v.name(),
-            bits: v.bits(),
-            qmin: v.range().0,
-            qmax: v.range().1,
-            is_float: v.is_float(),
-        })
-        .collect()
+fn value_info() -> PyResult<Vec<ValueInfo>> {
+    guarded(|| {
+        Ok(QuantValue::ALL
+            .into_iter()
+            .map(|v| ValueInfo {
+                name: v.name(),
+                bits: v.bits(),
+                qmin: v.range().0,
+                qmax: v.range().1,
+                is_float: v.is_float(),
+            })
+            .collect())
+    })
 }
 
 /// The facts of every scale dtype, in declaration order.
 #[pyfunction]
-fn scale_info() -> Vec<ScaleInfo> {
-    ScaleDtype::ALL
-        .into_iter()
-        .map(|d| ScaleInfo {
-            name: d.name(),
-            nbytes: d.size_bytes(),
-            max: d.max_value(),
-            smallest: d.smallest_positive(),
-            has_zero: d.has_zero(),
-        })
-        .collect()
+fn scale_info() -> PyResult<Vec<ScaleInfo>> {
+    guarded(|| {
+        Ok(ScaleDtype::ALL
+            .into_iter()
+            .map(|d| ScaleInfo {
+                name: d.name(),
+                nbytes: d.size_bytes(),
+                max: d.max_value(),
+                smallest: d.smallest_positive(),
+                has_zero: d.has_zero(),
+            })
+            .collect())
+    })
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
