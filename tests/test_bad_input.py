@@ -664,7 +664,7 @@ def test_every_binding_entry_point_catches_panics():
     unguarded = [name for name, first in fns if not first.startswith("guarded(")]
     assert not unguarded, f"entry points without a panic guard: {unguarded}"
     public = {n for n in dir(bq._core) if not n.startswith("__")}
-    assert public == names | {"Scheme", "Layout", "GgmlType"}  # the frozen pyclasses
+    assert public == names | {"Scheme", "Layout", "ValueInfo", "ScaleInfo", "GgmlType"}  # pyclasses
 
 
 def test_the_core_rejects_shapes_numpy_cannot_hold():

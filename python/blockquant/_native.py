@@ -2,8 +2,9 @@
 
 Everything that crosses into Rust passes through here, as named objects: a scheme is a
 ``_core.Scheme`` (a frozen pyclass, validated once when the Python :class:`QuantScheme` is
-built), a layout comes back as a ``_core.Layout`` with named fields, and option names are
-parsed by the core, which owns the list of choices.
+built, or read from its text by ``parse_scheme``), a layout comes back as a ``_core.Layout`` with
+named fields, the facts of value types and scale dtypes as ``_core.ValueInfo`` /
+``_core.ScaleInfo``, and option names are parsed by the core, which owns the list of choices.
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ from ._core import (
     ggml_dequantize,
     ggml_quantize,
     ggml_types,
+    parse_scheme,
     quantize,
     round_scale,
+    scale_info,
     set_num_threads,
     to_bytes,
+    value_info,
 )
 from .options import MAX_THREADS
 
@@ -43,10 +47,13 @@ __all__ = [
     "ggml_dequantize",
     "ggml_quantize",
     "ggml_types",
+    "parse_scheme",
     "quantize",
     "round_scale",
+    "scale_info",
     "set_num_threads",
     "to_bytes",
+    "value_info",
     "panic_for_tests",
 ]
 

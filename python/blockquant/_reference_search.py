@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _reference_common as common
 from . import _reference_lookup as _lookup
-from . import reference as ref
 from .scheme import QuantScheme, ScaleDtype
 
 CHUNK = 1 << 16
@@ -42,10 +42,10 @@ DIVISORS = {
 def _compact_rows(x1: np.ndarray, scheme: QuantScheme) -> np.ndarray:
     """One row per block (grid order), its elements in row-major in-block order with the ones
     a partial block lacks moved to the end (as zeros)."""
-    rows, counts = ref._block_rows(x1, scheme)
+    rows, counts = common._block_rows(x1, scheme)
     if rows.shape[1] == 0 or np.all(counts == rows.shape[1]):
         return rows
-    present, _ = ref._block_rows(np.ones(x1.shape, dtype=np.int8), scheme)
+    present, _ = common._block_rows(np.ones(x1.shape, dtype=np.int8), scheme)
     order = np.argsort(present == 0, axis=1, kind="stable")
     return np.take_along_axis(rows, order, axis=1)
 
@@ -53,17 +53,17 @@ def _compact_rows(x1: np.ndarray, scheme: QuantScheme) -> np.ndarray:
 def _candidates(alpha, scheme: QuantScheme, scale_rounding: str, g):
     """(stored candidates, usable) of shape (blocks, K), in search order."""
     value, dtype = scheme.value, scheme.scale_dtype
-    half = ref._scheme_half_range(scheme)  # a codebook's: max |c_k|
+    half = common._scheme_half_range(scheme)  # a codebook's: max |c_k|
     if dtype is ScaleDtype.UE8M0:
         if scale_rounding == "mx":
-            base = ref._mx_codes(alpha, ref._scheme_mx_emax(scheme))
+            base = common._mx_codes(alpha, common._scheme_mx_emax(scheme))
         else:
-            base = ref._ue8m0_round(alpha / half, scale_rounding)
+            base = common._ue8m0_round(alpha / half, scale_rounding)
         codes = np.stack([base, base - 1, base + 1], axis=1)
         usable = (codes >= 0) & (codes <= 254)
-        return ref._ue8m0_decode(np.clip(codes, 0, 254)), usable
+        return common._ue8m0_decode(np.clip(codes, 0, 254)), usable
     cands = []
-    for c in DIVISORS[value.bits]:
+    for c in DIVISORS[common.value_bits(value)]:
         raw = (alpha / np.float32(half * np.float32(c))).astype(np.float32)
         if g is not None:
             if g == 0:
@@ -71,7 +71,7 @@ def _candidates(alpha, scheme: QuantScheme, scale_rounding: str, g):
             else:
                 with np.errstate(over="ignore"):
                     raw = (raw / np.float32(g)).astype(np.float32)
-        cands.append(ref._round_scale_saturating(raw, dtype, scale_rounding))
+        cands.append(common._round_scale_saturating(raw, dtype, scale_rounding))
     stored = np.stack(cands, axis=1)
     return stored, np.ones(stored.shape, dtype=bool)
 
@@ -80,10 +80,10 @@ def _decoded(x_s: np.ndarray, scheme: QuantScheme, rounding: str) -> np.ndarray:
     """The value (float32) each scaled input quantizes to."""
     if scheme.codebook is not None:  # the nearest entry; `rounding` does not apply
         return _lookup.decode(_lookup.nearest_index(x_s, scheme.codebook), scheme.codebook)
-    if scheme.value.is_float:
-        fmt = ref.FLOAT_VALUE_FORMATS[scheme.value]
-        return ref._decode_minifloat(ref._encode_minifloat(x_s, fmt), fmt)
-    return ref._int_codes(x_s, scheme.value, rounding).astype(np.float32)
+    if common.value_is_float(scheme.value):
+        fmt = common.FLOAT_VALUE_FORMATS[scheme.value]
+        return common._decode_minifloat(common._encode_minifloat(x_s, fmt), fmt)
+    return common._int_codes(x_s, scheme.value, rounding).astype(np.float32)
 
 
 def _errors(rows, wrows, e, scheme, rounding, present=None) -> np.ndarray:
@@ -125,10 +125,10 @@ def _errors(rows, wrows, e, scheme, rounding, present=None) -> np.ndarray:
 def mse_scales(x1, scheme: QuantScheme, rounding: str, scale_rounding: str, given_g, w1):
     """Stored scales (grid shape) and g of calibration ``mse``; ``w1`` the weights in x1's
     shape, or None."""
-    grid = ref.scale_grid_shape(x1.shape, scheme)
+    grid = common.scale_grid_shape(x1.shape, scheme)
     rows = _compact_rows(x1, scheme)
     wrows = None if w1 is None else _compact_rows(w1, scheme)
-    _, counts = ref._block_rows(x1, scheme)
+    _, counts = common._block_rows(x1, scheme)
     present = np.arange(rows.shape[1])[None, :] < np.asarray(counts).reshape(-1, 1)
     alpha = (
         np.abs(rows).max(axis=1) if rows.shape[1] else np.zeros(rows.shape[0], np.float32)
@@ -138,10 +138,11 @@ def mse_scales(x1, scheme: QuantScheme, rounding: str, scale_rounding: str, give
         if given_g is not None:
             g = np.float32(given_g)
         else:
-            top = (alpha / ref._scheme_half_range(scheme)).max() if alpha.size else np.float32(0)
-            g = np.float32(1) if top == 0 else np.float32(top) / np.float32(scheme.block.dtype.max)
+            top = (alpha / common._scheme_half_range(scheme)).max() if alpha.size else np.float32(0)
+            top_scale = np.float32(common.scale_max(scheme.block.dtype))
+            g = np.float32(1) if top == 0 else np.float32(top) / top_scale
     stored, usable = _candidates(alpha, scheme, scale_rounding, g)
-    eff = ref._effective_scales(stored, None if g is None else float(g))
+    eff = common._effective_scales(stored, None if g is None else float(g))
     if rows.shape[0] == 0 or rows.shape[1] == 0:  # nothing to measure: minmax's scale
         return stored[:, 0].reshape(grid), None if g is None else float(g)
     errs = np.stack(

@@ -4,12 +4,15 @@ This module is the executable form of the contract: the Rust core must produce e
 functions produce. It is written to be read, not to be fast. Everything is vectorized over the
 whole array; the only Python loop over blocks is the rare exact-summation fallback of ``absmean``.
 
-Reading order:
+The vocabulary it shares with the mse search (:mod:`blockquant._reference_search`) is in
+:mod:`blockquant._reference_common`: the oracle's own facts of each value type and scale dtype
+(written out there, never read from the core it checks), the minifloat and UE8M0 codecs (integer
+operations on the float32 bit pattern, no float casts that could hide rounding), scale rounding
+and block geometry. Reading order here:
 
-1. Minifloat codecs: E4M3 / E5M2 / E2M1 values and F16 / BF16 / UE4M3 / UE8M0 scales, all done
-   with integer operations on the float32 bit pattern (no float casts that could hide rounding).
+1. Minifloat values: encoding and decoding E4M3 / E5M2 / E2M1 codes.
 2. Scales: rounding a scale to its dtype (SPEC §4), encoding and decoding scale bytes.
-3. Geometry: blocks, the scale grid, the storage shape (SPEC §2, §8).
+3. Geometry: the storage shape and packing (SPEC §2, §8).
 4. Calibration: the amplitude alpha of each block and the raw scale (SPEC §3).
 5. Quantizing, packing, dequantizing, bytes (SPEC §5 to §9).
 
@@ -25,6 +28,34 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _reference_lookup as _lookup
+from ._reference_common import (
+    E4M3,
+    FLOAT_VALUE_FORMATS,
+    Minifloat,
+    _block_dims,
+    _block_rows,
+    _check_shape,
+    _decode_minifloat,
+    _effective_scales,
+    _encode_minifloat,
+    _f32_fields,
+    _int_codes,
+    _mx_codes,
+    _rank1,
+    _round_scale_saturating,
+    _scheme_half_range,
+    _scheme_mx_emax,
+    _ue8m0_decode,
+    _ue8m0_round,
+    scale_grid_shape,
+    scale_max,
+    scale_nbytes,
+    value_bits,
+    value_is_float,
+    value_qmax,
+    value_qmin,
+)
+from ._reference_search import mse_scales
 from .errors import (
     LayoutError,
     MissingGlobalScaleError,
@@ -54,7 +85,6 @@ __all__ = [
     "to_bytes",
 ]
 
-F32_MAX = np.float32(np.finfo(np.float32).max)
 
 CALIBRATIONS = ("minmax", "absmean", "mse")
 ROUNDINGS = ("half_away", "half_even")
@@ -62,115 +92,14 @@ SCALE_ROUNDINGS = ("up", "nearest", "mx")
 
 
 # =================================================================================================
-# 1. Minifloat codecs
+# 1. Minifloat values
 # =================================================================================================
-
-
-@dataclass(frozen=True)
-class Minifloat:
-    """A small binary float format: sign bit, ``ebits`` exponent bits, ``mbits`` mantissa bits.
-
-    ``max_mag`` is the magnitude code (code without the sign) of the largest finite value: rounding
-    saturates there. ``specials`` says what the all-ones exponent means when decoding:
-    ``"ieee"`` (mantissa 0 is infinity, else NaN), ``"fn"`` (only S.1111.111 is NaN: OCP E4M3FN)
-    or ``"none"`` (every code is a finite number: E2M1).
-    """
-
-    name: str
-    ebits: int
-    mbits: int
-    bias: int
-    max_mag: int
-    specials: str
-
-    @property
-    def sign_bit(self) -> int:
-        return 1 << (self.ebits + self.mbits)
-
-
-E4M3 = Minifloat("E4M3", 4, 3, 7, 0x7E, "fn")
-E5M2 = Minifloat("E5M2", 5, 2, 15, 0x7B, "ieee")
-E2M1 = Minifloat("E2M1", 2, 1, 1, 0x7, "none")
-F16 = Minifloat("F16", 5, 10, 15, 0x7BFF, "ieee")
-BF16 = Minifloat("BF16", 8, 7, 127, 0x7F7F, "ieee")
-
-FLOAT_VALUE_FORMATS = {QuantValue.E4M3: E4M3, QuantValue.E5M2: E5M2, QuantValue.E2M1: E2M1}
-
-
-def _f32_fields(x: np.ndarray):
-    """Split float32 values into (sign, biased exponent, mantissa), as int64 arrays."""
-    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.int64)
-    return bits >> 31, (bits >> 23) & 0xFF, bits & 0x7FFFFF
-
-
-def _round_magnitude(x: np.ndarray, fmt: Minifloat, mode: str) -> np.ndarray:
-    """Magnitude code (int64) of |x| in ``fmt``, rounded to nearest-even or up, saturating at
-    ``fmt.max_mag``. Works on the f32 bit pattern: x = sig * 2**lsb_exp exactly, and the format's
-    quantum (the spacing of its values around |x|) is a power of two 2**q_exp; the code is
-    round(sig / 2**(q_exp - lsb_exp)) offset by the binade. Infinity saturates like any large value.
-    """
-    _, e_field, mant = _f32_fields(x)
-    # f32 subnormals have exponent field 0 but the scale of field 1, and no implicit leading 1.
-    e1 = np.maximum(e_field, 1)
-    sig = mant | np.where(e_field > 0, 1 << 23, 0)
-    lsb_exp = e1 - 150  # |x| = sig * 2**lsb_exp
-    # The binade of |x|, floored at the format's smallest normal binade (below it the format is
-    # subnormal and its quantum stops shrinking). Every format here has 1 - bias >= -126, so f32
-    # subnormal inputs always land in that floor.
-    binade = np.maximum(e1 - 127, 1 - fmt.bias)
-    q_exp = binade - fmt.mbits
-    # shift >= 23 - mbits > 0. Past 25 every sig (< 2**24) is below half a quantum, so clamping
-    # keeps the result and keeps the shift inside the integer width.
-    shift = np.minimum(q_exp - lsb_exp, 25)
-    q = sig >> shift
-    rem = sig - (q << shift)
-    if mode == "nearest":
-        half = np.int64(1) << (shift - 1)
-        q = q + ((rem > half) | ((rem == half) & ((q & 1) == 1)))
-    elif mode == "up":
-        q = q + (rem > 0)
-    else:  # pragma: no cover - internal callers pass a checked mode
-        raise AssertionError(mode)
-    # |x| ~ q * 2**q_exp. In a normal binade (biased exponent E = binade + bias >= 1) q is in
-    # [2**mbits, 2**(mbits+1)) and the code is E << mbits | (q - 2**mbits) = ((E-1) << mbits) + q.
-    # In the subnormal floor E - 1 = 0 and q < 2**mbits is the code itself: the same formula.
-    # A rounding carry to q = 2**(mbits+1) lands on the first code of the next binade.
-    mag = ((binade + fmt.bias - 1) << fmt.mbits) + q
-    return np.minimum(mag, fmt.max_mag)
-
-
-def _encode_minifloat(x: np.ndarray, fmt: Minifloat, mode: str = "nearest") -> np.ndarray:
-    """Sign + magnitude code (int64) of finite or infinite float32 ``x``. The sign bit is kept
-    even when the magnitude rounds to 0, so -0 stays -0 and -tiny becomes -0 (as a cast does)."""
-    sign, _, _ = _f32_fields(x)
-    return np.where(sign == 1, fmt.sign_bit, 0) | _round_magnitude(x, fmt, mode)
-
-
-def _decode_minifloat(codes: np.ndarray, fmt: Minifloat) -> np.ndarray:
-    """float32 value of each code of ``fmt`` (NaN and infinity codes included)."""
-    codes = np.asarray(codes).astype(np.int64) & (2 * fmt.sign_bit - 1)
-    negative = (codes & fmt.sign_bit) != 0
-    mag = codes & (fmt.sign_bit - 1)
-    e_field = mag >> fmt.mbits
-    mant = mag & ((1 << fmt.mbits) - 1)
-    # Normal: (2**mbits + mant) * 2**(e - bias - mbits); subnormal (e = 0): mant * 2**(1 - bias - mbits).
-    sig = np.where(e_field > 0, mant + (1 << fmt.mbits), mant)
-    exp = np.maximum(e_field, 1) - fmt.bias - fmt.mbits
-    # ldexp in float64 is exact, and every value of these formats is a float32.
-    value = np.ldexp(sig.astype(np.float64), exp.astype(np.int32)).astype(np.float32)
-    top = (1 << fmt.ebits) - 1
-    if fmt.specials == "ieee":
-        value = np.where((e_field == top) & (mant == 0), np.float32(np.inf), value)
-        value = np.where((e_field == top) & (mant != 0), np.float32(np.nan), value)
-    elif fmt.specials == "fn":
-        value = np.where(mag == fmt.sign_bit - 1, np.float32(np.nan), value)
-    return np.where(negative, -value, value).astype(np.float32)
 
 
 def _float_format(value: QuantValue) -> Minifloat:
     if not isinstance(value, QuantValue):
         raise TypeError(f"value is a QuantValue, got {value!r}")
-    if not value.is_float:
+    if not value_is_float(value):
         raise SchemeError(f"{value} is not a float value (E4M3, E5M2 or E2M1)")
     return FLOAT_VALUE_FORMATS[value]
 
@@ -198,38 +127,9 @@ def _check_not_nan(x: np.ndarray) -> None:
         raise NonFiniteError(f"non-finite value nan at flat index {i}")
 
 
-# --- UE8M0: 2**(e - 127), e in 0..254; no zero, no subnormals; 0xFF is NaN --------------------
-
-
-def _ue8m0_round(s: np.ndarray, mode: str) -> np.ndarray:
-    """UE8M0 code (int64) of float32 scales s >= 0: ``up`` is 2**ceil(log2 s); ``nearest``
-    rounds to nearest with ties up, as ml_dtypes' float8_e8m0fnu cast (SPEC §4), both within
-    [2**-127, 2**127] (no zero: 0 and everything below 2**-127 give the smallest value). Read
-    off the f32 bit pattern."""
-    _, e_field, mant = _f32_fields(s)
-    subnormal = e_field == 0  # includes 0; 2**-127 is itself an f32 subnormal (mantissa 0x400000)
-    if mode == "up":
-        # Normal: 2**(E-127) * (1 + m) rounds up to 2**(E-127+1) unless m == 0.
-        code = np.where(subnormal, mant > 0x400000, e_field + (mant != 0))
-    else:
-        # Normal: the midpoint of [2**k, 2**(k+1)] is mantissa 0x400000, and a tie goes up.
-        # Subnormal: the midpoint of [2**-127, 2**-126] is 1.5 * 2**-127, mantissa 0x600000.
-        code = np.where(subnormal, mant >= 0x600000, e_field + (mant >= 0x400000))
-    return np.clip(code.astype(np.int64), 0, 254)
-
-
-def _ue8m0_decode(codes: np.ndarray) -> np.ndarray:
-    codes = np.asarray(codes).astype(np.int64)
-    value = np.ldexp(1.0, (np.minimum(codes, 254) - 127).astype(np.int32)).astype(np.float32)
-    return np.where(codes == 255, np.float32(np.nan), value).astype(np.float32)
-
-
 # =================================================================================================
 # 2. Scales: rounding (SPEC §4) and bytes
 # =================================================================================================
-
-# The rounding format of each scale dtype (UE8M0 has its own functions, F32 is the identity).
-SCALE_FORMATS = {ScaleDtype.F16: F16, ScaleDtype.BF16: BF16, ScaleDtype.UE4M3: E4M3}
 
 
 def _as_f32(arr, what: str) -> np.ndarray:
@@ -262,34 +162,6 @@ def round_scale(arr, dtype: ScaleDtype, mode: str = "up") -> np.ndarray:
 def _check_mx(dtype: ScaleDtype, mode: str) -> None:
     if mode == "mx" and dtype is not ScaleDtype.UE8M0:
         raise SchemeError(f"scale_rounding='mx' is the OCP MX rule for UE8M0 scales, not {dtype}")
-
-
-def _mx_emax(value: QuantValue) -> int:
-    """The exponent of the value format's largest normal; floor(log2 qmax) for ints."""
-    emax = {QuantValue.E2M1: 2, QuantValue.E4M3: 8, QuantValue.E5M2: 15}.get(value)
-    return int(math.floor(math.log2(value.qmax))) if emax is None else emax
-
-
-def _mx_codes(alpha: np.ndarray, emax: int) -> np.ndarray:
-    """UE8M0 codes of the OCP MX scale 2**(floor(log2 alpha) - emax) (SPEC §4), clamped to
-    UE8M0's range; alpha = 0 gives the smallest value. frexp is exact for every f32."""
-    _, e = np.frexp(alpha.astype(np.float32))  # alpha = m * 2**e, m in [0.5, 1)
-    code = np.where(alpha > 0, e.astype(np.int64) - 1 - emax + 127, 0)
-    return np.clip(code, 0, 254)
-
-
-def _round_scale_saturating(s: np.ndarray, dtype: ScaleDtype, mode: str) -> np.ndarray:
-    """round_scale without the checks, for s >= 0 that may be +inf (a ratio s_raw / g that
-    overflowed): +inf saturates at the dtype's max like any value above it (F32: at f32 max)."""
-    s = np.asarray(s + np.float32(0), dtype=np.float32)  # -0 + 0 = +0: never a negative zero
-    if dtype is ScaleDtype.F32:
-        return np.minimum(s, F32_MAX)
-    if dtype is ScaleDtype.UE8M0 and mode == "mx":  # a given scale: down to a power of two
-        return _ue8m0_decode(_mx_codes(s, 0)).reshape(s.shape)
-    if dtype is ScaleDtype.UE8M0:
-        return _ue8m0_decode(_ue8m0_round(s, mode)).reshape(s.shape)
-    fmt = SCALE_FORMATS[dtype]
-    return _decode_minifloat(_round_magnitude(s, fmt, mode), fmt).reshape(s.shape)
 
 
 def _check_scale_values(s: np.ndarray) -> None:
@@ -350,7 +222,7 @@ def encode_scales(arr_f32, dtype: ScaleDtype) -> bytes:
 def decode_scales(data, dtype: ScaleDtype, n: int) -> np.ndarray:
     """``n`` scales from their bytes, as float32 (flat). Any bit pattern decodes (NaN, negative)."""
     data = as_bytes(data)
-    expected = n * dtype.nbytes
+    expected = n * scale_nbytes(dtype)
     if len(data) != expected:
         raise LayoutError(f"expected {expected} bytes for {n} {dtype} scales, got {len(data)}")
     codes = np.frombuffer(data, dtype=_SCALE_BYTE_DTYPES[dtype]).astype(np.uint32)
@@ -370,52 +242,6 @@ def decode_scales(data, dtype: ScaleDtype, n: int) -> np.ndarray:
 # =================================================================================================
 
 
-def _check_shape(shape) -> tuple[int, ...]:
-    try:
-        dims = tuple(shape)
-    except TypeError:
-        raise TypeError(f"a shape is a sequence of ints, got {shape!r}") from None
-    for d in dims:
-        if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
-            raise TypeError(f"a shape is a sequence of ints, got an element {d!r}")
-    dims = tuple(int(d) for d in dims)
-    if any(d < 0 for d in dims):
-        raise LayoutError(f"a shape has dims >= 0, got {dims}")
-    # numpy cannot make an array whose non-zero dims multiply past its index range (times the
-    # 4-byte elements of uint32 storage and float32 output), even when another dim is 0.
-    if 4 * math.prod(max(d, 1) for d in dims) > np.iinfo(np.intp).max:
-        raise LayoutError(f"shape {dims} has more elements than fit in memory")
-    return dims
-
-
-def _rank1(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape blocks and packing see: a 0-d tensor is one element of shape (1,)."""
-    return shape if len(shape) > 0 else (1,)
-
-
-def _block_dims(shape1: tuple[int, ...], scheme: QuantScheme) -> tuple[int, ...]:
-    """The block size padded with leading 1s to the tensor's rank, each dim at most its axis's
-    length (at least 1). A block longer than its axis holds the same elements as one the axis's
-    length: the same grid, counts and scales, without padding to a length (2**64 - 1, say) no
-    memory holds."""
-    block = scheme.block.size
-    if len(block) > len(shape1):
-        raise SchemeError(
-            f"a block of {len(block)} dims {list(block)} does not fit a tensor of rank "
-            f"{len(shape1)} (shape {shape1}) under {scheme!r}"
-        )
-    full = (1,) * (len(shape1) - len(block)) + block
-    return tuple(min(b, max(n, 1)) for n, b in zip(shape1, full))
-
-
-def scale_grid_shape(shape, scheme: QuantScheme) -> tuple[int, ...]:
-    """Shape of the scale grid: (1,) per-tensor, else ceil(dim / block) on each axis."""
-    shape1 = _rank1(_check_shape(shape))
-    if scheme.block is None:
-        return (1,)
-    return tuple(-(-n // b) for n, b in zip(shape1, _block_dims(shape1, scheme)))
-
-
 def _packing(scheme: QuantScheme, rank: int):
     """(axis, values per word, word dtype) of a packed store, or None for Native.
 
@@ -432,7 +258,7 @@ def _packing(scheme: QuantScheme, rank: int):
             f"rank {rank}, under {scheme!r}"
         )
     if store.kind == "packed_u32":
-        per, word_dtype = 32 // scheme.value.bits, np.uint32
+        per, word_dtype = 32 // value_bits(scheme.value), np.uint32
     else:
         per, word_dtype = (2 if scheme.value is QuantValue.E2M1 else 1), np.uint8
     return rank - 1 - store.dim, per, np.dtype(word_dtype)
@@ -449,7 +275,7 @@ def storage_dtype(scheme: QuantScheme) -> np.dtype:
     uint32 (PackedU32)."""
     if scheme.store.kind == "packed_u32":
         return np.dtype(np.uint32)
-    if scheme.store.kind == "packed_native" or scheme.value.is_float or scheme.codebook:
+    if scheme.store.kind == "packed_native" or value_is_float(scheme.value) or scheme.codebook:
         return np.dtype(np.uint8)
     return np.dtype(np.int8)
 
@@ -478,48 +304,9 @@ def _scales_per_element(grid: np.ndarray, shape1, scheme: QuantScheme) -> np.nda
     return grid[index]
 
 
-def _block_rows(x1: np.ndarray, scheme: QuantScheme):
-    """The tensor cut into its blocks: (rows, counts) with one zero-padded row per block, in the
-    grid's row-major order, and the number of real elements of each (edge blocks are partial)."""
-    if scheme.block is None:
-        return x1.reshape(1, -1), np.array([x1.size], dtype=np.int64)
-    block = _block_dims(x1.shape, scheme)
-    grid = tuple(-(-n // b) for n, b in zip(x1.shape, block))
-    if x1.size == 0:  # no blocks (a grid dim is 0), however long the others: none to list
-        return np.zeros((0, math.prod(block)), x1.dtype), np.zeros(0, np.int64)
-    padded = np.pad(x1, [(0, g * b - n) for n, b, g in zip(x1.shape, block, grid)])
-    # (g0, b0, g1, b1, ...) -> (g0, g1, ..., b0, b1, ...) -> (blocks, elements per block)
-    tiled = padded.reshape([d for gb in zip(grid, block) for d in gb])
-    rank = len(block)
-    tiled = tiled.transpose(list(range(0, 2 * rank, 2)) + list(range(1, 2 * rank, 2)))
-    rows = tiled.reshape(math.prod(grid), math.prod(block))
-    counts = np.ones((), dtype=np.int64)
-    for n, b, g in zip(x1.shape, block, grid):
-        counts = np.multiply.outer(counts, np.minimum(b, n - np.arange(g, dtype=np.int64) * b))
-    return rows, counts.reshape(-1)
-
-
 # =================================================================================================
 # 4. Calibration (SPEC §3)
 # =================================================================================================
-
-
-def _half_range(value: QuantValue) -> np.float32:
-    """(qmax - qmin) / 2, exact in float32 (127.5, 127, 7.5, 7, 1.5, 1, 448, 57344, 6)."""
-    return np.float32((value.qmax - value.qmin) / 2)
-
-
-def _scheme_half_range(scheme: QuantScheme) -> np.float32:
-    """The divisor of alpha: the value's half range, or a codebook's largest magnitude."""
-    if scheme.codebook is not None:
-        return _lookup.half_range(scheme.codebook)
-    return _half_range(scheme.value)
-
-
-def _scheme_mx_emax(scheme: QuantScheme) -> int:
-    if scheme.codebook is not None:
-        return _lookup.mx_emax(scheme.codebook)
-    return _mx_emax(scheme.value)
 
 
 def _ulp(v: np.ndarray) -> np.ndarray:
@@ -684,22 +471,11 @@ def _explicit_scales(scales, shape1, scheme: QuantScheme, mode: str) -> np.ndarr
     return round_scale(s, scheme.scale_dtype, mode)
 
 
-def _effective_scales(stored: np.ndarray, g: float | None) -> np.ndarray:
-    """e = stored scale (one level) or b_i * g (two-level, one f32 multiply). The product
-    saturates at f32 max: b rounded up near the dtype's max times g can round past f32 max."""
-    if g is None:
-        return stored
-    with np.errstate(over="ignore"):
-        return np.minimum(stored * np.float32(g), F32_MAX)
-
-
 def _compute_scales(x1, scheme, calibration, scale_rounding, given_g=None, rounding="half_away",
                     w1=None):
     """Stored scales and g from the data (SPEC §3-§5). A two-level scheme may be given g alone:
     then only the block scales come from the data."""
     if calibration == "mse":  # searched (SPEC §3a): defined in its own module
-        from ._reference_search import mse_scales
-
         return mse_scales(x1, scheme, rounding, scale_rounding, given_g, w1)
     if scale_rounding == "mx":  # the OCP MX scale, from alpha itself (UE8M0: one level)
         rows, counts = _block_rows(x1, scheme)
@@ -714,7 +490,7 @@ def _compute_scales(x1, scheme, calibration, scale_rounding, given_g=None, round
     else:
         # g maps the largest raw scale onto the block dtype's max; all blocks zero: g = 1.
         top = s_raw.max() if s_raw.size else np.float32(0)
-        g = np.float32(top) / np.float32(scheme.block.dtype.max)
+        g = np.float32(top) / np.float32(scale_max(scheme.block.dtype))
         if top == 0:
             g = np.float32(1)
     if g == 0:
@@ -724,18 +500,6 @@ def _compute_scales(x1, scheme, calibration, scale_rounding, given_g=None, round
     with np.errstate(over="ignore"):  # s_raw / tiny g may overflow: inf saturates at the max
         ratio = s_raw / g
     return _round_scale_saturating(ratio, scheme.block.dtype, scale_rounding), float(g)
-
-
-def _int_codes(x_s: np.ndarray, value: QuantValue, rounding: str) -> np.ndarray:
-    """int8 codes: clamp to [qmin, qmax] (integers, so clamping first is the same as after),
-    then round half away from zero or half to even."""
-    v = np.clip(x_s, np.float32(value.qmin), np.float32(value.qmax))
-    if rounding == "half_even":
-        q = np.rint(v)
-    else:
-        t = np.trunc(v)
-        q = np.where(np.abs(v - t) >= np.float32(0.5), t + np.sign(v), t)  # v - t is exact
-    return q.astype(np.int8)
 
 
 def _pack(fields: np.ndarray, ax: int, per: int, bits: int, word_dtype) -> np.ndarray:
@@ -766,20 +530,20 @@ def _store(codes: np.ndarray, scheme: QuantScheme) -> np.ndarray:
     if packing is None:
         return np.ascontiguousarray(codes)
     ax, per, word_dtype = packing
-    bits = scheme.value.bits
+    bits = value_bits(scheme.value)
     fields = codes.astype(np.int64) & ((1 << bits) - 1)  # the code truncated to its bits
     return _pack(_swap_packed_axis(fields, ax), -1 % fields.ndim, per, bits, word_dtype)
 
 
 def _decoded_values(values: np.ndarray, scheme: QuantScheme, shape1) -> np.ndarray:
     """float32 value of each stored code (before scaling), in the shape ``shape1``."""
-    bits = scheme.value.bits
+    bits = value_bits(scheme.value)
     packing = _packing(scheme, len(shape1))
     if packing is None:
         fields = values.astype(np.int64)
         if scheme.codebook is not None:
             return _lookup.decode(fields, scheme.codebook)
-        if not scheme.value.is_float:
+        if not value_is_float(scheme.value):
             # Native ints are read as the int8 they are, even outside [qmin, qmax] (bytes may
             # hold anything: SPEC §9's example stores -128 under Q8S).
             return fields.astype(np.float32)
@@ -789,7 +553,7 @@ def _decoded_values(values: np.ndarray, scheme: QuantScheme, shape1) -> np.ndarr
     mask = (1 << bits) - 1
     if scheme.codebook is not None:  # every index is an entry
         return _lookup.decode(fields, scheme.codebook)
-    if scheme.value.is_float:  # only the low ``bits`` bits are the code (E2M1: low nibble)
+    if value_is_float(scheme.value):  # only the low ``bits`` bits are the code (E2M1: low nibble)
         return _decode_minifloat(fields & mask, FLOAT_VALUE_FORMATS[scheme.value])
     sign = 1 << (bits - 1)
     return ((fields ^ sign) - sign).astype(np.float32)  # sign-extend a packed field from ``bits``
@@ -857,7 +621,7 @@ def quantize(
         np.divide(x1, e, out=x_s, where=e != 0)
     if scheme.codebook is not None:
         codes = _lookup.nearest_index(x_s, scheme.codebook)
-    elif scheme.value.is_float:
+    elif value_is_float(scheme.value):
         codes = _encode_minifloat(x_s, FLOAT_VALUE_FORMATS[scheme.value]).astype(np.uint8)
     else:
         codes = _int_codes(x_s, scheme.value, rounding)
@@ -908,7 +672,7 @@ def _scales_in_byte_order(grid: np.ndarray, scheme: QuantScheme) -> np.ndarray:
 def _expected_nbytes(scheme: QuantScheme, shape) -> int:
     storage = math.prod(storage_shape(shape, scheme)) * storage_dtype(scheme).itemsize
     n_scales = math.prod(scale_grid_shape(shape, scheme))
-    return storage + n_scales * scheme.scale_dtype.nbytes + (4 if scheme.is_two_level else 0)
+    return storage + n_scales * scale_nbytes(scheme.scale_dtype) + (4 if scheme.is_two_level else 0)
 
 
 def from_bytes(data, scheme: QuantScheme | str, shape) -> RefQTensor:
@@ -931,7 +695,7 @@ def from_bytes(data, scheme: QuantScheme | str, shape) -> RefQTensor:
     n_values = math.prod(vshape) * vdtype.itemsize
     grid = scale_grid_shape(shape, scheme)
     n_scales = math.prod(grid)
-    scale_end = n_values + n_scales * scheme.scale_dtype.nbytes
+    scale_end = n_values + n_scales * scale_nbytes(scheme.scale_dtype)
     values = np.frombuffer(data[:n_values], dtype=vdtype.newbyteorder("<"))
     values = values.astype(vdtype).reshape(vshape)
     scales = decode_scales(data[n_values:scale_end], scheme.scale_dtype, n_scales)
@@ -954,14 +718,14 @@ def from_bytes(data, scheme: QuantScheme | str, shape) -> RefQTensor:
 
 def _code_is_valid(fields: np.ndarray, value: QuantValue) -> np.ndarray:
     """Whether each unsigned ``bits``-bit field is a code quantize can produce."""
-    bits = value.bits
-    if value.is_float:
+    bits = value_bits(value)
+    if value_is_float(value):
         # A finite, in-range code has a magnitude at most the largest finite one's.
         fmt = FLOAT_VALUE_FORMATS[value]
         return (fields >> bits == 0) & ((fields & (fmt.sign_bit - 1)) <= fmt.max_mag)
     sign = 1 << (bits - 1)
     v = (fields ^ sign) - sign
-    return (v >= value.qmin) & (v <= value.qmax)
+    return (v >= value_qmin(value)) & (v <= value_qmax(value))
 
 
 def _check_codes(values: np.ndarray, scheme: QuantScheme, shape1) -> None:
@@ -969,12 +733,12 @@ def _check_codes(values: np.ndarray, scheme: QuantScheme, shape1) -> None:
     packing = _packing(scheme, len(shape1))
     if packing is None:
         if scheme.codebook is not None:  # an index, its bits above the width zero
-            ok = values.astype(np.int64) >> scheme.value.bits == 0
-        elif scheme.value.is_float:
+            ok = values.astype(np.int64) >> value_bits(scheme.value) == 0
+        elif value_is_float(scheme.value):
             ok = _code_is_valid(values.astype(np.int64), scheme.value)
         else:  # Native ints are the sign-extended int8 value itself
             v = values.astype(np.int64)
-            ok = (v >= scheme.value.qmin) & (v <= scheme.value.qmax)
+            ok = (v >= value_qmin(scheme.value)) & (v <= value_qmax(scheme.value))
         bad = np.flatnonzero(~ok.ravel())
         if bad.size:
             i = int(bad[0])
@@ -985,13 +749,13 @@ def _check_codes(values: np.ndarray, scheme: QuantScheme, shape1) -> None:
     ax, per, _ = packing
     n = shape1[ax]
     last = values.ndim - 1
-    along = _unpack(values, last, per, scheme.value.bits, values.shape[last] * per)
+    along = _unpack(values, last, per, value_bits(scheme.value), values.shape[last] * per)
     used, padding = along[..., :n], along[..., n:]
     bad_code = ~_code_is_valid(used, scheme.value)
     if scheme.codebook is None and bad_code.any():
         raise LayoutError(f"a stored field is not a code of {scheme.value}")
     word_bits = values.dtype.itemsize * 8
-    above = per * scheme.value.bits  # bits above the last field (sub-byte ints one a byte)
+    above = per * value_bits(scheme.value)  # bits above the last field (sub-byte ints one a byte)
     if (padding != 0).any() or (above < word_bits and (values.astype(np.uint64) >> above).any()):
         raise LayoutError("a stored word has non-zero padding bits")
 

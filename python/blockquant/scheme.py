@@ -1,25 +1,26 @@
 """The scheme model (SPEC §1): what a quantized tensor holds and how it is laid out.
 
 Every class here is an immutable value: equal by value, hashable, with a readable repr. Builder
-methods return new schemes. The validity rules live in one place, the Rust core: building a
-:class:`QuantScheme` builds its core twin (``_native.Scheme``) once, which checks every rule, and
-every later call hands that twin to the core as it is. So an invalid scheme never exists, and
-Python keeps only type checks (a ``TypeError`` for an argument of the wrong type).
+methods return new schemes. The scheme is modelled in one place, the Rust core, and this module is
+its face: building a :class:`QuantScheme` builds its core twin (``_native.Scheme``) once, which
+checks every rule, and every later call hands that twin to the core as it is. The text form
+(:meth:`QuantScheme.parse`, ``str``), the repr, and the facts of each value type and scale dtype
+(``QuantValue.bits``, ``ScaleDtype.max``, ...) are the core's too. So an invalid scheme never
+exists, and Python keeps only type checks (a ``TypeError`` for an argument of the wrong type).
 """
 
 from __future__ import annotations
 
 import enum
 import functools
-import re
 import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _native, codebooks
-from .errors import LayoutError, SchemeError
+from . import _native
+from .errors import LayoutError
 from .options import QuantOptions
 
 __all__ = [
@@ -50,19 +51,19 @@ class QuantValue(enum.Enum):
 
     @property
     def bits(self) -> int:
-        return _VALUE_INFO[self][0]
+        return _VALUE_INFO[self].bits
 
     @property
     def qmin(self) -> float:
-        return _VALUE_INFO[self][1]
+        return _VALUE_INFO[self].qmin
 
     @property
     def qmax(self) -> float:
-        return _VALUE_INFO[self][2]
+        return _VALUE_INFO[self].qmax
 
     @property
     def is_float(self) -> bool:
-        return self in (QuantValue.E4M3, QuantValue.E5M2, QuantValue.E2M1)
+        return _VALUE_INFO[self].is_float
 
     def __repr__(self) -> str:
         return self.value
@@ -70,18 +71,8 @@ class QuantValue(enum.Enum):
     __str__ = __repr__
 
 
-#                 bits  qmin      qmax
-_VALUE_INFO = {
-    QuantValue.Q8F: (8, -128.0, 127.0),
-    QuantValue.Q8S: (8, -127.0, 127.0),
-    QuantValue.Q4F: (4, -8.0, 7.0),
-    QuantValue.Q4S: (4, -7.0, 7.0),
-    QuantValue.Q2F: (2, -2.0, 1.0),
-    QuantValue.Q2S: (2, -1.0, 1.0),
-    QuantValue.E4M3: (8, -448.0, 448.0),
-    QuantValue.E5M2: (8, -57344.0, 57344.0),
-    QuantValue.E2M1: (4, -6.0, 6.0),
-}
+# The facts are the core's (one table, fetched once): bits, qmin, qmax, is_float.
+_VALUE_INFO = {QuantValue(info.name): info for info in _native.value_info()}
 
 
 class ScaleDtype(enum.Enum):
@@ -95,21 +86,21 @@ class ScaleDtype(enum.Enum):
 
     @property
     def nbytes(self) -> int:
-        return _SCALE_INFO[self][0]
+        return _SCALE_INFO[self].nbytes
 
     @property
     def max(self) -> float:
         """The largest finite value the dtype holds."""
-        return _SCALE_INFO[self][1]
+        return _SCALE_INFO[self].max
 
     @property
     def smallest(self) -> float:
         """The smallest value > 0 the dtype holds."""
-        return _SCALE_INFO[self][2]
+        return _SCALE_INFO[self].smallest
 
     @property
     def has_zero(self) -> bool:
-        return self is not ScaleDtype.UE8M0
+        return _SCALE_INFO[self].has_zero
 
     def __repr__(self) -> str:
         return self.value
@@ -117,13 +108,8 @@ class ScaleDtype(enum.Enum):
     __str__ = __repr__
 
 
-_SCALE_INFO = {
-    ScaleDtype.F32: (4, float(np.finfo(np.float32).max), float(np.finfo(np.float32).smallest_subnormal)),
-    ScaleDtype.F16: (2, 65504.0, 2.0**-24),
-    ScaleDtype.BF16: (2, float(np.uint32(0x7F7F0000).view(np.float32)), 2.0**-133),
-    ScaleDtype.UE8M0: (1, 2.0**127, 2.0**-127),
-    ScaleDtype.UE4M3: (1, 448.0, 2.0**-9),
-}
+# The core's facts, fetched once: nbytes, max, smallest, has_zero.
+_SCALE_INFO = {ScaleDtype(info.name): info for info in _native.scale_info()}
 
 
 class QuantMode(enum.Enum):
@@ -384,58 +370,26 @@ class QuantScheme:
         """
         if not isinstance(text, str):
             raise TypeError(f"a scheme text is a str, got {type(text).__name__}")
-        if len(text) > MAX_SCHEME_TEXT:  # the longest real one, a codebook of 16, is ~300
-            raise SchemeError(f"a scheme text of {len(text)} characters is too long to be one "
-                              f"(at most {MAX_SCHEME_TEXT}): {text[:40]!r}...")
-        parts = text.split("/")
-        if len(parts) == 1:
-            raise SchemeError(
-                f"unknown scheme {text!r}: a scheme text is VALUE/STORE/LEVELS such as "
-                "'q4s/packed_native0/block32:f16' (preset names: blockquant.presets.resolve)"
-            )
-        if len(parts) not in (3, 4):
-            raise SchemeError(
-                f"a scheme is VALUE/STORE/LEVELS[/lookup:CODEBOOK], got {len(parts)} parts "
-                f"in {text!r}"
-            )
-        value = _parse_value(parts[0], text)
-        store = _parse_store(parts[1], text)
-        tensor, block = _parse_levels(parts[2], text)
-        mode = QuantMode.Symmetric
-        codebook = None
-        if len(parts) == 4:
-            codebook = _parse_lookup(parts[3], text)
-            mode = QuantMode.Lookup
-        try:
-            return cls(value, store, mode, tensor, block, codebook=codebook)
-        except SchemeError as e:
-            raise SchemeError(f"{e} (in {text!r})") from None
+        core = _native.parse_scheme(text)  # the grammar and its messages are the core's
+        block = None
+        if core.block_size is not None:
+            block = BlockScale(core.block_size, ScaleDtype(core.block_dtype))
+        codebook = None if core.codebook is None else tuple(core.codebook)
+        return cls(
+            QuantValue(core.value),
+            QuantStore(core.store, core.dim),
+            QuantMode(core.mode),
+            None if core.tensor is None else ScaleDtype(core.tensor),
+            block,
+            codebook=codebook,
+        )
 
     def __str__(self) -> str:
         """The canonical text form, which :meth:`parse` reads back (presets print spelled out)."""
-        if self.block is None:
-            levels = "tensor" if self.tensor is None else f"tensor:{_DTYPE_TEXT[self.tensor]}"
-        else:
-            size = "x".join(map(str, self.block.size))
-            levels = f"block{size}:{_DTYPE_TEXT[self.block.dtype]}"
-            if self.tensor is not None:
-                levels += f"+tensor:{_DTYPE_TEXT[self.tensor]}"
-        text = f"{_VALUE_TEXT[self.value]}/{_store_text(self.store)}/{levels}"
-        if self.codebook is None:
-            return text
-        return f"{text}/lookup:{_codebook_text(self.codebook)}"
+        return str(self._handle)  # type: ignore[attr-defined]
 
     def __repr__(self) -> str:
-        parts = [f"value={self.value}", f"store={self.store}"]
-        if self.mode is not QuantMode.Symmetric:
-            parts.append(f"mode={self.mode}")
-        if self.codebook is not None:
-            parts.append(f"codebook={_codebook_text(self.codebook)}")
-        if self.block is not None:
-            parts.append(f"block={self.block!r}")
-        if self.tensor is not None:
-            parts.append(f"tensor={self.tensor}")
-        return f"QuantScheme({', '.join(parts)})"
+        return repr(self._handle)  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -466,110 +420,6 @@ class Layout:
     nbytes: int
 
 
-# -- the text form (QuantScheme.parse / str) ------------------------------------------------------
-_VALUE_TEXT = {v: v.value.lower() for v in QuantValue}
-_DTYPE_TEXT = {d: d.value.lower() for d in ScaleDtype}
-_TEXT_VALUE = {t: v for v, t in _VALUE_TEXT.items()}
-_TEXT_DTYPE = {t: d for d, t in _DTYPE_TEXT.items()}
-#: Longer than any scheme text: the longest, a custom codebook of 16 entries of the longest
-#: float32 text each, is about 300 characters.
-MAX_SCHEME_TEXT = 1000
-_NUMBER = r"(0|[1-9][0-9]{0,19})"  # canonical: no sign, no leading zeros; 20 digits hold any u64
-_LEVELS_HINT = "tensor, tensor:DTYPE, blockN:DTYPE, blockNxM:DTYPE or blockN:DTYPE+tensor:f32"
-
-
-def _store_text(store: QuantStore) -> str:
-    if store.kind == "native":
-        return "native"
-    # The dim follows the name; an underscore keeps it apart from the 32 of u32.
-    return f"packed_u32_{store.dim}" if store.kind == "packed_u32" else f"packed_native{store.dim}"
-
-
-def _one_of(names: Iterable[str]) -> str:
-    names = list(names)
-    return ", ".join(names[:-1]) + " or " + names[-1]
-
-
-def _parse_value(part: str, text: str) -> QuantValue:
-    if part not in _TEXT_VALUE:
-        raise SchemeError(f"unknown value {part!r} in {text!r}: expected {_one_of(_TEXT_VALUE)}")
-    return _TEXT_VALUE[part]
-
-
-def _parse_store(part: str, text: str) -> QuantStore:
-    if part == "native":
-        return QuantStore.Native
-    m = re.fullmatch(r"packed_u32_" + _NUMBER, part)
-    if m:
-        return QuantStore.packed_u32(int(m.group(1)))
-    m = re.fullmatch(r"packed_native" + _NUMBER, part)
-    if m:
-        return QuantStore.packed_native(int(m.group(1)))
-    raise SchemeError(
-        f"unknown store {part!r} in {text!r}: expected native, packed_u32_DIM or "
-        "packed_nativeDIM, DIM counting from the last axis (packed_u32_0, packed_native0)"
-    )
-
-
-def _parse_dtype(part: str, text: str) -> ScaleDtype:
-    if part not in _TEXT_DTYPE:
-        raise SchemeError(
-            f"unknown scale dtype {part!r} in {text!r}: expected {_one_of(_TEXT_DTYPE)}"
-        )
-    return _TEXT_DTYPE[part]
-
-
-def _parse_block(part: str, text: str) -> BlockScale:
-    head, colon, dtype = part.partition(":")
-    if not colon:
-        raise SchemeError(
-            f"block level {part!r} in {text!r} has no scale dtype: write e.g. '{part}:f16'"
-        )
-    dims = head[len("block"):].split("x")
-    if not all(re.fullmatch(_NUMBER, d) for d in dims):
-        raise SchemeError(
-            f"bad block size {head!r} in {text!r}: expected positive sizes joined by 'x', "
-            "e.g. block32 or block16x16"
-        )
-    size = [int(d) for d in dims]
-    if len(size) > 1 and size[0] == 1:
-        canon = "block" + "x".join(map(str, BlockScale(size, ScaleDtype.F32).size))
-        raise SchemeError(
-            f"block size {head!r} in {text!r} has a leading 1: a block is rank-relative, "
-            f"write {canon!r}"
-        )
-    scale_dtype = _parse_dtype(dtype, text)
-    try:
-        return BlockScale(size, scale_dtype)
-    except SchemeError as e:
-        raise SchemeError(f"{e} (in {text!r})") from None
-
-
-def _parse_levels(part: str, text: str) -> tuple[ScaleDtype | None, BlockScale | None]:
-    if part == "tensor":
-        return None, None
-    if part.startswith("tensor:"):
-        dtype = part[len("tensor:"):]
-        if "+" in dtype:
-            raise SchemeError(
-                f"levels {part!r} in {text!r}: write the block level first, as "
-                "blockN:DTYPE+tensor:f32"
-            )
-        return _parse_dtype(dtype, text), None
-    if part.startswith("block"):
-        block_part, plus, tensor_part = part.partition("+")
-        block = _parse_block(block_part, text)
-        if not plus:
-            return None, block
-        if not tensor_part.startswith("tensor:"):
-            raise SchemeError(
-                f"bad second level {tensor_part!r} in {text!r}: a two-level scheme ends with "
-                "'+tensor:f32'"
-            )
-        return _parse_dtype(tensor_part[len("tensor:"):], text), block
-    raise SchemeError(f"unknown levels {part!r} in {text!r}: expected {_LEVELS_HINT}")
-
-
 # -- codebooks (Lookup mode) ---------------------------------------------------------------------
 def _codebook_values(values: Any) -> Tuple[float, ...]:
     """A codebook as the scheme keeps it: a tuple of float32 values as Python floats. Only
@@ -585,51 +435,6 @@ def _codebook_values(values: Any) -> Tuple[float, ...]:
     with np.errstate(over="ignore"):  # an overflow becomes inf, which the core names
         f32 = arr.astype(np.float32)
     return tuple(float(v) for v in f32)
-
-
-def _codebook_text(codebook: Tuple[float, ...]) -> str:
-    name = codebooks.name_of(codebook)
-    if name is not None:
-        return name
-    return "[" + ",".join(str(np.float32(v)) for v in codebook) + "]"
-
-
-def _parse_lookup(part: str, text: str) -> Tuple[float, ...]:
-    names = _one_of(codebooks.NAMED)
-    if part == "lookup":
-        raise SchemeError(
-            f"Lookup mode needs a codebook in {text!r}: write lookup:NAME ({names}) or "
-            "lookup:[V,V,...]"
-        )
-    if not part.startswith("lookup:"):
-        raise SchemeError(
-            f"unknown mode {part!r} in {text!r}: the only mode written is 'lookup:CODEBOOK' "
-            "(symmetric is the default and is not written)"
-        )
-    body = part[len("lookup:"):]
-    if body in codebooks.NAMED:
-        return tuple(float(v) for v in codebooks.NAMED[body])
-    if not (body.startswith("[") and body.endswith("]")):
-        raise SchemeError(
-            f"unknown codebook {body!r} in {text!r}: expected {names} or [V,V,...]"
-        )
-    values = []
-    for tok in body[1:-1].split(","):
-        try:
-            with np.errstate(over="ignore"):
-                v = np.float32(float(tok))
-        except ValueError:
-            raise SchemeError(f"bad codebook entry {tok!r} in {text!r}: not a number") from None
-        if str(v) != tok:
-            raise SchemeError(
-                f"codebook entry {tok!r} in {text!r} is not in canonical form: write {str(v)!r} "
-                "(the shortest text of its float32)"
-            )
-        values.append(float(v))
-    name = codebooks.name_of(tuple(values))
-    if name is not None:
-        raise SchemeError(f"the codebook in {text!r} is the named one {name!r}: write lookup:{name}")
-    return tuple(values)
 
 
 # -- shapes and layouts --------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import reference as _ref
+from .._legacy_packing import format1_storage
 from ..errors import QuantError
 from ..qtensor import QTensor
 from ..scheme import QuantScheme, QuantValue, ScaleDtype
@@ -205,8 +205,8 @@ def _format1_differs(scheme: QuantScheme) -> bool:
 
 def _load_format1(ckpt: Checkpoint, e: Entry) -> QTensor:
     """A format-1 tensor in the old packing: fields `word_bits / bits` a word along the packed
-    axis, that axis shrunk in place; scales row-major. Its codes are repacked into burn's layout
-    by the reference (legacy files only: speed does not matter here, exactness does)."""
+    axis, that axis shrunk in place; scales row-major. Its fields are moved into burn's layout
+    (``format1_storage``), where the core checks them as any other file's."""
     scheme, shape = e.scheme, e.shape
     try:
         lay = scheme.layout(shape)
@@ -232,8 +232,7 @@ def _load_format1(ckpt: Checkpoint, e: Entry) -> QTensor:
                 f"{list(shape)} as {dtype} {list(pshape)}",
             )
         arrays[key] = ckpt.read(part).astype(ST_DTYPES[dtype][1], copy=False)
-    fields = _ref._unpack(arrays["values"], axis, per, scheme.value.bits, dims[axis])
-    storage = _ref._store(fields, scheme)
+    storage = format1_storage(arrays["values"], scheme, dims)
     scales = arrays["scales"]
     if lay.stored_scale_grid != lay.scale_grid:  # burn orders them as the values
         scales = np.swapaxes(scales, axis, -1)

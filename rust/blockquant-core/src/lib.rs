@@ -2,6 +2,7 @@
 //!
 //! The pieces, in the order data flows through them:
 //! - [`scheme`]: what a quantized tensor is (values, store, scale levels) and its rules;
+//!   [`scheme_text`]: its canonical text (parsed and printed) and its `Display` form;
 //! - [`layout`]: that scheme on a concrete shape: block grid, storage packing;
 //! - [`calibrate`]: the amplitude of each block; [`search`]: searched (mse) scales;
 //!   [`scale`]: rounding scales to their dtype, and a block's α to its stored scale;
@@ -35,6 +36,7 @@ pub mod pool;
 pub mod quantize;
 pub mod scale;
 pub mod scheme;
+pub mod scheme_text;
 pub mod search;
 mod simd;
 

@@ -1,9 +1,8 @@
 //! The scheme model (SPEC §1): value type, store, mode and scale levels, with the validity rules.
 //!
-//! Small `Copy` enums and a builder, after burn/cubecl's `QuantScheme`. `Display` prints the same
-//! text as the Python `repr`, so error messages read the same from either side.
-
-use std::fmt;
+//! Small `Copy` enums and a builder, after burn/cubecl's `QuantScheme`. Both printed forms of a
+//! scheme, the canonical text and the `Display` form error messages use, are
+//! [`crate::scheme_text`]'s.
 
 use crate::codebook::Codebook;
 use crate::error::{QuantError, Result};
@@ -374,53 +373,6 @@ impl QuantScheme {
             }
         }
         Ok(())
-    }
-}
-
-impl fmt::Display for QuantValue {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl fmt::Display for ScaleDtype {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl fmt::Display for QuantStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Native => f.write_str("Native"),
-            Self::PackedU32(d) => write!(f, "PackedU32({d})"),
-            Self::PackedNative(d) => write!(f, "PackedNative({d})"),
-        }
-    }
-}
-
-impl fmt::Display for BlockScale {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let dims: Vec<String> = self.size().iter().map(|d| d.to_string()).collect();
-        write!(f, "BlockScale([{}], {})", dims.join(", "), self.dtype)
-    }
-}
-
-impl fmt::Display for QuantScheme {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "QuantScheme(value={}, store={}", self.value, self.store)?;
-        match (self.mode, self.codebook) {
-            (QuantMode::Lookup, Some(cb)) => write!(f, ", mode=Lookup, codebook={cb}")?,
-            (QuantMode::Lookup, None) => f.write_str(", mode=Lookup")?,
-            _ => {}
-        }
-        if let Some(b) = &self.block {
-            write!(f, ", block={b}")?;
-        }
-        if let Some(t) = self.tensor {
-            write!(f, ", tensor={t}")?;
-        }
-        f.write_str(")")
     }
 }
 

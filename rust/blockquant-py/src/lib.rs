@@ -6,174 +6,24 @@
 //! and raised as `blockquant.errors.InternalError`, never as pyo3's `PanicException`.
 
 use blockquant_core::{
-    bytes, pack, pool, quantize as q, BF16Bits, Calibration, Codebook, ExplicitScales, F16Bits,
-    Layout, OptionName, Output, QuantMode, QuantScheme, QuantStore, QuantValue, QuantizeOptions,
-    Rounding, ScaleDtype, ScaleRounding, Scales, Storage, StorageMut,
+    bytes, pack, pool, quantize as q, BF16Bits, Calibration, ExplicitScales, F16Bits, Layout,
+    OptionName, Output, QuantizeOptions, Rounding, ScaleRounding, Scales, Storage, StorageMut,
 };
 use numpy::{
     PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
 };
-use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 mod errors;
 mod ggml;
 mod input;
+mod scheme;
 
 use errors::{guarded, to_py};
 use input::with_input;
-
-/// A scheme, built and validated once on the Python side's request and then handed to every
-/// call as it is: Rust is the one validator of the scheme rules (SPEC §1).
-#[pyclass(frozen, eq, hash, module = "blockquant._core", name = "Scheme")]
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Scheme(QuantScheme);
-
-/// A non-negative size from Python: a negative or huge int is a `SchemeError` (`negative`
-/// says which rule a negative one breaks), not an `OverflowError`.
-fn size_arg(obj: &Bound<'_, PyAny>, what: &str, negative: &str) -> PyResult<usize> {
-    if obj.is_instance_of::<pyo3::types::PyBool>() || !obj.is_instance_of::<pyo3::types::PyInt>() {
-        return Err(PyTypeError::new_err(format!(
-            "{what} is an int, got {}",
-            obj.get_type().name()?
-        )));
-    }
-    match obj.extract::<usize>() {
-        Ok(v) => Ok(v),
-        Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => {
-            let msg = if obj.lt(0)? {
-                format!("{negative}, got {obj}")
-            } else {
-                format!("{what} must be at most {}, got {obj}", usize::MAX)
-            };
-            Err(errors::SchemeError::new_err(msg))
-        }
-        Err(e) => Err(e),
-    }
-}
-
-fn scale_dtype_arg(name: &str) -> PyResult<ScaleDtype> {
-    ScaleDtype::from_name(name)
-        .ok_or_else(|| errors::SchemeError::new_err(format!("unknown scale dtype {name:?}")))
-}
-
-#[pymethods]
-impl Scheme {
-    /// `value`, `store` ("native", "packed_u32", "packed_native") and `mode` by name, scale
-    /// dtypes by name; raises `SchemeError` naming the broken rule.
-    #[new]
-    #[pyo3(signature = (*, value, store, dim, mode, tensor=None, block_size=None, block_dtype=None, codebook=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        value: &str,
-        store: &str,
-        dim: &Bound<'_, PyAny>,
-        mode: &str,
-        tensor: Option<&str>,
-        block_size: Option<Vec<Bound<'_, PyAny>>>,
-        block_dtype: Option<&str>,
-        codebook: Option<Vec<f32>>,
-    ) -> PyResult<Self> {
-        guarded(|| {
-            let value = QuantValue::from_name(value)
-                .ok_or_else(|| errors::SchemeError::new_err(format!("unknown value {value:?}")))?;
-            let dim = size_arg(
-                dim,
-                "a packing dim",
-                "a packing dim counts from the innermost axis and is >= 0",
-            )?;
-            let store = QuantStore::from_name(store, dim).map_err(to_py)?;
-            let mode = QuantMode::from_name(mode).map_err(to_py)?;
-            let mut scheme = QuantScheme::default()
-                .with_value(value)
-                .with_store(store)
-                .with_mode(mode);
-            if let Some(values) = codebook {
-                // Set as given, not through `with_codebook`: a codebook on a Symmetric scheme
-                // is an error `validate` reports, not a silent switch to Lookup.
-                scheme.codebook = Some(Codebook::for_value(&values, value).map_err(to_py)?);
-            }
-            if let Some(t) = tensor {
-                scheme = scheme.per_tensor(scale_dtype_arg(t)?);
-            }
-            match (block_size, block_dtype) {
-                (Some(size), Some(d)) => {
-                    let dims = size
-                        .iter()
-                        .map(|b| size_arg(b, "a block size", "block sizes are positive integers"))
-                        .collect::<PyResult<Vec<usize>>>()?;
-                    scheme = scheme
-                        .per_block(&dims, scale_dtype_arg(d)?)
-                        .map_err(to_py)?;
-                }
-                (None, None) => {}
-                _ => {
-                    return Err(PyTypeError::new_err(
-                        "block_size and block_dtype come together",
-                    ))
-                }
-            }
-            scheme.validate().map_err(to_py)?;
-            Ok(Self(scheme))
-        })
-    }
-
-    /// Lookup mode's codebook (entry k is field k's value), or None.
-    #[getter]
-    fn codebook(&self) -> Option<Vec<f32>> {
-        self.0.codebook.map(|cb| cb.entries())
-    }
-
-    /// The block size as the scheme keeps it (leading 1s dropped), or None.
-    #[getter]
-    fn block_size(&self) -> Option<Vec<usize>> {
-        self.0.block.map(|b| b.size().to_vec())
-    }
-
-    /// This scheme on a tensor of `shape`; `SchemeError` when the tensor cannot take it.
-    fn layout(&self, shape: Vec<usize>) -> PyResult<LayoutInfo> {
-        guarded(|| {
-            let l = Layout::new(&self.0, &shape).map_err(to_py)?;
-            let storage_nbytes = l.storage_bytes();
-            let nbytes = l.total_bytes();
-            let mut stored_scale_grid = l.grid.clone();
-            if l.scales_swapped() {
-                let last = stored_scale_grid.len() - 1;
-                stored_scale_grid.swap(l.packing.axis, last);
-            }
-            Ok(LayoutInfo {
-                shape: l.shape.clone(),
-                storage_shape: l.storage_shape(),
-                storage_dtype: StorageDtype::of(&l).name(),
-                scale_grid: l.grid.clone(),
-                stored_scale_grid,
-                n_scales: l.num_scales,
-                storage_nbytes,
-                scales_nbytes: nbytes - storage_nbytes,
-                nbytes,
-            })
-        })
-    }
-
-    fn __repr__(&self) -> String {
-        self.0.to_string()
-    }
-}
-
-/// A scheme applied to one shape, with named fields (`QuantScheme.layout` wraps it).
-#[pyclass(frozen, get_all, module = "blockquant._core", name = "Layout")]
-struct LayoutInfo {
-    shape: Vec<usize>,
-    storage_shape: Vec<usize>,
-    storage_dtype: &'static str,
-    scale_grid: Vec<usize>,
-    stored_scale_grid: Vec<usize>,
-    n_scales: usize,
-    storage_nbytes: usize,
-    scales_nbytes: usize,
-    nbytes: usize,
-}
+use scheme::{scale_dtype_arg, Scheme, StorageDtype};
 
 fn layout(scheme: &Bound<'_, Scheme>, shape: &[usize]) -> PyResult<Layout> {
     Layout::new(&scheme.get().0, shape).map_err(to_py)
@@ -204,40 +54,6 @@ fn contiguous<'a, T: numpy::Element>(
 ) -> PyResult<&'a [T]> {
     a.as_slice()
         .map_err(|_| PyTypeError::new_err(format!("{what} must be an aligned, C-contiguous array")))
-}
-
-/// The numpy dtype of a layout's value storage (SPEC §8).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum StorageDtype {
-    /// Native int values, sign-extended (a codebook's indices are unsigned: U8).
-    I8,
-    /// Native float codes, and PackedNative.
-    U8,
-    /// PackedU32.
-    U32,
-}
-
-impl StorageDtype {
-    fn of(layout: &Layout) -> Self {
-        if layout.packing.word_bits == 32 {
-            Self::U32
-        } else if layout.packing.native
-            && !layout.scheme.value.is_float()
-            && layout.scheme.codebook.is_none()
-        {
-            Self::I8
-        } else {
-            Self::U8
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Self::I8 => "int8",
-            Self::U8 => "uint8",
-            Self::U32 => "uint32",
-        }
-    }
 }
 
 /// int8 storage seen as bytes.
@@ -803,8 +619,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // hook would also print it on stderr, which a caller's one-line error contract cannot have.
     // (This hook is this extension's own: each cdylib carries its own std.)
     std::panic::set_hook(Box::new(|_| {}));
-    m.add_class::<Scheme>()?;
-    m.add_class::<LayoutInfo>()?;
+    scheme::register(m)?;
     m.add_function(wrap_pyfunction!(quantize, m)?)?;
     m.add_function(wrap_pyfunction!(check_options, m)?)?;
     m.add_function(wrap_pyfunction!(check_call, m)?)?;
