@@ -1,4 +1,4 @@
-"""The Python surface: inputs, outputs, errors (SPEC §6–§11)."""
+"""The Python surface: inputs, outputs, errors (format.md "Quantizing a value" to "Presets")."""
 
 import numpy as np
 import pytest
@@ -22,7 +22,7 @@ def same(a, b):
     return a.to_bytes() == b.to_bytes() and a.shape == b.shape
 
 
-# -- SPEC §9 ------------------------------------------------------------------------------------
+# -- format.md "The byte layout" ------------------------------------------------------------------------------------
 
 
 def test_spec_example_bytes():
@@ -108,7 +108,7 @@ def test_dequantize_dtypes_convert_from_float32(rng, dtype):
 
 def test_round_scale(rng):
     assert bq.round_scale([3.0, 0.0], ScaleDtype.UE8M0).tolist() == [4.0, 2.0**-127]
-    # SPEC §4: a UE8M0 tie goes up, as ml_dtypes' float8_e8m0fnu cast does.
+    # format.md "Storing a scale: rounding to its dtype": a UE8M0 tie goes up, as ml_dtypes' float8_e8m0fnu cast does.
     assert bq.round_scale([3.0], ScaleDtype.UE8M0, mode="nearest").tolist() == [4.0]
     assert bq.round_scale(1e6, ScaleDtype.F16).tolist() == 65504.0
     with pytest.raises(bq.ScaleError):

@@ -1,4 +1,4 @@
-"""Bad input gives a typed error at once, and nothing is written (SPEC §10).
+"""Bad input gives a typed error at once, and nothing is written (format.md "Errors").
 
 One table, ``CASES``: every failure a caller can cause, through every public entry point
 (``quantize``, ``QTensor.from_bytes``, ``QTensor.from_parts``, ``dequantize``, ``round_scale``
@@ -543,7 +543,7 @@ def test_the_table_is_whole():
     ids = [c.id for c in CASES]
     assert len(ids) == len(set(ids)), "duplicate case ids"
     for c in CASES:
-        # SPEC §10: a QuantError subclass, or TypeError for an argument of the wrong type.
+        # format.md "Errors": a QuantError subclass, or TypeError for an argument of the wrong type.
         assert issubclass(c.exc, (bq.QuantError, TypeError))
     assert len(CASES) >= 150
 
@@ -634,7 +634,7 @@ def test_error_hierarchy():
     assert not issubclass(bq.InternalError, ValueError)
 
 
-# -- panics never escape (SPEC §10) --------------------------------------------------------------
+# -- panics never escape (format.md "Errors") --------------------------------------------------------------
 
 
 def test_a_panic_in_the_pool_is_an_internal_error():
@@ -774,7 +774,7 @@ def test_blocks_longer_than_their_axes_and_huge_empty_shapes_agree_with_the_refe
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, "bfloat16"])
 def test_unaligned_input_is_read_as_any_other(dtype):
     """An array at an odd offset into a buffer (gguf-py's view of a file whose tensor offset is
-    not aligned) quantizes as its aligned copy does: SPEC §11 takes any array numpy makes."""
+    not aligned) quantizes as its aligned copy does: format.md "Presets" takes any array numpy makes."""
     dt = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
     x = np.random.default_rng(3).standard_normal((4, 64)).astype(dt)
     buf = np.zeros(x.nbytes + 1, np.uint8)

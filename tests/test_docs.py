@@ -68,7 +68,7 @@ def test_sources_cite_format_sections_by_their_names():
                 continue
             text = path.read_text(encoding="utf-8")
             if "SPEC " + "§" in text:
-                bad.append(f"{path.relative_to(ROOT)}: cites SPEC §N")
+                bad.append(f"{path.relative_to(ROOT)}: cites a SPEC section number")
             for cited in re.findall(r'format\.md "([^"]+)"', text):
                 if cited not in names:
                     bad.append(f"{path.relative_to(ROOT)}: no section {cited!r}")

@@ -23,7 +23,7 @@ def codes_via_rust(x, value):
 
 def codes_via_ml_dtypes(x, value):
     dt, mx, _ = FORMATS[value]
-    # ml_dtypes overflows to NaN/inf; SPEC saturates, which equals clipping first.
+    # ml_dtypes overflows to NaN/inf; format.md saturates, which equals clipping first.
     return np.clip(x, -mx, mx).astype(dt).view(np.uint8) & (0xFF if value != QuantValue.E2M1 else 0x0F)
 
 
@@ -71,7 +71,7 @@ def test_a_million_random_values(value):
 @pytest.mark.parametrize("value", list(FORMATS))
 def test_decoder_matches_ml_dtypes_on_every_code(value):
     """Every finite code decodes as ml_dtypes decodes it; a NaN or infinity code is corrupt data
-    that from_bytes refuses (SPEC §9: quantize never produces one)."""
+    that from_bytes refuses (format.md "The byte layout": quantize never produces one)."""
     dt, _, n = FORMATS[value]
     codes = np.arange(n, dtype=np.uint8)
     finite = np.isfinite(codes.view(dt).astype(np.float32))

@@ -1,4 +1,4 @@
-"""calibration="mse" (SPEC §3a): the core equals blockquant.reference bit for bit, the search
+"""calibration="mse" (format.md "Searched scales: `mse`"): the core equals blockquant.reference bit for bit, the search
 does what its definition says, and bad weights are refused."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""OCP MX scales (SPEC §4, ``scale_rounding="mx"``): 2**(floor(log2 amax) - emax), clamped to
+"""OCP MX scales (format.md "Storing a scale: rounding to its dtype", ``scale_rounding="mx"``): 2**(floor(log2 amax) - emax), clamped to
 UE8M0's range, against an independent computation here (math.frexp per block), the presets
 that use it, and ggml's MXFP4 (gguf-py), which follows the same rule."""
 

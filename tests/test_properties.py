@@ -295,7 +295,7 @@ def test_bytes_and_parts_round_trip(case):
     np.testing.assert_array_equal(bits(parts.dequantize()), bits(got.dequantize()))
 
 
-# SPEC §6: E4M3 bias 7, E5M2 bias 15, E2M1 bias 1 → smallest normal exponent 1 - bias.
+# format.md "Quantizing a value": E4M3 bias 7, E5M2 bias 15, E2M1 bias 1 → smallest normal exponent 1 - bias.
 FLOAT_FORMAT = {QuantValue.E4M3: (3, -6), QuantValue.E5M2: (2, -14), QuantValue.E2M1: (1, 0)}
 
 

@@ -225,7 +225,7 @@ def test_round_scale_ue8m0_ties_to_even():
         ],
         np.float32,
     )
-    # SPEC §4: a tie goes up, as ml_dtypes' cast: 1.5 -> 2.0, 3.0 -> 4.0, 6.0 -> 8.0; the cast
+    # format.md "Storing a scale: rounding to its dtype": a tie goes up, as ml_dtypes' cast: 1.5 -> 2.0, 3.0 -> 4.0, 6.0 -> 8.0; the cast
     # sends an f32 subnormal above 2**-127 to 2**-126; 0 is the zero rule's 2**-127.
     expect = [2.0, 4.0, 8.0, 1.0, 2.0**-126, 2.0**-125, 2.0**-124, 2.0**-127, 2.0**-127, 2.0**127]
     np.testing.assert_array_equal(ref.round_scale(x, ScaleDtype.UE8M0, "nearest"), expect)
@@ -350,7 +350,7 @@ def test_encode_decode_scales():
 
 
 # -------------------------------------------------------------------------------------------------
-# SPEC §9's example and the packing layouts
+# format.md "The byte layout"'s example and the packing layouts
 # -------------------------------------------------------------------------------------------------
 
 SPEC_SCHEME = (
@@ -422,7 +422,7 @@ def test_packing_outer_axis_and_padding():
     assert qn.values.dtype == np.uint8
     np.testing.assert_array_equal(qn.values, fields.T)
     np.testing.assert_array_equal(qn.dequantize(), x)
-    # [3, 3] Q4 in PackedU32(0) takes 3 words (SPEC §8)
+    # [3, 3] Q4 in PackedU32(0) takes 3 words (format.md "Stores and packing")
     q4 = ref.quantize(np.ones((3, 3), np.float32), QuantScheme(value=V.Q4S))
     assert q4.values.shape == (3, 1) and q4.values.dtype == np.uint32
 
@@ -664,7 +664,7 @@ def test_explicit_per_tensor_scale_shapes():
 
 
 def test_from_bytes_accepts_exactly_the_codes_quantize_makes():
-    """SPEC §9 (amended): from_bytes accepts what from_parts accepts. Native ints are the int8
+    """format.md "The byte layout" (amended): from_bytes accepts what from_parts accepts. Native ints are the int8
     they hold and must lie in [qmin, qmax]; packed int fields sign-extend from their bits; a
     Native E2M1 byte uses only its low nibble; padding is zero; E4M3/E5M2 NaN/inf are corrupt."""
     q4 = QuantScheme(value=V.Q4S, store=QuantStore.Native)

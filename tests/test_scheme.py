@@ -1,4 +1,4 @@
-"""The scheme model (SPEC §1): values, builders, validity rules, presets."""
+"""The scheme model (format.md "The scheme"): values, builders, validity rules, presets."""
 
 import dataclasses
 

@@ -1,7 +1,7 @@
 """Format 1's packing (blockquant files written before burn's layout), turned into burn's.
 
 Format 1 packed ``word_bits / bits`` fields a word (the first in the low bits) along the packed
-axis in place, that axis shrunk. burn's layout (SPEC §8) packs along the last axis of the tensor
+axis in place, that axis shrunk. burn's layout (format.md "Stores and packing") packs along the last axis of the tensor
 with the packed axis swapped last, and keeps the 4- and 2-bit ints of ``PackedNative`` one a
 byte. Only the stored fields move here: the core checks every one when the tensor is rebuilt
 (``QTensor.from_bytes``), so nothing read from a file is trusted on the way.

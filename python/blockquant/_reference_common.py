@@ -23,7 +23,7 @@ F32_MAX = np.float32(np.finfo(np.float32).max)
 
 
 # ===============================================================================================
-# The oracle's facts (SPEC §1)
+# The oracle's facts (format.md "The scheme")
 # ===============================================================================================
 
 #: Each value type: (bits, qmin, qmax, is a float format).
@@ -181,7 +181,7 @@ def _decode_minifloat(codes: np.ndarray, fmt: Minifloat) -> np.ndarray:
 
 def _ue8m0_round(s: np.ndarray, mode: str) -> np.ndarray:
     """UE8M0 code (int64) of float32 scales s >= 0: ``up`` is 2**ceil(log2 s); ``nearest``
-    rounds to nearest with ties up, as ml_dtypes' float8_e8m0fnu cast (SPEC §4), both within
+    rounds to nearest with ties up, as ml_dtypes' float8_e8m0fnu cast (format.md "Storing a scale: rounding to its dtype"), both within
     [2**-127, 2**127] (no zero: 0 and everything below 2**-127 give the smallest value). Read
     off the f32 bit pattern."""
     _, e_field, mant = _f32_fields(s)
@@ -203,7 +203,7 @@ def _ue8m0_decode(codes: np.ndarray) -> np.ndarray:
 
 
 # ===============================================================================================
-# Scale rounding (SPEC §4) and the MX rule
+# Scale rounding (format.md "Storing a scale: rounding to its dtype") and the MX rule
 # ===============================================================================================
 
 
@@ -218,7 +218,7 @@ def _mx_emax(value: QuantValue) -> int:
 
 
 def _mx_codes(alpha: np.ndarray, emax: int) -> np.ndarray:
-    """UE8M0 codes of the OCP MX scale 2**(floor(log2 alpha) - emax) (SPEC §4), clamped to
+    """UE8M0 codes of the OCP MX scale 2**(floor(log2 alpha) - emax) (format.md "Storing a scale: rounding to its dtype"), clamped to
     UE8M0's range; alpha = 0 gives the smallest value. frexp is exact for every f32."""
     _, e = np.frexp(alpha.astype(np.float32))  # alpha = m * 2**e, m in [0.5, 1)
     code = np.where(alpha > 0, e.astype(np.int64) - 1 - emax + 127, 0)
@@ -249,7 +249,7 @@ def _effective_scales(stored: np.ndarray, g: float | None) -> np.ndarray:
 
 
 # ===============================================================================================
-# Geometry: blocks and the scale grid (SPEC §2)
+# Geometry: blocks and the scale grid (format.md "Blocks and the scale grid")
 # ===============================================================================================
 
 
@@ -321,7 +321,7 @@ def _block_rows(x1: np.ndarray, scheme: QuantScheme):
 
 
 # ===============================================================================================
-# Values: the divisor of alpha, integer codes (SPEC §3, §5)
+# Values: the divisor of alpha, integer codes (format.md "Calibration", "Two-level schemes")
 # ===============================================================================================
 
 

@@ -1,4 +1,4 @@
-"""The pure-numpy definition of calibration ``mse`` (SPEC §3a), part of :mod:`blockquant.reference`.
+"""The pure-numpy definition of calibration ``mse`` (format.md "Searched scales: `mse`"), part of :mod:`blockquant.reference`.
 
 Per block, the stored scale of least squared error among fixed candidates around minmax's:
 

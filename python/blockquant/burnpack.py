@@ -544,7 +544,7 @@ def _parse(f: BinaryIO, path: Any) -> tuple[list[_Descriptor], dict[str, str], i
 
 def _build(d: _Descriptor, raw: bytes) -> Tensor:
     if isinstance(d.dtype, dict) and "QFloat" in d.dtype:
-        try:  # checks every scale and stored code too (SPEC §9)
+        try:  # checks every scale and stored code too (format.md "The byte layout")
             return QTensor.from_bytes(raw, d.scheme, d.shape)
         except QuantError as e:
             raise LayoutError(f"tensor {d.name!r}: {e}") from None

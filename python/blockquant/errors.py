@@ -1,4 +1,4 @@
-"""The exceptions blockquant raises (SPEC §10).
+"""The exceptions blockquant raises (format.md "Errors").
 
 Every failure the caller can cause is a :class:`QuantError` (a ``ValueError``); an argument of the
 wrong type is a ``TypeError``. The Rust core raises these same classes: the binding imports them

@@ -1,7 +1,7 @@
 """The quantize options and their names, typed so that mypy catches a misspelled one.
 
 The names are parsed by the Rust core (the one list of choices); these ``Literal`` types mirror
-it for type checkers, and :class:`QuantOptions` is what a preset carries (SPEC §12: ``bitnet()``
+it for type checkers, and :class:`QuantOptions` is what a preset carries (format.md "Rules for edge cases": ``bitnet()``
 quantizes with absmean without being told).
 """
 
@@ -24,7 +24,7 @@ __all__ = [
 MAX_THREADS = 1024
 
 #: How the scale of a block is chosen: from max |x|, from mean |x| (BitNet b1.58), or searched
-#: among candidates around max |x|'s for the least squared error ("mse", SPEC §3a).
+#: among candidates around max |x|'s for the least squared error ("mse", format.md "Searched scales: `mse`").
 Calibration = Literal["minmax", "absmean", "mse"]
 #: Ties of integer rounding: half away from zero (burn, ggml) or half to even (numpy, ONNX).
 Rounding = Literal["half_away", "half_even"]

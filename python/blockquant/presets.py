@@ -1,6 +1,6 @@
-"""Named schemes for the common formats (SPEC §11), and the one place a name becomes a scheme.
+"""Named schemes for the common formats (format.md "Presets"), and the one place a name becomes a scheme.
 
-A preset is a scheme plus the options it is meant to be used with (SPEC §12): ``bitnet()``
+A preset is a scheme plus the options it is meant to be used with (format.md "Rules for edge cases"): ``bitnet()``
 carries absmean calibration, so ``quantize(x, bitnet())`` uses it unless told otherwise.
 :func:`resolve` turns "a preset name or a scheme text" into a scheme; the scheme grammar
 (:meth:`QuantScheme.parse`) knows no preset names.

@@ -1,4 +1,4 @@
-"""The quantize/dequantize API and :class:`QTensor` (SPEC §6–§11).
+"""The quantize/dequantize API and :class:`QTensor` (format.md "Quantizing a value" to "Presets").
 
 This module only checks and converts arguments; every number is computed by the Rust core
 (through :mod:`blockquant._native`, the one gateway to it), which releases the GIL while it
@@ -196,7 +196,7 @@ class QTensor:
     # -- the parts -------------------------------------------------------------------------
     @property
     def values(self) -> np.ndarray:
-        """The value storage (SPEC §8): int8, uint8 or uint32."""
+        """The value storage (format.md "Stores and packing"): int8, uint8 or uint32."""
         return self._values
 
     @property
@@ -261,7 +261,7 @@ class QTensor:
         return res
 
     def to_bytes(self) -> bytes:
-        """burn's layout (SPEC §9): values, then scales, then the f32 per-tensor scale."""
+        """burn's layout (format.md "The byte layout"): values, then scales, then the f32 per-tensor scale."""
         return _native.to_bytes(
             self._values, self._scales, self._global, self._scheme._handle, self._shape
         )
@@ -418,7 +418,7 @@ def quantize(
     out: Optional[Tuple[np.ndarray, np.ndarray]] = None,
     weights: Any = None,
 ) -> QTensor:
-    """Quantize ``x`` with ``scheme`` (SPEC §3–§6): a :class:`QuantScheme`, a preset name
+    """Quantize ``x`` with ``scheme`` (format.md "Calibration" to "Quantizing a value"): a :class:`QuantScheme`, a preset name
     (``"nvfp4"``) or a scheme text (``"q4s/packed_u32_0/block32:f16"``).
 
     ``calibration``: "minmax" (max |x| per block), "absmean" (mean |x|, BitNet b1.58) or "mse"
@@ -553,7 +553,7 @@ def _check_out(out: Any, name: str, qt: QTensor) -> np.ndarray:
 
 
 def round_scale(arr: Any, dtype: ScaleDtype, mode: ScaleRounding = "up") -> np.ndarray:
-    """Round scales to what ``dtype`` stores (SPEC §4); returns their float32 values."""
+    """Round scales to what ``dtype`` stores (format.md "Storing a scale: rounding to its dtype"); returns their float32 values."""
     if not isinstance(dtype, ScaleDtype):
         raise TypeError(f"dtype must be a blockquant.ScaleDtype, got {dtype!r}")
     a = np.asarray(arr)

@@ -1,4 +1,4 @@
-"""The pure-numpy definition of blockquant (docs/format.md; SPEC sections cited), bit for bit.
+"""The pure-numpy definition of blockquant (docs/format.md; its sections cited by name), bit for bit.
 
 This module is the executable form of the contract: the Rust core must produce exactly what these
 functions produce. It is written to be read, not to be fast. Everything is vectorized over the
@@ -11,10 +11,10 @@ operations on the float32 bit pattern, no float casts that could hide rounding),
 and block geometry. Reading order here:
 
 1. Minifloat values: encoding and decoding E4M3 / E5M2 / E2M1 codes.
-2. Scales: rounding a scale to its dtype (SPEC §4), encoding and decoding scale bytes.
-3. Geometry: the storage shape and packing (SPEC §2, §8).
-4. Calibration: the amplitude alpha of each block and the raw scale (SPEC §3).
-5. Quantizing, packing, dequantizing, bytes (SPEC §5 to §9).
+2. Scales: rounding a scale to its dtype (format.md "Storing a scale: rounding to its dtype"), encoding and decoding scale bytes.
+3. Geometry: the storage shape and packing (format.md "Blocks and the scale grid", "Stores and packing").
+4. Calibration: the amplitude alpha of each block and the raw scale (format.md "Calibration").
+5. Quantizing, packing, dequantizing, bytes (format.md "Two-level schemes" to §9).
 
 Conventions: a 0-d tensor is treated as shape ``(1,)`` for blocks, packing and the scale grid,
 while ``RefQTensor.shape`` keeps ``()``. All arithmetic on values and scales is float32.
@@ -128,7 +128,7 @@ def _check_not_nan(x: np.ndarray) -> None:
 
 
 # =================================================================================================
-# 2. Scales: rounding (SPEC §4) and bytes
+# 2. Scales: rounding (format.md "Storing a scale: rounding to its dtype") and bytes
 # =================================================================================================
 
 
@@ -144,7 +144,7 @@ def _as_f32(arr, what: str) -> np.ndarray:
 
 
 def round_scale(arr, dtype: ScaleDtype, mode: str = "up") -> np.ndarray:
-    """Round scales (>= 0, finite) to ``dtype`` and return them as float32 (SPEC §4).
+    """Round scales (>= 0, finite) to ``dtype`` and return them as float32 (format.md "Storing a scale: rounding to its dtype").
 
     ``up``: the smallest value of the dtype >= s, saturating at the dtype's max.
     ``nearest``: round to nearest, ties to even, saturating at the dtype's max.
@@ -245,7 +245,7 @@ def decode_scales(data, dtype: ScaleDtype, n: int) -> np.ndarray:
 def _packing(scheme: QuantScheme, rank: int):
     """(axis, values per word, word dtype) of a packed store, or None for Native.
 
-    burn's layout (SPEC §8–§9): ``PackedU32`` holds 32/bits values a word; ``PackedNative``
+    burn's layout (format.md "Stores and packing" to "The byte layout"): ``PackedU32`` holds 32/bits values a word; ``PackedNative``
     packs only E2M1 (two a byte) and holds every other value one a byte, its code masked to
     its bits. Packing along an outer axis stores the tensor with that axis swapped with the
     last one (see :func:`_swap_packed_axis`)."""
@@ -305,7 +305,7 @@ def _scales_per_element(grid: np.ndarray, shape1, scheme: QuantScheme) -> np.nda
 
 
 # =================================================================================================
-# 4. Calibration (SPEC §3)
+# 4. Calibration (format.md "Calibration")
 # =================================================================================================
 
 
@@ -347,7 +347,7 @@ def _amplitudes(rows: np.ndarray, counts: np.ndarray, calibration: str) -> np.nd
 
 def _raw_scales(x1: np.ndarray, scheme: QuantScheme, calibration: str) -> np.ndarray:
     """s_raw = alpha / ((qmax - qmin) / 2) per block, as float32 in the grid's shape.
-    (One f32 division: equal to SPEC's (a + a) / (qmax - qmin) and never overflowing.)"""
+    (One f32 division: equal to format.md's (a + a) / (qmax - qmin) and never overflowing.)"""
     rows, counts = _block_rows(x1, scheme)
     alpha = _amplitudes(rows, counts, calibration)
     s_raw = alpha / _scheme_half_range(scheme)
@@ -361,7 +361,7 @@ def _raw_scales(x1: np.ndarray, scheme: QuantScheme, calibration: str) -> np.nda
 
 @dataclass(frozen=True, eq=False)
 class RefQTensor:
-    """A quantized tensor: the value storage (SPEC §8), the stored scales as float32 in the grid's
+    """A quantized tensor: the value storage (format.md "Stores and packing"), the stored scales as float32 in the grid's
     shape (two-level: the block scales b_i), the per-tensor scale g of a two-level scheme, the
     original shape and the scheme."""
 
@@ -473,9 +473,9 @@ def _explicit_scales(scales, shape1, scheme: QuantScheme, mode: str) -> np.ndarr
 
 def _compute_scales(x1, scheme, calibration, scale_rounding, given_g=None, rounding="half_away",
                     w1=None):
-    """Stored scales and g from the data (SPEC §3-§5). A two-level scheme may be given g alone:
+    """Stored scales and g from the data (format.md "Calibration" to "Two-level schemes"). A two-level scheme may be given g alone:
     then only the block scales come from the data."""
-    if calibration == "mse":  # searched (SPEC §3a): defined in its own module
+    if calibration == "mse":  # searched (format.md "Searched scales: `mse`"): defined in its own module
         return mse_scales(x1, scheme, rounding, scale_rounding, given_g, w1)
     if scale_rounding == "mx":  # the OCP MX scale, from alpha itself (UE8M0: one level)
         rows, counts = _block_rows(x1, scheme)
@@ -525,7 +525,7 @@ def _unpack(words: np.ndarray, ax: int, per: int, bits: int, n: int) -> np.ndarr
 
 
 def _store(codes: np.ndarray, scheme: QuantScheme) -> np.ndarray:
-    """Storage array (SPEC §8) of the codes (int8 for int values, uint8 for float values)."""
+    """Storage array (format.md "Stores and packing") of the codes (int8 for int values, uint8 for float values)."""
     packing = _packing(scheme, codes.ndim)
     if packing is None:
         return np.ascontiguousarray(codes)
@@ -545,7 +545,7 @@ def _decoded_values(values: np.ndarray, scheme: QuantScheme, shape1) -> np.ndarr
             return _lookup.decode(fields, scheme.codebook)
         if not value_is_float(scheme.value):
             # Native ints are read as the int8 they are, even outside [qmin, qmax] (bytes may
-            # hold anything: SPEC §9's example stores -128 under Q8S).
+            # hold anything: format.md "The byte layout"'s example stores -128 under Q8S).
             return fields.astype(np.float32)
     else:
         ax, per, _ = packing
@@ -570,8 +570,8 @@ def quantize(
     global_scale=None,
     weights=None,
 ) -> RefQTensor:
-    """Quantize ``x`` under ``scheme`` (SPEC §3-§8): a scheme, a preset name or a scheme text;
-    an option left as None is the scheme's own (a preset's, SPEC §12), else the default.
+    """Quantize ``x`` under ``scheme`` (format.md "Calibration" to "Stores and packing"): a scheme, a preset name or a scheme text;
+    an option left as None is the scheme's own (a preset's, format.md "Rules for edge cases"), else the default.
     ``weights`` (calibration "mse" only): per-element importance, broadcast to ``x``."""
     # Validation order: argument types, mode, scheme/tensor fit, scales, non-finite input (the
     # core checks the caller's scales before it reads the data).
@@ -629,7 +629,7 @@ def quantize(
 
 
 def dequantize(qt: RefQTensor, dtype=np.float32) -> np.ndarray:
-    """x_hat = f32(decode(q)) * e, one f32 multiply; then cast to ``dtype`` if asked (SPEC §7)."""
+    """x_hat = f32(decode(q)) * e, one f32 multiply; then cast to ``dtype`` if asked (format.md "Dequantizing")."""
     if not isinstance(qt, RefQTensor):
         raise TypeError(f"dequantize takes a RefQTensor, got {type(qt).__name__}")
     out = np.dtype(dtype)
@@ -645,7 +645,7 @@ def dequantize(qt: RefQTensor, dtype=np.float32) -> np.ndarray:
 
 
 def to_bytes(qt: RefQTensor) -> bytes:
-    """Value storage (little-endian), then the scales in their dtype, then g as f32 (SPEC §9)."""
+    """Value storage (little-endian), then the scales in their dtype, then g as f32 (format.md "The byte layout")."""
     scheme = qt.scheme
     values = qt.values.astype(storage_dtype(scheme).newbyteorder("<")).tobytes()
     scales = encode_scales(_scales_in_byte_order(qt.scales, scheme).ravel(), scheme.scale_dtype)
@@ -678,8 +678,8 @@ def _expected_nbytes(scheme: QuantScheme, shape) -> int:
 def from_bytes(data, scheme: QuantScheme | str, shape) -> RefQTensor:
     """Rebuild a quantized tensor from to_bytes' layout. The length must match exactly; scales
     (and g) are kept exactly as decoded, -0 included, but a negative, NaN or infinite one is a
-    LayoutError; so is a stored code quantize can never produce, or non-zero padding (SPEC §9:
-    from_bytes accepts exactly what from_parts accepts). Scales are checked first (SPEC §12)."""
+    LayoutError; so is a stored code quantize can never produce, or non-zero padding (format.md "The byte layout":
+    from_bytes accepts exactly what from_parts accepts). Scales are checked first (format.md "Rules for edge cases")."""
     data = as_bytes(data)
     scheme = resolve(scheme)
     _check_scheme(scheme)
@@ -729,7 +729,7 @@ def _code_is_valid(fields: np.ndarray, value: QuantValue) -> np.ndarray:
 
 
 def _check_codes(values: np.ndarray, scheme: QuantScheme, shape1) -> None:
-    """Every stored field holds a valid code, and padding fields are zero (SPEC §9)."""
+    """Every stored field holds a valid code, and padding fields are zero (format.md "The byte layout")."""
     packing = _packing(scheme, len(shape1))
     if packing is None:
         if scheme.codebook is not None:  # an index, its bits above the width zero

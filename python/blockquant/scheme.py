@@ -1,4 +1,4 @@
-"""The scheme model (SPEC §1): what a quantized tensor holds and how it is laid out.
+"""The scheme model (format.md "The scheme"): what a quantized tensor holds and how it is laid out.
 
 Every class here is an immutable value: equal by value, hashable, with a readable repr. Builder
 methods return new schemes. The scheme is modelled in one place, the Rust core, and this module is
@@ -229,7 +229,7 @@ class QuantScheme:
     mode: QuantMode = QuantMode.Symmetric
     tensor: Optional[ScaleDtype] = None
     block: Optional[BlockScale] = None
-    #: The options the scheme is meant to be used with (a preset's; SPEC §12). Not part of the
+    #: The options the scheme is meant to be used with (a preset's; format.md "Rules for edge cases"). Not part of the
     #: scheme's identity: two schemes that store the same way are equal whatever their options.
     options: QuantOptions = field(default=QuantOptions(), compare=False, repr=False)
     #: Lookup mode's codebook: 2^bits distinct finite float32 values (as Python floats), entry k

@@ -14,7 +14,7 @@ Each input is decoded (``decode``) into a scheme, a shape and an operation, then
   names, bad block sizes, packing dims past the rank), a raw shape and raw arrays, bypassing the
   Python checks: the core must re-check everything itself.
 
-Only ``blockquant.QuantError`` (and subclasses) and ``TypeError`` may escape (SPEC §10); anything
+Only ``blockquant.QuantError`` (and subclasses) and ``TypeError`` may escape (format.md "Errors"); anything
 else, an ``InternalError`` (a caught Rust panic) included, is a crash. A Rust abort or segfault
 kills the process, which libFuzzer reports as a crash too.
 

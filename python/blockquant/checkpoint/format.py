@@ -3,11 +3,11 @@ without guessing.
 
 Format 2 (format 1 is still read). For each quantized tensor ``NAME``:
 
-- ``NAME.values``: the value storage as it is (SPEC §8): I8, U8 or U32, in the storage shape;
+- ``NAME.values``: the value storage as it is (format.md "Stores and packing"): I8, U8 or U32, in the storage shape;
 - ``NAME.scales``: the stored scales (block scales, or the one per-tensor scale) in the grid's
   shape as burn's bytes order it (``Layout.stored_scale_grid``), encoded in their own dtype so
   the file is as small as the format: F32 and F16 as themselves, BF16 as its U16 bits, UE8M0 and
-  UE4M3 as their U8 codes (burn's bytes, SPEC §9);
+  UE4M3 as their U8 codes (burn's bytes, format.md "The byte layout");
 - ``NAME.global_scale`` (two-level schemes only): the per-tensor scale g, F32, shape ``()``.
 
 The header's ``__metadata__`` keeps the input's own metadata and adds one key, ``blockquant``: a
@@ -183,7 +183,7 @@ def load_qtensor(ckpt: Checkpoint, e: Entry) -> QTensor:
         blob += ckpt.read(part).astype(ST_DTYPES[want.dtype][1], copy=False).tobytes()
     try:
         # from_bytes decodes the scale codes (burn's layout is exactly the parts in a row) and
-        # checks every value code and scale: it accepts exactly what from_parts accepts (SPEC §9).
+        # checks every value code and scale: it accepts exactly what from_parts accepts (format.md "The byte layout").
         return QTensor.from_bytes(bytes(blob), e.scheme, e.shape)
     except QuantError as err:
         raise ckpt.error(e.name, str(err)) from None

@@ -8,7 +8,7 @@ Two forms:
   Scales of another dtype are stored in that dtype (F16, BF16; UE4M3 as FLOAT8E4M3FN; UE8M0 as
   BF16, which holds every power of two UE8M0 has) and widened by a ``Cast`` (exact); a
   two-level scheme's per-tensor scale g is one ``Mul`` after it, the f32 product e = b × g that
-  blockquant itself dequantizes with (SPEC §5), so the result stays bit for bit blockquant's.
+  blockquant itself dequantizes with (format.md "Two-level schemes"), so the result stays bit for bit blockquant's.
 - **MatMulNBits** (com.microsoft, onnxruntime's fused low-bit MatMul): codes + 2^(bits-1) packed
   along K, one f32 scale per block, no zero-point input (so the zero point is 2^(bits-1)).
 

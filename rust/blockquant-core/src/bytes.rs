@@ -1,4 +1,4 @@
-//! burn's byte layout (SPEC §9): value storage little-endian, then the scales in their dtype,
+//! burn's byte layout (format.md "The byte layout"): value storage little-endian, then the scales in their dtype,
 //! then (two-level only) the per-tensor scale as f32. Dense, no padding, no header.
 
 use crate::error::{QuantError, Result};
@@ -53,8 +53,8 @@ pub struct Parts<'a> {
 
 /// Split `data` into its parts. The length must match exactly; every scale must decode to a
 /// finite, non-negative number (a NaN code is corrupt data, not a scale); and every stored code
-/// must be one quantize can produce, with zero padding (SPEC §9: `from_bytes` accepts exactly
-/// what `from_parts` accepts). Scales are checked before values (SPEC §12).
+/// must be one quantize can produce, with zero padding (format.md "The byte layout": `from_bytes` accepts exactly
+/// what `from_parts` accepts). Scales are checked before values (format.md "Rules for edge cases").
 pub fn from_bytes<'a>(layout: &Layout, data: &'a [u8]) -> Result<Parts<'a>> {
     let expected = layout.total_bytes();
     if data.len() != expected {

@@ -14,7 +14,7 @@ fn spec_example_scheme() -> QuantScheme {
         .per_tensor(ScaleDtype::F32)
 }
 
-/// SPEC §9's 14-byte example, byte for byte.
+/// format.md "The byte layout"'s 14-byte example, byte for byte.
 #[test]
 fn spec_example_round_trips() {
     let data = [

@@ -1,4 +1,4 @@
-//! Calibration (SPEC §3): the amplitude α of every block (or of the tensor).
+//! Calibration (format.md "Calibration"): the amplitude α of every block (or of the tensor).
 //!
 //! `minmax` is max |x|. `absmean` is mean |x| with the sum taken exactly: the f64 sum of a
 //! block is kept when it is provably exact (every partial sum representable), else recomputed

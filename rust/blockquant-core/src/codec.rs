@@ -1,4 +1,4 @@
-//! Value codes (SPEC §6, §7): one scaled f32 to an 8-bit code, and a code back to f32.
+//! Value codes (format.md "Quantizing a value", "Dequantizing"): one scaled f32 to an 8-bit code, and a code back to f32.
 //!
 //! The kernels are generic over [`Encode`] so each (value, rounding) pair compiles to its own
 //! branch-free loop.
@@ -22,7 +22,7 @@ pub enum Rounding {
 pub trait Encode: Copy + Send + Sync {
     fn encode(&self, xs: f32) -> u8;
 
-    /// The code of every value of a block whose scale is 0 (SPEC §4's zero rule): 0, except for
+    /// The code of every value of a block whose scale is 0 (format.md "Storing a scale: rounding to its dtype"'s zero rule): 0, except for
     /// a codebook, whose field for +0 is the index of the entry nearest to 0.
     #[inline(always)]
     fn zero_code(&self) -> u8 {
@@ -493,7 +493,7 @@ impl Decode for E2M1Decode {
 }
 
 /// The value of every byte as a field of float format `fmt`: only its low bits count, so a
-/// Native E2M1 byte with a non-zero high nibble decodes by its low nibble (SPEC §8).
+/// Native E2M1 byte with a non-zero high nibble decodes by its low nibble (format.md "Stores and packing").
 pub fn float_table(fmt: &MiniFloat) -> [f32; 256] {
     let mask = (1u32 << (fmt.sign_shift() + 1)) - 1;
     std::array::from_fn(|i| fmt.decode((i as u32 & mask) as u8))
@@ -531,7 +531,7 @@ pub(crate) fn encode_run<C: Encode>(codec: C, xs: &[f32], e: f32, out: &mut [u8]
         }
     } else {
         for (o, &x) in out.iter_mut().zip(xs) {
-            // A true division, not a reciprocal multiply: SPEC §6 pins the bits on it.
+            // A true division, not a reciprocal multiply: format.md "Quantizing a value" pins the bits on it.
             *o = codec.encode(x / e);
             bad |= non_finite(x);
         }

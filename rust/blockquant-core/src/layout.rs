@@ -1,10 +1,10 @@
-//! The geometry a scheme takes on a given shape: the block grid (SPEC §2) and the storage
-//! packing (SPEC §8). Every tensor-dependent rule of the scheme is checked here, once.
+//! The geometry a scheme takes on a given shape: the block grid (format.md "Blocks and the scale grid") and the storage
+//! packing (format.md "Stores and packing"). Every tensor-dependent rule of the scheme is checked here, once.
 
 use crate::error::{QuantError, Result};
 use crate::scheme::{QuantScheme, QuantStore, QuantValue};
 
-/// How values sit in storage words: burn's layout (SPEC §8–§9).
+/// How values sit in storage words: burn's layout (format.md "Stores and packing" to "The byte layout").
 ///
 /// Storage is a set of lines, each packed on its own into `words_axis` words and padded with
 /// zeros: the lines run along the packed axis. Packed along the last axis, the lines are the
@@ -195,7 +195,7 @@ impl Layout {
 
     /// This layout with its u32 words seen as their bytes, when that changes no byte: words of
     /// four 8-bit fields (8-bit values in `PackedU32`, burn's default store for Q8S) on lines
-    /// of whole words, so no padding. Little-endian words hold field k in byte k (SPEC §8), so
+    /// of whole words, so no padding. Little-endian words hold field k in byte k (format.md "Stores and packing"), so
     /// the words' memory is exactly the one-code-a-byte storage, and the byte kernels (one
     /// store a code) take the call instead of squeezing codes into words, 2.5 times as fast.
     pub fn bytewise(&self) -> Option<Layout> {
@@ -212,7 +212,7 @@ impl Layout {
         })
     }
 
-    /// Storage shape (SPEC §8): packed, the packed axis swapped to the last place (burn's
+    /// Storage shape (format.md "Stores and packing"): packed, the packed axis swapped to the last place (burn's
     /// order) and shrunk to `ceil(n / per)` words.
     pub fn storage_shape(&self) -> Vec<usize> {
         let p = &self.packing;
@@ -301,7 +301,7 @@ impl Layout {
         self.packing.num_words() * self.packing.word_bytes()
     }
 
-    /// Bytes of the whole `to_bytes()` layout (SPEC §9).
+    /// Bytes of the whole `to_bytes()` layout (format.md "The byte layout").
     pub fn total_bytes(&self) -> usize {
         self.storage_bytes()
             + self.num_scales * self.scheme.scale_dtype().size_bytes()

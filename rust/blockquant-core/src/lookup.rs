@@ -141,7 +141,7 @@ impl crate::codec::Encode for LookupCode {
 
     #[inline(always)]
     fn zero_code(&self) -> u8 {
-        // SPEC (Lookup): with e = 0 the quotient is taken as +0, whose nearest entry is stored.
+        // format.md "Lookup mode (codebooks)": with e = 0 the quotient is taken as +0, whose nearest entry is stored.
         self.encode(0.0)
     }
 

@@ -39,7 +39,7 @@
 //! never reach rayon's global pool. Larger calls from such a thread are handed over with the
 //! thread blocked at once ([`hand_over_and_block`]).
 //!
-//! The floating-point environment: every kernel's arithmetic is SPEC's, IEEE round to nearest
+//! The floating-point environment: every kernel's arithmetic is format.md's, IEEE round to nearest
 //! with subnormals kept, which on x86-64 is what MXCSR says. A caller may have changed it (a
 //! library loaded with flush-to-zero, `fesetround`), so the workers set the default when they
 //! start, and a call run on the calling thread sets it for its length and puts the caller's

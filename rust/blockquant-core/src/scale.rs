@@ -1,4 +1,4 @@
-//! Scale dtypes: rounding a raw f32 scale to what the dtype can hold (SPEC §4), and the bytes.
+//! Scale dtypes: rounding a raw f32 scale to what the dtype can hold (format.md "Storing a scale: rounding to its dtype"), and the bytes.
 //!
 //! Rounding works in each dtype's code space: round to the nearest code (ties to even), then, for
 //! `Up`, step one code up if that fell below the raw scale. Codes are monotone in value for
@@ -27,7 +27,7 @@ pub enum ScaleRounding {
 
 /// The UE8M0 code of the OCP MX scale of a block of amplitude `alpha`: 2^(floor(log2 α) − emax),
 /// `emax` the exponent of the value format's largest normal, clamped to UE8M0's range; α = 0
-/// gives the smallest value (SPEC §4's zero rule).
+/// gives the smallest value (format.md "Storing a scale: rounding to its dtype"'s zero rule).
 #[inline(always)]
 pub fn mx_scale_code(alpha: f32, emax: i32) -> u32 {
     (floor_log2(alpha) - emax + 127).clamp(0, UE8M0_MAX_CODE as i32) as u32
@@ -72,7 +72,7 @@ impl ScaleDtype {
         }
     }
 
-    /// UE8M0 has no zero: its smallest value stands in for it (SPEC §4's zero rule).
+    /// UE8M0 has no zero: its smallest value stands in for it (format.md "Storing a scale: rounding to its dtype"'s zero rule).
     pub fn has_zero(self) -> bool {
         self != Self::UE8M0
     }
@@ -236,7 +236,7 @@ fn ue8m0_round(s: f32, up: bool) -> u32 {
     code.min(UE8M0_MAX_CODE)
 }
 
-/// Check caller-given scales: finite and ≥ 0 (SPEC §3).
+/// Check caller-given scales: finite and ≥ 0 (format.md "Calibration").
 pub fn check_scales(scales: &[f32], what: &str) -> Result<()> {
     // First one pass without a branch (it vectorizes) over the bit patterns: finite and ≥ 0
     // is a pattern up to f32::MAX's, or −0's. The bad one is looked for only if there is one.

@@ -1,4 +1,4 @@
-//! The scheme model (SPEC §1): value type, store, mode and scale levels, with the validity rules.
+//! The scheme model (format.md "The scheme"): value type, store, mode and scale levels, with the validity rules.
 //!
 //! Small `Copy` enums and a builder, after burn/cubecl's `QuantScheme`. Both printed forms of a
 //! scheme, the canonical text and the `Display` form error messages use, are
@@ -62,7 +62,7 @@ impl QuantValue {
     }
 
     /// `(qmax - qmin) / 2`, exact in f32. The raw scale is `alpha / half_range`: the same value as
-    /// SPEC's `(alpha + alpha) / (qmax - qmin)` (both round the same real), without overflowing
+    /// format.md's `(alpha + alpha) / (qmax - qmin)` (both round the same real), without overflowing
     /// when `alpha > f32::MAX / 2`.
     pub fn half_range(self) -> f32 {
         let (lo, hi) = self.range();
@@ -334,7 +334,7 @@ impl QuantScheme {
         }
     }
 
-    /// The scheme-only rules (SPEC §1). Tensor-dependent rules are checked by [`crate::Layout`].
+    /// The scheme-only rules (format.md "The scheme"). Tensor-dependent rules are checked by [`crate::Layout`].
     pub fn validate(&self) -> Result<()> {
         match (self.mode, self.codebook) {
             (QuantMode::Symmetric, None) => {}

@@ -17,7 +17,7 @@ pyo3::import_exception!(blockquant.errors, LayoutError);
 pyo3::import_exception!(blockquant.errors, NonFiniteError);
 pyo3::import_exception!(blockquant.errors, InternalError);
 
-/// One core error → its Python class (SPEC §10).
+/// One core error → its Python class (format.md "Errors").
 pub(crate) fn to_py(err: CoreError) -> PyErr {
     let msg = err.to_string();
     match err {

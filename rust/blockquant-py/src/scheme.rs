@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use crate::errors::{self, guarded, to_py};
 
 /// A scheme, built and validated once on the Python side's request and then handed to every
-/// call as it is: Rust is the one validator of the scheme rules (SPEC §1).
+/// call as it is: Rust is the one validator of the scheme rules (format.md "The scheme").
 #[pyclass(frozen, eq, hash, module = "blockquant._core", name = "Scheme")]
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Scheme(pub(crate) QuantScheme);
@@ -303,7 +303,7 @@ pub(crate) struct LayoutInfo {
     nbytes: usize,
 }
 
-/// The numpy dtype of a layout's value storage (SPEC §8).
+/// The numpy dtype of a layout's value storage (format.md "Stores and packing").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum StorageDtype {
     /// Native int values, sign-extended (a codebook's indices are unsigned: U8).

@@ -129,7 +129,7 @@ pub fn run(burn: &str) -> ExitCode {
 /// the sample also pins that descriptors are sorted while data follows the writer's order).
 fn sample_tensors() -> Vec<(&'static str, TensorData)> {
     let f32s: Vec<f32> = (0..6).map(|i| i as f32 * 0.5 - 1.0).collect();
-    // SPEC §9's example: 8 Q8F values, two UE4M3 block scales, an f32 per-tensor scale.
+    // format.md "The byte layout"'s example: 8 Q8F values, two UE4M3 block scales, an f32 per-tensor scale.
     let two_level = QuantScheme::default()
         .with_value(QuantValue::Q8F)
         .with_store(QuantStore::Native)

@@ -1,7 +1,7 @@
 //! ggml's block types, bit for bit: the tensor formats llama.cpp keeps in GGUF files.
 //!
 //! The rules are gguf-py's (`gguf.quants`), whose bytes are ggml's C reference quantizers' for
-//! these types. They are not blockquant's own (SPEC §3–§5): Q8_0 multiplies by 1/d with the
+//! these types. They are not blockquant's own (format.md "Calibration" to "Two-level schemes"): Q8_0 multiplies by 1/d with the
 //! unrounded d = amax/127 and stores f16(d) afterwards; Q4_0/Q5_0 take a signed scale that maps
 //! the block's largest-magnitude value to the most negative code; Q4_1/Q5_1 carry the block
 //! minimum; MXFP4 takes the OCP scale from a float32 `log2` and rounds ties toward the smaller

@@ -1,6 +1,6 @@
 //! Tests of [`crate::kernels::fused_tiles`]: the tile kernel (AVX2 and portable builds, one and two
 //! threads) against `compute_scales` + `encode_values`, the two-pass path it replaces (itself
-//! tested against SPEC's oracle and the Python reference), on ragged grids, N-d blocks, every
+//! tested against format.md's oracle and the Python reference), on ragged grids, N-d blocks, every
 //! value type, store and scale dtype, and non-finite input.
 
 use super::*;

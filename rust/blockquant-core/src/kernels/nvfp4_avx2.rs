@@ -9,7 +9,7 @@
 //! amplitudes alone, before anything is written, and pass 2 runs only on finite input: it has
 //! no check of its own. g comes from the largest pattern, not from another pass over the
 //! amplitudes. Pass 2 turns each piece's amplitudes into block scales b_i (in place, all of
-//! the piece's first), divides each block by e_i = min(b_i × g, f32::MAX) (SPEC §5, §6: a true
+//! the piece's first), divides each block by e_i = min(b_i × g, f32::MAX) (format.md "Two-level schemes", "Quantizing a value": a true
 //! division), rounds 32 quotients at a time to E2M1 by [`e2m1_codes32`] (integer keys and a
 //! table, in bytes) and packs the nibbles in registers straight into the output (no code
 //! buffer, no zeroing). The arithmetic is `compute_scales` + `encode_values`'s: the same bits,
@@ -217,7 +217,7 @@ unsafe fn sign_bits(q: &[__m256; 4]) -> __m256i {
 
 /// Pass 2 of a piece: block scales b_i from the amplitudes `sc` holds on entry (replaced by the
 /// b_i), each block's values against e_i = min(b_i × g, f32::MAX), two E2M1 codes a byte (the
-/// first in the low nibble, SPEC §8) into `out` (`xs.len() / 2` bytes). Every value of `xs`
+/// first in the low nibble, format.md "Stores and packing") into `out` (`xs.len() / 2` bytes). Every value of `xs`
 /// must be finite (pass 1 made sure).
 ///
 /// # Safety

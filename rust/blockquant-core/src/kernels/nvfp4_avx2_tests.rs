@@ -1,4 +1,4 @@
-//! Tests of [`crate::kernels::nvfp4_avx2`]: the vector E2M1 rounding against the scalar one and SPEC's
+//! Tests of [`crate::kernels::nvfp4_avx2`]: the vector E2M1 rounding against the scalar one and format.md's
 //! oracle, and the two-pass NVFP4 kernel against `compute_scales` + `encode_values` (the
 //! general path, itself tested against the portable build and the Python reference).
 
@@ -67,7 +67,7 @@ fn assert_codes(first: u64, step: u64, count: u64) {
 }
 
 /// Every E2M1 midpoint (ties: the even code wins), the values, ±0, subnormals, huge values
-/// and infinities, in both signs, each against SPEC's oracle too.
+/// and infinities, in both signs, each against format.md's oracle too.
 #[test]
 fn e2m1_codes_on_ties_and_edges() {
     if !avx2() {

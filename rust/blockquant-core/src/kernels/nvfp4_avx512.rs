@@ -3,7 +3,7 @@
 //! division. Every E2M1-two-a-byte kernel there uses it: NVFP4's pass 2 and its one pass under
 //! a given g, the one-level schemes' (MXFP4 and its kin), given scales'.
 //!
-//! The AVX2 kernel divides each value by its block's effective scale e, as SPEC §6 says, and on
+//! The AVX2 kernel divides each value by its block's effective scale e, as format.md "Quantizing a value" says, and on
 //! a machine with two divider-fed pipes that division and the integer work of the rounding are
 //! each nearly the whole of its time (one in cache costs 0.6 cycles a value, the other about as
 //! much). Here the quotient is `x · r` with r = 1 / e rounded, and a lane is *flagged* when that
@@ -41,7 +41,7 @@ const NEAR: i32 = 16;
 /// anything past 5 and for ∞). The seven boundaries (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) have
 /// the keys t = 1, 13, 19, 23, 27, 31, 35, and the code steps up past each. `MARK` (a product
 /// that may lie on either side) sets bit 6 there; without it (an exact quotient on the
-/// boundary: a tie) the entry is the even one of the two codes, as SPEC's rounding says.
+/// boundary: a tie) the entry is the even one of the two codes, as format.md's rounding says.
 const fn e2m1_by_key(mark: bool) -> [u8; 64] {
     const BOUNDARIES: [usize; 7] = [1, 13, 19, 23, 27, 31, 35];
     let mut t = [0u8; 64];

@@ -209,7 +209,7 @@ pub(crate) unsafe fn encode_64s_by_thresholds(t: &Thresholds, xs: &[f32], out: &
 }
 
 /// Codes of `xs` (a multiple of 64 values) against the scale `e` (not 0), four 2-bit fields a
-/// byte (the first in the low bits, SPEC §8) into `out` (`xs.len() / 4` bytes). Returns whether
+/// byte (the first in the low bits, format.md "Stores and packing") into `out` (`xs.len() / 4` bytes). Returns whether
 /// any value was non-finite.
 ///
 /// # Safety

@@ -79,7 +79,7 @@ fn encode_range_avx2_build_matches_portable() {
     for (k, value) in QuantValue::ALL.into_iter().enumerate() {
         let seed = 100 + k as u64;
         let (qmin, qmax) = value.range();
-        // Float values round to nearest even whatever `rounding` says (SPEC §6).
+        // Float values round to nearest even whatever `rounding` says (format.md "Quantizing a value").
         match value {
             QuantValue::E4M3 => compare_encode(FloatCode(E4M3), value, Rounding::HalfEven, seed),
             QuantValue::E5M2 => compare_encode(FloatCode(E5M2), value, Rounding::HalfEven, seed),
@@ -233,7 +233,7 @@ fn compare_decode<D: Decode>(dec: D, value: QuantValue, native: bool, seed: u64)
             compare_decode_as::<D, BF16Bits>(dec, &layout, e, &codes);
             compare_decode_streaming(dec, &layout, e, &codes);
         }
-        // And the f32 result against SPEC §7, for the fields that are codes.
+        // And the f32 result against format.md "Dequantizing", for the fields that are codes.
         let mut y = vec![0.0f32; codes.len()];
         decode_range(dec, &layout, Effective::new(&eff, None), 0, &codes, &mut y);
         for (f, (&c, &yv)) in codes.iter().zip(&y).enumerate() {
@@ -282,7 +282,7 @@ fn nibbles_decode_straight_from_the_words() {
             .collect();
         let e = |k: usize| match global {
             None => stored[k],
-            Some(g) => (stored[k] * g).min(f32::MAX), // SPEC: e = b × g, capped
+            Some(g) => (stored[k] * g).min(f32::MAX), // format.md: e = b × g, capped
         };
         let want: Vec<u32> = (0..n)
             .map(|i| {

@@ -1,4 +1,4 @@
-//! Bit packing (SPEC §8): codes one a byte to and from the fields of u8/u32 words, first value
+//! Bit packing (format.md "Stores and packing"): codes one a byte to and from the fields of u8/u32 words, first value
 //! in the least significant bits, each line along the packed axis padded on its own; burn's
 //! swapped order (packing along an outer axis) by lines taken together.
 

@@ -1,4 +1,4 @@
-//! Storage (SPEC §8): codes written one per byte, or packed into u8/u32 words along an axis,
+//! Storage (format.md "Stores and packing"): codes written one per byte, or packed into u8/u32 words along an axis,
 //! first value in the least significant bits, each line along the axis padded on its own.
 //!
 //! The kernels walk the tensor in "segments": runs of consecutive elements in one row that share

@@ -49,7 +49,7 @@ impl<'a> StorageMut<'a> {
 }
 
 /// u32 words' memory seen as bytes, in memory order: on a little-endian machine, the
-/// storage's bytes as SPEC §9 lays them out.
+/// storage's bytes as format.md "The byte layout" lays them out.
 pub fn words_as_bytes(w: &[u32]) -> &[u8] {
     // SAFETY: u8 has no alignment or invalid bit patterns to meet; the same memory and
     // lifetime.

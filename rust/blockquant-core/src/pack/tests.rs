@@ -49,7 +49,7 @@ impl Rng {
     }
 }
 
-/// The values and codes of SPEC §1, from its tables alone (not from `scheme`/`minifloat`).
+/// The values and codes of format.md "The scheme", from its tables alone (not from `scheme`/`minifloat`).
 pub(crate) mod oracle {
     use crate::scheme::QuantValue;
     use crate::Rounding;
@@ -102,7 +102,7 @@ pub(crate) mod oracle {
         }
     }
 
-    /// The value of a field of `field_bits` as storage holds it (SPEC §8): 8-bit fields of a
+    /// The value of a field of `field_bits` as storage holds it (format.md "Stores and packing"): 8-bit fields of a
     /// sub-byte int are int8 bytes, of a sub-byte float the code in the low bits, high bits 0.
     pub(crate) fn stored_value(value: QuantValue, field_bits: u32, f: u32) -> Option<f64> {
         let (bits, qmin, qmax, fmt) = spec(value);
@@ -163,7 +163,7 @@ pub(crate) mod oracle {
         })
     }
 
-    /// SPEC §4's zero rule and §6: the code of `x` against scale `e`.
+    /// format.md "Storing a scale: rounding to its dtype"'s zero rule and §6: the code of `x` against scale `e`.
     pub(crate) fn quantize_one(value: QuantValue, rounding: Rounding, x: f32, e: f32) -> u8 {
         if e == 0.0 {
             0
@@ -172,7 +172,7 @@ pub(crate) mod oracle {
         }
     }
 
-    /// SPEC §7: f32(decode(field)) × e.
+    /// format.md "Dequantizing": f32(decode(field)) × e.
     pub(crate) fn dequantize_one(value: QuantValue, field: u32, e: f32) -> f32 {
         field_value(value, field).expect("a valid field") as f32 * e
     }

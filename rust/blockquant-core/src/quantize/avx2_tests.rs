@@ -184,4 +184,4 @@ fn per_tensor_max_abs_matches_two_pass() {
     );
 }
 
-// ---- quantize → dequantize against a scalar reading of SPEC ----
+// ---- quantize → dequantize against a scalar reading of format.md ----

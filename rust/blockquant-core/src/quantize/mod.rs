@@ -1,4 +1,4 @@
-//! Quantize and dequantize (SPEC §3–§7): scales from α, then every value against its block's
+//! Quantize and dequantize (format.md "Calibration" to "Dequantizing"): scales from α, then every value against its block's
 //! stored (or effective) scale, written straight into the caller's storage.
 //!
 //! This file is the dispatcher: it picks a path (one pass or two, given scales, per tensor,
@@ -715,7 +715,7 @@ unsafe fn measure_encode_avx2<C: Encode>(
 /// thread the hardware prefetcher alone leaves the kernel waiting on memory.
 const PREFETCH_AHEAD: usize = 2048;
 
-/// Where dequantize writes: x̂ as f32, or converted from that f32 (SPEC §7).
+/// Where dequantize writes: x̂ as f32, or converted from that f32 (format.md "Dequantizing").
 #[derive(Debug)]
 pub enum Output<'a> {
     F32(&'a mut [f32]),

@@ -12,7 +12,7 @@ use crate::pool;
 use crate::scale::{check_scales, effective_scale, ScaleRounding};
 use crate::scheme::{QuantScheme, ScaleDtype};
 
-/// Scales the caller gives instead of calibrating (SPEC §3, "explicit").
+/// Scales the caller gives instead of calibrating (format.md "Calibration", "explicit").
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ExplicitScales<'a> {
     /// The scale grid in row-major order (one value for per-tensor); two-level: the block

@@ -1,4 +1,4 @@
-//! quantize → dequantize against a scalar reading of SPEC §3–§7, codes next to ties against
+//! quantize → dequantize against a scalar reading of format.md "Calibration" to "Dequantizing", codes next to ties against
 //! the division's, and the vectorized test of scales representable in their dtype against one
 //! scale at a time.
 
@@ -21,7 +21,7 @@ fn dtype_values(dtype: ScaleDtype) -> Vec<f64> {
     }
 }
 
-/// SPEC §4: `up` is the smallest value ≥ s, `nearest` the nearest (ties to the even code,
+/// format.md "Storing a scale: rounding to its dtype": `up` is the smallest value ≥ s, `nearest` the nearest (ties to the even code,
 /// UE8M0's ties up), both saturating; UE8M0 has no zero, its smallest value stands in.
 fn round_scale(dtype: ScaleDtype, s: f32, mode: ScaleRounding) -> f32 {
     if dtype == ScaleDtype::F32 {
@@ -52,7 +52,7 @@ fn round_scale(dtype: ScaleDtype, s: f32, mode: ScaleRounding) -> f32 {
     v[code] as f32
 }
 
-/// Stored scales, global scale and effective scales of SPEC §3–§5, one block at a time.
+/// Stored scales, global scale and effective scales of format.md "Calibration" to "Two-level schemes", one block at a time.
 fn spec_scales(
     x: &[f32],
     layout: &Layout,
@@ -98,7 +98,7 @@ fn spec_scales(
     (stored, Some(g), eff)
 }
 
-/// `quantize` then `dequantize` equal SPEC computed one element at a time, for a spread
+/// `quantize` then `dequantize` equal format.md computed one element at a time, for a spread
 /// of schemes: per-tensor, 1-D and 2-D blocks, every scale dtype, two-level (NVFP4), both
 /// calibrations, packed along the last and an outer axis.
 #[test]
@@ -247,7 +247,7 @@ fn dequantize_of_quantize_matches_a_scalar_reading_of_spec() {
 }
 
 /// The values stored in `w` (against the grid's scales `eff`) are those of the division's
-/// codes of `x` by `e` (each value's scale), per the scalar reading of SPEC.
+/// codes of `x` by `e` (each value's scale), per the scalar reading of format.md.
 fn assert_division_codes(
     layout: &Layout,
     w: &Words,
@@ -554,7 +554,7 @@ fn first_unrepresentable_ue4m3_ue8m0_f32_match_one_at_a_time() {
     }
 }
 
-/// SPEC §4: under `nearest`, a UE8M0 tie goes up (as ml_dtypes' float8_e8m0fnu cast:
+/// format.md "Storing a scale: rounding to its dtype": under `nearest`, a UE8M0 tie goes up (as ml_dtypes' float8_e8m0fnu cast:
 /// 3.0 → 4.0, 0.75 → 1.0), unlike the other dtypes' ties to even.
 #[test]
 fn ue8m0_nearest_scale_ties_go_up() {

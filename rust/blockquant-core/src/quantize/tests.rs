@@ -1,6 +1,6 @@
 //! The one-pass kernel against the two-pass one (what `quantize` runs when it does not
 //! fuse), `measure_piece`'s AVX2 build against its portable one, and quantize → dequantize
-//! against a scalar reading of SPEC §3–§7.
+//! against a scalar reading of format.md "Calibration" to "Dequantizing".
 
 use super::scales::*;
 use super::*;

@@ -1,4 +1,4 @@
-//! Searched scales, calibration `mse` (SPEC §3a): per block, the stored scale that minimizes
+//! Searched scales, calibration `mse` (format.md "Searched scales: `mse`"): per block, the stored scale that minimizes
 //! the block's (weighted) squared error among a fixed set of candidates around the minmax scale.
 //!
 //! The search is a definition, reproduced bit for bit by `blockquant.reference`:
@@ -318,8 +318,8 @@ fn search_tensor<Q: Dequant>(
     pick(&cand[..k], &eff, &total[..k])
 }
 
-/// The searched scales of `x` (SPEC §3a): the stored grid, and g for a two-level scheme (the
-/// caller's, else derived from the minmax raw scales as SPEC §5 does). `weights`, if given, has
+/// The searched scales of `x` (format.md "Searched scales: `mse`"): the stored grid, and g for a two-level scheme (the
+/// caller's, else derived from the minmax raw scales as format.md "Two-level schemes" does). `weights`, if given, has
 /// one finite value ≥ 0 per element ([`check_weights`]).
 pub fn mse_scales(
     x: Input<'_>,

@@ -252,7 +252,7 @@ unsafe fn quad(ab: __m256, cd: __m256) -> __m256 {
     )
 }
 
-/// Eight f32 ≥ 0 rounded to float16 values (SPEC §4), as f32: `up` the smallest value ≥ s,
+/// Eight f32 ≥ 0 rounded to float16 values (format.md "Storing a scale: rounding to its dtype"), as f32: `up` the smallest value ≥ s,
 /// else the nearest (ties to even); both saturate at 65504. F16C's conversion takes the
 /// rounding direction in its immediate (toward +inf is `up` for s ≥ 0; MXCSR is not read);
 /// past 65504 it gives infinity, whose code 0x7C00 is the next after 65504's 0x7BFF, so an
@@ -268,7 +268,7 @@ pub(crate) unsafe fn round_f16_8(s: __m256, up: bool) -> __m256 {
     _mm256_cvtph_ps(_mm_min_epu16(h, _mm_set1_epi16(0x7BFF)))
 }
 
-/// Eight f32 ≥ 0 (finite, or +inf) rounded to bfloat16 values (SPEC §4), as f32: `up` the
+/// Eight f32 ≥ 0 (finite, or +inf) rounded to bfloat16 values (format.md "Storing a scale: rounding to its dtype"), as f32: `up` the
 /// smallest value ≥ s, else the nearest (ties to even); both saturate at bfloat16's largest
 /// (code 0x7F7F). bfloat16 is f32's top half with f32's exponent range, so every f32 (its
 /// subnormals included) rounds by its bit pattern shifted right by 16, the integer way;
@@ -294,7 +294,7 @@ pub(crate) unsafe fn round_bf16_8(s: __m256, up: bool) -> __m256 {
     _mm256_castsi256_ps(_mm256_slli_epi32::<16>(code))
 }
 
-/// Eight f32 ≥ 0 (finite, or +inf) rounded to UE8M0 values (SPEC §4), as f32: powers of two
+/// Eight f32 ≥ 0 (finite, or +inf) rounded to UE8M0 values (format.md "Storing a scale: rounding to its dtype"), as f32: powers of two
 /// 2^(c − 127), c = 0..=254. A normal s of exponent field E and mantissa m takes E, plus one
 /// where m is past the rounding point (up: m > 0; nearest: m ≥ half, a tie going up); an f32
 /// subnormal lies between 2^-127 (m = 0x40_0000) and 2^-126, so there the point is 2^-127
@@ -324,7 +324,7 @@ pub(crate) unsafe fn round_ue8m0_8(s: __m256, up: bool) -> __m256 {
     ))
 }
 
-/// Eight f32 ≥ 0 rounded to UE4M3 values (SPEC §4), as f32: `up` the smallest value ≥ s,
+/// Eight f32 ≥ 0 rounded to UE4M3 values (format.md "Storing a scale: rounding to its dtype"), as f32: `up` the smallest value ≥ s,
 /// else the nearest (ties to even); both saturate at 448. The nearest code is E4M3's
 /// encoder's (which saturates); for `up`, when its value lies below s the next code up is the
 /// smallest value above (codes are in value order), but never past the largest, 0x7E. Equal
@@ -542,7 +542,7 @@ pub(crate) unsafe fn recip_bytes16(a: __m256i, b: __m256i) -> __m128i {
     _mm_shuffle_epi32::<0b11_01_10_00>(ab)
 }
 
-/// The OCP MX scale (SPEC §4 `mx`) of eight amplitudes as f32: 2^(floor(log2 α) − emax)
+/// The OCP MX scale (format.md "Storing a scale: rounding to its dtype" `mx`) of eight amplitudes as f32: 2^(floor(log2 α) − emax)
 /// within [2^-127, 2^127], for `emax` ≥ 0 (so a subnormal or zero α gives 2^-127, as
 /// `scale::mx_scale_code`). An infinite α gives 2^127; a NaN is never passed in (the max
 /// passes NaNs over).

@@ -154,7 +154,7 @@ pub(crate) unsafe fn decode_blocks_8s<D: Decode, const STREAM: bool>(
 }
 
 /// [`decode_blocks_8s`] of 4-bit fields read straight from their packed bytes (value t
-/// is the low nibble of byte t / 2 for even t, the high one for odd t: SPEC §8), with no
+/// is the low nibble of byte t / 2 for even t, the high one for odd t: format.md "Stores and packing"), with no
 /// code buffer between: eight fields from four bytes by one broadcast, one variable shift
 /// and a mask. `bytes` holds the `eff.len() * bc / 2` bytes of the blocks.
 #[inline(always)]
@@ -185,7 +185,7 @@ pub(crate) unsafe fn decode_nibble_blocks_8s<D: Decode, const STREAM: bool>(
 }
 
 /// Pack 4- or 2-bit fields (the low bits of each code byte) 32 codes at a time into
-/// `out`, the first code in the low bits of each byte (SPEC §8); returns how many codes
+/// `out`, the first code in the low bits of each byte (format.md "Stores and packing"); returns how many codes
 /// were packed (a multiple of 32: the caller packs the rest). `out` must hold
 /// `codes.len() * bits / 8` bytes rounded down.
 #[inline]

@@ -1,6 +1,6 @@
 //! Prints, one JSON line per probe, the bytes burn 0.23.0-pre.1's `TensorData::quantized` (its
 //! `QuantizedBytes`) writes for given codes, shape, scheme and scales: the layouts blockquant's
-//! `to_bytes()` has to match (SPEC §9, "burn is the arbiter of bytes"), in particular packing
+//! `to_bytes()` has to match (format.md "The byte layout", "burn is the arbiter of bytes"), in particular packing
 //! along an outer axis and `PackedNative` of sub-byte integers, which burn 0.22.1 cannot read.
 //!
 //! ```text
