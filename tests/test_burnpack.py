@@ -688,3 +688,17 @@ def test_a_write_the_file_system_refuses_names_the_target_not_the_temporary_file
         save_burnpack(tmp_path, t)
     assert e.value.filename == str(tmp_path)
     assert list(tmp_path.iterdir()) == []  # no temporary file left behind
+
+
+@pytest.mark.parametrize("out", ["o.bpk", "o.safetensors"])
+def test_a_bool_byte_burn_refuses_is_not_copied_into_an_output(tmp_path, capsys, out):
+    # burn's Bool holds 0 or 1; blockquant's reader refuses any other byte, and so does every
+    # output it would be copied into (a .bpk blockquant itself could not read back).
+    from blockquant.cli import main
+
+    src = tmp_path / "bad.bpk"
+    src.write_bytes(CORRUPT["bool byte not 0/1"])
+    assert main(["quantize", str(src), "-o", str(tmp_path / out), "--scheme", "int8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bool" in err.lower() and "0 or 1" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.bpk"]

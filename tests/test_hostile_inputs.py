@@ -107,6 +107,26 @@ def test_dims_out_of_range(tmp_path, capsys, shape):
     assert_refused(tmp_path, capsys, src, f"{src}: w: malformed safetensors header entry")
 
 
+@pytest.mark.parametrize("shape", [[0, 2**62], [2**62, 0], [0, 2**61], [2**31, 0, 2**31]])
+def test_empty_tensors_whose_dims_span_past_numpys_limit(tmp_path, capsys, shape):
+    # numpy (so the safetensors library) refuses nonzero dimensions past 2^63 - 1 bytes even
+    # when another is 0: such a tensor would be copied into an output nothing else loads.
+    src = tmp_path / "e.safetensors"
+    write_header(src, {"w": {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]}})
+    assert_refused(tmp_path, capsys, src, f"{src}: w: F32", "past 2^63 bytes")
+
+
+def test_empty_tensors_numpy_takes_are_copied(tmp_path):
+    src = tmp_path / "e.safetensors"
+    write_header(src, {"w": {"dtype": "F32", "shape": [0, 2**60], "data_offsets": [0, 0]},
+                       "x": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}},
+                 bytes(16))
+    out = tmp_path / "o.safetensors"
+    assert run("quantize", src, "-o", out, "--scheme", "int8") == 0
+    assert bq.load(out)["w"].shape == (0, 2**60)
+    load_file(out)  # and the safetensors library loads it
+
+
 def with_blockquant_metadata(tmp_path, scheme, edit):
     """A blockquant file of one tensor "w" quantized with ``scheme``, whose ``blockquant``
     metadata has gone through ``edit``: a function changing the parsed JSON in place, or a

@@ -93,7 +93,10 @@ class BurnpackCheckpoint(Checkpoint):
         return np.asarray(arr)
 
     def copy_to(self, name: str, out: BinaryIO) -> None:
-        out.write(self._file.raw(name))
+        raw = self._file.raw(name)
+        if self.info(name).dtype == "BOOL":  # checked as read() checks it, not copied blind
+            _check_bools(self, name, raw)
+        out.write(raw)
 
     def raw(self, name: str) -> bytes:
         return self._file.raw(name)
@@ -149,13 +152,17 @@ def _copier(ckpt: Checkpoint, t: TensorInfo) -> Any:
             ckpt.copy_to(name, buf)
             raw = buf.getvalue()
         if t.dtype == "BOOL":
-            # burn's Bool holds 0 or 1 (blockquant's own reader refuses any other byte); a
-            # safetensors BOOL may hold any (numpy reads a non-zero byte as True).
-            stored = np.frombuffer(raw, np.uint8)
-            if stored.size and stored.max() > 1:
-                i = int(np.argmax(stored > 1))
-                raise ckpt.error(name, f"bool at index {i} is {stored[i]}, not 0 or 1 as burn's "
-                                 "Bool holds")
+            _check_bools(ckpt, name, raw)
         return raw
 
     return produce
+
+
+def _check_bools(ckpt: Checkpoint, name: str, raw: Any) -> None:
+    """burn's Bool holds 0 or 1 (blockquant's own reader refuses any other byte); a
+    safetensors BOOL may hold any (numpy reads a non-zero byte as True)."""
+    stored = np.frombuffer(raw, np.uint8)
+    if stored.size and stored.max() > 1:
+        i = int(np.argmax(stored > 1))
+        raise ckpt.error(name, f"bool at index {i} is {stored[i]}, not 0 or 1 as burn's Bool "
+                         "holds")

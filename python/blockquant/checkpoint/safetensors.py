@@ -122,6 +122,16 @@ class SafetensorsCheckpoint(Checkpoint):
                     f"data offsets [{a}, {b}] reach past the {data_len} data bytes "
                     "(truncated file?)",
                 )
+            # numpy (and so the safetensors library's loader) refuses an array whose nonzero
+            # dimensions' bytes pass 2^63 - 1, even an empty one: [0, 2^62] of F32 would be
+            # copied into an output nothing else loads.
+            span = ST_DTYPES[dtype][0]
+            for d in shape:
+                span *= max(d, 1)
+            if span > 8 * MAX_DIM:
+                raise self.error(name, f"{dtype} {list(shape)}: its dimensions span past 2^63 "
+                                 "bytes, more than numpy (or the safetensors library) takes, "
+                                 "even with a dimension of 0")
             # As the safetensors library: the bits of a sub-byte dtype (F4, F6_*) fill whole
             # bytes, and every tensor spans exactly its bytes.
             bits = numel(shape) * ST_DTYPES[dtype][0]
