@@ -7,7 +7,7 @@
     blockquant demo                                 every preset on built-in generated tensors
 
 A SCHEME is a preset name (nvfp4, mxfp4, int8, ...) or its spelled-out form, such as
-q4s/packed_native0/block32:f16 (see ``blockquant.presets.resolve``). A problem with the input, the
+q4s/packed_u32_0/block32:f16 (``blockquant presets`` lists the presets). A problem with the input, the
 scheme or the output is one line on stderr, ``blockquant: error: FILE: TENSOR: message``, exit
 code 2, and no output file.
 """
@@ -479,7 +479,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"blockquant {version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     scheme_help = ("a preset (" + ", ".join(presets.PRESETS) + ") or a spelled-out scheme such "
-                   "as q4s/packed_native0/block32:f16")
+                   "as q4s/packed_u32_0/block32:f16 (4-bit codes, 8 to a uint32 word)")
 
     def options(c: argparse.ArgumentParser) -> None:
         c.add_argument("--scheme", required=True, help=scheme_help)

@@ -152,11 +152,53 @@ def resolve(scheme: Union[QuantScheme, str]) -> QuantScheme:
 # included) costs more than a small quantize. Bounded, for programs that make up many texts.
 @functools.lru_cache(maxsize=256)
 def _resolve_text(scheme: str) -> QuantScheme:
-    if scheme in PRESETS:
-        return PRESETS[scheme]()
+    # Preset names in any case (NVFP4, Int8_Block32): no scheme text is one word, so a name
+    # without a "/" is never ambiguous. Scheme texts stay canonical (parse and print agree).
+    if scheme.lower() in PRESETS:
+        return PRESETS[scheme.lower()]()
     if "/" not in scheme:
         raise SchemeError(
-            f"unknown scheme {scheme!r}: not a preset ({', '.join(PRESETS)}) nor "
-            "VALUE/STORE/LEVELS such as 'q4s/packed_native0/block32:f16'"
+            f"unknown scheme {scheme!r}: " + (other_kind(scheme) or (
+                f"not a preset ({', '.join(PRESETS)}; blockquant presets lists them) nor "
+                "VALUE/STORE/LEVELS such as 'q4s/packed_u32_0/block32:f16'"))
         )
     return QuantScheme.parse(scheme)
+
+
+#: Each ggml type's nearest preset, for a ggml type named where a blockquant scheme is taken
+#: (the bits per value and the kind of values closest; none is the same bytes).
+GGML_NEAREST: Dict[str, str] = {
+    "F32": "", "F16": "", "BF16": "",
+    "Q8_0": "int8_block32", "Q4_0": "int4_block32", "Q4_1": "int4_block32",
+    "Q5_0": "int8_block32", "Q5_1": "int8_block32", "MXFP4": "mxfp4", "NVFP4": "nvfp4",
+    "TQ1_0": "bitnet", "TQ2_0": "bitnet", "Q2_K": "int4_block16", "Q3_K": "int4_block16",
+    "Q4_K": "int4_block16", "Q5_K": "int4_block16", "Q6_K": "int8_block32",
+    "IQ4_NL": "nf4_block16", "IQ4_XS": "nf4_block16",
+}  # fmt: skip
+#: Each preset's nearest ggml type, for a preset named where a GGUF file takes a ggml type.
+PRESET_NEAREST_GGML: Dict[str, str] = {
+    "int8": "q8_0", "int8_block32": "q8_0", "int4_block32": "q4_0", "int4_block16": "q4_k",
+    "nf4_block16": "iq4_nl", "bq4_block16": "iq4_nl", "mxfp8": "q8_0", "mxfp4": "mxfp4",
+    "nvfp4": "nvfp4", "bitnet": "tq2_0",
+}  # fmt: skip
+#: llama.cpp's file types that are mixes (llama-quantize's names), and their main ggml type.
+LLAMA_MIXES: Dict[str, str] = {
+    "Q2_K_S": "q2_k", "Q3_K_S": "q3_k", "Q3_K_M": "q3_k", "Q3_K_L": "q3_k", "Q4_K_S": "q4_k",
+    "Q4_K_M": "q4_k", "Q5_K_S": "q5_k", "Q5_K_M": "q5_k",
+}  # fmt: skip
+
+
+def other_kind(name: str) -> str:
+    """What a one-word scheme name that is no preset names instead (a ggml type, one of
+    llama.cpp's mixes), with the preset nearest it; empty when it names neither."""
+    upper = name.upper()
+    if upper in LLAMA_MIXES:
+        return (f"{name} is one of llama.cpp's file types, a mix of ggml types for GGUF files "
+                f"(a .gguf input and output take its main type, --scheme {LLAMA_MIXES[upper]}); "
+                "the nearest preset is " + GGML_NEAREST[LLAMA_MIXES[upper].upper()])
+    if upper in GGML_NEAREST:
+        near = GGML_NEAREST[upper]
+        return (f"{name} is one of ggml's types, which GGUF files take (a .gguf input and "
+                "output); " + (f"the nearest preset is {near}" if near else
+                               "a float type: leave the tensors as they are"))
+    return ""

@@ -360,7 +360,7 @@ class QuantScheme:
             CODEBOOK  nf4 | iq4nl | bq4 | [V,V,...]  (each V the shortest text of its float32,
                       as ``str(numpy.float32(v))`` writes it; a named one by its name)
 
-        e.g. ``q4s/packed_native0/block32:f16``, ``e4m3/native/block32x32:ue8m0``,
+        e.g. ``q4s/packed_u32_0/block32:f16``, ``e4m3/native/block32x32:ue8m0``,
         ``e2m1/packed_native0/block16:ue4m3+tensor:f32`` (NVFP4). Only that canonical spelling
         is accepted (lowercase, no spaces, numbers without leading zeros), so
         ``str(QuantScheme.parse(t)) == t`` for every text ``t`` that parses, and

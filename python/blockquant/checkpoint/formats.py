@@ -117,6 +117,33 @@ def detect(path: Any) -> Format:
     return found
 
 
+#: Extensions of formats blockquant does not write, and what they name: an OUT named so is
+#: refused rather than written as safetensors under a name that says otherwise.
+FOREIGN_SUFFIXES = {
+    ".npz": "numpy's archive", ".npy": "numpy's array", ".pt": "a PyTorch pickle",
+    ".pth": "a PyTorch pickle", ".bin": "a PyTorch pickle (pytorch_model.bin)",
+    ".ckpt": "a PyTorch Lightning checkpoint", ".pkl": "a pickle", ".pickle": "a pickle",
+    ".h5": "an HDF5 (Keras) file", ".keras": "a Keras file", ".msgpack": "a Flax checkpoint",
+    ".tflite": "a TensorFlow Lite model", ".json": "a JSON file", ".zip": "a zip archive",
+    ".onnx": "an ONNX model", ".gguf": "a GGUF file", ".bpk": "a burn-pack file",
+}  # fmt: skip
+
+QUANTIZE_WRITES = (".safetensors, .bpk (burn), .gguf (from a GGUF input), .onnx (from an ONNX "
+                   "model) or a folder (OUT ending in /)")
+
+
+def check_output_name(dst: Any, writes: str, allowed: tuple[str, ...] = ()) -> None:
+    """A CheckpointError when ``dst``'s extension names a format other than the one written
+    (``writes`` lists what the command writes); a name with no such extension, or naming a
+    folder, is left alone."""
+    if names_folder(dst):
+        return
+    suffix = Path(str(dst)).suffix.lower()
+    if suffix in FOREIGN_SUFFIXES and suffix not in allowed:
+        raise CheckpointError(dst, None, f"{suffix} names {FOREIGN_SUFFIXES[suffix]}, which "
+                              f"this command does not write; it writes {writes}")
+
+
 def names_folder(dst: Any) -> bool:
     """A trailing slash means a folder, as for cp; so does an existing folder."""
     return str(dst).endswith(("/", os.sep)) or Path(dst).is_dir()
@@ -137,9 +164,11 @@ def output_format(src: Any, dst: Any, requested: str | None = None) -> Format:
         return ONNX
     if GGUF.named_by(dst):
         return GGUF
+    if requested is not None and requested not in CHOOSABLE:
+        raise CheckpointError(dst, None, f"unknown output format {requested!r}")
+    if not Path(src).is_dir():  # a folder's planner says what a folder is written as
+        check_output_name(dst, QUANTIZE_WRITES, allowed=(".bpk",))
     if requested is not None:
-        if requested not in CHOOSABLE:
-            raise CheckpointError(dst, None, f"unknown output format {requested!r}")
         return by_name(requested)
     if BURNPACK.named_by(dst) and not names_folder(dst):
         return BURNPACK

@@ -25,7 +25,16 @@ from ..scheme import QuantScheme
 from .base import CheckpointError
 from .folders import Plan
 from .folders import plan_quantize as plan_checkpoint
-from .formats import BURNPACK, FOLDER, GGUF, ONNX, SAFETENSORS, Format, output_format
+from .formats import (
+    BURNPACK,
+    FOLDER,
+    GGUF,
+    ONNX,
+    SAFETENSORS,
+    Format,
+    check_output_name,
+    output_format,
+)
 from .options import FileOptions
 
 __all__ = ["GGUFRun", "OnnxRun", "QuantizeRequest", "ReportRun", "inspect", "plan_dequantize",
@@ -126,9 +135,18 @@ def gguf_options(req: QuantizeRequest) -> FileOptions:
             raise CheckpointError(flag, None, "GGUF files take ggml's types, whose rules are fixed")
     if ggml_type(req.scheme) is None:
         from ..gguf import TYPES
+        from ..presets import LLAMA_MIXES, PRESET_NEAREST_GGML
 
+        text = str(req.scheme)
+        hint = ""
+        if text.lower() in PRESET_NEAREST_GGML:
+            hint = (f": {text} is a blockquant preset, for safetensors and burn-pack outputs; "
+                    f"its nearest ggml type is {PRESET_NEAREST_GGML[text.lower()]}")
+        elif text.upper() in LLAMA_MIXES:
+            hint = (f": {text} is llama.cpp's mix of types; blockquant writes one type per file, "
+                    f"its main one is {LLAMA_MIXES[text.upper()]}")
         raise CheckpointError("--scheme", None, f"GGUF takes a ggml type "
-                              f"({', '.join(TYPES).lower()}), got {str(req.scheme)!r}")
+                              f"({', '.join(TYPES).lower()}), got {text!r}{hint}")
     return FileOptions(include=o.include, exclude=o.exclude, min_rank=o.min_rank,
                        strict=o.strict, force=o.force)
 
@@ -232,6 +250,7 @@ def plan_dequantize(src: Any, dst: Any, options: FileOptions) -> Plan:
                               "read .onnx)")
     from .folders import plan_dequantize as plan_checkpoint_dequantize
 
+    check_output_name(dst, "safetensors (.safetensors), or a folder of them (OUT ending in /)")
     return plan_checkpoint_dequantize(src, dst, options)
 
 
