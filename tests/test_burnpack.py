@@ -385,7 +385,10 @@ def test_cbor_nesting_up_to_the_limit_is_fine():
 # -- atomic writes ---------------------------------------------------------------------------------
 def test_a_save_leaves_only_the_file(tmp_path):
     save_burnpack(tmp_path / "a.bpk", {"x": np.ones(3, np.float32)})
-    save_burnpack(tmp_path / "a.bpk", {"y": np.ones(4, np.float32)})  # replaces
+    with pytest.raises(FileExistsError):  # the default refuses, as quantize_file does
+        save_burnpack(tmp_path / "a.bpk", {"y": np.ones(4, np.float32)})
+    assert list(load_burnpack(tmp_path / "a.bpk")) == ["x"]
+    save_burnpack(tmp_path / "a.bpk", {"y": np.ones(4, np.float32)}, force=True)  # replaces
     assert [p.name for p in tmp_path.iterdir()] == ["a.bpk"]
     assert list(load_burnpack(tmp_path / "a.bpk")) == ["y"]
 
@@ -408,7 +411,8 @@ def test_a_failed_save_keeps_the_old_file_and_no_temporary(tmp_path, monkeypatch
     else:
         monkeypatch.setattr(f"blockquant.burnpack.os.{fail_in}", boom)
     with pytest.raises(OSError, match="No space"):
-        save_burnpack(path, {"new": np.ones(5, np.float32), "z": np.ones(2, np.float32)})
+        save_burnpack(path, {"new": np.ones(5, np.float32), "z": np.ones(2, np.float32)},
+                      force=True)
     assert [p.name for p in tmp_path.iterdir()] == ["a.bpk"]
     assert path.read_bytes() == before
 

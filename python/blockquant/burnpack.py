@@ -96,7 +96,7 @@ def scheme_to_burn(scheme: QuantScheme) -> dict[str, Any]:
     if scheme.codebook is not None:
         raise SchemeError(
             f"burn's Burnpack has no place for a Lookup scheme's codebook (burn refuses Lookup "
-            f"tensors too): save {scheme} as safetensors, got {scheme!r}"
+            f"tensors too): save {scheme} as safetensors"
         )
     if scheme.store.kind == "native":
         store: Any = "Native"
@@ -331,10 +331,11 @@ def save_burnpack(
     tensors: Mapping[str, Union[Tensor, Planned]],
     metadata: Mapping[str, str] | None = None,
     *,
-    force: bool = True,
+    force: bool = False,
 ) -> None:
     """Write ``tensors`` (name -> :class:`QTensor` or numpy array) to a burn-pack file at
-    ``path``, replacing it atomically. ``metadata`` is burn-pack's string-to-string map.
+    ``path`` atomically (an existing file only with ``force=True``, as ``quantize_file`` and
+    the command). ``metadata`` is burn-pack's string-to-string map.
 
     Every argument is checked before anything is written: a :class:`QTensor` whose scheme burn
     cannot hold raises :class:`SchemeError`, an array of a dtype burn lacks ``TypeError``. The
@@ -366,10 +367,10 @@ def save_burnpack(
     data_start = _align(HEADER_SIZE + len(blob))
 
     target = Path(path)
-    if not force and target.exists():
-        raise FileExistsError(f"{target} exists")
     if target.is_dir():
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
+    if not force and target.exists():
+        raise FileExistsError(f"{target} exists (force=True replaces it)")
     with AtomicFile(target, force=force) as out:
         f = out.f
         f.write(header)
