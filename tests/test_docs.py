@@ -67,8 +67,8 @@ def test_sources_cite_format_sections_by_their_names():
             if path.suffix not in (".py", ".rs", ".pyi") or "target" in path.parts:
                 continue
             text = path.read_text(encoding="utf-8")
-            if "SPEC " + "§" in text:
-                bad.append(f"{path.relative_to(ROOT)}: cites a SPEC section number")
+            if re.search("§" + r"\d", text):  # numbered sections: cite by name
+                bad.append(f"{path.relative_to(ROOT)}: cites a section by number")
             for cited in re.findall(r'format\.md "([^"]+)"', text):
                 if cited not in names:
                     bad.append(f"{path.relative_to(ROOT)}: no section {cited!r}")

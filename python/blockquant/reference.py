@@ -14,7 +14,7 @@ and block geometry. Reading order here:
 2. Scales: rounding a scale to its dtype (format.md "Storing a scale: rounding to its dtype"), encoding and decoding scale bytes.
 3. Geometry: the storage shape and packing (format.md "Blocks and the scale grid", "Stores and packing").
 4. Calibration: the amplitude alpha of each block and the raw scale (format.md "Calibration").
-5. Quantizing, packing, dequantizing, bytes (format.md "Two-level schemes" to §9).
+5. Quantizing, packing, dequantizing, bytes (format.md "Two-level schemes" to "The byte layout").
 
 Conventions: a 0-d tensor is treated as shape ``(1,)`` for blocks, packing and the scale grid,
 while ``RefQTensor.shape`` keeps ``()``. All arithmetic on values and scales is float32.

@@ -1,4 +1,4 @@
-//! The scheme's printed forms, in one place: the canonical text (docs/format.md §14), which
+//! The scheme's printed forms, in one place: the canonical text (format.md "The scheme text form"), which
 //! [`parse`] reads back, and the `Display` form (`QuantScheme(value=…)`), which error messages
 //! and the Python `repr` show.
 //!

@@ -163,7 +163,7 @@ pub(crate) mod oracle {
         })
     }
 
-    /// format.md "Storing a scale: rounding to its dtype"'s zero rule and §6: the code of `x` against scale `e`.
+    /// format.md "Storing a scale: rounding to its dtype"'s zero rule and "Quantizing a value": the code of `x` against scale `e`.
     pub(crate) fn quantize_one(value: QuantValue, rounding: Rounding, x: f32, e: f32) -> u8 {
         if e == 0.0 {
             0
