@@ -122,6 +122,29 @@ def publish(tmp: Path, path: Path, *, force: bool, record: bool = True) -> None:
             record_published(path)
 
 
+def publish_folder(tmp: Path, path: Path, *, force: bool) -> None:
+    """Put the finished folder ``tmp`` at ``path``: renamed there, or, with ``force``, the
+    folder (or a link to one) at ``path`` moved aside first and removed after, with no signal
+    between the two (it would leave no output, or the old one hidden). Without ``force`` an
+    existing ``path`` is a ``FileExistsError``. Other ``OSError``s propagate, ``tmp`` kept."""
+    import shutil
+
+    with signals_deferred():
+        if path.exists() or path.is_symlink():
+            if not force:
+                raise FileExistsError(path)
+            old = temp_sibling(path, "old")
+            os.rename(path, old)
+            os.rename(tmp, path)
+            if old.is_symlink():  # a link to a folder was replaced, not its target
+                old.unlink()
+            else:
+                shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, path)
+        record_published(path)
+
+
 def fsync_path(path: Path) -> None:
     """Flush a file written by someone else (a library that only takes a name) to the disk."""
     with open(path, "rb+") as f:

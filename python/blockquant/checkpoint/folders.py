@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._fs import is_inside, record_published, same_file, signals_deferred, temp_sibling
+from .._fs import is_inside, publish_folder, same_file, temp_sibling
 from ..scheme import QuantScheme
 from .base import NAME_TO_ST, CheckpointError, TensorInfo, os_reason
 from .commands import (
@@ -295,27 +295,14 @@ class FolderTarget:
             self.abort()
 
     def commit(self) -> None:
-        # No signal between moving the old folder aside and removing it: it would leave no
-        # output at dst, or the old one hidden beside it.
-        with signals_deferred():
-            try:
-                if self.dst.exists() or self.dst.is_symlink():
-                    if not self.force:
-                        raise CheckpointError(self.dst, None,
-                                              "already exists (--force replaces it)")
-                    old = temp_sibling(self.dst, "old")
-                    os.rename(self.dst, old)
-                    os.rename(self.tmp, self.dst)
-                    if old.is_symlink():  # a link to a folder was replaced, not its target
-                        old.unlink()
-                    else:
-                        shutil.rmtree(old, ignore_errors=True)
-                else:
-                    os.rename(self.tmp, self.dst)
-            except OSError as e:
-                self.abort()
-                raise CheckpointError(self.dst, None, f"cannot write: {os_reason(e)}") from None
-            record_published(self.dst)
+        try:
+            publish_folder(self.tmp, self.dst, force=self.force)
+        except FileExistsError:
+            self.abort()
+            raise CheckpointError(self.dst, None, "already exists (--force replaces it)") from None
+        except OSError as e:
+            self.abort()
+            raise CheckpointError(self.dst, None, f"cannot write: {os_reason(e)}") from None
 
     def abort(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
