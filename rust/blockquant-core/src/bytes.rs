@@ -1,6 +1,7 @@
 //! burn's byte layout (format.md "The byte layout"): value storage little-endian, then the scales in their dtype,
 //! then (two-level only) the per-tensor scale as f32. Dense, no padding, no header.
 
+use crate::alloc::{try_to_vec, try_zeroed};
 use crate::error::{QuantError, Result};
 use crate::layout::Layout;
 use crate::pack::check::check_storage_bytes;
@@ -8,15 +9,21 @@ use crate::pack::storage::{words_as_bytes, Storage};
 use crate::quantize::scales::Scales;
 
 /// Serialize a quantized tensor. `scales` must already fit `layout` (see [`Scales::from_stored`]).
-pub fn to_bytes(layout: &Layout, storage: Storage<'_>, scales: &Scales) -> Vec<u8> {
-    let mut out = vec![0u8; layout.total_bytes()];
-    write_bytes(layout, storage, scales, &mut out);
-    out
+pub fn to_bytes(layout: &Layout, storage: Storage<'_>, scales: &Scales) -> Result<Vec<u8>> {
+    let mut out = try_zeroed(layout.total_bytes())?;
+    write_bytes(layout, storage, scales, &mut out)?;
+    Ok(out)
 }
 
 /// [`to_bytes`] into a caller's buffer of exactly `layout.total_bytes()` bytes (the binding
 /// hands Python's own bytes object, so a failed allocation is Python's `MemoryError`).
-pub fn write_bytes(layout: &Layout, storage: Storage<'_>, scales: &Scales, out: &mut [u8]) {
+/// Fails only when the scales' byte order (one index a scale) cannot be allocated.
+pub fn write_bytes(
+    layout: &Layout,
+    storage: Storage<'_>,
+    scales: &Scales,
+    out: &mut [u8],
+) -> Result<()> {
     assert_eq!(out.len(), layout.total_bytes(), "output length");
     let dtype = layout.scheme.scale_dtype();
     let mut at = 0;
@@ -35,13 +42,14 @@ pub fn write_bytes(layout: &Layout, storage: Storage<'_>, scales: &Scales, out: 
         put(&b[..n]);
     };
     // burn stores block scales in the values' swapped order when they pack along an outer axis.
-    match layout.scale_byte_order() {
+    match layout.scale_byte_order()? {
         None => scales.stored.iter().for_each(|&s| scale(s)),
         Some(order) => order.iter().for_each(|&g| scale(scales.stored[g])),
     }
     if let Some(g) = scales.global {
         put(&g.to_le_bytes());
     }
+    Ok(())
 }
 
 /// The parts of a byte layout: storage bytes (words little-endian), decoded scales, global.
@@ -69,9 +77,9 @@ pub fn from_bytes<'a>(layout: &Layout, data: &'a [u8]) -> Result<Parts<'a>> {
     let dtype = layout.scheme.scale_dtype();
     let sb = dtype.size_bytes();
     let (scale_bytes, global_bytes) = rest.split_at(layout.num_scales * sb);
-    let mut stored = dtype.read_le_all(scale_bytes);
-    if let Some(order) = layout.scale_byte_order() {
-        let in_bytes = stored.clone();
+    let mut stored = dtype.read_le_all(scale_bytes)?;
+    if let Some(order) = layout.scale_byte_order()? {
+        let in_bytes = try_to_vec(&stored)?;
         for (&s, &g) in in_bytes.iter().zip(&order) {
             stored[g] = s;
         }

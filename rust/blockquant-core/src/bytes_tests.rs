@@ -25,8 +25,8 @@ fn spec_example_round_trips() {
     let parts = from_bytes(&layout, &data).unwrap();
     assert_eq!(parts.scales.stored, [0.5, 0.125]);
     assert_eq!(parts.scales.global, Some(3.0));
-    assert_eq!(parts.scales.effective(), [1.5, 0.375]);
-    let again = to_bytes(&layout, Storage::U8(parts.storage), &parts.scales);
+    assert_eq!(parts.scales.effective().unwrap(), [1.5, 0.375]);
+    let again = to_bytes(&layout, Storage::U8(parts.storage), &parts.scales).unwrap();
     assert_eq!(again, data);
 }
 
@@ -47,7 +47,7 @@ fn spec_example_from_quantize() {
         StorageMut::U8(&mut out),
     )
     .unwrap();
-    let bytes = to_bytes(&layout, Storage::U8(&out), &scales);
+    let bytes = to_bytes(&layout, Storage::U8(&out), &scales).unwrap();
     assert_eq!(
         bytes,
         [0x00, 0x19, 0x33, 0x4c, 0x66, 0x7f, 0x80, 0xff, 0x30, 0x20, 0x00, 0x00, 0x40, 0x40]

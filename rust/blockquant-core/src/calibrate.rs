@@ -7,6 +7,8 @@
 
 use rayon::prelude::*;
 
+use crate::alloc::{try_vec, try_zeroed};
+use crate::error::Result;
 use crate::input::Input;
 use crate::layout::Layout;
 use crate::simd::avx2_dispatch;
@@ -32,14 +34,14 @@ pub(crate) const MIN_TASK_ELEMS: usize = 1 << 16;
 const TASKS_WANTED: usize = 16;
 
 /// α for every block of `layout` (one value for per-tensor).
-pub fn amplitudes(x: Input<'_>, layout: &Layout, calibration: Calibration) -> Vec<f32> {
+pub fn amplitudes(x: Input<'_>, layout: &Layout, calibration: Calibration) -> Result<Vec<f32>> {
     if layout.per_tensor {
-        return vec![tensor_amplitude(x, calibration)];
+        return Ok(vec![tensor_amplitude(x, calibration)]);
     }
     let gc = layout.grid_cols();
-    let mut alpha = vec![0.0f32; layout.num_scales];
+    let mut alpha = try_zeroed(layout.num_scales)?;
     if layout.num_elements == 0 || gc == 0 {
-        return alpha;
+        return Ok(alpha);
     }
     let bc = layout.block_cols();
     let rows_per_block: usize = layout.block[..layout.rank() - 1].iter().product();
@@ -58,12 +60,13 @@ pub fn amplitudes(x: Input<'_>, layout: &Layout, calibration: Calibration) -> Ve
         .par_chunks_mut(gc)
         .with_min_len(grid_rows_per_task)
         .enumerate()
-        .for_each(|(g, arow)| {
+        .try_for_each(|(g, arow)| {
             let cols = |ci: usize, achunk: &mut [f32]| {
                 let k0 = ci * cols_per_task;
                 match calibration {
                     Calibration::MinMax | Calibration::Mse => {
-                        max_abs_cols(x, layout, g, k0, achunk)
+                        max_abs_cols(x, layout, g, k0, achunk);
+                        Ok(())
                     }
                     Calibration::AbsMean => mean_abs_cols(x, layout, g, k0, achunk),
                 }
@@ -75,10 +78,10 @@ pub fn amplitudes(x: Input<'_>, layout: &Layout, calibration: Calibration) -> Ve
             } else {
                 arow.par_chunks_mut(cols_per_task)
                     .enumerate()
-                    .for_each(|(ci, achunk)| cols(ci, achunk));
+                    .try_for_each(|(ci, achunk)| cols(ci, achunk))
             }
-        });
-    alpha
+        })?;
+    Ok(alpha)
 }
 
 /// Calls `f(row)` for every tensor row in grid row `g` (the rows its blocks span).
@@ -136,6 +139,8 @@ fn row_blocks<'s>(
     blocks: usize,
     buf: &'s mut Vec<f32>,
 ) -> &'s [f32] {
+    // `buf` (a non-f32 input's converted piece) holds one task's columns of a row: at most
+    // 2^19 values, or one block where blocks are wider (see `amplitudes`).
     let n = layout.row_len();
     let bc = layout.block_cols();
     let c0 = k0 * bc;
@@ -246,10 +251,17 @@ fn max_abs_blocks_portable(cols: &[f32], bc: usize, out: &mut [f32]) {
     }
 }
 
-fn mean_abs_cols(x: Input<'_>, layout: &Layout, g: usize, k0: usize, out: &mut [f32]) {
+fn mean_abs_cols(
+    x: Input<'_>,
+    layout: &Layout,
+    g: usize,
+    k0: usize,
+    out: &mut [f32],
+) -> Result<()> {
     let bc = layout.block_cols();
     let mut buf = Vec::new();
-    let mut acc = vec![AbsSum::default(); out.len()];
+    // One accumulator a block of the task's columns (up to 2^19 of them: fallible).
+    let mut acc = try_vec(out.len(), AbsSum::default())?;
     for_each_row_in_grid_row(layout, g, |row| {
         let cols = row_blocks(&x, layout, row, k0, out.len(), &mut buf);
         for (a, seg) in acc.iter_mut().zip(cols.chunks(bc)) {
@@ -267,6 +279,7 @@ fn mean_abs_cols(x: Input<'_>, layout: &Layout, g: usize, k0: usize, out: &mut [
             exact.to_f64()
         });
     }
+    Ok(())
 }
 
 /// α of one block held in one contiguous run (1-D blocks): what [`amplitudes`] computes for it.

@@ -44,6 +44,10 @@ pub enum QuantError {
         value: f32,
         given: Option<f64>,
     },
+    /// An allocation sized by the input could not be made (→ Python's `MemoryError`): the
+    /// call fails and the process lives on, where Rust's infallible `Vec` would abort it.
+    #[error("out of memory: could not allocate {bytes} bytes")]
+    OutOfMemory { bytes: usize },
 }
 
 pub type Result<T> = std::result::Result<T, QuantError>;

@@ -1,6 +1,7 @@
 //! The geometry a scheme takes on a given shape: the block grid (format.md "Blocks and the scale grid") and the storage
 //! packing (format.md "Stores and packing"). Every tensor-dependent rule of the scheme is checked here, once.
 
+use crate::alloc::try_with_capacity;
 use crate::error::{QuantError, Result};
 use crate::scheme::{QuantScheme, QuantStore, QuantValue};
 
@@ -260,10 +261,11 @@ impl Layout {
 
     /// For a block scheme packed along an outer axis, burn stores the scale grid in the values'
     /// swapped order: byte position `i` holds grid index `order[i]`. `None`: row-major.
-    /// Only call it with scales in hand: it allocates one index per scale.
-    pub fn scale_byte_order(&self) -> Option<Vec<usize>> {
+    /// Only call it with scales in hand: it allocates one index per scale (out of memory is
+    /// the one error).
+    pub fn scale_byte_order(&self) -> Result<Option<Vec<usize>>> {
         if !self.scales_swapped() {
-            return None;
+            return Ok(None);
         }
         let (rank, a) = (self.rank(), self.packing.axis);
         let mut swapped = self.grid.clone();
@@ -277,7 +279,7 @@ impl Layout {
             s *= self.grid[j];
         }
         strides.swap(a, rank - 1);
-        let mut order = Vec::with_capacity(self.num_scales);
+        let mut order = try_with_capacity(self.num_scales)?;
         // idx: the swapped grid's multi-index, counted up in C order; at: its natural offset.
         let mut idx = vec![0usize; rank];
         let mut at = 0;
@@ -293,7 +295,7 @@ impl Layout {
                 idx[j] = 0;
             }
         }
-        Some(order)
+        Ok(Some(order))
     }
 
     /// Bytes of the value storage.

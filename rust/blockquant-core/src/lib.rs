@@ -14,11 +14,13 @@
 //!   the AVX2 kernels above them), `simd`: CPU feature checks and the AVX2 primitives; neither
 //!   imports a dispatcher;
 //! - [`pool`]: the bounded thread pool every kernel runs in;
-//! - [`ggml`]: llama.cpp's block types (GGUF tensors), apart from the scheme model.
+//! - [`ggml`]: llama.cpp's block types (GGUF tensors), apart from the scheme model;
+//! - [`alloc`]: fallible allocation of every input-sized buffer (out of memory is an error).
 //!
 //! Inside the crate, items are imported from the module that defines them (never through the
 //! re-exports below, which are the public face), so the module graph stays one-way.
 
+pub mod alloc;
 pub mod bytes;
 pub mod calibrate;
 mod codebook;

@@ -6,6 +6,7 @@
 
 use half::{bf16, f16};
 
+use crate::alloc::{try_collect, try_zeroed};
 use crate::error::{QuantError, Result};
 use crate::minifloat::{exp2i, BF16, E4M3, F16};
 use crate::scheme::ScaleDtype;
@@ -172,29 +173,30 @@ impl ScaleDtype {
     /// reads each: a slice at a time, float16 through F16C where the CPU has it and the 8-bit
     /// dtypes through a table of their 256 values. One `read_le` a scale took 2.5 ns, an eighth
     /// of a block-32 tensor's `from_bytes`.
-    pub fn read_le_all(self, bytes: &[u8]) -> Vec<f32> {
+    pub fn read_le_all(self, bytes: &[u8]) -> Result<Vec<f32>> {
         let pairs = || {
             bytes
                 .chunks_exact(2)
                 .map(|c| u16::from_le_bytes([c[0], c[1]]))
         };
         match self {
-            Self::F32 => bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            Self::BF16 => pairs().map(|b| bf16::from_bits(b).to_f32()).collect(),
+            Self::F32 => try_collect(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            ),
+            Self::BF16 => try_collect(pairs().map(|b| bf16::from_bits(b).to_f32())),
             Self::F16 => {
                 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
-                let bits: Vec<u16> = pairs().collect();
-                let mut out = vec![0.0; bits.len()];
+                let bits = try_collect(pairs())?;
+                let mut out = try_zeroed(bits.len())?;
                 bits.reinterpret_cast::<f16>()
                     .convert_to_f32_slice(&mut out);
-                out
+                Ok(out)
             }
             Self::UE4M3 | Self::UE8M0 => {
                 let table: [f32; 256] = std::array::from_fn(|c| self.decode_code(c as u32));
-                bytes.iter().map(|&b| table[b as usize]).collect()
+                try_collect(bytes.iter().map(|&b| table[b as usize]))
             }
         }
     }

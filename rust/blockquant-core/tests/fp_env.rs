@@ -63,7 +63,8 @@ fn run(scheme: &QuantScheme, x: &[f32]) -> (Vec<u32>, Vec<u8>, Vec<u32>) {
         &s.stored,
         s.global,
         Output::F32(&mut y),
-    );
+    )
+    .unwrap();
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect();
     (bits(&s.stored), w, bits(&y))
 }

@@ -5,6 +5,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use blockquant_core::QuantError as CoreError;
+use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
 
 pyo3::import_exception!(blockquant.errors, QuantError);
@@ -31,6 +32,8 @@ pub(crate) fn to_py(err: CoreError) -> PyErr {
         CoreError::Layout(_) => LayoutError::new_err(msg),
         CoreError::NonFinite { .. } => NonFiniteError::new_err(msg),
         CoreError::Option(_) => QuantError::new_err(msg),
+        // Python's own class: callers (the CLI too) already handle it as running out of memory.
+        CoreError::OutOfMemory { .. } => PyMemoryError::new_err(msg),
     }
 }
 

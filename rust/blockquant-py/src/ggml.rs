@@ -5,11 +5,12 @@
 
 use blockquant_core::ggml::{self, GgmlType};
 use numpy::{
-    IxDyn, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
+    PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
+use crate::arrays::new_array;
 use crate::errors::{self, guarded, to_py};
 use crate::input::with_input;
 
@@ -87,7 +88,8 @@ fn ggml_quantize<'py>(
     })
 }
 
-/// The caller's `out` (checked: dtype, shape) or a fresh array of shape `want`.
+/// The caller's `out` (checked: dtype, shape) or a fresh array of shape `want` (numpy's own,
+/// so no memory for it is `MemoryError`; every element is written).
 fn output<'py, T: numpy::Element>(
     py: Python<'py>,
     out: Option<Bound<'py, PyAny>>,
@@ -96,7 +98,7 @@ fn output<'py, T: numpy::Element>(
     what: impl FnOnce() -> String,
 ) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
     let Some(o) = out else {
-        return Ok(PyArrayDyn::<T>::zeros(py, IxDyn(want), false));
+        return new_array::<T>(py, want);
     };
     let a = o.cast_into::<PyArrayDyn<T>>().map_err(|e| {
         let got = e.into_inner();

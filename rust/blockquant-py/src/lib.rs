@@ -16,11 +16,13 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+mod arrays;
 mod errors;
 mod ggml;
 mod input;
 mod scheme;
 
+use arrays::new_array;
 use errors::{guarded, to_py};
 use input::with_input;
 use scheme::{scale_dtype_arg, Scheme, StorageDtype};
@@ -66,22 +68,6 @@ fn bytes_of(s: &[i8]) -> &[u8] {
 fn bytes_of_mut(s: &mut [i8]) -> &mut [u8] {
     // SAFETY: as in `bytes_of`; the borrow is carried over unchanged.
     unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, s.len()) }
-}
-
-/// A fresh numpy array, made by numpy itself so that an allocation it cannot make is Python's
-/// `MemoryError` (the numpy crate's constructors turn a failed allocation into a null pointer
-/// panic). Not zeroed: every caller writes every element (storage, scales, dequantize's
-/// output), and zeroing costs a serial pass over the memory in the calling thread (glibc's
-/// calloc clears reused heap memory with memset) before the kernel's parallel one.
-fn new_array<'py, T: numpy::Element>(
-    py: Python<'py>,
-    shape: &[usize],
-) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
-    let np = py.import("numpy")?;
-    let shape = pyo3::types::PyTuple::new(py, shape)?;
-    let arr = np.call_method1("empty", (shape, numpy::dtype::<T>(py)))?;
-    arr.cast_into::<PyArrayDyn<T>>()
-        .map_err(|_| PyTypeError::new_err("numpy.empty made an array of another type"))
 }
 
 /// Fresh storage of the layout's dtype and shape.
@@ -352,7 +338,8 @@ fn stored_scales(
     global: Option<f32>,
 ) -> PyResult<Scales> {
     let s = contiguous(scales, "scales")?;
-    Scales::from_stored(layout, s.to_vec(), global).map_err(to_py)
+    let s = blockquant_core::alloc::try_to_vec(s).map_err(to_py)?;
+    Scales::from_stored(layout, s, global).map_err(to_py)
 }
 
 /// The array dequantize writes: the caller's `out` (checked: dtype, shape, C-contiguous,
@@ -407,7 +394,8 @@ fn dequantize<'py>(
                 pool::install_sized(layout.num_elements, || {
                     q::dequantize(&layout, st, given, global_scale, out)
                 })
-            })
+            })?
+            .map_err(to_py)
         };
         // A caller's array may alias an input or be read-only or strided: numpy's borrow
         // tracking and contiguity checks say so as errors, never as a panic.
@@ -487,7 +475,8 @@ fn to_bytes<'py>(
         PyBytes::new_with(py, n, |buf| {
             with_storage(values, &layout, |st| {
                 bytes::write_bytes(&layout, st, &sc, buf)
-            })
+            })?
+            .map_err(to_py)
         })
     })
 }

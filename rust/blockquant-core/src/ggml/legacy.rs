@@ -198,9 +198,14 @@ fn encode_signed_scale(x: &[f32], neg_half: f32, top: i32, q: &mut Codes) -> Opt
 
 /// The first value whose magnitude has the bits `m` (numpy's argmax keeps the first). When
 /// every such value has the same sign (nearly always) it is ±m, found with two lane-wise
-/// compares; only a block holding both +m and −m is searched in order.
+/// compares; only a block holding both +m and −m is searched in order. An all-zero block's is
+/// +0 whatever its zeros' signs: ggml's `quantize_row_q4_0_ref` starts its maximum at +0.0f and
+/// replaces it only on a larger magnitude, so d = −0 (gguf-py's argmax would take a first −0).
 #[inline(always)]
 fn signed_max(x: &[f32], m: u32) -> f32 {
+    if m == 0 {
+        return 0.0;
+    }
     let (mut pos, mut neg) = ([0u32; 8], [0u32; 8]);
     for c in x.chunks_exact(8) {
         for l in 0..8 {

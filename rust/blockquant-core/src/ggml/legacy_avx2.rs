@@ -177,9 +177,13 @@ unsafe fn q8_0_group(x: *const f32, out: *mut u8) -> bool {
     false
 }
 
-/// [`super::legacy`]'s `signed_max`: the first value of magnitude bits `m`.
+/// [`super::legacy`]'s `signed_max`: the first value of magnitude bits `m`, +0 for an all-zero
+/// block (ggml's d = −0 there).
 #[inline(always)]
 unsafe fn signed_max(x: *const f32, m: u32) -> f32 {
+    if m == 0 {
+        return 0.0;
+    }
     let (pv, nv) = (
         _mm256_set1_epi32(m as i32),
         _mm256_set1_epi32((m | 0x8000_0000) as i32),

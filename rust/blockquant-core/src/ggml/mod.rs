@@ -12,6 +12,10 @@
 //! a code whose f32 value is NaN or out of range (only in a block whose 1/d overflows, i.e. a
 //! block of tiny subnormals) is numpy's cast, the low byte of `cvttss2si`; and the sign of a
 //! zero block minimum or maximum (Q4_1/Q5_1) is the one numpy's vectorized reduction returns.
+//! One corner follows ggml where gguf-py differs, ggml being the arbiter of its format's bytes:
+//! an all-zero Q4_0/Q5_0 block stores d = −0 (f16 0x8000) whatever its zeros' signs, as
+//! `quantize_row_q4_0_ref`/`q5_0_ref` start the signed maximum at +0.0f (gguf-py's argmax takes
+//! the first value, so a first −0 gives +0 there).
 //!
 //! A tensor is rows of `row_len` values, each a whole number of blocks, so in memory it is one
 //! run of blocks: the kernels work on runs of blocks, split across the bounded pool.

@@ -68,7 +68,9 @@ fn literal_q8_0(x: &[f32]) -> Vec<u8> {
 fn literal_signed(x: &[f32], neg_half: f32, top: u8) -> (f32, Vec<u8>) {
     let amax = np_amax(x);
     let imax = x.iter().position(|v| v.abs() == amax).unwrap();
-    let d = x[imax] / neg_half;
+    // ggml's own rule where gguf-py's argmax differs: an all-zero block's maximum is +0.
+    let max = if amax == 0.0 { 0.0 } else { x[imax] };
+    let d = max / neg_half;
     let id = np_inverse(d);
     let q = x
         .iter()
@@ -435,6 +437,55 @@ fn avx2_runs_match_portable_runs() {
     check::<MXFP4>(GgmlType::MXFP4, &mut rng);
     check::<TQ1_0>(GgmlType::TQ1_0, &mut rng);
     check::<TQ2_0>(GgmlType::TQ2_0, &mut rng);
+}
+
+/// An all-zero Q4_0/Q5_0 block stores ggml's d = −0 (f16 0x8000) whatever the signs of its
+/// zeros, every code the middle one (8 or 16): the single-block encoder, the portable run and
+/// the AVX2 runs alike, each block of a run a different pattern of ±0 (gguf-py would store +0
+/// for a first −0).
+#[test]
+fn all_zero_signed_blocks_store_negative_zero_scale() {
+    fn check<B: Block>(ty: GgmlType) {
+        // Every sign pattern of a few positions, then whole blocks of +0, of −0, alternating.
+        let zero = |negative: bool| if negative { -0.0f32 } else { 0.0 };
+        let mut x = Vec::new();
+        for bits in 0..64u32 {
+            x.extend((0..32).map(|i| zero(i < 6 && bits >> i & 1 == 1)));
+        }
+        x.extend([0.0f32; 32]);
+        x.extend([-0.0f32; 32]);
+        x.extend((0..32).map(|i| zero(i % 2 == 1)));
+        x.extend((0..32).map(|i| zero(i % 2 == 0)));
+        // Whole groups and a part group; then one nonzero block keeps gguf-py's rule.
+        x.truncate(GROUP * 8 * 32 + 3 * 32);
+        x.extend((0..32).map(|i| if i == 0 { -0.0 } else { i as f32 - 16.0 }));
+        let nb = x.len() / 32;
+        let (mut a, mut b) = (vec![0u8; nb * B::TS], vec![1u8; nb * B::TS]);
+        assert!(!encode_run_best::<B>(&x, &mut a));
+        assert!(!encode_run_portable(B::default(), &x, &mut b));
+        assert_eq!(a, b, "{ty}: AVX2 and portable runs");
+        for (k, (blk, xb)) in b.chunks_exact(B::TS).zip(x.chunks_exact(32)).enumerate() {
+            assert_eq!(
+                blk,
+                encode_one(ty, xb),
+                "{ty} block {k}: run and single block"
+            );
+            if k + 1 < nb {
+                assert_eq!(blk[..2], [0x00, 0x80], "{ty} block {k}: d = -0");
+                let mut dq = [1f32; 32];
+                B::decode(blk, &mut dq);
+                assert!(dq.iter().all(|&v| v == 0.0), "{ty} block {k}: {dq:?}");
+                assert_eq!(blk, literal(ty, xb), "{ty} block {k}: codes");
+            } else {
+                // max = -15 (the first of -15 and 15), d = -15 / -8 or -16.
+                let d = if ty == GgmlType::Q4_0 { 1.875 } else { 0.9375 };
+                assert_eq!(blk[..2], f16_bits(d), "{ty}: the nonzero block's d");
+                assert_eq!(blk, literal(ty, xb), "{ty}: the nonzero block");
+            }
+        }
+    }
+    check::<Q4_0>(GgmlType::Q4_0);
+    check::<Q5_0>(GgmlType::Q5_0);
 }
 
 /// F16C's conversion (the AVX2 F16 run and the scales of the hand-written kernels) against the

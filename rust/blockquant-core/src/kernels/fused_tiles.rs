@@ -27,9 +27,11 @@
 
 use rayon::prelude::*;
 
+use crate::alloc::try_zeroed;
 use crate::calibrate::{for_each_row_in_grid_row, max_abs_blocks, Calibration, MIN_TASK_ELEMS};
 use crate::codec::encode_run;
 use crate::codec::Encode;
+use crate::error::Result;
 use crate::input::Input;
 use crate::kernels::piece::FusedKernel;
 use crate::layout::Layout;
@@ -153,7 +155,8 @@ impl TileRows<'_> {
     }
 }
 
-/// Per-thread buffers, reused from tile to tile (no allocation a value).
+/// Per-thread buffers, reused from tile to tile (no allocation a value). Bounded by a tile
+/// (`TILE_BYTES`, or one block column when that is larger), so left to the infallible `Vec`.
 #[derive(Default)]
 struct Scratch {
     rows: Vec<usize>,
@@ -171,7 +174,7 @@ pub(crate) fn quantize_tiles<C: Encode>(
     out: StorageMut<'_>,
     stored: &mut [f32],
     avx2: bool,
-) -> bool {
+) -> Result<bool> {
     let sizes = Sizes {
         tile_bytes: TILE_BYTES,
         task_elems: MIN_TASK_ELEMS,
@@ -197,7 +200,7 @@ fn quantize_tiles_of<C: Encode>(
     stored: &mut [f32],
     avx2: bool,
     sizes: Sizes,
-) -> bool {
+) -> Result<bool> {
     let layout = k.layout;
     assert_eq!(stored.len(), layout.num_scales);
     let tiles = Tiles::new(layout, sizes.tile_bytes);
@@ -225,17 +228,17 @@ fn run<'l, C: Encode, S: Sink<'l>>(
     words: Shared<S::W>,
     avx2: bool,
     sizes: Sizes,
-) -> bool {
+) -> Result<bool> {
     let layout = k.layout;
     #[cfg(target_arch = "x86_64")]
     if let (Input::F32(xs), true) = (x, avx2) {
         if layout.block_cols() == 1 && tiles.per_grid_row > 1 {
             return run_columns::<C, S>(codec, xs, k, sc, words, sizes);
         }
-        return run_pipelined::<C, S>(codec, xs, k, tiles, sc, words, sizes);
+        return Ok(run_pipelined::<C, S>(codec, xs, k, tiles, sc, words, sizes));
     }
     let tile_elems = rows_per_block(layout) * tiles.blocks * layout.block_cols();
-    (0..tiles.count)
+    Ok((0..tiles.count)
         .into_par_iter()
         .with_min_len((sizes.task_elems / tile_elems.max(1)).max(1))
         .map_init(
@@ -245,7 +248,7 @@ fn run<'l, C: Encode, S: Sink<'l>>(
                 unsafe { tile(codec, x, k, tiles, t, sc, sink, s, avx2) }
             },
         )
-        .reduce(|| false, |a, b| a | b)
+        .reduce(|| false, |a, b| a | b))
 }
 
 /// Column blocks ([rows, 1]) whose grid row is too large for a tile: two passes over memory,
@@ -264,37 +267,41 @@ fn run_columns<'l, C: Encode, S: Sink<'l>>(
     sc: Shared<f32>,
     words: Shared<S::W>,
     sizes: Sizes,
-) -> bool {
+) -> Result<bool> {
     let layout = k.layout;
     let n = layout.row_len();
     let grid_rows = layout.num_scales / n;
     let min_rows = (sizes.task_elems / n.max(1)).max(1);
     let mut bad = false;
+    // A grid row's tensor rows: as many as a block is high.
     let mut rows = Vec::new();
     for g in 0..grid_rows {
         rows.clear();
         for_each_row_in_grid_row(layout, g, |r| rows.push(r));
-        // Pass 1: the maxima of the |x| patterns (a NaN shows in its column's, see below).
+        // Pass 1: the maxima of the |x| patterns (a NaN shows in its column's, see below), a
+        // row of them a task (a row of the input: allocated fallibly).
         let maxima = rows
             .par_iter()
             .with_min_len(min_rows)
             .fold(
-                || vec![0.0f32; n],
-                |mut m, &r| {
+                || try_zeroed::<f32>(n),
+                |m, &r| {
+                    let mut m = m?;
                     // SAFETY: the caller checked the CPU has AVX2.
                     unsafe {
                         crate::calibrate::max_abs_bits_blocks(&xs[r * n..(r + 1) * n], 1, &mut m)
                     };
-                    m
+                    Ok(m)
                 },
             )
-            .reduce_with(|mut a, b| {
+            .reduce_with(|a, b| {
+                let (mut a, b) = (a?, b?);
                 for (a, b) in a.iter_mut().zip(&b) {
                     *a = f32::from_bits(a.to_bits().max(b.to_bits()));
                 }
-                a
+                Ok(a)
             })
-            .unwrap_or_else(|| vec![0.0; n]);
+            .unwrap_or_else(|| try_zeroed(n))?;
         // SAFETY: only this loop writes grid row g's scales, and no task is running.
         let scales = unsafe { sc.part(g * n, n) };
         for (s, &a) in scales.iter_mut().zip(&maxima) {
@@ -327,7 +334,7 @@ fn run_columns<'l, C: Encode, S: Sink<'l>>(
             )
             .reduce(|| false, |a, b| a | b);
     }
-    bad
+    Ok(bad)
 }
 
 /// Runs of consecutive tiles, each a task, in which tile t + 1 is measured while tile t is

@@ -37,14 +37,16 @@ fn data(rng: &mut Rng, n: usize) -> Vec<f32> {
     x
 }
 
-fn two_pass(
-    x: Input<'_>,
-    layout: &Layout,
-    opts: &QuantizeOptions,
-) -> Result<(Scales, Words), QuantError> {
+fn two_pass(x: Input<'_>, layout: &Layout, opts: &QuantizeOptions) -> Result<(Scales, Words)> {
     let scales = compute_scales(x, layout, opts, None)?;
     let mut w = Words::filled(layout, 0xA5A5_A5A5);
-    encode_values(x, layout, scales.effective(), opts.rounding, w.as_mut())?;
+    encode_values(
+        x,
+        layout,
+        scales.effective().unwrap(),
+        opts.rounding,
+        w.as_mut(),
+    )?;
     Ok((scales, w))
 }
 
@@ -56,14 +58,14 @@ fn tiled(
     opts: &QuantizeOptions,
     avx2: bool,
     sizes: Sizes,
-) -> Result<(Vec<f32>, Words), QuantError> {
+) -> Result<(Vec<f32>, Words)> {
     assert!(applies(layout, opts.calibration), "{}", layout.scheme);
     let mut w = Words::filled(layout, 0x5A5A_5A5A);
     // Garbage (a NaN) in every scale: the kernel must write each one.
     let mut stored = vec![f32::from_bits(0x7FC0_5A5A); layout.num_scales];
     let k = FusedKernel::new(layout, opts, crate::kernels::piece::streams(layout));
     let bad = crate::kernels::with_codec::with_codec!(&layout.scheme, opts.rounding, |codec| {
-        quantize_tiles_of(codec, x, &k, w.as_mut(), &mut stored, avx2, sizes)
+        quantize_tiles_of(codec, x, &k, w.as_mut(), &mut stored, avx2, sizes).unwrap()
     });
     if bad {
         return Err(crate::kernels::piece::first_non_finite(x));

@@ -53,21 +53,28 @@ pub(crate) fn applies(layout: &Layout) -> bool {
 /// Pass 1 of every piece (in the pool): the amplitudes into `stored` (one per block, in
 /// order), blocks of `bc` values back to back (`piece::block_run`). Returns the largest |x|
 /// bit pattern (past f32::MAX's when any input is not finite).
-pub(crate) fn amplitudes(x: Input<'_>, bc: usize, pieces: &[Piece], stored: &mut [f32]) -> u32 {
-    let mut work = Vec::with_capacity(pieces.len());
+pub(crate) fn amplitudes(
+    x: Input<'_>,
+    bc: usize,
+    pieces: &[Piece],
+    stored: &mut [f32],
+) -> crate::error::Result<u32> {
+    let mut work = crate::alloc::try_with_capacity(pieces.len())?;
     let mut rest = stored;
     for p in pieces {
         let (sc, r) = std::mem::take(&mut rest).split_at_mut(p.scales);
         rest = r;
         work.push((*p, sc));
     }
-    work.into_par_iter()
+    // `buf`: a piece's converted values, bounded by the piece.
+    Ok(work
+        .into_par_iter()
         .map_init(Vec::new, |buf, (p, sc)| {
             let xs = x.read(p.start, p.len, buf);
             // SAFETY: `applies` checked the CPU has AVX2.
             unsafe { amplitude_piece(xs, bc, sc) }
         })
-        .reduce(|| 0, u32::max)
+        .reduce(|| 0, u32::max))
 }
 
 /// α = max |x| of each block of `bc` values of `xs` into `sc`, as f32 from the maximum |x|
@@ -566,9 +573,9 @@ pub(crate) fn given_pieces(
     stored: &mut [f32],
     g: f32,
     words: &mut [u8],
-) -> bool {
+) -> crate::error::Result<bool> {
     let bc = layout.block_cols();
-    let pieces = crate::kernels::piece::pieces(layout);
+    let pieces = crate::kernels::piece::pieces(layout)?;
     crate::kernels::piece::fused_pieces(x, &pieces, stored, words, |_, xs, sc, w, _| {
         // SAFETY: `applies_given` checked the CPU has AVX2 and F16C.
         unsafe { given_piece(xs, sc, g, bc, w) }
@@ -641,7 +648,7 @@ pub(crate) fn quantize_nvfp4(
     use crate::kernels::piece::{first_non_finite, pieces};
     use crate::scale::derived_global;
     assert_eq!(stored.len(), layout.num_scales, "scale count");
-    let pieces = pieces(layout);
+    let pieces = pieces(layout)?;
     if let Some(g) = global {
         // g known: nothing to measure first, one pass over the tensor.
         let k = FusedKernel::new(layout, opts, false);
@@ -649,11 +656,11 @@ pub(crate) fn quantize_nvfp4(
             crate::kernels::piece::fused_pieces(x, &pieces, stored, words, |_, xs, sc, w, _| {
                 // SAFETY: `applies` checked the CPU has AVX2 and F16C.
                 unsafe { measure_encode_piece(&k, g, xs, sc, w) }
-            });
+            })?;
         return if bad { Err(first_non_finite(x)) } else { Ok(g) };
     }
     // Every scale is written by pass 1 (the pieces tile the blocks).
-    let top = amplitudes(x, layout.block_cols(), &pieces, stored);
+    let top = amplitudes(x, layout.block_cols(), &pieces, stored)?;
     if top > f32::MAX.to_bits() {
         return Err(first_non_finite(x));
     }
@@ -664,7 +671,7 @@ pub(crate) fn quantize_nvfp4(
     // pass 1 read last, was slower: a tensor larger than the cache leaves little of itself
     // there, and each piece then started a new stream against the prefetcher: pass 2 alone
     // took 8.1-8.9 ms forward, 8.7-10.5 ms backward, 16 Mi values, one thread.)
-    let mut work = Vec::with_capacity(pieces.len());
+    let mut work = crate::alloc::try_with_capacity(pieces.len())?;
     let (mut sc_rest, mut w_rest) = (stored, words);
     for p in &pieces {
         let (sc, sr) = std::mem::take(&mut sc_rest).split_at_mut(p.scales);

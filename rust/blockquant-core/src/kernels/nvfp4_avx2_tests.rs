@@ -182,7 +182,14 @@ fn two_pass(
     };
     let scales = compute_scales(x, layout, opts, Some(explicit)).unwrap();
     let mut w = Words::filled(layout, 0xA5);
-    encode_values(x, layout, scales.effective(), opts.rounding, w.as_mut()).unwrap();
+    encode_values(
+        x,
+        layout,
+        scales.effective().unwrap(),
+        opts.rounding,
+        w.as_mut(),
+    )
+    .unwrap();
     (scales, w)
 }
 
@@ -498,7 +505,7 @@ fn one_level_kernel_matches_two_pass() {
                         let kern = FusedKernel::new(&layout, &opts, stream);
                         let mut bytes = vec![0x5Au8; n / 2];
                         let mut sc = vec![f32::NAN; layout.num_scales];
-                        for p in crate::kernels::piece::pieces(&layout) {
+                        for p in crate::kernels::piece::pieces(&layout).unwrap() {
                             let xs = &x[p.start..p.start + p.len];
                             let o = &mut bytes[p.start / 2..(p.start + p.len) / 2];
                             let s = &mut sc[p.scale0..p.scale0 + p.scales];
@@ -839,11 +846,11 @@ fn time_nvfp4() {
     unsafe { amplitude_piece(&x[..piece], 16, &mut amps) };
     let amps0 = amps.clone();
     let mut best = [f64::MAX; 4];
-    let pieces = crate::kernels::piece::pieces(&layout);
+    let pieces = crate::kernels::piece::pieces(&layout).unwrap();
     for _ in 0..21 {
         let t = std::time::Instant::now();
         crate::pool::install(|| {
-            amplitudes(Input::F32(&x), layout.block_cols(), &pieces, &mut stored)
+            amplitudes(Input::F32(&x), layout.block_cols(), &pieces, &mut stored).unwrap()
         });
         best[3] = best[3].min(t.elapsed().as_secs_f64() * 1e3);
         let t = std::time::Instant::now();

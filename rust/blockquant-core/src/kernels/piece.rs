@@ -5,8 +5,9 @@
 
 use rayon::prelude::*;
 
+use crate::alloc::try_with_capacity;
 use crate::calibrate::MIN_TASK_ELEMS;
-use crate::error::QuantError;
+use crate::error::{QuantError, Result};
 use crate::input::Input;
 use crate::layout::Layout;
 use crate::options::QuantizeOptions;
@@ -17,6 +18,7 @@ use crate::scheme::ScaleDtype;
 
 /// The first non-finite value of `x` (its flat index), once a kernel has seen one somewhere.
 pub(crate) fn first_non_finite(x: Input<'_>) -> QuantError {
+    // A chunk's converted values: bounded by MIN_TASK_ELEMS.
     let mut buf = Vec::new();
     for start in (0..x.len()).step_by(MIN_TASK_ELEMS) {
         let len = MIN_TASK_ELEMS.min(x.len() - start);
@@ -73,14 +75,17 @@ pub(crate) struct Piece {
     pub(crate) words: usize,
 }
 
-pub(crate) fn pieces(layout: &Layout) -> Vec<Piece> {
+/// The pieces of a tensor, in order; one allocation of their number (a piece a row at least,
+/// so a tensor of many short rows has many).
+pub(crate) fn pieces(layout: &Layout) -> Result<Vec<Piece>> {
     let n = layout.row_len();
     let (bc, gc) = (layout.block_cols(), layout.grid_cols());
     let (per, nw) = (layout.packing.per, layout.packing.words_axis);
     let rows = layout.num_rows();
-    let mut out = Vec::new();
+    let mut out;
     if n <= PIECE {
         let step = (PIECE / n).max(1);
+        out = try_with_capacity(rows.div_ceil(step))?;
         for r0 in (0..rows).step_by(step) {
             let r1 = (r0 + step).min(rows);
             out.push(Piece {
@@ -95,6 +100,7 @@ pub(crate) fn pieces(layout: &Layout) -> Vec<Piece> {
     } else {
         let unit = lcm(bc, per);
         let plen = (PIECE / unit).max(1) * unit;
+        out = try_with_capacity(rows.saturating_mul(n.div_ceil(plen)))?;
         for r in 0..rows {
             for c0 in (0..n).step_by(plen) {
                 let c1 = (c0 + plen).min(n);
@@ -109,7 +115,7 @@ pub(crate) fn pieces(layout: &Layout) -> Vec<Piece> {
             }
         }
     }
-    out
+    Ok(out)
 }
 
 pub(crate) fn lcm(a: usize, b: usize) -> usize {
@@ -199,8 +205,8 @@ pub(crate) fn encode_pieces(
     stored: &mut [f32],
     out: StorageMut<'_>,
     encode_piece: impl Fn(&Piece, &[f32], &mut [f32], &mut [u8]) -> bool + Sync,
-) -> bool {
-    let pieces = pieces(layout);
+) -> Result<bool> {
+    let pieces = pieces(layout)?;
     let mask = layout
         .packing
         .masks_bytes()
@@ -236,9 +242,9 @@ pub(crate) fn fused_pieces<W: Word>(
     stored: &mut [f32],
     words: &mut [W],
     encode_piece: impl Fn(&Piece, &[f32], &mut [f32], &mut [W], &mut Vec<u8>) -> bool + Sync,
-) -> bool {
+) -> Result<bool> {
     // Hand each piece its own scales and words (disjoint, in order).
-    let mut work = Vec::with_capacity(pieces.len());
+    let mut work = try_with_capacity(pieces.len())?;
     let (mut sc_rest, mut w_rest) = (stored, words);
     for &p in pieces {
         let (sc, sr) = std::mem::take(&mut sc_rest).split_at_mut(p.scales);
@@ -247,7 +253,10 @@ pub(crate) fn fused_pieces<W: Word>(
         w_rest = wr;
         work.push((p, sc, w));
     }
-    work.into_par_iter()
+    // A thread's converted values and codes: scratch bounded by a piece (PIECE values, or one
+    // block when blocks are longer), so left to the infallible `Vec`.
+    Ok(work
+        .into_par_iter()
         .map_init(
             || (Vec::new(), Vec::new()),
             |(buf, codes), (p, sc, w)| {
@@ -257,5 +266,5 @@ pub(crate) fn fused_pieces<W: Word>(
                 encode_piece(&p, xs, sc, w, codes)
             },
         )
-        .reduce(|| false, |a, b| a | b)
+        .reduce(|| false, |a, b| a | b))
 }

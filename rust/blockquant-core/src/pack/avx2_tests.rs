@@ -297,7 +297,7 @@ fn nibbles_decode_straight_from_the_words() {
             Storage::U32(&words)
         };
         let out = &mut buf[offset..offset + n];
-        decode_into(dec, layout, storage, Effective::new(&stored, global), out);
+        decode_into(dec, layout, storage, Effective::new(&stored, global), out).unwrap();
         let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
         let first = got.iter().zip(&want).position(|(a, b)| a != b);
         assert_eq!(

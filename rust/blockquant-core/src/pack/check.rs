@@ -2,6 +2,7 @@
 //! bits 0, a table of valid bytes at a time.
 
 use super::storage::{words_as_bytes, Storage};
+use crate::alloc::try_collect;
 use crate::codec::field_is_valid;
 use crate::error::{QuantError, Result};
 use crate::layout::Layout;
@@ -28,10 +29,11 @@ pub(crate) fn check_storage_bytes(layout: &Layout, bytes: &[u8]) -> Result<()> {
     if storage_bytes_valid(layout, bytes) {
         return Ok(());
     }
-    let words: Vec<u32> = bytes
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
+    let words = try_collect(
+        bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+    )?;
     report_storage(layout, Storage::U32(&words))
 }
 

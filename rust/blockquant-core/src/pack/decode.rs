@@ -7,8 +7,10 @@ use super::fields::{
     ask_ahead, line_groups, unpack_fields, unpack_short_lines, AHEAD, FEW, LINES_TOGETHER,
 };
 use super::storage::{Effective, OutElem, Segments, Storage, Word, BUF, SCALE_CHUNK};
+use crate::alloc::try_zeroed;
 use crate::calibrate::MIN_TASK_ELEMS;
 use crate::codec::Decode;
+use crate::error::Result;
 use crate::layout::Layout;
 use crate::simd::avx2_dispatch;
 
@@ -268,14 +270,15 @@ pub(super) fn decode_range_portable<D: Decode, O: OutElem>(
     }
 }
 
-/// Dequantize every value of `storage` into `out`.
+/// Dequantize every value of `storage` into `out` (the one error: no memory for the codes of
+/// swapped-order storage).
 pub fn decode_into<D: Decode, O: OutElem>(
     table: D,
     layout: &Layout,
     storage: Storage<'_>,
     effective: Effective<'_>,
     out: &mut [O],
-) {
+) -> Result<()> {
     if layout.packing.swapped {
         return decode_swapped(table, layout, storage, effective, out);
     }
@@ -292,6 +295,7 @@ pub fn decode_into<D: Decode, O: OutElem>(
         Storage::U8(words) => unpack_words(table, layout, words, effective, out),
         Storage::U32(words) => unpack_words(table, layout, words, effective, out),
     }
+    Ok(())
 }
 
 pub(super) fn unpack_words<W: Word, D: Decode, O: OutElem>(
@@ -482,10 +486,10 @@ pub(super) fn decode_swapped<D: Decode, O: OutElem>(
     storage: Storage<'_>,
     effective: Effective<'_>,
     out: &mut [O],
-) {
+) -> Result<()> {
     let codes = match storage {
-        Storage::U8(ws) => unswap_codes(layout, ws),
-        Storage::U32(ws) => unswap_codes(layout, ws),
+        Storage::U8(ws) => unswap_codes(layout, ws)?,
+        Storage::U32(ws) => unswap_codes(layout, ws)?,
     };
     out.par_chunks_mut(MIN_TASK_ELEMS)
         .enumerate()
@@ -501,17 +505,18 @@ pub(super) fn decode_swapped<D: Decode, O: OutElem>(
                 |pos, c| c.copy_from_slice(&codes[pos..pos + c.len()]),
             );
         });
+    Ok(())
 }
 
 /// The fields of swapped-order storage, one a byte in natural order: each group of
 /// [`LINES_TOGETHER`] lines unpacked, then written out k-th elements side by side.
-pub(super) fn unswap_codes<W: Word>(layout: &Layout, words: &[W]) -> Vec<u8> {
+pub(super) fn unswap_codes<W: Word>(layout: &Layout, words: &[W]) -> Result<Vec<u8>> {
     let p = &layout.packing;
     let (nw, n, per, inner) = (p.words_axis, p.n_axis, p.per, p.inner);
     let mask = p.field_mask() as u8; // a one-a-byte field's bits above it are not the code's
-    let mut codes = vec![0u8; layout.num_elements];
+    let mut codes = try_zeroed(layout.num_elements)?;
     if nw == 0 || words.is_empty() {
-        return codes;
+        return Ok(codes);
     }
     /// The natural codes, written by many tasks at once.
     struct Shared(*mut u8);
@@ -523,7 +528,7 @@ pub(super) fn unswap_codes<W: Word>(layout: &Layout, words: &[W]) -> Vec<u8> {
     words
         .par_chunks(nw * lines_per_task)
         .enumerate()
-        .for_each(|(ci, chunk)| {
+        .try_for_each(|(ci, chunk)| {
             let shared = &shared;
             let count = chunk.len() / nw;
             line_groups(
@@ -555,7 +560,7 @@ pub(super) fn unswap_codes<W: Word>(layout: &Layout, words: &[W]) -> Vec<u8> {
                         }
                     }
                 },
-            );
-        });
-    codes
+            )
+        })?;
+    Ok(codes)
 }

@@ -6,8 +6,10 @@ use rayon::prelude::*;
 
 use super::fields::{pack_fields, pack_short_lines, pack_swapped, FEW};
 use super::storage::{ScaleSlice, Segments, StorageMut, Word, BUF};
+use crate::alloc::try_zeroed;
 use crate::calibrate::MIN_TASK_ELEMS;
 use crate::codec::{encode_run, Encode};
+use crate::error::Result;
 use crate::input::{Input, Window};
 use crate::layout::Layout;
 
@@ -184,18 +186,18 @@ pub(super) fn encode_swapped<C: Encode>(
     layout: &Layout,
     sc: ScaleSlice<'_>,
     out: StorageMut<'_>,
-) -> bool {
-    let mut codes = vec![0u8; layout.num_elements];
+) -> Result<bool> {
+    let mut codes = try_zeroed(layout.num_elements)?;
     let bad = codes
         .par_chunks_mut(MIN_TASK_ELEMS)
         .enumerate()
         .map(|(ci, chunk)| encode_range(codec, x, layout, sc, ci * MIN_TASK_ELEMS, chunk))
         .reduce(|| false, |a, b| a | b);
     match out {
-        StorageMut::U8(words) => pack_swapped(layout, &codes, words),
-        StorageMut::U32(words) => pack_swapped(layout, &codes, words),
+        StorageMut::U8(words) => pack_swapped(layout, &codes, words)?,
+        StorageMut::U32(words) => pack_swapped(layout, &codes, words)?,
     }
-    bad
+    Ok(bad)
 }
 
 /// Fill words `[w0, w0 + words.len())` of a tensor packed along its last axis: a word's values

@@ -5,7 +5,9 @@
 use rayon::prelude::*;
 
 use super::storage::{Word, BUF};
+use crate::alloc::try_zeroed;
 use crate::calibrate::MIN_TASK_ELEMS;
+use crate::error::Result;
 use crate::layout::Layout;
 
 /// Pack consecutive codes into words, `per` fields per word, the first in the low bits; a last
@@ -214,7 +216,8 @@ pub(super) fn line_bases(layout: &Layout, first: usize, bases: &mut [usize]) {
 
 /// Storage lines `ci · lines_per_task ..` (`count` of them: task `ci`'s) in groups of
 /// [`LINES_TOGETHER`]: `f(g, bases, lines, stride)` for group g, with its lines' natural bases
-/// and a buffer of a line every `stride` bytes ([`line_stride`]) for their codes.
+/// and a buffer of a line every `stride` bytes ([`line_stride`]) for their codes (as long as
+/// the packed axis: fallible).
 #[inline]
 pub(super) fn line_groups(
     layout: &Layout,
@@ -222,9 +225,9 @@ pub(super) fn line_groups(
     lines_per_task: usize,
     count: usize,
     mut f: impl FnMut(usize, &[usize], &mut [u8], usize),
-) {
+) -> Result<()> {
     let stride = line_stride(layout.packing.n_axis);
-    let mut lines = vec![0u8; LINES_TOGETHER * stride];
+    let mut lines = try_zeroed(LINES_TOGETHER.saturating_mul(stride))?;
     let mut bases = [0usize; LINES_TOGETHER];
     for g in 0..count.div_ceil(LINES_TOGETHER) {
         let first = g * LINES_TOGETHER;
@@ -232,20 +235,21 @@ pub(super) fn line_groups(
         line_bases(layout, ci * lines_per_task + first, bases);
         f(g, bases, &mut lines, stride);
     }
+    Ok(())
 }
 
-pub(super) fn pack_swapped<W: Word>(layout: &Layout, codes: &[u8], words: &mut [W]) {
+pub(super) fn pack_swapped<W: Word>(layout: &Layout, codes: &[u8], words: &mut [W]) -> Result<()> {
     let p = &layout.packing;
     let (nw, n, per, inner) = (p.words_axis, p.n_axis, p.per, p.inner);
     if nw == 0 || words.is_empty() {
-        return;
+        return Ok(());
     }
     let mask = p.field_mask() as u8;
     let lines_per_task = (MIN_TASK_ELEMS / n).max(1);
     words
         .par_chunks_mut(nw * lines_per_task)
         .enumerate()
-        .for_each(|(ci, chunk)| {
+        .try_for_each(|(ci, chunk)| {
             let count = chunk.len() / nw;
             line_groups(
                 layout,
@@ -273,8 +277,8 @@ pub(super) fn pack_swapped<W: Word>(layout: &Layout, codes: &[u8], words: &mut [
                         pack_fields(&line[..n], wl, per);
                     }
                 },
-            );
-        });
+            )
+        })
 }
 
 /// Pack the codes of the flat elements `[start, start + codes.len())` of a tensor packed along

@@ -29,23 +29,25 @@ pub use storage::{
 
 use crate::calibrate::MIN_TASK_ELEMS;
 use crate::codec::Encode;
+use crate::error::Result;
 use crate::input::Window;
 use crate::layout::Layout;
 
-/// Quantize all of `x` into `out`; returns whether any input was non-finite.
+/// Quantize all of `x` into `out`; returns whether any input was non-finite (the one error:
+/// no memory for the codes of swapped-order storage).
 pub fn encode_into<C: Encode>(
     codec: C,
     x: Window<'_>,
     layout: &Layout,
     effective: &[f32],
     out: StorageMut<'_>,
-) -> bool {
+) -> Result<bool> {
     let p = &layout.packing;
     let sc = ScaleSlice::all(effective);
     if p.swapped {
         return encode_swapped(codec, x, layout, sc, out);
     }
-    match out {
+    Ok(match out {
         StorageMut::U8(out) if p.per == 1 => out
             .par_chunks_mut(MIN_TASK_ELEMS)
             .enumerate()
@@ -53,7 +55,7 @@ pub fn encode_into<C: Encode>(
             .reduce(|| false, |a, b| a | b),
         StorageMut::U8(out) => pack_words(codec, x, layout, sc, out),
         StorageMut::U32(out) => pack_words(codec, x, layout, sc, out),
-    }
+    })
 }
 
 fn pack_words<C: Encode, W: Word>(

@@ -654,9 +654,9 @@ fn outer_axis_packing_is_the_transposed_last_axis_packing() {
                 }
 
                 let mut yo = vec![0.0f32; len];
-                dequantize(&lo, wo.as_ref(), &eff, None, Output::F32(&mut yo));
+                dequantize(&lo, wo.as_ref(), &eff, None, Output::F32(&mut yo)).unwrap();
                 let mut yt = vec![0.0f32; len];
-                dequantize(&lt, wt.as_ref(), &eff_t, None, Output::F32(&mut yt));
+                dequantize(&lt, wt.as_ref(), &eff_t, None, Output::F32(&mut yt)).unwrap();
                 let yt = transpose_last_two(&yt, (a, inner, n));
                 let mask = (1u32 << value.bits()) - 1;
                 for f in 0..len {

@@ -19,7 +19,7 @@ fn key(v: f32) -> u32 {
 fn measure_encode_avx2_build_matches_portable() {
     fn check<C: Encode>(codec: C, x: &[f32], layout: &Layout, opts: &QuantizeOptions) {
         let mut k = FusedKernel::new(layout, opts, false);
-        for p in pieces(layout) {
+        for p in pieces(layout).unwrap() {
             let xs = &x[p.start..p.start + p.len];
             let (mut s1, mut s2) = (vec![-1.0f32; p.scales], vec![-2.0f32; p.scales]);
             let (mut c1, mut c2) = (vec![1u8; p.len], vec![2u8; p.len]);
@@ -161,8 +161,14 @@ fn per_tensor_max_abs_matches_two_pass() {
                     let input = Input::F32(y);
                     let want = compute_scales(input, &layout, &opts, None).and_then(|s| {
                         let mut w = Words::filled(&layout, 0xA5A5_A5A5);
-                        encode_values(input, &layout, s.effective(), opts.rounding, w.as_mut())
-                            .map(|()| (s.stored, w))
+                        encode_values(
+                            input,
+                            &layout,
+                            s.effective().unwrap(),
+                            opts.rounding,
+                            w.as_mut(),
+                        )
+                        .map(|()| (s.stored, w))
                     });
                     let mut w = Words::filled(&layout, 0x5A5A_5A5A);
                     let got =

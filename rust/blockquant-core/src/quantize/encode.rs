@@ -27,7 +27,7 @@ pub fn encode_values(
     check_rounding(&layout.scheme, rounding)?;
     let bad = with_codec!(&layout.scheme, rounding, |codec| {
         crate::pack::encode_into(codec, Window::all(x), layout, effective, out)
-    });
+    })?;
     if bad {
         return Err(first_non_finite(x));
     }

@@ -7,6 +7,7 @@
 
 use rayon::prelude::*;
 
+use crate::alloc::{try_par_collect, try_zeroed};
 use crate::calibrate::{amplitudes, run_amplitude, Calibration, MIN_TASK_ELEMS};
 use crate::codec::{
     encode_run, float_table, minifloat, E2M1Code, E2M1Decode, E4M3Decode, Encode, FloatCode,
@@ -51,34 +52,35 @@ pub fn compute_scales(
     check_global(scheme, ex.global)?;
     if let Some(given) = ex.scales {
         check_given(layout, given)?;
-        let mut stored = vec![0.0f32; given.len()];
+        let mut stored = try_zeroed(given.len())?;
         round_given(dtype, mode, given, &mut stored);
         // A two-level scheme without its per-tensor scale is reported by `from_stored`.
         return Scales::from_stored(layout, stored, ex.global);
     }
     if opts.calibration == Calibration::Mse {
-        return Ok(crate::search::mse_scales(x, None, layout, opts, ex.global));
+        return crate::search::mse_scales(x, None, layout, opts, ex.global);
     }
 
     let half_range = scheme.half_range();
     let emax = scheme.mx_emax();
-    let alpha = amplitudes(x, layout, opts.calibration);
+    let alpha = amplitudes(x, layout, opts.calibration)?;
     // One pass from α to the stored scale: s_raw = α / half_range, then the dtype's rounding,
     // where `to_block` maps s_raw to the block dtype's units (two-level: ÷ g).
-    let round_all = |to_block: fn(f32, f32) -> f32, g: f32| -> Vec<f32> {
-        alpha
-            .par_iter()
-            .with_min_len(MIN_TASK_ELEMS)
-            .map(|&a| stored_scale(a, half_range, dtype, mode, emax, |s| to_block(s, g)))
-            .collect()
+    let round_all = |to_block: fn(f32, f32) -> f32, g: f32| -> Result<Vec<f32>> {
+        try_par_collect(
+            alpha
+                .par_iter()
+                .with_min_len(MIN_TASK_ELEMS)
+                .map(|&a| stored_scale(a, half_range, dtype, mode, emax, |s| to_block(s, g))),
+        )
     };
     if !scheme.is_two_level() {
-        return Ok(Scales::new(round_all(|s, _| s, 1.0), None));
+        return Ok(Scales::new(round_all(|s, _| s, 1.0)?, None));
     }
     let g = ex
         .global
         .unwrap_or_else(|| derived_global(&alpha, half_range, dtype));
-    let stored = round_all(to_block, g);
+    let stored = round_all(to_block, g)?;
     Ok(Scales::new(stored, Some(g)))
 }
 
@@ -124,7 +126,7 @@ pub fn quantize(
     let layout = &*layout;
     pool::install_sized(layout.num_elements, || {
         // Untouched (so never faulted in) when no direct kernel takes the call.
-        let mut stored = vec![0.0f32; layout.num_scales];
+        let mut stored = try_zeroed(layout.num_scales)?;
         match quantize_direct(x, layout, opts, explicit, out, &mut stored)? {
             Direct::Done(global) => Ok(Scales::new(stored, global)),
             Direct::Declined(out) => quantize_in_pool(x, layout, opts, explicit, out),
@@ -263,13 +265,13 @@ fn quantize_given(
         #[cfg(target_arch = "x86_64")]
         StorageMut::U8(words) if crate::kernels::nvfp4_avx2::applies_given(layout) => {
             let g = global.unwrap_or(1.0);
-            if crate::kernels::nvfp4_avx2::given_pieces(x, layout, scales, g, words) {
+            if crate::kernels::nvfp4_avx2::given_pieces(x, layout, scales, g, words)? {
                 return Err(first_non_finite(x));
             }
             Ok(())
         }
         out => match global {
-            Some(g) => encode_values(x, layout, &effective_scales(scales, g), opts.rounding, out),
+            Some(g) => encode_values(x, layout, &effective_scales(scales, g)?, opts.rounding, out),
             None => encode_values(x, layout, scales, opts.rounding, out),
         },
     }
@@ -354,7 +356,7 @@ fn quantize_in_pool(
     }
     // Given block scales went to `quantize_given`.
     let scales = compute_scales(x, layout, opts, explicit)?;
-    encode_values(x, layout, scales.effective(), opts.rounding, out)?;
+    encode_values(x, layout, scales.effective()?, opts.rounding, out)?;
     Ok(scales)
 }
 
@@ -489,8 +491,8 @@ fn quantize_two_level(
 ) -> Result<f32> {
     assert_eq!(stored.len(), layout.num_scales, "scale count");
     let m = block_run(layout).expect("blocks back to back");
-    let pieces = pieces(layout);
-    if crate::kernels::nvfp4_avx2::amplitudes(x, m, &pieces, stored) > f32::MAX.to_bits() {
+    let pieces = pieces(layout)?;
+    if crate::kernels::nvfp4_avx2::amplitudes(x, m, &pieces, stored)? > f32::MAX.to_bits() {
         return Err(first_non_finite(x));
     }
     let k = FusedKernel::new(layout, opts, false);
@@ -537,7 +539,7 @@ fn quantize_two_level(
                 })
             }
         }
-    });
+    })?;
     if bad {
         return Err(first_non_finite(x));
     }
@@ -560,7 +562,7 @@ fn quantize_fused(
                 && crate::kernels::nvfp4_avx2::applies_one_level(layout, opts.calibration) =>
         {
             let k = FusedKernel::new(layout, opts, streams(layout));
-            fused_pieces(x, &pieces(layout), stored, words, |_, xs, sc, w, _| {
+            fused_pieces(x, &pieces(layout)?, stored, words, |_, xs, sc, w, _| {
                 // SAFETY: `applies_one_level` checked the CPU has AVX2 and F16C.
                 unsafe { crate::kernels::nvfp4_avx2::one_level_piece(&k, xs, sc, w) }
             })
@@ -573,7 +575,7 @@ fn quantize_fused(
                 crate::kernels::fused_tiles::quantize_tiles(codec, x, &k, out, stored, avx2())
             }
         }),
-    };
+    }?;
     if bad {
         return Err(first_non_finite(x));
     }
@@ -587,9 +589,9 @@ fn fused_with<C: Encode>(
     opts: &QuantizeOptions,
     out: StorageMut<'_>,
     stored: &mut [f32],
-) -> bool {
+) -> Result<bool> {
     assert_eq!(stored.len(), layout.num_scales);
-    let pieces = pieces(layout);
+    let pieces = pieces(layout)?;
     let k = FusedKernel::new(layout, opts, streams(layout));
     let mask = layout
         .packing
@@ -727,14 +729,15 @@ pub enum Output<'a> {
 /// x̂ = f32(decode(q)) × e into `out` (C order), converted to the output's type element by
 /// element (no full-size f32 temporary). `stored`: the stored scales (checked by
 /// [`check_stored`]), or effective ones already worked out; `global`: a two-level scheme's g,
-/// multiplied in block by block ([`Effective`]). Runs in the bounded pool.
+/// multiplied in block by block ([`Effective`]). Runs in the bounded pool. The one error: no
+/// memory for the codes of swapped-order storage.
 pub fn dequantize(
     layout: &Layout,
     storage: Storage<'_>,
     stored: &[f32],
     global: Option<f32>,
     out: Output<'_>,
-) {
+) -> Result<()> {
     let effective = Effective::new(stored, global);
     let (layout, storage) = storage.bytewise(layout);
     let layout = &*layout;
@@ -751,31 +754,30 @@ fn dequantize_into<O: OutElem>(
     storage: Storage<'_>,
     effective: Effective<'_>,
     out: &mut [O],
-) {
+) -> Result<()> {
     assert_eq!(out.len(), layout.num_elements, "output length");
     assert_eq!(effective.len(), layout.num_scales, "scale count");
     if let Some(cb) = &layout.scheme.codebook {
         let table = decode_table(cb);
         let dec = crate::lookup::LookupDecode(&table);
-        crate::pack::decode_into(dec, layout, storage, effective, out);
-        return;
+        return crate::pack::decode_into(dec, layout, storage, effective, out);
     }
     match minifloat(layout.scheme.value) {
         Some(_) if layout.scheme.value == QuantValue::E2M1 => {
-            crate::pack::decode_into(E2M1Decode, layout, storage, effective, out);
+            crate::pack::decode_into(E2M1Decode, layout, storage, effective, out)
         }
         Some(fmt) if layout.scheme.value == QuantValue::E4M3 => {
             let table = float_table(&fmt);
-            crate::pack::decode_into(E4M3Decode(&table), layout, storage, effective, out);
+            crate::pack::decode_into(E4M3Decode(&table), layout, storage, effective, out)
         }
         Some(fmt) => {
             let table = float_table(&fmt);
             let dec = Fp8Decode { table: &table, fmt };
-            crate::pack::decode_into(dec, layout, storage, effective, out);
+            crate::pack::decode_into(dec, layout, storage, effective, out)
         }
         None => {
             let dec = IntDecode::new(&layout.packing);
-            crate::pack::decode_into(dec, layout, storage, effective, out);
+            crate::pack::decode_into(dec, layout, storage, effective, out)
         }
     }
 }

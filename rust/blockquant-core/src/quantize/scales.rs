@@ -5,6 +5,7 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
+use crate::alloc::try_par_collect;
 use crate::calibrate::MIN_TASK_ELEMS;
 use crate::error::{QuantError, Result};
 use crate::layout::Layout;
@@ -60,26 +61,32 @@ impl Scales {
         Ok(Self::new(stored, global))
     }
 
-    /// What values are divided by: `stored`, or `b_i × g` for two-level.
-    pub fn effective(&self) -> &[f32] {
+    /// What values are divided by: `stored`, or `b_i × g` for two-level (the one error: no
+    /// memory for them).
+    pub fn effective(&self) -> Result<&[f32]> {
         let Some(g) = self.global else {
-            return &self.stored;
+            return Ok(&self.stored);
         };
-        self.two_level_effective
-            .get_or_init(|| effective_scales(&self.stored, g))
+        if let Some(e) = self.two_level_effective.get() {
+            return Ok(e);
+        }
+        // (`OnceLock::get_or_try_init` is not stable: a racing caller's copy is dropped.)
+        let e = effective_scales(&self.stored, g)?;
+        Ok(self.two_level_effective.get_or_init(|| e))
     }
 }
 
 /// A two-level scheme's effective scales b_i × g ([`effective_scale`]) of stored ones.
-pub fn effective_scales(stored: &[f32], g: f32) -> Vec<f32> {
+pub fn effective_scales(stored: &[f32], g: f32) -> Result<Vec<f32>> {
     // In the bounded pool like every other parallel loop: rayon's global pool would add
     // threads `set_num_threads` does not bound, and has none in a forked child (a hang).
     pool::install_sized(stored.len(), || {
-        stored
-            .par_iter()
-            .with_min_len(MIN_TASK_ELEMS)
-            .map(|&b| effective_scale(b, g))
-            .collect()
+        try_par_collect(
+            stored
+                .par_iter()
+                .with_min_len(MIN_TASK_ELEMS)
+                .map(|&b| effective_scale(b, g)),
+        )
     })
 }
 

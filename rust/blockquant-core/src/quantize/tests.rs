@@ -109,7 +109,14 @@ impl Inputs {
 fn two_pass(x: Input<'_>, layout: &Layout, opts: &QuantizeOptions) -> (Scales, Words) {
     let scales = compute_scales(x, layout, opts, None).unwrap();
     let mut w = Words::filled(layout, 0xA5A5_A5A5);
-    encode_values(x, layout, scales.effective(), opts.rounding, w.as_mut()).unwrap();
+    encode_values(
+        x,
+        layout,
+        scales.effective().unwrap(),
+        opts.rounding,
+        w.as_mut(),
+    )
+    .unwrap();
     (scales, w)
 }
 
@@ -300,7 +307,7 @@ fn pieces_tile_elements_scales_and_words() {
                 for value in [QuantValue::Q8S, QuantValue::Q4S, QuantValue::Q2S] {
                     let layout =
                         Layout::new(&one_level(value, store, bc, ScaleDtype::F16), shape).unwrap();
-                    let ps = pieces(&layout);
+                    let ps = pieces(&layout).unwrap();
                     let (mut e, mut s, mut w) = (0, 0, 0);
                     let unit = lcm(layout.block_cols(), layout.packing.per);
                     for p in &ps {
@@ -398,7 +405,7 @@ fn one_pass_and_two_pass_name_the_same_non_finite_value() {
         let two = encode_values(
             Input::F32(&x),
             &layout,
-            scales.effective(),
+            scales.effective().unwrap(),
             opts.rounding,
             w.as_mut(),
         )
@@ -481,7 +488,12 @@ fn two_level_kernel_matches_two_pass() {
                     let bits = |v: &[f32]| v.iter().map(|s| s.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&s1.stored), bits(&s2.stored), "{}", ctx());
                     assert_eq!(s1.global.map(f32::to_bits), s2.global.map(f32::to_bits));
-                    assert_eq!(s1.effective(), s2.effective(), "{}", ctx());
+                    assert_eq!(
+                        s1.effective().unwrap(),
+                        s2.effective().unwrap(),
+                        "{}",
+                        ctx()
+                    );
                     if let Some(i) = (0..w1.len()).find(|&i| w1.get(i) != w2.get(i)) {
                         panic!("word {i}: {:#x} vs {:#x}: {}", w1.get(i), w2.get(i), ctx());
                     }
@@ -495,8 +507,14 @@ fn two_level_kernel_matches_two_pass() {
                     });
                     let s2 = compute_scales(input, &layout, &opts, explicit).unwrap();
                     let mut w2 = Words::filled(&layout, 0xA5A5_A5A5);
-                    encode_values(input, &layout, s2.effective(), opts.rounding, w2.as_mut())
-                        .unwrap();
+                    encode_values(
+                        input,
+                        &layout,
+                        s2.effective().unwrap(),
+                        opts.rounding,
+                        w2.as_mut(),
+                    )
+                    .unwrap();
                     let mut w1 = Words::filled(&layout, 0x5A5A_5A5A);
                     let s1 = quantize(input, &layout, &opts, explicit, w1.as_mut()).unwrap();
                     assert_eq!(bits(&s1.stored), bits(&s2.stored), "g {g}: {}", ctx());
@@ -582,7 +600,8 @@ fn two_level_int_codes_next_to_ties_are_the_divisions() {
                 let mut w = Words::new(&layout);
                 let e = quantize(Input::F32(&x), &layout, &opts, None, w.as_mut())
                     .unwrap()
-                    .effective()[0];
+                    .effective()
+                    .unwrap()[0];
                 for (i, v) in x.iter_mut().enumerate() {
                     let b = i / bc;
                     if zero(b) {
@@ -619,7 +638,7 @@ fn two_level_int_codes_next_to_ties_are_the_divisions() {
             );
             let mut w = Words::filled(&layout, 0x5A5A_5A5A);
             let s = quantize(Input::F32(&x), &layout, &opts, None, w.as_mut()).unwrap();
-            for (b, &f) in s.effective().iter().enumerate() {
+            for (b, &f) in s.effective().unwrap().iter().enumerate() {
                 assert_eq!(f.to_bits(), if zero(b) { 0 } else { e.to_bits() });
             }
             let mask = layout.packing.field_mask() as u8;

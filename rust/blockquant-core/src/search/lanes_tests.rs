@@ -111,7 +111,7 @@ fn schemes(bc: usize) -> Vec<(QuantScheme, ScaleRounding)> {
 fn global(x: &[f32], layout: &Layout) -> Option<f32> {
     let s = &layout.scheme;
     s.is_two_level().then(|| {
-        let a = amplitudes(Input::F32(x), layout, Calibration::MinMax);
+        let a = amplitudes(Input::F32(x), layout, Calibration::MinMax).unwrap();
         crate::scale::derived_global(&a, s.half_range(), s.scale_dtype())
     })
 }
@@ -125,7 +125,7 @@ fn portable_scales(
     g: Option<f32>,
 ) -> Vec<f32> {
     let ctx = Ctx::new(layout, mode, g);
-    let alpha = amplitudes(Input::F32(x), layout, Calibration::MinMax);
+    let alpha = amplitudes(Input::F32(x), layout, Calibration::MinMax).unwrap();
     let mut bufs = Bufs::default();
     with_dequant!(&layout.scheme, |q| (0..layout.num_scales)
         .map(|b| search_block_portable(q, &ctx, Input::F32(x), w, layout, b, alpha[b], &mut bufs))
@@ -157,7 +157,7 @@ fn lane_search_equals_block_search() {
                 for w in [None, Some(&ws[..])] {
                     let g = global(&x, &layout);
                     let ctx = Ctx::new(&layout, mode, g);
-                    let alpha = amplitudes(Input::F32(&x), &layout, Calibration::MinMax);
+                    let alpha = amplitudes(Input::F32(&x), &layout, Calibration::MinMax).unwrap();
                     let mut lanes = vec![0.0f32; layout.num_scales];
                     with_dequant!(&scheme, |q| unsafe {
                         // SAFETY: the CPU has AVX2 and F16C, checked above.

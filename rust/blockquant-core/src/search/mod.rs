@@ -26,6 +26,7 @@
 
 use rayon::prelude::*;
 
+use crate::alloc::{try_par_collect, try_zeroed};
 use crate::calibrate::{amplitudes, Calibration, MIN_TASK_ELEMS};
 use crate::error::{QuantError, Result};
 use crate::input::Input;
@@ -289,25 +290,27 @@ fn search_tensor<Q: Dequant>(
     x: Input<'_>,
     weights: Option<&[f32]>,
     alpha: f32,
-) -> f32 {
+) -> Result<f32> {
     let mut cand = [0.0f32; MAX_CANDIDATES];
     let k = ctx.candidates(alpha, &mut cand);
     if k == 1 || x.is_empty() {
-        return cand[0];
+        return Ok(cand[0]);
     }
     let eff: Vec<f32> = cand[..k].iter().map(|&s| ctx.effective(s)).collect();
     let n = x.len();
-    let parts: Vec<[f32; MAX_CANDIDATES]> = (0..n.div_ceil(CHUNK))
-        .into_par_iter()
-        .map_init(Vec::new, |buf, c| {
-            let start = c * CHUNK;
-            let len = CHUNK.min(n - start);
-            let mut part = [0.0f32; MAX_CANDIDATES];
-            let cw = weights.map(|w| &w[start..start + len]);
-            chunk_sums(q, x.read(start, len, buf), cw, &eff, &mut part[..k]);
-            part
-        })
-        .collect();
+    // One entry a chunk; `buf`, a chunk's converted values, is bounded by CHUNK.
+    let parts: Vec<[f32; MAX_CANDIDATES]> = try_par_collect(
+        (0..n.div_ceil(CHUNK))
+            .into_par_iter()
+            .map_init(Vec::new, |buf, c| {
+                let start = c * CHUNK;
+                let len = CHUNK.min(n - start);
+                let mut part = [0.0f32; MAX_CANDIDATES];
+                let cw = weights.map(|w| &w[start..start + len]);
+                chunk_sums(q, x.read(start, len, buf), cw, &eff, &mut part[..k]);
+                part
+            }),
+    )?;
     // Chunk sums in chunk order, whichever thread measured them.
     let mut total = [0.0f64; MAX_CANDIDATES];
     for p in &parts {
@@ -315,7 +318,7 @@ fn search_tensor<Q: Dequant>(
             *t += v as f64;
         }
     }
-    pick(&cand[..k], &eff, &total[..k])
+    Ok(pick(&cand[..k], &eff, &total[..k]))
 }
 
 /// The searched scales of `x` (format.md "Searched scales: `mse`"): the stored grid, and g for a two-level scheme (the
@@ -327,9 +330,9 @@ pub fn mse_scales(
     layout: &Layout,
     opts: &QuantizeOptions,
     given_global: Option<f32>,
-) -> Scales {
+) -> Result<Scales> {
     let scheme = &layout.scheme;
-    let alpha = amplitudes(x, layout, Calibration::MinMax);
+    let alpha = amplitudes(x, layout, Calibration::MinMax)?;
     // g as the one-pass path (`quantize_searched`) derives it, by the same function.
     let global = scheme.is_two_level().then(|| {
         given_global.unwrap_or_else(|| {
@@ -339,25 +342,27 @@ pub fn mse_scales(
     let ctx = Ctx::new(layout, opts.scale_rounding, global);
     #[cfg(target_arch = "x86_64")]
     if crate::search::lanes::fits(layout) {
-        let stored = with_dequant!(scheme, |q| lane_scales(q, &ctx, x, weights, layout, &alpha));
-        return Scales::new(stored, global);
+        let stored = with_dequant!(scheme, |q| lane_scales(q, &ctx, x, weights, layout, &alpha))?;
+        return Ok(Scales::new(stored, global));
     }
     let stored = with_dequant!(scheme, |q| {
         if layout.per_tensor {
-            vec![search_tensor(q, &ctx, x, weights, alpha[0])]
+            search_tensor(q, &ctx, x, weights, alpha[0]).map(|s| vec![s])
         } else {
             let per_block = layout.num_elements / layout.num_scales.max(1);
-            alpha
-                .par_iter()
-                .enumerate()
-                .with_min_len((MIN_TASK_ELEMS / per_block.max(1)).max(1))
-                .map_init(Bufs::default, |bufs, (b, &a)| {
-                    search_block(q, &ctx, x, weights, layout, b, a, bufs)
-                })
-                .collect()
+            // `bufs`: one block's values (and weights), a thread's scratch bounded by the block.
+            try_par_collect(
+                alpha
+                    .par_iter()
+                    .enumerate()
+                    .with_min_len((MIN_TASK_ELEMS / per_block.max(1)).max(1))
+                    .map_init(Bufs::default, |bufs, (b, &a)| {
+                        search_block(q, &ctx, x, weights, layout, b, a, bufs)
+                    }),
+            )
         }
-    });
-    Scales::new(stored, global)
+    })?;
+    Ok(Scales::new(stored, global))
 }
 
 /// [`mse_scales`]' blocks by the lane kernel ([`crate::search::lanes`]), in parallel tasks of
@@ -370,10 +375,10 @@ fn lane_scales<Q: Dequant>(
     weights: Option<&[f32]>,
     layout: &Layout,
     alpha: &[f32],
-) -> Vec<f32> {
+) -> Result<Vec<f32>> {
     let bc = layout.block_cols();
     let per_task = (MIN_TASK_ELEMS / bc).next_multiple_of(8);
-    let mut stored = vec![0.0f32; layout.num_scales];
+    let mut stored = try_zeroed(layout.num_scales)?;
     stored
         .par_chunks_mut(per_task)
         .zip(alpha.par_chunks(per_task))
@@ -385,7 +390,7 @@ fn lane_scales<Q: Dequant>(
             // SAFETY: `fits` checked the CPU has AVX2 and F16C.
             unsafe { crate::search::lanes::search_run(q, ctx, xs, ws, a, sc) }
         });
-    stored
+    Ok(stored)
 }
 
 /// Whether `quantize` with calibration `mse` takes [`quantize_searched`]: blocks the lane kernel
@@ -448,7 +453,7 @@ pub(crate) fn quantize_searched(
                 },
             )
         })
-    });
+    })?;
     if bad {
         return Err(crate::kernels::piece::first_non_finite(x));
     }
@@ -510,12 +515,12 @@ pub fn quantize_weighted(
         }
         #[cfg(target_arch = "x86_64")]
         if searchable_in_one_pass(layout) {
-            let mut stored = vec![0.0f32; layout.num_scales];
+            let mut stored = try_zeroed(layout.num_scales)?;
             let g = quantize_searched(x, Some(weights), layout, opts, ex.global, out, &mut stored)?;
             return Ok(Scales::new(stored, g));
         }
-        let scales = mse_scales(x, Some(weights), layout, opts, ex.global);
-        encode_values(x, layout, scales.effective(), opts.rounding, out)?;
+        let scales = mse_scales(x, Some(weights), layout, opts, ex.global)?;
+        encode_values(x, layout, scales.effective()?, opts.rounding, out)?;
         Ok(scales)
     })
 }

@@ -33,7 +33,7 @@ fn each_block_takes_its_least_error_candidate() {
     let x: Vec<f32> = (0..80)
         .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.13)
         .collect();
-    let sc = mse_scales(Input::F32(&x), None, &l, &mse_opts(), None);
+    let sc = mse_scales(Input::F32(&x), None, &l, &mse_opts(), None).unwrap();
     let ctx = Ctx::new(&l, ScaleRounding::Up, None);
     for b in 0..l.num_scales {
         let (r, k) = (b / 3, b % 3);
@@ -419,12 +419,12 @@ fn the_result_does_not_depend_on_threads() {
             .num_threads(1)
             .build()
             .unwrap()
-            .install(|| mse_scales(Input::F32(&x), Some(&w), l, &mse_opts(), None));
+            .install(|| mse_scales(Input::F32(&x), Some(&w), l, &mse_opts(), None).unwrap());
         let three = rayon::ThreadPoolBuilder::new()
             .num_threads(3)
             .build()
             .unwrap()
-            .install(|| mse_scales(Input::F32(&x), Some(&w), l, &mse_opts(), None));
+            .install(|| mse_scales(Input::F32(&x), Some(&w), l, &mse_opts(), None).unwrap());
         assert_eq!(one, three);
     }
 }
