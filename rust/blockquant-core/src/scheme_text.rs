@@ -43,7 +43,7 @@ pub fn parse(text: &str) -> Result<QuantScheme> {
     if parts.len() == 1 {
         return Err(err(format!(
             "unknown scheme {}: a scheme text is VALUE/STORE/LEVELS such as \
-             'q4s/packed_u32_0/block32:f16' (the presets: blockquant presets)",
+             'q4s/packed_u32_0/block32:f16' (preset names: blockquant.presets.resolve; blockquant presets lists them)",
             quote(text)
         )));
     }

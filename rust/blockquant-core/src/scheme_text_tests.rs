@@ -86,7 +86,7 @@ fn bad_texts_say_what_is_wrong() {
         ("q2s/native/tensor/lookup:[1e39,2.0,3.0,4.0]", "write 'inf'"),
         ("q8s/native/tensor/lookup:nf4", "8-bit value (Q8S) is not implemented"),
         ("e2m1/native/tensor/lookup:nf4", "no float semantics"),
-        ("nvfp4", "unknown scheme 'nvfp4': a scheme text is VALUE/STORE/LEVELS such as 'q4s/packed_u32_0/block32:f16' (the presets: blockquant presets)"),
+        ("nvfp4", "unknown scheme 'nvfp4': a scheme text is VALUE/STORE/LEVELS such as 'q4s/packed_u32_0/block32:f16' (preset names: blockquant.presets.resolve; blockquant presets lists them)"),
         ("it's", "unknown scheme \"it's\""),
     ] {
         let m = msg(text);
