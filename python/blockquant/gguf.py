@@ -160,7 +160,7 @@ def _quantize(xs: np.ndarray, kind: str, t: GGMLType, out: Optional[np.ndarray])
             if out.shape != xs.shape:
                 raise LayoutError(f"out must have shape {xs.shape} for {t.name}, got {out.shape}")
             if not (out.flags.c_contiguous and out.flags.aligned):
-                raise TypeError("out must be an aligned, C-contiguous array")
+                raise ValueError("out must be an aligned, C-contiguous array")
             raw_out = out.view(np.uint8)
         else:
             raw_out = out

@@ -37,6 +37,22 @@ pub(crate) fn to_py(err: CoreError) -> PyErr {
     }
 }
 
+/// A caller's `out` array the call cannot write into. One rule for every `out=` of the module:
+/// a wrong type or dtype is a `TypeError`, anything else wrong with an array of the right dtype
+/// (shape, layout, read-only, in use) a `ValueError`. "In use" is numpy's borrow of it: another
+/// call, from another thread, is reading or writing the same array (or, within the call, it
+/// shares memory with the input).
+pub(crate) fn out_unwritable(what: &str, e: numpy::BorrowError) -> PyErr {
+    let why = match e {
+        numpy::BorrowError::NotWriteable => "is read-only: it must be writeable",
+        _ => {
+            "is in use: another call (from another thread) is reading or writing the same \
+             array, or it shares memory with this call's input"
+        }
+    };
+    pyo3::exceptions::PyValueError::new_err(format!("{what} {why}"))
+}
+
 /// Run an entry point's body; a panic anywhere in it (rayon workers included) becomes
 /// `InternalError` with the panic message.
 pub(crate) fn guarded<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {

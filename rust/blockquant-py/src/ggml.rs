@@ -7,7 +7,7 @@ use blockquant_core::ggml::{self, GgmlType};
 use numpy::{
     PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
 };
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::arrays::new_array;
@@ -122,18 +122,15 @@ fn writeable<'py, T: numpy::Element>(
     arr: &Bound<'py, PyArrayDyn<T>>,
     input: &str,
 ) -> PyResult<numpy::PyReadwriteArrayDyn<'py, T>> {
-    arr.try_readwrite().map_err(|e| {
-        PyTypeError::new_err(format!(
-            "out must be writeable and not overlap {input}: {e}"
-        ))
-    })
+    arr.try_readwrite()
+        .map_err(|e| errors::out_unwritable(&format!("out (which must not overlap {input})"), e))
 }
 
 fn contiguous_mut<'a, T: numpy::Element>(
     rw: &'a mut numpy::PyReadwriteArrayDyn<'_, T>,
 ) -> PyResult<&'a mut [T]> {
     rw.as_slice_mut()
-        .map_err(|_| PyTypeError::new_err("out must be an aligned, C-contiguous array"))
+        .map_err(|_| PyValueError::new_err("out must be an aligned, C-contiguous array"))
 }
 
 /// Dequantize C-contiguous uint8 blocks of shape `(..., row_bytes)` to float32 `(..., row_len)`,

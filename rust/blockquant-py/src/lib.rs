@@ -100,7 +100,7 @@ fn with_storage_mut<R: Send>(
                 .cast::<PyArrayDyn<u32>>()
                 .map_err(not_ours)?
                 .try_readwrite()
-                .map_err(not_ours)?;
+                .map_err(|e| errors::out_unwritable("out values", e))?;
             let s = rw.as_slice_mut().map_err(not_ours)?;
             Ok(py.detach(|| f(StorageMut::U32(s))))
         }
@@ -109,7 +109,7 @@ fn with_storage_mut<R: Send>(
                 .cast::<PyArrayDyn<u8>>()
                 .map_err(not_ours)?
                 .try_readwrite()
-                .map_err(not_ours)?;
+                .map_err(|e| errors::out_unwritable("out values", e))?;
             let s = rw.as_slice_mut().map_err(not_ours)?;
             Ok(py.detach(|| f(StorageMut::U8(s))))
         }
@@ -118,7 +118,7 @@ fn with_storage_mut<R: Send>(
                 .cast::<PyArrayDyn<i8>>()
                 .map_err(not_ours)?
                 .try_readwrite()
-                .map_err(not_ours)?;
+                .map_err(|e| errors::out_unwritable("out values", e))?;
             let s = bytes_of_mut(rw.as_slice_mut().map_err(not_ours)?);
             Ok(py.detach(|| f(StorageMut::U8(s))))
         }
@@ -303,7 +303,7 @@ fn quantize<'py>(
         };
         let mut scales_rw = scales
             .try_readwrite()
-            .map_err(|e| PyValueError::new_err(format!("out scales must be writeable: {e}")))?;
+            .map_err(|e| errors::out_unwritable("out scales", e))?;
         let sc = scales_rw
             .as_slice_mut()
             .map_err(|_| PyValueError::new_err("out scales must be aligned and C-contiguous"))?;
@@ -408,11 +408,8 @@ fn dequantize<'py>(
         fn borrow<'py, T: numpy::Element>(
             a: &Bound<'py, PyArrayDyn<T>>,
         ) -> PyResult<numpy::PyReadwriteArrayDyn<'py, T>> {
-            a.try_readwrite().map_err(|e| {
-                PyValueError::new_err(format!(
-                    "out must be writeable and share no memory with the tensor: {e}"
-                ))
-            })
+            a.try_readwrite()
+                .map_err(|e| errors::out_unwritable("out", e))
         }
         let arr = match dtype {
             "float32" => {
