@@ -15,7 +15,14 @@ import numpy as np
 
 from . import _native
 from .errors import LayoutError, QuantError, ScaleError
-from .options import Calibration, Rounding, ScaleRounding, as_bytes, importance_weights
+from .options import (
+    Calibration,
+    Rounding,
+    ScaleRounding,
+    as_bytes,
+    importance_weights,
+    weights_refusal,
+)
 from .presets import resolve
 from .scheme import QuantScheme, QuantValue, ScaleDtype, _layout, _shape
 
@@ -464,10 +471,9 @@ def quantize(
     w = None
     if weights is not None:
         w = importance_weights(weights, xs.shape)
-        if cal != "mse" or scales is not None:
-            raise QuantError(
-                "weights= weighs the error of calibration='mse' and takes no explicit scales"
-            )
+        refusal = weights_refusal(cal, scales is not None)
+        if refusal is not None:
+            raise QuantError(refusal)
     given = None
     if scales is not None:
         # An array's shape is a tuple of ints >= 0: the cached layout without the checks of
