@@ -17,6 +17,7 @@ from .scheme import QuantScheme, QuantStore, QuantValue, ScaleDtype
 
 __all__ = [
     "int8",
+    "int8_per_channel",
     "int8_block32",
     "int4_block32",
     "int4_block16",
@@ -29,6 +30,7 @@ __all__ = [
     "PRESETS",
     "CALIBRATION",
     "resolve",
+    "described",
 ]
 
 _V, _S, _D = QuantValue, QuantStore, ScaleDtype
@@ -37,6 +39,18 @@ _V, _S, _D = QuantValue, QuantStore, ScaleDtype
 def int8() -> QuantScheme:
     """Q8S, one f32 scale per tensor, one value per byte."""
     return QuantScheme(_V.Q8S, _S.Native).per_tensor(_D.F32)
+
+
+def int8_per_channel() -> QuantScheme:
+    """Q8S, one f32 scale per row: what most runtimes (PyTorch, ONNX, TensorRT) call int8
+    weights. The scheme is ``q8s/native/block65536:f32``: blocks of 65536 along the last axis,
+    and a partial edge block is one block, so a row of up to 65536 values has one scale (a
+    longer row one per 65536). Rows of different magnitudes (a weight's output channels) each
+    get their own scale, where ``int8`` gives the whole tensor one. Burn's blocks hold at most
+    255 values a dimension, so it cannot be written as ``.bpk``."""
+    # A block, not a per-row level (the scheme has none): 65536 is longer than the rows of the
+    # layers in use (hidden sizes to 16384, FFN widths to 53248), so each row is one block.
+    return QuantScheme(_V.Q8S, _S.Native).per_block([65536], _D.F32)
 
 
 def int8_block32() -> QuantScheme:
@@ -117,6 +131,7 @@ def bitnet() -> QuantScheme:
 
 PRESETS: Dict[str, Callable[[], QuantScheme]] = {
     "int8": int8,
+    "int8_per_channel": int8_per_channel,
     "int8_block32": int8_block32,
     "int4_block32": int4_block32,
     "int4_block16": int4_block16,
@@ -160,3 +175,14 @@ def _resolve_text(scheme: str) -> QuantScheme:
             "VALUE/STORE/LEVELS such as 'q4s/packed_native0/block32:f16'"
         )
     return QuantScheme.parse(scheme)
+
+
+def described(scheme: QuantScheme) -> str:
+    """``scheme`` for a message: its text, after its preset name when it is one
+    (``int8_block32 (q8s/native/block32:f16)``)."""
+    name = _PRESET_NAMES.get(str(scheme))
+    return f"{name} ({scheme})" if name else str(scheme)
+
+
+#: Preset name by scheme text (every preset's text differs, codebook included).
+_PRESET_NAMES: Dict[str, str] = {str(make()): name for name, make in PRESETS.items()}

@@ -75,8 +75,13 @@ def _plan_checkpoint(req: QuantizeRequest, fmt: Format) -> Plan:
             raise CheckpointError("--allow-requantize", None, "only a GGUF input holds tensors "
                                   "of another tool's quantized types to requantize")
         options = replace(options, allow_requantize=True)
-    return plan_checkpoint(req.src, req.dst, resolve_scheme(req.scheme), options,
+    plan = plan_checkpoint(req.src, req.dst, resolve_scheme(req.scheme), options,
                            output_format=req.output_format)
+    if fmt == BURNPACK:
+        from .burnpack_file import check_block_dims
+
+        check_block_dims(req.dst, {d.scheme for _, d in plan.decisions()})
+    return plan
 
 
 # --- GGUF: llama-quantize's way ------------------------------------------------------------------
