@@ -235,3 +235,48 @@ def test_report_json_lists_the_kept_biases(bert, capsys):
     assert run("report", src, "--scheme", "nvfp4", "--json", "--rule", "query=int8") == 0
     kept = {k["name"]: k["why"] for k in json.loads(capsys.readouterr().out)["kept"]}
     assert kept["attention.self.query.bias"] == "rank"
+
+
+# -- blockquant presets ------------------------------------------------------------------------
+
+
+def test_presets_lists_every_preset_with_its_scheme_bits_and_purpose(capsys):
+    assert run("presets") == 0
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in out.splitlines() if line.startswith("| ")}
+    assert set(rows) == {"preset", *bq.presets.PRESETS}
+    for name, make in bq.presets.PRESETS.items():
+        scheme, bits, options, purpose = rows[name]
+        assert scheme == str(make())
+        assert purpose == make.__doc__.splitlines()[0]
+        assert float(bits) == pytest.approx(make().layout((4096, 4096)).nbytes * 8 / 4096**2,
+                                            abs=5e-4)
+    assert rows["bitnet"][2] == "calibration absmean"
+    assert rows["int4_block16"][2] == "calibration mse, scale rounding nearest"
+    assert rows["mxfp4"][2] == "scale rounding mx" and rows["int8"][2] == "-"
+    assert rows["nvfp4"][1] == "4.500" and rows["int8_per_channel"][1] == "8.008"
+
+
+def test_presets_json_is_the_catalog(capsys):
+    assert run("presets", "--json") == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got == bq.presets.catalog()
+    assert [p["name"] for p in got] == list(bq.presets.PRESETS)
+    bitnet = next(p for p in got if p["name"] == "bitnet")
+    assert bitnet["calibration"] == "absmean" and bitnet["scale_rounding"] == "up"
+    assert bitnet["bits_per_value"] == (4096 * 4096 // 16 * 4 + 4) * 8 / 4096**2
+
+
+def test_every_preset_docstring_opens_with_a_one_line_purpose():
+    for make in bq.presets.PRESETS.values():
+        first, blank = make.__doc__.splitlines()[:2]
+        assert first.endswith(".") and len(first) <= 95 and not blank.strip(), make.__name__
+
+
+def test_the_command_points_at_blockquant_presets(capsys):
+    assert run("--help") == 0
+    text = capsys.readouterr().out
+    assert "'blockquant presets' lists them" in text and "presets.resolve" not in text
+    assert run("quantize", "--help") == 0
+    assert "'blockquant presets' says what each is" in " ".join(capsys.readouterr().out.split())

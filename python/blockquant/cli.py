@@ -4,10 +4,11 @@
     blockquant dequantize IN -o OUT                 back to float tensors
     blockquant inspect FILE                         per tensor: scheme, shape, bytes, bits/value
     blockquant report IN --scheme SCHEME            per tensor: SQNR, bits/weight, error, sizes, time
+    blockquant presets                              every preset: scheme, bits/value, what it is for
     blockquant demo                                 every preset on built-in generated tensors
 
-A SCHEME is a preset name (nvfp4, mxfp4, int8, ...) or its spelled-out form, such as
-q4s/packed_native0/block32:f16 (see ``blockquant.presets.resolve``). A problem with the input, the
+A SCHEME is a preset name (nvfp4, mxfp4, int8, ...; ``blockquant presets`` lists them) or a
+spelled-out scheme, such as q4s/packed_native0/block32:f16. A problem with the input, the
 scheme or the output is one line on stderr, ``blockquant: error: FILE: TENSOR: message``, exit
 code 2, and no output file.
 """
@@ -81,12 +82,14 @@ def demo_tensors(seed: int = 0, scale: int = 1) -> dict[str, np.ndarray]:
     return {k: v.astype(np.float32) for k, v in out.items()}
 
 
-def _table(rows: list[Sequence[str]], header: Sequence[str], left: int = 0) -> str:
-    """A Markdown table; the first ``left`` columns are left-aligned, the others right-aligned."""
+def _table(rows: list[Sequence[str]], header: Sequence[str], left: int = 0,
+           numbers: Sequence[int] = ()) -> str:
+    """A Markdown table; the first ``left`` columns are left-aligned, the others right-aligned
+    (with ``numbers`` given: only the columns of those indices)."""
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
 
     def line(r: Sequence[str]) -> str:
-        cells = [str(c).ljust(w) if i < left else str(c).rjust(w)
+        cells = [str(c).ljust(w) if (i not in numbers if numbers else i < left) else str(c).rjust(w)
                  for i, (c, w) in enumerate(zip(r, widths))]
         return "| " + " | ".join(cells) + " |"
 
@@ -127,6 +130,26 @@ def demo(args: argparse.Namespace) -> int:
     print(_table(rows, ["scheme", "bits/value", "SQNR dB", "max abs err", "quantize GB/s"]))
     print("\nbits/value counts scales; SQNR over all tensors; GB/s of float32 input, best of "
           f"{args.repeat}.")
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    rows = presets.catalog()
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    defaults = {"calibration": "minmax", "rounding": "half_away", "scale_rounding": "up"}
+
+    def options(r: dict[str, Any]) -> str:
+        return ", ".join(f"{k.replace('_', ' ')} {r[k]}" for k, v in defaults.items()
+                         if r[k] != v) or "-"
+
+    print(_table([[r["name"], r["scheme"], f"{r['bits_per_value']:.3f}", options(r),
+                   r["purpose"]] for r in rows],
+                 ["preset", "scheme", "bits/value", "options", "for"], numbers=[2]))
+    h, w = presets.CATALOG_SHAPE
+    print(f"\nbits/value on a {h}x{w} tensor, scales included. A preset's options apply unless "
+          "--calibration, --rounding or --scale-rounding say otherwise.")
     return 0
 
 
@@ -478,8 +501,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"blockquant {version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    scheme_help = ("a preset (" + ", ".join(presets.PRESETS) + ") or a spelled-out scheme such "
-                   "as q4s/packed_native0/block32:f16")
+    scheme_help = ("a preset (" + ", ".join(presets.PRESETS) + "; 'blockquant presets' says "
+                   "what each is) or a spelled-out scheme such as q4s/packed_native0/block32:f16")
 
     def options(c: argparse.ArgumentParser) -> None:
         c.add_argument("--scheme", required=True, help=scheme_help)
@@ -572,6 +595,11 @@ def _parser() -> argparse.ArgumentParser:
     options(r)
     r.add_argument("--json", action="store_true", help="print JSON (SQNR null when exact)")
     r.set_defaults(func=cmd_report)
+
+    ps = sub.add_parser("presets", help="list every preset: its scheme, bits per value, the "
+                        "options it carries and what it is for")
+    ps.add_argument("--json", action="store_true", help="print JSON: a list of presets")
+    ps.set_defaults(func=cmd_presets)
 
     dm = sub.add_parser("demo", help="quantize built-in generated tensors with every preset")
     dm.add_argument("--seed", type=_int_at_least(0), default=0)
