@@ -280,3 +280,67 @@ def test_the_command_points_at_blockquant_presets(capsys):
     assert "'blockquant presets' lists them" in text and "presets.resolve" not in text
     assert run("quantize", "--help") == 0
     assert "'blockquant presets' says what each is" in " ".join(capsys.readouterr().out.split())
+
+
+# -- --calibration mse says where it cannot help ----------------------------------------------
+
+
+def heavy_tailed(shape=(64, 256), seed=2):
+    """Weight-like values whose max |x| is many times their mean |x|."""
+    return (np.random.default_rng(seed).standard_t(4, shape) * 0.015).astype(np.float32)
+
+
+def test_mse_on_a_per_tensor_2_bit_scale_warns_and_names_absmean():
+    x = heavy_tailed()
+    with pytest.warns(RuntimeWarning, match=r"calibration 'mse' cannot help bitnet "
+                      r"\(q2s/packed_u32_0/tensor:f32\).*calibration 'absmean' does better"):
+        qt = bq.quantize(x, "bitnet", calibration="mse")
+    # what the warning is about: the search stays near max |x|, absmean finds the scale
+    with np.errstate(all="ignore"):
+        mse_db = bq.metrics.sqnr_db(x, qt.dequantize())
+    assert bq.metrics.sqnr_db(x, bq.quantize(x, "bitnet").dequantize()) > mse_db + 2
+    with pytest.warns(RuntimeWarning, match="cannot help q2f/native/tensor:f32"):
+        bq.quantize(x, bq.QuantScheme.parse("q2f/native/tensor:f32").with_options("mse"))
+
+
+@pytest.mark.parametrize("scheme, calibration", [
+    ("int4_block16", None),                   # its own mse: 4-bit values, scales in range
+    ("bitnet", None), ("bitnet", "minmax"),   # not mse
+    ("q2s/packed_u32_0/block16:f16", "mse"),  # 2-bit per block: max |x| is near the mean
+    ("int8", "mse"), ("mxfp4", "mse"),
+])
+def test_mse_where_it_can_help_says_nothing(scheme, calibration):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bq.quantize(heavy_tailed(), scheme, calibration=calibration)
+
+
+def test_the_file_functions_warn_once_when_planned(tmp_path):
+    src = tmp_path / "w.npz"
+    np.savez(src, a=heavy_tailed(seed=1), b=heavy_tailed(seed=2))
+    with pytest.warns(RuntimeWarning, match="cannot help bitnet") as caught:
+        bq.quantize_file(src, tmp_path / "q.safetensors", "bitnet", calibration="mse")
+    assert len(caught) == 1 and caught[0].filename == __file__
+    with pytest.warns(RuntimeWarning, match="cannot help bitnet"):
+        bq.checkpoint.report_file(src, bq.presets.bitnet(), FileOptions(calibration="mse"))
+    with pytest.warns(RuntimeWarning, match="cannot help bitnet"):  # a rule's scheme too
+        bq.quantize_file(src, tmp_path / "r.safetensors", "int4_block16", rules=["a=bitnet"],
+                         calibration="mse", dry_run=True)
+
+
+@pytest.mark.parametrize("cmd", ["quantize", "report"])
+def test_the_command_warns_in_one_line_and_runs(tmp_path, capsys, cmd):
+    src = tmp_path / "w.npz"
+    np.savez(src, a=heavy_tailed(seed=1), b=heavy_tailed(seed=2))
+    argv = [cmd, src, "--scheme", "bitnet", "--calibration", "mse", "-q"]
+    if cmd == "quantize":
+        argv += ["-o", tmp_path / "q.safetensors", "-f"]
+    assert run(*argv) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "blockquant: warning: calibration 'mse' cannot help bitnet (q2s/packed_u32_0/tensor:f32)")
+    assert cmd == "report" or (tmp_path / "q.safetensors").is_file()
+    assert run(*argv[:2], "--scheme", "int4_block16", "-q", *argv[7:]) == 0
+    assert capsys.readouterr().err == ""

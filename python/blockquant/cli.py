@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn, get_args
 
@@ -512,7 +513,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="leave tensors whose name matches as they are")
         # The choices are the option types' (which mirror the core's list).
         c.add_argument("--calibration", choices=get_args(Calibration),
-                       help="block amplitude (default: the preset's, else minmax)")
+                       help="how a block's scale is chosen: from its max |x| (minmax), its mean "
+                       "|x| (absmean), or mse: the least squared error among scales putting max "
+                       "|x| at 62/64..66/64 of half the value range (8-bit values), 27/32..37/32 "
+                       "(4-bit), 1..3 times (2-bit), or minmax's UE8M0 scale, half or twice it; "
+                       "a warning says where that range cannot help (default: the preset's, "
+                       "else minmax)")
         c.add_argument("--rounding", choices=get_args(Rounding),
                        help="rounding of int values (default: the preset's, else half_away)")
         c.add_argument("--scale-rounding", choices=get_args(ScaleRounding),
@@ -651,7 +657,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:  # not the main thread: leave signals alone
         pass
     try:
-        return int(args.func(args))
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")  # each once, even where the caller said "always"
+            warnings.showwarning = _warning_line
+            return int(args.func(args))
     except (CliError, QuantError) as e:
         return _error(str(e))
     except OSError as e:
@@ -686,6 +695,13 @@ def _what_was_written(done: int) -> str:
     if not written:
         return "no output written"
     return printable(f"{', '.join(map(str, written))} had been written")
+
+
+def _warning_line(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+                  line: Any = None) -> None:
+    """A warning (``mse`` on a scheme it cannot help, say) as the command's other lines: one
+    line on stderr, the run going on."""
+    _say(f"blockquant: warning: {printable(str(message))}")
 
 
 def _error(message: str) -> int:

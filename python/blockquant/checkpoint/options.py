@@ -4,7 +4,10 @@ they hold, parsed and checked (which tensor a rule then decides is :mod:`.rules`
 from __future__ import annotations
 
 import functools
+import os
 import re
+import sys
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -14,8 +17,12 @@ import numpy as np
 from ..errors import QuantError
 from ..options import Calibration, Rounding, ScaleRounding
 from ..presets import described, resolve
+from ..qtensor import mse_advice
 from ..scheme import QuantScheme
 from .base import NAME_TO_ST, CheckpointError
+
+#: The package's folder (a warning points past its frames).
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 #: The scheme word of a rule that keeps the tensors it matches.
 KEEP = "keep"
@@ -215,6 +222,27 @@ class FileOptions:
                     s.check_options(**args)
                 except QuantError as e:
                     raise CheckpointError(flag, None, _misfit(word, target, s, e)) from None
+
+
+    def advise(self, scheme: QuantScheme) -> None:
+        """A RuntimeWarning, once when a run is planned, for ``scheme`` or a rule's scheme that
+        these options quantize with a calibration that cannot help it (``mse`` on one scale
+        for a whole tensor of 2-bit values)."""
+        schemes = [scheme] + [r.scheme for r in compile_rules(self.rules) if r.scheme is not None]
+        for s in dict.fromkeys(schemes):  # once each, in order
+            cal = self.calibration if self.calibration is not None else s.options.calibration
+            advice = mse_advice(s) if cal == "mse" else None
+            if advice is not None:
+                warnings.warn(advice, RuntimeWarning, stacklevel=_outside_the_package())
+
+
+def _outside_the_package() -> int:
+    """The ``stacklevel`` of the first caller outside blockquant: a warning points at the
+    line that asked for the run, however many of the package's functions lie between."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def _misfit(word: str, target: str, scheme: QuantScheme, e: QuantError) -> str:

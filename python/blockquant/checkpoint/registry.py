@@ -75,8 +75,9 @@ def _plan_checkpoint(req: QuantizeRequest, fmt: Format) -> Plan:
             raise CheckpointError("--allow-requantize", None, "only a GGUF input holds tensors "
                                   "of another tool's quantized types to requantize")
         options = replace(options, allow_requantize=True)
-    plan = plan_checkpoint(req.src, req.dst, resolve_scheme(req.scheme), options,
-                           output_format=req.output_format)
+    scheme = resolve_scheme(req.scheme)
+    plan = plan_checkpoint(req.src, req.dst, scheme, options, output_format=req.output_format)
+    options.advise(scheme)
     if fmt == BURNPACK:
         from .burnpack_file import check_block_dims
 
@@ -300,6 +301,7 @@ def plan_report(src: Any, scheme: Any, options: FileOptions) -> ReportRun:
     # from their dequantized values, as llama-quantize's report does.
     options = replace(options, allow_requantize=True)
     total = sum(f.bytes_in for f in plan_checkpoint_report(src, resolved, options))
+    options.advise(resolved)
     return ReportRun(src, "checkpoint", resolved, options, total)
 
 

@@ -205,6 +205,7 @@ def plan(model: Any, scheme: QuantScheme, options: FileOptions, form: str,
     inits = {t.name: t for t in model.graph.initializer}
     rules = compile_rules(options.rules)
     options.check_schemes(scheme)
+    options.advise(scheme)
     for w in weights:
         if w.name in inputs:
             w.why = "also a graph input (a caller may override it)"
