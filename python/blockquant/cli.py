@@ -47,7 +47,7 @@ from .checkpoint.registry import (
 from .checkpoint.rules import dequantized_summary, kept_summary
 from .errors import QuantError
 from .metrics import ErrorStats
-from .options import MAX_THREADS, Calibration, Rounding, ScaleRounding
+from .options import MAX_THREADS, Calibration, QuantOptions, Rounding, ScaleRounding
 from .progress import Progress, ProgressBar
 from .progress import human_bytes as _human
 from .qtensor import quantize
@@ -139,7 +139,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    defaults = {"calibration": "minmax", "rounding": "half_away", "scale_rounding": "up"}
+    defaults = dict(zip(("calibration", "rounding", "scale_rounding"), QuantOptions().resolve()))
 
     def options(r: dict[str, Any]) -> str:
         return ", ".join(f"{k.replace('_', ' ')} {r[k]}" for k, v in defaults.items()
@@ -524,13 +524,14 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("--scale-rounding", choices=get_args(ScaleRounding),
                        help="rounding of scales to their dtype (default: the preset's, else up: "
                        "no clipping)")
-        c.add_argument("--rule", action="append", dest="rules", metavar="REGEX=SCHEME",
+        c.add_argument("--rule", action="append", dest="rules", metavar="REGEX=SCHEME[@N]",
                        help="the scheme of the tensors whose name matches REGEX (re.search), "
-                       "instead of --scheme; SCHEME may be 'keep'; repeatable, the first "
-                       "matching rule wins")
+                       "instead of --scheme, for those of rank >= --min-rank, or >= N with "
+                       "@N ('\\.bias$=int8@1'); SCHEME may be 'keep' (whatever the rank); "
+                       "repeatable, the first matching rule wins")
         c.add_argument("--min-rank", type=_int_at_least(0), default=2, metavar="N",
-                       help="keep tensors of rank below N that no --rule names (default 2: "
-                       "1-D norms and biases stay as they are)")
+                       help="keep tensors of rank below N, also those a --rule matches unless "
+                       "it says @N (default 2: 1-D norms and biases stay as they are)")
         c.add_argument("--strict", action="store_true",
                        help="a tensor its scheme cannot take is an error (default: kept, and "
                        "counted in the summary)")

@@ -41,10 +41,6 @@ class Rule:
     # it does not by itself pull in the biases its regular expression happens to match too.
     min_rank: int | None = None
 
-    def rank_floor(self, min_rank: int) -> int:
-        """The least rank of a tensor this rule quantizes, under ``--min-rank min_rank``."""
-        return min_rank if self.min_rank is None else self.min_rank
-
 
 def matching_rule(rules: tuple[Rule, ...], name: str) -> Rule | None:
     """The first rule whose regular expression matches ``name`` (``re.search``), or None."""
@@ -223,13 +219,13 @@ class FileOptions:
                 except QuantError as e:
                     raise CheckpointError(flag, None, _misfit(word, target, s, e)) from None
 
-
     def advise(self, scheme: QuantScheme) -> None:
         """A RuntimeWarning, once when a run is planned, for ``scheme`` or a rule's scheme that
         these options quantize with a calibration that cannot help it (``mse`` on one scale
         for a whole tensor of 2-bit values)."""
         schemes = [scheme] + [r.scheme for r in compile_rules(self.rules) if r.scheme is not None]
-        for s in dict.fromkeys(schemes):  # once each, in order
+        # Once each, in order; equal schemes may carry different options (a preset's own).
+        for s, _ in dict.fromkeys((s, s.options) for s in schemes):
             cal = self.calibration if self.calibration is not None else s.options.calibration
             advice = mse_advice(s) if cal == "mse" else None
             if advice is not None:
