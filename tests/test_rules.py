@@ -88,7 +88,7 @@ def test_rules_first_match_wins(tmp_path, src, tensors):
                "--rule", r"^(embed|lm_head)\.=int8",
                "--rule", "embed=keep",          # never reached for embed: the first rule won
                "--rule", "head=keep",           # nor for lm_head
-               "--rule", "norm=int8_block32",   # a rule takes a 1-D tensor too
+               "--rule", "norm=int8_block32@1",  # a rule takes a 1-D tensor when it says @1
                "--rule", "attn.bias=keep") == 0
     assert schemes_in(out) == {
         "embed.weight": INT8, "lm_head.weight": INT8, "layer.0.attn.weight": NVFP4,
@@ -121,19 +121,19 @@ def test_unfit_tensors_are_kept_unless_strict(tmp_path, src, capsys):
     out = tmp_path / "q.safetensors"
     # block 32x32 on a 1-D bias a rule sends there: kept, and counted
     assert run("quantize", src, "-o", out, "--scheme", "e4m3/native/block32x32:ue8m0",
-               "--rule", "bias=e4m3/native/block32x32:ue8m0") == 0
+               "--rule", "bias=e4m3/native/block32x32:ue8m0@1") == 0
     text = capsys.readouterr().out
     assert "1 the scheme cannot take (--dry-run says why, --strict makes it an error)" in text
     assert "layer.0.attn.bias" not in schemes_in(out)
     assert run("quantize", src, "-o", tmp_path / "s.safetensors", "--scheme",
-               "e4m3/native/block32x32:ue8m0", "--rule", "bias=e4m3/native/block32x32:ue8m0",
+               "e4m3/native/block32x32:ue8m0", "--rule", "bias=e4m3/native/block32x32:ue8m0@1",
                "--strict") == 2
     one_error_line(capsys, f"{src}: layer.0.attn.bias: block [32, 32]", "--strict",
                    "--rule 'REGEX=keep'")
     assert not (tmp_path / "s.safetensors").exists()
     # the dry run says why
     assert run("quantize", src, "-o", out, "--scheme", "e4m3/native/block32x32:ue8m0",
-               "--rule", "bias=e4m3/native/block32x32:ue8m0", "-n") == 0
+               "--rule", "bias=e4m3/native/block32x32:ue8m0@1", "-n") == 0
     assert "keep: e4m3/native/block32x32:ue8m0 does not fit: block [32, 32]" in \
         capsys.readouterr().out
 

@@ -19,6 +19,7 @@ PRESET_TEXT = {
     "nf4_block16": "q4f/packed_u32_0/block16:ue4m3+tensor:f32/lookup:nf4",
     "bq4_block16": "q4f/packed_u32_0/block16:ue4m3+tensor:f32/lookup:bq4",
     "bitnet": "q2s/packed_u32_0/tensor:f32",
+    "int8_per_channel": "q8s/native/block65536:f32",
 }
 
 

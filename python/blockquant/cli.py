@@ -4,10 +4,11 @@
     blockquant dequantize IN -o OUT                 back to float tensors
     blockquant inspect FILE                         per tensor: scheme, shape, bytes, bits/value
     blockquant report IN --scheme SCHEME            per tensor: SQNR, bits/weight, error, sizes, time
+    blockquant presets                              every preset: scheme, bits/value, what it is for
     blockquant demo                                 every preset on built-in generated tensors
 
-A SCHEME is a preset name (nvfp4, mxfp4, int8, ...) or its spelled-out form, such as
-q4s/packed_u32_0/block32:f16 (``blockquant presets`` lists the presets). A problem with the input, the
+A SCHEME is a preset name (nvfp4, mxfp4, int8, ...; ``blockquant presets`` lists them) or a
+spelled-out scheme, such as q4s/packed_u32_0/block32:f16. A problem with the input, the
 scheme or the output is one line on stderr, ``blockquant: error: FILE: TENSOR: message``, exit
 code 2, and no output file.
 """
@@ -23,6 +24,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn, get_args
 
@@ -45,7 +47,7 @@ from .checkpoint.registry import (
 from .checkpoint.rules import dequantized_summary, kept_summary
 from .errors import QuantError
 from .metrics import ErrorStats
-from .options import MAX_THREADS, Calibration, Rounding, ScaleRounding
+from .options import MAX_THREADS, Calibration, QuantOptions, Rounding, ScaleRounding
 from .progress import Progress, ProgressBar
 from .progress import human_bytes as _human
 from .qtensor import quantize
@@ -81,12 +83,14 @@ def demo_tensors(seed: int = 0, scale: int = 1) -> dict[str, np.ndarray]:
     return {k: v.astype(np.float32) for k, v in out.items()}
 
 
-def _table(rows: list[Sequence[str]], header: Sequence[str], left: int = 0) -> str:
-    """A Markdown table; the first ``left`` columns are left-aligned, the others right-aligned."""
+def _table(rows: list[Sequence[str]], header: Sequence[str], left: int = 0,
+           numbers: Sequence[int] = ()) -> str:
+    """A Markdown table; the first ``left`` columns are left-aligned, the others right-aligned
+    (with ``numbers`` given: only the columns of those indices)."""
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
 
     def line(r: Sequence[str]) -> str:
-        cells = [str(c).ljust(w) if i < left else str(c).rjust(w)
+        cells = [str(c).ljust(w) if (i not in numbers if numbers else i < left) else str(c).rjust(w)
                  for i, (c, w) in enumerate(zip(r, widths))]
         return "| " + " | ".join(cells) + " |"
 
@@ -127,6 +131,26 @@ def demo(args: argparse.Namespace) -> int:
     print(_table(rows, ["scheme", "bits/value", "SQNR dB", "max abs err", "quantize GB/s"]))
     print("\nbits/value counts scales; SQNR over all tensors; GB/s of float32 input, best of "
           f"{args.repeat}.")
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    rows = presets.catalog()
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    defaults = dict(zip(("calibration", "rounding", "scale_rounding"), QuantOptions().resolve()))
+
+    def options(r: dict[str, Any]) -> str:
+        return ", ".join(f"{k.replace('_', ' ')} {r[k]}" for k, v in defaults.items()
+                         if r[k] != v) or "-"
+
+    print(_table([[r["name"], r["scheme"], f"{r['bits_per_value']:.3f}", options(r),
+                   r["purpose"]] for r in rows],
+                 ["preset", "scheme", "bits/value", "options", "for"], numbers=[2]))
+    h, w = presets.CATALOG_SHAPE
+    print(f"\nbits/value on a {h}x{w} tensor, scales included. A preset's options apply unless "
+          "--calibration, --rounding or --scale-rounding say otherwise.")
     return 0
 
 
@@ -478,8 +502,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"blockquant {version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    scheme_help = ("a preset (" + ", ".join(presets.PRESETS) + ") or a spelled-out scheme such "
-                   "as q4s/packed_u32_0/block32:f16 (4-bit codes, 8 to a uint32 word)")
+    scheme_help = ("a preset (" + ", ".join(presets.PRESETS) + "; 'blockquant presets' says "
+                   "what each is) or a spelled-out scheme such as q4s/packed_u32_0/block32:f16 "
+                   "(4-bit codes, 8 to a uint32 word)")
 
     def options(c: argparse.ArgumentParser) -> None:
         c.add_argument("--scheme", required=True, help=scheme_help)
@@ -489,19 +514,25 @@ def _parser() -> argparse.ArgumentParser:
                        help="leave tensors whose name matches as they are")
         # The choices are the option types' (which mirror the core's list).
         c.add_argument("--calibration", choices=get_args(Calibration),
-                       help="block amplitude (default: the preset's, else minmax)")
+                       help="how a block's scale is chosen: from its max |x| (minmax), its mean "
+                       "|x| (absmean), or mse: the least squared error among scales putting max "
+                       "|x| at 62/64..66/64 of half the value range (8-bit values), 27/32..37/32 "
+                       "(4-bit), 1..3 times (2-bit), or minmax's UE8M0 scale, half or twice it; "
+                       "a warning says where that range cannot help (default: the preset's, "
+                       "else minmax)")
         c.add_argument("--rounding", choices=get_args(Rounding),
                        help="rounding of int values (default: the preset's, else half_away)")
         c.add_argument("--scale-rounding", choices=get_args(ScaleRounding),
                        help="rounding of scales to their dtype (default: the preset's, else up: "
                        "no clipping)")
-        c.add_argument("--rule", action="append", dest="rules", metavar="REGEX=SCHEME",
+        c.add_argument("--rule", action="append", dest="rules", metavar="REGEX=SCHEME[@N]",
                        help="the scheme of the tensors whose name matches REGEX (re.search), "
-                       "instead of --scheme; SCHEME may be 'keep'; repeatable, the first "
-                       "matching rule wins")
+                       "instead of --scheme, for those of rank >= --min-rank, or >= N with "
+                       "@N ('\\.bias$=int8@1'); SCHEME may be 'keep' (whatever the rank); "
+                       "repeatable, the first matching rule wins")
         c.add_argument("--min-rank", type=_int_at_least(0), default=2, metavar="N",
-                       help="keep tensors of rank below N that no --rule names (default 2: "
-                       "1-D norms and biases stay as they are)")
+                       help="keep tensors of rank below N, also those a --rule matches unless "
+                       "it says @N (default 2: 1-D norms and biases stay as they are)")
         c.add_argument("--strict", action="store_true",
                        help="a tensor its scheme cannot take is an error (default: kept, and "
                        "counted in the summary)")
@@ -573,6 +604,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print JSON (SQNR null when exact)")
     r.set_defaults(func=cmd_report)
 
+    ps = sub.add_parser("presets", help="list every preset: its scheme, bits per value, the "
+                        "options it carries and what it is for")
+    ps.add_argument("--json", action="store_true", help="print JSON: a list of presets")
+    ps.set_defaults(func=cmd_presets)
+
     dm = sub.add_parser("demo", help="quantize built-in generated tensors with every preset")
     dm.add_argument("--seed", type=_int_at_least(0), default=0)
     # 16 already generates about 2 GiB of float32 tensors.
@@ -623,7 +659,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:  # not the main thread: leave signals alone
         pass
     try:
-        return int(args.func(args))
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")  # each once, even where the caller said "always"
+            warnings.showwarning = _warning_line
+            return int(args.func(args))
     except (CliError, QuantError) as e:
         return _error(str(e))
     except OSError as e:
@@ -658,6 +697,13 @@ def _what_was_written(done: int) -> str:
     if not written:
         return "no output written"
     return printable(f"{', '.join(map(str, written))} had been written")
+
+
+def _warning_line(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+                  line: Any = None) -> None:
+    """A warning (``mse`` on a scheme it cannot help, say) as the command's other lines: one
+    line on stderr, the run going on."""
+    _say(f"blockquant: warning: {printable(str(message))}")
 
 
 def _error(message: str) -> int:

@@ -80,7 +80,8 @@ def quantize_file(
     - ``scheme``: a :class:`QuantScheme`, a preset name or a scheme text.
     - ``rules``: per-tensor schemes, the first match (``re.search``) wins: a mapping
       ``{regex: scheme}``, or a list of ``"REGEX=SCHEME"`` strings or (regex, scheme) pairs; a
-      scheme may be ``"keep"``.
+      scheme may be ``"keep"`` (whatever the rank), and a rule takes tensors of rank
+      >= ``min_rank`` unless its scheme text ends in ``@N`` (``{"bias$": "int8@1"}``).
     - ``include`` / ``exclude``: regular expressions choosing the tensors considered at all.
     - ``strict``: a tensor its scheme cannot take is an error, not kept.
     - ``calibration``, ``rounding``, ``scale_rounding``: as for :func:`blockquant.quantize`.

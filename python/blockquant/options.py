@@ -16,7 +16,8 @@ import numpy as np
 from .errors import QuantError
 
 __all__ = [
-    "Calibration", "Rounding", "ScaleRounding", "QuantOptions", "as_bytes", "importance_weights"
+    "Calibration", "Rounding", "ScaleRounding", "QuantOptions", "as_bytes", "importance_weights",
+    "weights_refusal",
 ]
 
 #: The most kernel threads a call may have: the core's bound, which ``set_num_threads``, the
@@ -83,6 +84,19 @@ def importance_weights(weights: Any, shape: tuple[int, ...]) -> np.ndarray:
             f"weights of shape {raw.shape} do not broadcast to the input's shape {shape}"
         ) from None
     return np.ascontiguousarray(full)
+
+
+def weights_refusal(calibration: str, has_scales: bool) -> Optional[str]:
+    """Why ``weights=`` cannot be given with these arguments, or None: they weigh the error
+    that calibration ``mse`` searches, so they need it and no explicit scales. quantize and
+    blockquant.reference both ask here, so they say the same."""
+    if calibration != "mse":
+        return (f"weights= needs calibration='mse' (they weigh the error its search "
+                f"minimizes); this call's calibration is {calibration!r}")
+    if has_scales:
+        return ("weights= and scales= do not go together: the weights weigh the error of "
+                "calibration='mse''s search for the scales, which scales= replace")
+    return None
 
 
 def as_bytes(data: Any) -> bytes:

@@ -9,7 +9,7 @@ carries absmean calibration, so ``quantize(x, bitnet())`` uses it unless told ot
 from __future__ import annotations
 
 import functools
-from typing import Callable, Dict, Union
+from typing import Any, Callable, Dict, List, Union
 
 from . import codebooks
 from .errors import SchemeError
@@ -17,6 +17,7 @@ from .scheme import QuantScheme, QuantStore, QuantValue, ScaleDtype
 
 __all__ = [
     "int8",
+    "int8_per_channel",
     "int8_block32",
     "int4_block32",
     "int4_block16",
@@ -29,31 +30,53 @@ __all__ = [
     "PRESETS",
     "CALIBRATION",
     "resolve",
+    "described",
+    "catalog",
 ]
 
 _V, _S, _D = QuantValue, QuantStore, ScaleDtype
 
 
 def int8() -> QuantScheme:
-    """Q8S, one f32 scale per tensor, one value per byte."""
+    """Int8 with one scale for the whole tensor: the simplest, but one outlier costs every row.
+
+    Q8S, one f32 scale per tensor, one value per byte."""
     return QuantScheme(_V.Q8S, _S.Native).per_tensor(_D.F32)
 
 
+def int8_per_channel() -> QuantScheme:
+    """Int8 weights as most runtimes (PyTorch, ONNX, TensorRT) have them: one scale per row.
+
+    Q8S, one f32 scale per row (output channel). The scheme is ``q8s/native/block65536:f32``: blocks of 65536 along the last axis,
+    and a partial edge block is one block, so a row of up to 65536 values has one scale (a
+    longer row one per 65536). Rows of different magnitudes (a weight's output channels) each
+    get their own scale, where ``int8`` gives the whole tensor one. Burn's blocks hold at most
+    255 values a dimension, so it cannot be written as ``.bpk``."""
+    # A block, not a per-row level (the scheme has none): 65536 is longer than the rows of the
+    # layers in use (hidden sizes to 16384, FFN widths to 53248), so each row is one block.
+    return QuantScheme(_V.Q8S, _S.Native).per_block([65536], _D.F32)
+
+
 def int8_block32() -> QuantScheme:
-    """Q8S, one f16 scale per 32 values along the last axis (GGUF Q8_0's shape)."""
+    """Int8 in GGUF Q8_0's shape, one scale per 32 values: close to lossless.
+
+    Q8S, one f16 scale per 32 values along the last axis."""
     return QuantScheme(_V.Q8S, _S.Native).per_block([32], _D.F16)
 
 
 def int4_block32() -> QuantScheme:
-    """Q4S, one f16 scale per 32 values, eight values per uint32 word (burn's PackedNative
+    """Int4 with one f16 scale per 32 values (GGUF Q4_0's idea), as burn loads it.
+
+    Q4S, one f16 scale per 32 values, eight values per uint32 word (burn's PackedNative
     keeps 4-bit ints one a byte; with rows of whole words these bytes are two codes a byte,
     the first in the low nibble)."""
     return QuantScheme(_V.Q4S, _S.packed_u32(0)).per_block([32], _D.F16)
 
 
 def int4_block16() -> QuantScheme:
-    """The most signal at 4.5 bits per value without a codebook (issue 14's measurements on real
-    weights): Q4F, one UE4M3 scale per 16 values under one f32 per-tensor scale (NVFP4's scales
+    """The most signal at 4.5 bits per value without a codebook: int4 under NVFP4's scales.
+
+    Issue 14's measurements on real weights. Q4F, one UE4M3 scale per 16 values under one f32 per-tensor scale (NVFP4's scales
     with int4 values, eight values per uint32 word), the block scales searched (``"mse"``) and
     rounded to nearest. Searching costs a few times minmax's time; pass
     ``calibration="minmax"`` for speed."""
@@ -66,7 +89,9 @@ def int4_block16() -> QuantScheme:
 
 
 def nf4_block16() -> QuantScheme:
-    """int4_block16 with NF4's codebook (Lookup mode): QLoRA's 16 NormalFloat values, one UE4M3
+    """int4_block16 with QLoRA's NF4 codebook; safetensors output only.
+
+    NF4's codebook (Lookup mode): QLoRA's 16 NormalFloat values, one UE4M3
     scale per 16 under an f32 per-tensor scale, searched (``"mse"``) and rounded to nearest;
     4.5 bits per value. The codebook is not in the bytes, so burn's Burnpack cannot hold it:
     write safetensors."""
@@ -74,8 +99,9 @@ def nf4_block16() -> QuantScheme:
 
 
 def bq4_block16() -> QuantScheme:
-    """The most signal at 4.5 bits per value: int4_block16's scales with blockquant's own
-    codebook :data:`codebooks.BQ4` (Lloyd-Max for normally distributed weights under exactly
+    """The most signal at 4.5 bits per value: blockquant's BQ4 codebook; safetensors only.
+
+    int4_block16's scales with blockquant's own codebook :data:`codebooks.BQ4` (Lloyd-Max for normally distributed weights under exactly
     these scales). 22.68 dB on all-MiniLM-L6-v2's FFN weights, against 22.45 for NF4's
     codebook, 21.53 for int4_block16 and ggml Q4_K's 22.42. Safetensors output only (the
     codebook is not in burn's bytes)."""
@@ -83,7 +109,9 @@ def bq4_block16() -> QuantScheme:
 
 
 def mxfp8() -> QuantScheme:
-    """OCP MX FP8: E4M3 values, one UE8M0 (power of two) scale per 32, by the OCP MX rule."""
+    """OCP MXFP8 as MX hardware and libraries read it: float8 values.
+
+    E4M3 values, one UE8M0 (power of two) scale per 32, by the OCP MX rule."""
     return (
         QuantScheme(_V.E4M3, _S.Native)
         .per_block([32], _D.UE8M0)
@@ -92,8 +120,10 @@ def mxfp8() -> QuantScheme:
 
 
 def mxfp4() -> QuantScheme:
-    """OCP MX FP4: E2M1 values two per byte, one UE8M0 scale per 32, by the OCP MX rule (the
-    scale of ggml's MXFP4 and every MX producer)."""
+    """OCP MXFP4 as MX hardware, ggml and other MX producers have it: fp4 values.
+
+    E2M1 values two per byte, one UE8M0 scale per 32, by the OCP MX rule (the scale of ggml's
+    MXFP4 and every MX producer)."""
     return (
         QuantScheme(_V.E2M1, _S.packed_native(0))
         .per_block([32], _D.UE8M0)
@@ -102,12 +132,16 @@ def mxfp4() -> QuantScheme:
 
 
 def nvfp4() -> QuantScheme:
-    """NVFP4: E2M1 values two per byte, one UE4M3 scale per 16 under one f32 per-tensor scale."""
+    """NVIDIA's NVFP4 (Blackwell's fp4 format): fp4 values, two-level scales.
+
+    E2M1 values two per byte, one UE4M3 scale per 16 under one f32 per-tensor scale."""
     return QuantScheme(_V.E2M1, _S.packed_native(0)).per_block([16], _D.UE4M3).per_tensor(_D.F32)
 
 
 def bitnet() -> QuantScheme:
-    """BitNet b1.58 ternary weights: Q2S, one f32 scale per tensor, 16 per uint32, absmean."""
+    """BitNet b1.58's ternary weights (-1, 0, 1 times one scale), for models trained so.
+
+    Q2S, one f32 scale per tensor, 16 per uint32, absmean calibration."""
     return (
         QuantScheme(_V.Q2S, _S.packed_u32(0))
         .per_tensor(_D.F32)
@@ -117,6 +151,7 @@ def bitnet() -> QuantScheme:
 
 PRESETS: Dict[str, Callable[[], QuantScheme]] = {
     "int8": int8,
+    "int8_per_channel": int8_per_channel,
     "int8_block32": int8_block32,
     "int4_block32": int4_block32,
     "int4_block16": int4_block16,
@@ -179,7 +214,7 @@ GGML_NEAREST: Dict[str, str] = {
 PRESET_NEAREST_GGML: Dict[str, str] = {
     "int8": "q8_0", "int8_block32": "q8_0", "int4_block32": "q4_0", "int4_block16": "q4_k",
     "nf4_block16": "iq4_nl", "bq4_block16": "iq4_nl", "mxfp8": "q8_0", "mxfp4": "mxfp4",
-    "nvfp4": "nvfp4", "bitnet": "tq2_0",
+    "nvfp4": "nvfp4", "bitnet": "tq2_0", "int8_per_channel": "q8_0",
 }  # fmt: skip
 #: llama.cpp's file types that are mixes (llama-quantize's names), and their main ggml type.
 LLAMA_MIXES: Dict[str, str] = {
@@ -202,3 +237,41 @@ def other_kind(name: str) -> str:
                 "output); " + (f"the nearest preset is {near}" if near else
                                "a float type: leave the tensors as they are"))
     return ""
+
+
+def described(scheme: QuantScheme) -> str:
+    """``scheme`` for a message: its text, after its preset name when it is one
+    (``int8_block32 (q8s/native/block32:f16)``)."""
+    name = _PRESET_NAMES.get(str(scheme))
+    return f"{name} ({scheme})" if name else str(scheme)
+
+
+#: Preset name by scheme text (every preset's text differs, codebook included).
+_PRESET_NAMES: Dict[str, str] = {str(make()): name for name, make in PRESETS.items()}
+
+
+#: The tensor shape a preset's bits per value are counted on: a large weight matrix, where the
+#: per-tensor scale of a two-level scheme adds almost nothing.
+CATALOG_SHAPE = (4096, 4096)
+
+
+def catalog() -> List[Dict[str, Any]]:
+    """Every preset, as ``blockquant presets`` lists it: ``name``, ``scheme`` (its text),
+    ``bits_per_value`` (scales included, on a :data:`CATALOG_SHAPE` tensor), the options it
+    carries resolved (``calibration``, ``rounding``, ``scale_rounding``) and ``purpose`` (the
+    first line of its function's docstring)."""
+    out = []
+    for name, make in PRESETS.items():
+        scheme = make()
+        cal, rnd, srnd = scheme.options.resolve()
+        numel = CATALOG_SHAPE[0] * CATALOG_SHAPE[1]
+        out.append({
+            "name": name,
+            "scheme": str(scheme),
+            "bits_per_value": scheme.layout(CATALOG_SHAPE).nbytes * 8 / numel,
+            "calibration": cal,
+            "rounding": rnd,
+            "scale_rounding": srnd,
+            "purpose": (make.__doc__ or "").strip().splitlines()[0],
+        })
+    return out

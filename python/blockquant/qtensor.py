@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 
 from . import _native
 from .errors import LayoutError, QuantError, ScaleError
-from .options import Calibration, Rounding, ScaleRounding, as_bytes, importance_weights
-from .presets import resolve
+from .options import (
+    Calibration,
+    Rounding,
+    ScaleRounding,
+    as_bytes,
+    importance_weights,
+    weights_refusal,
+)
+from .presets import described, resolve
 from .scheme import QuantScheme, QuantValue, ScaleDtype, _layout, _shape
 
 __all__ = ["QTensor", "quantize", "dequantize", "round_scale"]
@@ -422,7 +430,11 @@ def quantize(
     (``"nvfp4"``) or a scheme text (``"q4s/packed_u32_0/block32:f16"``).
 
     ``calibration``: "minmax" (max |x| per block), "absmean" (mean |x|, BitNet b1.58) or "mse"
-    (per block, the candidate scale around minmax's with the least squared error).
+    (per block, the stored scale of least squared error among candidates near minmax's: max |x|
+    landing at 62/64 to 66/64 of half the value range for 8-bit values, 27/32 to 37/32 for
+    4-bit, 1 to 3 times for 2-bit; UE8M0 scales: minmax's, half and twice it). Where that range
+    cannot hold the best scale (one scale for a whole tensor of 2-bit values) a
+    ``RuntimeWarning`` names a better calibration.
     ``weights``: per-element importance (finite, >= 0, broadcastable to ``x``, like llama.cpp's
     imatrix): "mse" then minimizes the weighted error. Only with "mse".
     ``rounding`` of int values: "half_away" (burn, ggml) or "half_even" (numpy, ONNX, PyTorch).
@@ -441,11 +453,49 @@ def quantize(
     partly written. The returned QTensor holds read-only views of them: writing into the same
     arrays again changes it.
     """
+    scheme = resolve(scheme)
+    if (calibration if calibration is not None else scheme.options.calibration) == "mse":
+        advice = mse_advice(scheme)
+        if advice is not None:
+            warnings.warn(advice, RuntimeWarning, stacklevel=2)
+    return _quantize(x, scheme, calibration=calibration, rounding=rounding,
+                     scale_rounding=scale_rounding, scales=scales, global_scale=global_scale,
+                     out=out, weights=weights)
+
+
+def mse_advice(scheme: QuantScheme) -> Optional[str]:
+    """Why calibration ``mse`` cannot help ``scheme``, with a better one, or None."""
+    # The search tries only scales that put a block's max |x| at 1 to 3 times the largest
+    # 2-bit value (format.md "Searched scales: `mse`"). Per block, max |x| is within a few
+    # times the mean |x| and that range holds the best scale; over a whole tensor it is many
+    # times larger, while a ternary scale is best near mean |x| (BitNet b1.58's absmean): the
+    # search stays at its smallest candidate (bitnet on MiniLM's FFN weights: 0.16 dB with
+    # mse, 4.59 with absmean). Wider values (4, 8 bits) want a scale near max |x|, in range.
+    if scheme.value.bits != 2 or scheme.block is not None:
+        return None
+    return (f"calibration 'mse' cannot help {described(scheme)}: it tries scales from "
+            "max|x|/h down to max|x|/(3h) only (h: half the value range), and one scale for a "
+            "whole tensor of 2-bit values is best far lower; calibration 'absmean' does better")
+
+
+def _quantize(
+    x: Any,
+    scheme: QuantScheme,
+    *,
+    calibration: Optional[Calibration] = None,
+    rounding: Optional[Rounding] = None,
+    scale_rounding: Optional[ScaleRounding] = None,
+    scales: Any = None,
+    global_scale: Optional[float] = None,
+    out: Optional[Tuple[np.ndarray, np.ndarray]] = None,
+    weights: Any = None,
+) -> QTensor:
+    """:func:`quantize` of a resolved scheme, without its advice (a file run gives it once,
+    when planned, not per tensor)."""
     # The checks in blockquant.reference's order, so that a call with several faults fails on
     # the one the reference names: option names, the input's dtype, the options against the
     # scheme, the scheme against the shape, whether g belongs, g's value, the weights, the
     # scales; the data last, in the core.
-    scheme = resolve(scheme)
     cal, rnd, srnd = scheme.options.resolve(calibration, rounding, scale_rounding)
     if type(cal) is str and type(rnd) is str and type(srnd) is str:
         _options_checked(cal, rnd, srnd)
@@ -464,10 +514,9 @@ def quantize(
     w = None
     if weights is not None:
         w = importance_weights(weights, xs.shape)
-        if cal != "mse" or scales is not None:
-            raise QuantError(
-                "weights= weighs the error of calibration='mse' and takes no explicit scales"
-            )
+        refusal = weights_refusal(cal, scales is not None)
+        if refusal is not None:
+            raise QuantError(refusal)
     given = None
     if scales is not None:
         # An array's shape is a tuple of ints >= 0: the cached layout without the checks of

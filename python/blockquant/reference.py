@@ -65,7 +65,7 @@ from .errors import (
     SchemeError,
     UnexpectedGlobalScaleError,
 )
-from .options import as_bytes, importance_weights
+from .options import as_bytes, importance_weights, weights_refusal
 from .presets import resolve
 from .scheme import QuantMode, QuantScheme, QuantValue, ScaleDtype
 
@@ -601,10 +601,9 @@ def quantize(
     w1 = None
     if weights is not None:
         w1 = importance_weights(weights, shape).reshape(shape1)
-        if calibration != "mse" or scales is not None:
-            raise QuantError(
-                "weights= weighs the error of calibration='mse' and takes no explicit scales"
-            )
+        refusal = weights_refusal(calibration, scales is not None)
+        if refusal is not None:
+            raise QuantError(refusal)
     if scales is not None:
         stored, g = _explicit_scales(scales, shape1, scheme, scale_rounding), given_g
     _check_finite(original, x32)

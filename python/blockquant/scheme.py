@@ -20,7 +20,7 @@ from typing import Any, Iterable, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _native
-from .errors import LayoutError
+from .errors import LayoutError, QuantError
 from .options import QuantOptions
 
 __all__ = [
@@ -338,6 +338,21 @@ class QuantScheme:
         """The dtype of a two-level scheme's per-tensor scale (always F32), else None."""
         return ScaleDtype.F32 if self.is_two_level else None
 
+    def check_options(self, rounding: str = "half_away", scale_rounding: str = "up") -> None:
+        """Raise :class:`SchemeError` when this scheme cannot be quantized with these options,
+        whatever the tensor: ``scale_rounding="mx"`` needs UE8M0 scales, and a Lookup scheme
+        takes no ``rounding="half_even"``."""
+        try:  # the core checks the options before the shape
+            _native.check_call(self._handle, _ANY_SHAPE, "minmax", rounding, scale_rounding,
+                               False, False)
+        except QuantError:
+            try:
+                _native.check_call(self._handle, _ANY_SHAPE, "minmax", "half_away", "up",
+                                   False, False)
+            except QuantError:
+                return  # the shape was at fault (a packing axis deeper still), not the options
+            raise
+
     def layout(self, shape: Iterable[int]) -> "Layout":
         """This scheme applied to a tensor of ``shape``: storage, scale grid and byte counts.
         Raises :class:`SchemeError` when the tensor cannot take the scheme."""
@@ -421,6 +436,10 @@ class Layout:
 
 
 # -- codebooks (Lookup mode) ---------------------------------------------------------------------
+#: A shape for :meth:`QuantScheme.check_options`: rank enough for any block and packing axis.
+_ANY_SHAPE = (2,) * 8
+
+
 def _codebook_values(values: Any) -> Tuple[float, ...]:
     """A codebook as the scheme keeps it: a tuple of float32 values as Python floats. Only
     types are checked here; the rules (count, finite, distinct) are the core's."""

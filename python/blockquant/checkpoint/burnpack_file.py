@@ -16,8 +16,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..burnpack import BurnpackFile, Planned, save_burnpack
+from ..burnpack import BURN_BLOCK_MAX, BurnpackFile, Planned, save_burnpack
 from ..errors import LayoutError, QuantError, SchemeError
+from ..presets import described
 from ..qtensor import QTensor
 from ..scheme import QuantScheme
 from .base import Checkpoint, CheckpointError, TensorInfo, os_reason
@@ -105,6 +106,16 @@ class BurnpackCheckpoint(Checkpoint):
 def _strip_path(message: str, path: Any) -> str:
     prefix = f"{path}: "
     return message[len(prefix):] if message.startswith(prefix) else message
+
+
+def check_block_dims(dst: Any, schemes: Any) -> None:
+    """Refuse, when the run is planned, a scheme whose blocks burn cannot record (its block
+    dims are u8), saying what to write instead; save_burnpack would refuse it at the tensor."""
+    for scheme in schemes:
+        if scheme is not None and max(scheme.block_size or (1,)) > BURN_BLOCK_MAX:
+            raise CheckpointError(dst, None, f"{described(scheme)} cannot be written to a .bpk "
+                                  f"file: burn stores a block's dims as u8 (at most "
+                                  f"{BURN_BLOCK_MAX}); write .safetensors instead")
 
 
 def write_burnpack(

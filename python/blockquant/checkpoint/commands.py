@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import QuantError
 from ..metrics import ErrorStats, bits_per_weight
-from ..qtensor import quantize
+from ..qtensor import _quantize as quantize
 from ..scheme import QuantScheme
 from .base import (
     FLOAT_DTYPES,
@@ -163,6 +163,7 @@ def quantize_file(
     with open_checkpoint(src) as ckpt:
         _check_not_quantized(ckpt)
         decisions = plan(ckpt, scheme, options)  # every decision (and --strict error) first
+    options.advise(scheme)
     return write_quantized(src, dst, decisions, options, progress=progress,
                            output_format=fmt.name)
 
@@ -371,6 +372,7 @@ def report_file(
     quantize time. ``overall`` sums over the quantized tensors; ``file_total`` over every
     tensor; ``kept`` lists the tensors left as they are, with the reason."""
     options = options or FileOptions()
+    options.advise(scheme)
     measured = measure_file(src, scheme, options, progress=progress)
     return report_dict(str(src), scheme, options, [measured])
 

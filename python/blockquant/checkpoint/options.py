@@ -1,10 +1,13 @@
-"""The options the file commands share, as one value, and the ``--rule REGEX=SCHEME`` texts
+"""The options the file commands share, as one value, and the ``--rule REGEX=SCHEME[@N]`` texts
 they hold, parsed and checked (which tensor a rule then decides is :mod:`.rules`)."""
 
 from __future__ import annotations
 
 import functools
+import os
 import re
+import sys
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -13,14 +16,19 @@ import numpy as np
 
 from ..errors import QuantError
 from ..options import Calibration, Rounding, ScaleRounding
-from ..presets import resolve
+from ..presets import described, resolve
+from ..qtensor import mse_advice
 from ..scheme import QuantScheme
 from .base import NAME_TO_ST, CheckpointError
+
+#: The package's folder (a warning points past its frames).
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 #: The scheme word of a rule that keeps the tensors it matches.
 KEEP = "keep"
 
-#: One rule as FileOptions holds it: (regular expression, scheme text, QuantScheme or "keep").
+#: One rule as FileOptions holds it: (regular expression, scheme text (with its ``@N`` if any),
+#: QuantScheme or "keep").
 RuleSpec = tuple[str, Union[str, QuantScheme]]
 
 
@@ -29,12 +37,37 @@ class Rule:
     pattern: re.Pattern[str]
     scheme: QuantScheme | None  # None: keep
     text: str  # as the user wrote it, for messages
+    # The rule's own least rank (``SCHEME@N``); None: ``--min-rank``'s. A rule picks a scheme,
+    # it does not by itself pull in the biases its regular expression happens to match too.
+    min_rank: int | None = None
+
+
+def matching_rule(rules: tuple[Rule, ...], name: str) -> Rule | None:
+    """The first rule whose regular expression matches ``name`` (``re.search``), or None."""
+    return next((r for r in rules if r.pattern.search(name)), None)
+
+
+def _split_rank(text: str, scheme: str) -> tuple[str, int | None]:
+    """``SCHEME@N`` as (SCHEME, N); no ``@`` is (SCHEME, None). No scheme text or preset name
+    holds an ``@``, so the last one is the suffix."""
+    base, at, digits = scheme.rpartition("@")
+    if not at:
+        return scheme, None
+    if not (digits.isascii() and digits.isdigit()) or not base:
+        raise CheckpointError("--rule", None, f"{text!r}: SCHEME@N takes an integer N >= 0 "
+                              f"(the least rank the rule quantizes), got {scheme!r}")
+    if base == KEEP:
+        raise CheckpointError("--rule", None, f"{text!r}: 'keep' keeps whatever the rank; "
+                              "it takes no @N")
+    return base, int(digits)
 
 
 def parse_rules(rules: Any) -> tuple[RuleSpec, ...]:
     """Rules in any of the spellings the API takes, as a tuple of (regex, scheme) pairs:
     ``"REGEX=SCHEME"`` strings (split at the last ``=``: a scheme text has none, a regular
-    expression may), (regex, scheme) pairs, or a mapping regex -> scheme (in its order)."""
+    expression may), (regex, scheme) pairs, or a mapping regex -> scheme (in its order). A
+    scheme given as text may end in ``@N``, the least rank the rule quantizes (else
+    ``min_rank``'s)."""
     if rules is None:
         return ()
     if isinstance(rules, (str, bytes)):
@@ -46,7 +79,8 @@ def parse_rules(rules: Any) -> tuple[RuleSpec, ...]:
             regex, eq, scheme = item.rpartition("=")
             if not eq or not regex or not scheme:
                 raise CheckpointError("--rule", None, f"{item!r} is not REGEX=SCHEME "
-                                      "(SCHEME a preset, a scheme text or 'keep')")
+                                      "(SCHEME a preset, a scheme text or 'keep', "
+                                      "optionally @N)")
             out.append((regex, scheme))
         elif isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str):
             out.append((item[0], item[1]))
@@ -66,11 +100,14 @@ def compile_rules(rules: tuple[RuleSpec, ...]) -> tuple[Rule, ...]:
         except re.error as e:
             raise CheckpointError("--rule", None,
                                   f"bad regular expression {regex!r} in {text!r}: {e}") from None
-        if isinstance(scheme, str) and scheme == KEEP:
-            compiled.append(Rule(pattern, None, text))
-            continue
+        floor = None
+        if isinstance(scheme, str):
+            scheme, floor = _split_rank(text, scheme)
+            if scheme == KEEP:
+                compiled.append(Rule(pattern, None, text))
+                continue
         try:
-            compiled.append(Rule(pattern, resolve(scheme), text))
+            compiled.append(Rule(pattern, resolve(scheme), text, floor))
         except (QuantError, TypeError, OverflowError) as e:
             raise CheckpointError("--rule", None, f"{text!r}: {e}") from None
     return tuple(compiled)
@@ -113,9 +150,10 @@ class FileOptions:
     - ``calibration``, ``rounding``, ``scale_rounding``: passed to :func:`blockquant.quantize`;
       None is the scheme's own (a preset's), else the library default.
     - ``rules``: per-tensor schemes, first match wins: ``"REGEX=SCHEME"`` strings,
-      (regex, scheme) pairs or a mapping; SCHEME may be ``"keep"`` (:mod:`.rules`).
-    - ``min_rank``: tensors of a lower rank that no rule names are kept (default 2: norms and
-      biases stay as they are).
+      (regex, scheme) pairs or a mapping; SCHEME may be ``"keep"``, and a scheme text may end in
+      ``@N``, the least rank that rule quantizes (:mod:`.rules`).
+    - ``min_rank``: tensors of a lower rank are kept (default 2: norms and biases stay as they
+      are), also those a rule matches unless its scheme says ``@N``.
     - ``strict``: a tensor its scheme cannot take is an error instead of being kept.
     - ``force``: replace an existing output file.
     - ``allow_requantize``: quantize tensors another tool quantized (a GGUF file's Q4_0 ...),
@@ -161,3 +199,53 @@ class FileOptions:
         cal, rnd, srnd = scheme.options.resolve(self.calibration, self.rounding,
                                                 self.scale_rounding)
         return {"calibration": cal, "rounding": rnd, "scale_rounding": srnd}
+
+    def check_schemes(self, scheme: QuantScheme) -> None:
+        """These options against ``scheme`` and every rule's scheme, when a run is planned: a
+        misfit (``scale_rounding="mx"`` with F16 scales) is a CheckpointError naming the option,
+        not the first tensor it would have failed on."""
+        targets = [(described(scheme), scheme)] + [
+            (f"--rule {r.text}'s scheme {described(r.scheme)}", r.scheme)
+            for r in compile_rules(self.rules) if r.scheme is not None]
+        for target, s in targets:
+            _, rnd, srnd = s.options.resolve(self.calibration, self.rounding,
+                                             self.scale_rounding)
+            # One option at a time (the other at its default), so the error names the one
+            # at fault.
+            for flag, word, args in (("--scale-rounding", srnd, {"scale_rounding": srnd}),
+                                     ("--rounding", rnd, {"rounding": rnd})):
+                try:
+                    s.check_options(**args)
+                except QuantError as e:
+                    raise CheckpointError(flag, None, _misfit(word, target, s, e)) from None
+
+    def advise(self, scheme: QuantScheme) -> None:
+        """A RuntimeWarning, once when a run is planned, for ``scheme`` or a rule's scheme that
+        these options quantize with a calibration that cannot help it (``mse`` on one scale
+        for a whole tensor of 2-bit values)."""
+        schemes = [scheme] + [r.scheme for r in compile_rules(self.rules) if r.scheme is not None]
+        # Once each, in order; equal schemes may carry different options (a preset's own).
+        for s, _ in dict.fromkeys((s, s.options) for s in schemes):
+            cal = self.calibration if self.calibration is not None else s.options.calibration
+            advice = mse_advice(s) if cal == "mse" else None
+            if advice is not None:
+                warnings.warn(advice, RuntimeWarning, stacklevel=_outside_the_package())
+
+
+def _outside_the_package() -> int:
+    """The ``stacklevel`` of the first caller outside blockquant: a warning points at the
+    line that asked for the run, however many of the package's functions lie between."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
+def _misfit(word: str, target: str, scheme: QuantScheme, e: QuantError) -> str:
+    """Why option value ``word`` does not fit ``scheme`` (``target``: how to name it)."""
+    if word == "mx":
+        return f"mx needs UE8M0 scales; {target} has {scheme.scale_dtype.value}"
+    if scheme.codebook is not None:
+        return (f"{word} does not apply to {target}: a Lookup scheme's values are the nearest "
+                "codebook entries")
+    return f"{word} does not fit {target}: {e}"

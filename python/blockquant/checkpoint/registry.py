@@ -84,8 +84,14 @@ def _plan_checkpoint(req: QuantizeRequest, fmt: Format) -> Plan:
             raise CheckpointError("--allow-requantize", None, "only a GGUF input holds tensors "
                                   "of another tool's quantized types to requantize")
         options = replace(options, allow_requantize=True)
-    return plan_checkpoint(req.src, req.dst, resolve_scheme(req.scheme), options,
-                           output_format=req.output_format)
+    scheme = resolve_scheme(req.scheme)
+    plan = plan_checkpoint(req.src, req.dst, scheme, options, output_format=req.output_format)
+    options.advise(scheme)
+    if fmt == BURNPACK:
+        from .burnpack_file import check_block_dims
+
+        check_block_dims(req.dst, {d.scheme for _, d in plan.decisions()})
+    return plan
 
 
 # --- GGUF: llama-quantize's way ------------------------------------------------------------------
@@ -314,6 +320,7 @@ def plan_report(src: Any, scheme: Any, options: FileOptions) -> ReportRun:
     # from their dequantized values, as llama-quantize's report does.
     options = replace(options, allow_requantize=True)
     total = sum(f.bytes_in for f in plan_checkpoint_report(src, resolved, options))
+    options.advise(resolved)
     return ReportRun(src, "checkpoint", resolved, options, total)
 
 

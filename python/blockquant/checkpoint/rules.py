@@ -1,13 +1,16 @@
-"""Which tensors of a checkpoint are quantized, and with which scheme.
+r"""Which tensors of a checkpoint are quantized, and with which scheme.
 
 One decision per tensor, in this order:
 
 1. a tensor that is not floating point is kept;
 2. ``--include`` / ``--exclude`` pick the tensors considered; the others are kept;
 3. the first ``--rule REGEX=SCHEME`` whose regular expression matches the name (``re.search``)
-   decides: its scheme, or ``keep``;
-4. with no rule matching, the tensor gets ``--scheme`` when its rank is at least ``--min-rank``
-   (2 by default: norms and biases stay in their dtype, as llama.cpp and torchao do);
+   picks the scheme, or ``keep`` keeps the tensor whatever its rank; with no rule matching,
+   the scheme is ``--scheme``;
+4. the tensor is quantized when its rank is at least ``--min-rank`` (2 by default: norms and
+   biases stay in their dtype, as llama.cpp and torchao do), or at least N for a rule whose
+   scheme ends in ``@N`` (``--rule '\.bias$=int8@1'``): a rule aimed at ``attention.query``
+   does not take ``attention.query.bias`` along unless it says so;
 5. a tensor its scheme cannot take (a 2-D block on a 1-D tensor, a packing axis beyond its rank)
    is kept and reported, or is an error with ``--strict``.
 
@@ -25,7 +28,7 @@ from ..errors import QuantError
 from ..scheme import QuantScheme
 from .base import Checkpoint, TensorInfo
 from .format import part_layout
-from .options import FileOptions, compile_rules
+from .options import FileOptions, Rule, compile_rules, matching_rule
 from .safetensors import HeaderEntry
 
 #: Why a tensor was kept, as the summary groups them.
@@ -67,16 +70,15 @@ def decide(ckpt: Checkpoint, t: TensorInfo, scheme: QuantScheme,
         return Decision(t, None, why=KEPT_DTYPE, detail=f"{t.dtype_name} is not floating point")
     if not options.selects(t.name):
         return Decision(t, None, why=KEPT_SELECTION, detail="left out by --include/--exclude")
-    chosen: QuantScheme | None = scheme
-    rule = next((r for r in compile_rules(options.rules) if r.pattern.search(t.name)), None)
+    chosen = scheme
+    rule = matching_rule(compile_rules(options.rules), t.name)
     if rule is not None:
         if rule.scheme is None:
             return Decision(t, None, why=KEPT_RULE, detail=f"--rule {rule.text}")
         chosen = rule.scheme
-    elif len(t.shape) < options.min_rank:
-        return Decision(t, None, why=KEPT_RANK,
-                        detail=f"rank {len(t.shape)}, below --min-rank {options.min_rank}")
-    assert chosen is not None
+    kept = rank_kept(rule, len(t.shape), options.min_rank)
+    if kept is not None:
+        return Decision(t, None, why=kept[0], detail=kept[1])
     try:
         parts = part_layout(t.name, chosen, t.shape)
     except (QuantError, OverflowError) as e:
@@ -90,8 +92,21 @@ def decide(ckpt: Checkpoint, t: TensorInfo, scheme: QuantScheme,
     return Decision(t, chosen, tuple(parts))
 
 
+def rank_kept(rule: Rule | None, rank: int, min_rank: int) -> tuple[str, str] | None:
+    """(why, detail) when a tensor of ``rank`` is kept for its rank, under the matching
+    ``rule`` (None: none matched) and ``--min-rank min_rank``; None when its rank will do."""
+    if rule is None or rule.min_rank is None:
+        if rank < min_rank:
+            return KEPT_RANK, f"rank {rank}, below --min-rank {min_rank}"
+        return None
+    if rank < rule.min_rank:  # the rule's own floor: counted as the rule's doing
+        return KEPT_RULE, f"rank {rank}, below the @{rule.min_rank} of --rule {rule.text}"
+    return None
+
+
 def plan(ckpt: Checkpoint, scheme: QuantScheme, options: FileOptions) -> list[Decision]:
     """One decision per tensor of ``ckpt``, in file order."""
+    options.check_schemes(scheme)  # an option that does not fit is the option's error
     return [decide(ckpt, t, scheme, options) for t in ckpt.tensors]
 
 
@@ -114,8 +129,8 @@ def kept_summary(decisions: Iterable[Decision], min_rank: int = 2) -> str:
     if not counts:
         return ""
     words = {
-        KEPT_RANK: f"of rank below {min_rank} (norms, biases; --min-rank 1 or a --rule "
-                   "takes them)",
+        KEPT_RANK: f"of rank below {min_rank} (norms, biases; --min-rank 1 or --rule "
+                   "'REGEX=SCHEME@1' takes them)",
         KEPT_UNFIT: "the scheme cannot take (--dry-run says why, --strict makes it an error)",
         KEPT_RULE: "by --rule",
         KEPT_SELECTION: "by --include/--exclude",

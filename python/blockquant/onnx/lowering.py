@@ -30,7 +30,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import SchemeError
-from ..qtensor import QTensor, quantize
+from ..qtensor import QTensor
+from ..qtensor import _quantize as quantize
 from ..scheme import QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype
 
 #: blockquant value -> (ONNX TensorProto type name, lowest ai.onnx opset of a per-tensor or

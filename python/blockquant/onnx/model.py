@@ -21,7 +21,8 @@ import numpy as np
 from .. import _fs
 from .._fs import fsync_dir, fsync_path, same_file, signals_deferred, temp_sibling
 from ..checkpoint.base import CheckpointError
-from ..checkpoint.options import FileOptions, compile_rules
+from ..checkpoint.options import FileOptions, compile_rules, matching_rule
+from ..checkpoint.rules import rank_kept
 from ..errors import QuantError
 from ..scheme import QuantScheme
 from .lowering import FLOAT_TYPES, check_matmulnbits, check_scheme
@@ -203,6 +204,8 @@ def plan(model: Any, scheme: QuantScheme, options: FileOptions, form: str,
     inputs = {i.name for i in model.graph.input}
     inits = {t.name: t for t in model.graph.initializer}
     rules = compile_rules(options.rules)
+    options.check_schemes(scheme)
+    options.advise(scheme)
     for w in weights:
         if w.name in inputs:
             w.why = "also a graph input (a caller may override it)"
@@ -210,17 +213,17 @@ def plan(model: Any, scheme: QuantScheme, options: FileOptions, form: str,
         if not options.selects(w.name):
             w.why = "left out by --include/--exclude"
             continue
-        chosen: QuantScheme | None = scheme
-        rule = next((r for r in rules if r.pattern.search(w.name)), None)
+        chosen = scheme
+        rule = matching_rule(rules, w.name)
         if rule is not None:
             if rule.scheme is None:
                 w.why = f"--rule {rule.text}"
                 continue
             chosen = rule.scheme
-        elif len(w.shape) < options.min_rank:
-            w.why = f"rank {len(w.shape)}, below --min-rank {options.min_rank}"
+        kept = rank_kept(rule, len(w.shape), options.min_rank)
+        if kept is not None:
+            w.why = kept[1]
             continue
-        assert chosen is not None
         try:
             check_scheme(chosen)
             w.form = "qdq"
