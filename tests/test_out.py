@@ -272,3 +272,33 @@ def test_e4m3_dequantize_into_large_out_matches_the_reference(scheme, shape):
     qt = bq.QTensor.from_parts(values, scales, scheme=sch, shape=shape)
     want = ref.dequantize(ref.from_bytes(qt.to_bytes(), sch, shape)).view(np.uint32)
     _assert_dequantizes_into_garbage(qt, want)
+
+
+def test_an_out_another_threads_call_is_using_says_so():
+    # Two threads quantizing into the same arrays: the second finds them borrowed by the first
+    # (its GIL-free kernel is writing them) and says another call is using them.
+    import threading
+
+    x = np.random.default_rng(0).standard_normal((4096, 4096), dtype=np.float32)
+    layout = bq.presets.resolve("int8_block32").layout(x.shape)
+    out = (np.empty(layout.storage_shape, layout.storage_dtype), np.empty(layout.scale_grid, np.float32))
+    errors: list[BaseException] = []
+
+    def busy() -> None:
+        for _ in range(20):
+            bq.quantize(x, "int8_block32", out=out)
+
+    for _ in range(5):
+        t = threading.Thread(target=busy)
+        t.start()
+        while t.is_alive():
+            try:
+                bq.quantize(x[:64], "int8_block32", out=(out[0][:64], out[1][:64]))
+            except ValueError as e:
+                errors.append(e)
+        t.join()
+        if errors:
+            break
+    assert errors, "the two calls never met"
+    for e in errors:
+        assert "in use: another call (from another thread)" in str(e), e
