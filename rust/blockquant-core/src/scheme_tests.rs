@@ -36,24 +36,6 @@ fn two_level_rules() {
 }
 
 #[test]
-fn display_matches_python_repr() {
-    let s = QuantScheme::default()
-        .with_value(QuantValue::E2M1)
-        .with_store(QuantStore::PackedNative(0))
-        .per_block(&[16], ScaleDtype::UE4M3)
-        .unwrap()
-        .per_tensor(ScaleDtype::F32);
-    assert_eq!(
-        s.to_string(),
-        "QuantScheme(value=E2M1, store=PackedNative(0), block=BlockScale([16], UE4M3), tensor=F32)"
-    );
-    assert_eq!(
-        QuantScheme::default().to_string(),
-        "QuantScheme(value=Q8F, store=PackedU32(0))"
-    );
-}
-
-#[test]
 fn half_range_matches_spec_divisors() {
     assert_eq!(QuantValue::Q8F.half_range(), 127.5);
     assert_eq!(QuantValue::Q8S.half_range(), 127.0);
