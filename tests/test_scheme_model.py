@@ -65,6 +65,9 @@ def test_the_oracle_agrees_with_the_core_on_each_scale_dtype(dtype):
                 max_size=4, unique_by=lambda v: v + 0.0))
 def test_codebook_entries_print_as_numpy_writes_a_float32(values):
     s = QuantScheme(QuantValue.Q2S).with_codebook(values)
+    assert QuantScheme.parse(str(s)) == s  # the text is the core's, whatever numpy is installed
+    if np.lib.NumpyVersion(np.__version__) < "2.0.0":
+        return  # numpy 1.x writes a float32 by other rules (1e6 as 1000000.0): 2.x's are the text
     want = "[" + ",".join(str(np.float32(v)) for v in values) + "]"
     if bq.codebooks.name_of(tuple(values)) is None:
         assert str(s).endswith(f"/lookup:{want}")
