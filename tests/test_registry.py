@@ -220,3 +220,19 @@ def test_a_failed_publish_leaves_nothing_onnx(tmp_path, monkeypatch):
         quantize_model(src, tmp_path / "q.onnx", "int8_block32")
     assert calls == ["q.onnx"]
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_every_format_enters_by_the_front_door():
+    # A format is recognised, read and written through one table: what says it writes has a
+    # planner, what a file of it holds has a reader, and nothing is planned for a format the
+    # table does not name.
+    from blockquant.checkpoint import registry
+
+    table = registry.entries()
+    assert set(table) == {f.name for f in F.FORMATS}
+    for name, entry in table.items():
+        assert entry.format.name == name
+        assert (entry.plan is not None) == entry.format.writes, name
+        if entry.format.magic is not None or name == "safetensors":
+            assert entry.reader is not None, name  # a file told by its content is read
+    assert set(registry.PLANNERS) <= set(F.FORMATS)

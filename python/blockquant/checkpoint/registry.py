@@ -37,8 +37,8 @@ from .formats import (
 )
 from .options import FileOptions
 
-__all__ = ["GGUFRun", "OnnxRun", "QuantizeRequest", "ReportRun", "inspect", "plan_dequantize",
-           "plan_quantize", "plan_report", "resolve_scheme"]
+__all__ = ["Entry", "GGUFRun", "OnnxRun", "QuantizeRequest", "ReportRun", "entries", "inspect",
+           "plan_dequantize", "plan_quantize", "plan_report", "resolve_scheme"]
 
 
 @dataclass(frozen=True)
@@ -332,3 +332,25 @@ PLANNERS: dict[Format, Callable[[QuantizeRequest, Format], Any]] = {
     GGUF: _plan_gguf,
     ONNX: _plan_onnx,
 }
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One format at the front door, whole: how it is recognised (``format``: extensions,
+    magic), what reads it (``reader``: a checkpoint class, None for a model or a folder, which
+    their commands read), and what plans a quantize run that writes it (``plan``, None when
+    nothing writes it)."""
+
+    format: Format
+    reader: Any
+    plan: Callable[[QuantizeRequest, Format], Any] | None
+
+
+def entries() -> dict[str, Entry]:
+    """Every format, by name, with its reader and its planner: the one table a new format
+    joins (its ``Format``, a reader in :data:`.readers.READERS`, a planner in
+    :data:`PLANNERS`)."""
+    from .formats import FORMATS
+    from .readers import READERS
+
+    return {f.name: Entry(f, READERS.get(f.name), PLANNERS.get(f)) for f in FORMATS}
