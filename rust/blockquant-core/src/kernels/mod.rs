@@ -11,6 +11,7 @@
 //! they all use are `simd::x86`'s.
 
 pub(crate) mod piece;
+pub(crate) mod tile_sinks;
 pub(crate) mod with_codec;
 
 #[cfg(target_arch = "x86_64")]

@@ -1,4 +1,4 @@
-//! The mse search's error sums in AVX2 intrinsics (see [`crate::search`]): eight lanes in one
+//! The mse search's error sums in AVX2 intrinsics (see `search/mod.rs`): eight lanes in one
 //! register, exactly the lanes of the portable loop, and the lanes combined in its order, so the
 //! sums are the same bits. Written out because the compiler's own vectorization of the portable
 //! loop stays at four lanes and combines each candidate's lanes one by one.

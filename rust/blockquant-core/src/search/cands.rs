@@ -1,4 +1,4 @@
-//! The candidate scales of the mse search ([`crate::search`]): per block, stored scales around
+//! The candidate scales of the mse search (`search/mod.rs`): per block, stored scales around
 //! minmax's, rounded to the scale dtype, in search order.
 
 use crate::layout::Layout;

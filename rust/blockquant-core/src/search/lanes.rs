@@ -1,4 +1,4 @@
-//! The mse search ([`crate::search`]) of eight blocks at once, block j in AVX2 lane j: for
+//! The mse search (`search/mod.rs`) of eight blocks at once, block j in AVX2 lane j: for
 //! blocks of 16 or 32 values laid end to end (1-D blocks along the last axis, whole in every
 //! row), the common case, where one block at a time spends as long on its candidates, their
 //! sums and the pick as on its error loop.

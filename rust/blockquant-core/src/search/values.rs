@@ -1,4 +1,4 @@
-//! The one thing the mse search ([`crate::search`]) knows about each value type: q(u), the value
+//! The one thing the mse search (`search/mod.rs`) knows about each value type: q(u), the value
 //! a scaled input u quantizes to, written without tables or branches so the error loops
 //! vectorize. A new value kind is a [`Dequant`] (its `qv`, and `qv8` for AVX2 speed) plus an arm
 //! of [`with_dequant!`]; tests hold each equal to decode(encode(u)).
