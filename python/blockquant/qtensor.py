@@ -454,17 +454,19 @@ def quantize(
     arrays again changes it.
     """
     scheme = resolve(scheme)
-    if (calibration if calibration is not None else scheme.options.calibration) == "mse":
-        advice = mse_advice(scheme)
-        if advice is not None:
-            warnings.warn(advice, RuntimeWarning, stacklevel=2)
+    advice = mse_advice(scheme, calibration)
+    if advice is not None:
+        warnings.warn(advice, RuntimeWarning, stacklevel=2)
     return _quantize(x, scheme, calibration=calibration, rounding=rounding,
                      scale_rounding=scale_rounding, scales=scales, global_scale=global_scale,
                      out=out, weights=weights)
 
 
-def mse_advice(scheme: QuantScheme) -> Optional[str]:
-    """Why calibration ``mse`` cannot help ``scheme``, with a better one, or None."""
+def mse_advice(scheme: QuantScheme, calibration: Optional[str] = None) -> Optional[str]:
+    """Why calibration ``mse`` (``calibration``, else the scheme's own) cannot help
+    ``scheme``, with a better one; None when it can, or the calibration is another."""
+    if (calibration if calibration is not None else scheme.options.calibration) != "mse":
+        return None
     # The search tries only scales that put a block's max |x| at 1 to 3 times the largest
     # 2-bit value (format.md "Searched scales: `mse`"). Per block, max |x| is within a few
     # times the mean |x| and that range holds the best scale; over a whole tensor it is many

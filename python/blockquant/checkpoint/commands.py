@@ -37,7 +37,7 @@ from .format import (
     metadata_value,
     read_entries,
 )
-from .formats import CHOOSABLE
+from .formats import CHOOSABLE, refuse_model_output
 from .formats import output_format as decide_output
 from .gguf_file import dequantize_gguf, inspect_gguf, is_gguf
 from .options import FileOptions
@@ -157,9 +157,7 @@ def quantize_file(
     check_output(src, dst)
     fmt = decide_output(src, dst, output_format)
     if not fmt.writes or fmt.name not in CHOOSABLE:
-        raise CheckpointError(dst, None, f"{fmt.name} output is written by the blockquant "
-                              "command, blockquant.onnx.quantize_model or "
-                              "blockquant.checkpoint.gguf_file.requantize_gguf")
+        refuse_model_output(dst, fmt)
     with open_checkpoint(src) as ckpt:
         _check_not_quantized(ckpt)
         decisions = plan(ckpt, scheme, options)  # every decision (and --strict error) first

@@ -51,6 +51,7 @@ from .formats import (
     ONNX,
     SAFETENSORS,
     names_folder,
+    refuse_model_output,
 )
 from .formats import (
     output_format as decide_output,
@@ -508,9 +509,7 @@ def _plan(kind: str, src: Any, dst: Any, scheme: QuantScheme | None, options: Fi
                     into_folder=True)
     fmt = decide_output(src, dst, requested) if kind == "quantize" else SAFETENSORS
     if fmt in (GGUF, ONNX):  # not a checkpoint of tensors and their decisions: their own paths
-        raise CheckpointError(dst, None, f"{fmt.name} output is written by the blockquant "
-                              "command, blockquant.onnx.quantize_model or "
-                              "blockquant.checkpoint.gguf_file.requantize_gguf")
+        refuse_model_output(dst, fmt)
     burnpack = fmt == BURNPACK
     into_folder = False
     if names_folder(dst):

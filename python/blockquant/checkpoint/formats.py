@@ -144,6 +144,13 @@ def check_output_name(dst: Any, writes: str, allowed: tuple[str, ...] = ()) -> N
                               f"this command does not write; it writes {writes}")
 
 
+def refuse_model_output(dst: Any, fmt: Format) -> None:
+    """A GGUF or ONNX output asked of a function that writes checkpoints of tensors: those
+    runs have planners of their own, behind the front door."""
+    raise CheckpointError(dst, None, f"{fmt.name} output is written by blockquant.quantize_file "
+                          "and the blockquant command (checkpoint.registry plans it), not here")
+
+
 def names_folder(dst: Any) -> bool:
     """A trailing slash means a folder, as for cp; so does an existing folder."""
     return str(dst).endswith(("/", os.sep)) or Path(dst).is_dir()

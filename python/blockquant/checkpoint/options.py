@@ -226,8 +226,7 @@ class FileOptions:
         schemes = [scheme] + [r.scheme for r in compile_rules(self.rules) if r.scheme is not None]
         # Once each, in order; equal schemes may carry different options (a preset's own).
         for s, _ in dict.fromkeys((s, s.options) for s in schemes):
-            cal = self.calibration if self.calibration is not None else s.options.calibration
-            advice = mse_advice(s) if cal == "mse" else None
+            advice = mse_advice(s, self.calibration)
             if advice is not None:
                 warnings.warn(advice, RuntimeWarning, stacklevel=_outside_the_package())
 

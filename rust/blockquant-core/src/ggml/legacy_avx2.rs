@@ -177,7 +177,7 @@ unsafe fn q8_0_group(x: *const f32, out: *mut u8) -> bool {
     false
 }
 
-/// [`super::legacy`]'s `signed_max`: the first value of magnitude bits `m`, +0 for an all-zero
+/// `legacy.rs`'s `signed_max`: the first value of magnitude bits `m`, +0 for an all-zero
 /// block (ggml's d = −0 there).
 #[inline(always)]
 unsafe fn signed_max(x: *const f32, m: u32) -> f32 {
