@@ -251,10 +251,19 @@ def _dry_run(plan_: Plan) -> int:
     n_q = sum(d.quantized for d in decisions)
     print(f"\n{n_q} of {_n(len(decisions), 'tensor')} would be quantized; tensor data "
           f"{_human(before)} -> {_human(after)} ({before / max(after, 1):.2f}x)")
-    kept = kept_summary(decisions, plan_.options.min_rank)
-    if kept:
-        print(kept)
+    for line in (kept_summary(decisions, plan_.options.min_rank), _ignore_line(plan_)):
+        if line:
+            print(line)
     return 0
+
+
+def _ignore_line(run: Any) -> str:
+    """A compressed-tensors run's ``ignore`` list: the Linear layers left in float."""
+    ignore = getattr(run, "ignore", None)
+    if not ignore:
+        return ""
+    shown = ", ".join(ignore[:8]) + (f", ... ({len(ignore)} in all)" if len(ignore) > 8 else "")
+    return printable(f"ignore (Linear layers kept in float, in config.json): {shown}")
 
 
 def _files_line(res: Any) -> str:
@@ -311,7 +320,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
               f"({res.bytes_in / max(after, 1):.2f}x), {_human(res.bytes_out)} written in "
               f"{res.seconds:.2f} s")
         for line in (kept_summary(res.decisions, run.options.min_rank),
-                     dequantized_summary(res.decisions), _files_line(res)):
+                     dequantized_summary(res.decisions), _files_line(res), _ignore_line(run)):
             if line:
                 print(line)
         if args.verbose:
@@ -566,8 +575,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="the file or folder to write")
     q.add_argument("-n", "--dry-run", action="store_true",
                    help="list what would happen to each tensor and the sizes; write nothing")
-    q.add_argument("--format", choices=["safetensors", "burnpack"], dest="output_format",
-                   help="OUT's format (default: burnpack for a .bpk name, else safetensors)")
+    q.add_argument("--format", choices=["safetensors", "burnpack", "compressed-tensors"],
+                   dest="output_format",
+                   help="OUT's format (default: burnpack for a .bpk name, else safetensors); "
+                   "compressed-tensors writes a model folder vLLM and transformers load, with "
+                   "--scheme one of its schemes (W4A16, W8A16, W4A16_ASYM, FP8_DYNAMIC, "
+                   "FP8_BLOCK, NVFP4A16, MXFP4A16, MXFP8A16...; docs/compressed-tensors.md)")
     options(q)
     q.add_argument("-f", "--force", action="store_true", help="replace OUT if it exists")
     q.add_argument("--allow-requantize", action="store_true",

@@ -29,6 +29,7 @@ from .base import (
     st_nbytes,
 )
 from .burnpack_file import BurnpackCheckpoint, is_burnpack_path, write_burnpack
+from .ct_read import layer_count
 from .format import (
     META_KEY,
     PART_KEYS,
@@ -72,7 +73,12 @@ def _load(ckpt: Checkpoint, e: Entry) -> Any:
     return load_qtensor(ckpt, e)
 
 
-def _check_not_quantized(ckpt: Checkpoint) -> None:
+def _check_not_quantized(ckpt: Checkpoint, *, measuring: bool = False) -> None:
+    """A quantized input is refused; a report (``measuring``) reads a compressed-tensors
+    shard's weights dequantized, as it does a GGUF file's."""
+    if layer_count(ckpt) and not measuring:
+        raise ckpt.error(None, "is a compressed-tensors shard, already quantized (blockquant "
+                         "dequantize its folder first)")
     if isinstance(ckpt, BurnpackCheckpoint) and ckpt.entries():
         raise ckpt.error(None, "already holds quantized tensors (dequantize it first)")
     if META_KEY in ckpt.metadata:
@@ -285,13 +291,17 @@ def dequantize_file(
         )
     with open_checkpoint(src) as ckpt:
         entries = _entries(ckpt)
-        if not entries and require_quantized:
+        if not entries and not layer_count(ckpt) and require_quantized:
             raise ckpt.error(None, "holds no blockquant-quantized tensor (nothing to dequantize)")
         part_of = {p: e.name for e in entries.values() for p in e.parts.values()}
         layout: list[HeaderEntry] = []
         plan: list[tuple[str, str]] = []  # ("deq" | "copy", name), in file order
         for t in ckpt.tensors:
-            if t.name not in part_of:
+            if t.dequantized_on_read:  # compressed-tensors: in the dtype it dequantizes to
+                st = NAME_TO_ST[options.dtype] if options.dtype else (t.dtype or "F32")
+                layout.append(HeaderEntry(t.name, st, t.shape, st_nbytes(st, t.shape) or 0))
+                plan.append(("read", t.name))
+            elif t.name not in part_of:
                 layout.append(_copy_entry(ckpt, t))
                 plan.append(("copy", t.name))
             elif t.name == entries[part_of[t.name]].parts["values"]:
@@ -307,11 +317,16 @@ def dequantize_file(
                     e = entries[name]
                     w.write(name, _dequantized(_load(ckpt, e), options.dtype or e.dtype))
                     progress(name, sum(ckpt.info(p).nbytes for p in e.parts.values()))
+                elif kind == "read":
+                    t = ckpt.info(name)
+                    dtype = options.dtype or FLOAT_DTYPES[t.dtype or "F32"]
+                    w.write(name, float_array(ckpt.read(name), dtype))
+                    progress(name, t.nbytes)
                 else:
                     w.write_from(name, ckpt, name)
                     progress(name, ckpt.info(name).nbytes)
             w.commit()
-    n_deq = sum(1 for k, _ in plan if k == "deq")
+    n_deq = sum(1 for k, _ in plan if k in ("deq", "read"))
     return n_deq, len(plan) - n_deq
 
 
@@ -388,7 +403,7 @@ def measure_file(
     src: Any, scheme: QuantScheme, options: FileOptions, *, progress: Progress = _no_progress
 ) -> Measured:
     with open_checkpoint(src) as ckpt:
-        _check_not_quantized(ckpt)
+        _check_not_quantized(ckpt, measuring=True)
         decisions = plan(ckpt, scheme, options)  # every --strict error before any work
         rows = []
         total = ErrorStats()

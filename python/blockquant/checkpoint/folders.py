@@ -43,6 +43,7 @@ from .commands import (
     report_dict,
     write_quantized,
 )
+from .ct_read import CONFIG, ct_config, without_quantization, write_config
 from .formats import (
     BURNPACK,
     CHOOSABLE,
@@ -60,6 +61,7 @@ from .jobs import RunStats, Task, TensorProgress, run_tasks
 from .options import FileOptions
 from .readers import open_checkpoint
 from .rules import Decision, plan
+from .safetensors import SafetensorsCheckpoint
 
 INDEX_SUFFIX = ".safetensors.index.json"
 #: Weights in formats a quantized folder should not carry along (they would be the
@@ -238,7 +240,8 @@ def _write_index(folder: ModelFolder, rel: str, out_root: Path) -> None:
     weight_map: dict[str, str] = {}
     total = 0
     for shard in _shards_of(rel, index):
-        with open_checkpoint(out_root / shard) as ckpt:
+        # the shards as stored (a compressed-tensors output is read as its layers otherwise)
+        with SafetensorsCheckpoint(out_root / shard) as ckpt:
             for t in ckpt.tensors:
                 weight_map[t.name] = Path(shard).name
                 total += t.nbytes
@@ -392,7 +395,12 @@ class Plan:
             for sub in self.folder.folders if self.folder else []:
                 os.makedirs(target.tmp / sub, exist_ok=True)
             copied = self.folder.others if self.folder else []
+            unquantized = self.kind == "dequantize" and self.folder is not None \
+                and ct_config(self.folder.root) is not None
             for rel in copied:
+                if unquantized and rel == CONFIG:  # the model is no longer quantized
+                    write_config(target.tmp / rel, without_quantization(self.folder.root))
+                    continue
                 _copy(self.folder.path(rel), target.tmp / rel)  # type: ignore[union-attr]
             try:
                 results = run_tasks([self._task(f, target.tmp / f.rel) for f in self.files],
@@ -502,7 +510,8 @@ def _plan(kind: str, src: Any, dst: Any, scheme: QuantScheme | None, options: Fi
         files = [_plan_file(kind, folder.path(rel), rel, scheme, options)
                  for rel in folder.checkpoints]
         _check_index_against_shards(folder, {f.rel: f.names for f in files})
-        if kind == "dequantize" and not any(d.quantized for f in files for d in f.decisions):
+        if kind == "dequantize" and not any(d.quantized or d.tensor.dequantized_on_read
+                                            for f in files for d in f.decisions):
             raise CheckpointError(src, None, "holds no blockquant-quantized tensor (nothing to "
                                   "dequantize)")
         return Plan(kind, src_path, dst_path, folder, files, scheme, options, SAFETENSORS.name,
@@ -532,9 +541,9 @@ def _plan(kind: str, src: Any, dst: Any, scheme: QuantScheme | None, options: Fi
 def _plan_file(kind: str, path: Path, rel: str, scheme: QuantScheme | None,
                options: FileOptions) -> FilePlan:
     with open_checkpoint(path) as ckpt:
-        if kind == "quantize":
+        if kind in ("quantize", "report"):
             assert scheme is not None
-            _check_not_quantized(ckpt)
+            _check_not_quantized(ckpt, measuring=kind == "report")
             return FilePlan(path, rel, plan(ckpt, scheme, options), _names(ckpt))
         # dequantize: a "decision" per output tensor: quantized (its scheme) or copied
         entries = _entries(ckpt)
@@ -590,9 +599,9 @@ def inspect_path(src: Any) -> dict[str, Any]:
 def plan_report(src: Any, scheme: QuantScheme, options: FileOptions) -> list[FilePlan]:
     path = Path(src)
     if not path.is_dir():
-        return [_plan_file("quantize", path, path.name, scheme, options)]
+        return [_plan_file("report", path, path.name, scheme, options)]
     folder = scan_folder(path)
-    files = [_plan_file("quantize", folder.path(rel), rel, scheme, options)
+    files = [_plan_file("report", folder.path(rel), rel, scheme, options)
              for rel in folder.checkpoints]
     _check_index_against_shards(folder, {f.rel: f.names for f in files})
     return files

@@ -3,8 +3,9 @@ and by its first bytes. The one place that says which format a path is, and whic
 quantize run writes (:func:`output_format`); the front door (:mod:`.registry`) pairs each format
 with its reader, planner and writer.
 
-Formats to come (compressed-tensors, MLX) are safetensors files told apart by their metadata:
-a new entry here and a ``detect`` on the opened header, not a new extension.
+compressed-tensors (and MLX, to come) are folders of safetensors files told apart by their
+``config.json``: an entry here, the reader told by that config (:mod:`.ct_read`), no new
+extension.
 """
 
 from __future__ import annotations
@@ -45,11 +46,13 @@ ONNX = Format("onnx", (".onnx",), writes=True)  # a protobuf: no magic, told by 
 NPZ = Format("npz", (".npz",), b"PK")
 NPY = Format("npy", (".npy",), b"\x93NUMPY")
 FOLDER = Format("folder", (), writes=True)  # a Hugging Face model folder: shards and an index
+#: vLLM's and transformers' quantized folders: safetensors shards whose config.json says how
+COMPRESSED_TENSORS = Format("compressed-tensors", (), writes=True)
 
 #: Every format, in the order content detection tries them (safetensors first, see below).
-FORMATS = (SAFETENSORS, NPZ, NPY, BURNPACK, GGUF, ONNX, FOLDER)
+FORMATS = (SAFETENSORS, NPZ, NPY, BURNPACK, GGUF, ONNX, FOLDER, COMPRESSED_TENSORS)
 #: The formats ``--format`` / ``output_format=`` may ask for.
-CHOOSABLE = ("safetensors", "burnpack")
+CHOOSABLE = ("safetensors", "burnpack", "compressed-tensors")
 
 
 def by_name(name: str) -> Format:
@@ -161,7 +164,7 @@ def output_format(src: Any, dst: Any, requested: str | None = None) -> Format:
 
     - an ONNX model (IN or OUT named .onnx) is quantized into an ONNX model;
     - OUT named .gguf is GGUF (requantized from a GGUF IN, as llama-quantize);
-    - ``requested`` (``--format``: safetensors or burnpack) otherwise, else burnpack for an OUT
+    - ``requested`` (``--format``: safetensors, burnpack or compressed-tensors) otherwise, else burnpack for an OUT
       named .bpk that is not a folder, else safetensors;
     - an IN folder, or an OUT that names a folder, gives a folder of files of that format
       (:func:`into_folder` says so; the files' format is the one returned).
@@ -173,6 +176,8 @@ def output_format(src: Any, dst: Any, requested: str | None = None) -> Format:
         return GGUF
     if requested is not None and requested not in CHOOSABLE:
         raise CheckpointError(dst, None, f"unknown output format {requested!r}")
+    if requested == COMPRESSED_TENSORS.name:  # a folder; its planner checks IN is one
+        return COMPRESSED_TENSORS
     if not Path(src).is_dir():  # a folder's planner says what a folder is written as
         check_output_name(dst, QUANTIZE_WRITES, allowed=(".bpk",))
     if requested is not None:

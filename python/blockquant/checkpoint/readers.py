@@ -8,6 +8,7 @@ from typing import Any
 
 from .base import Checkpoint, CheckpointError, os_reason
 from .burnpack_file import BurnpackCheckpoint
+from .ct_read import CompressedTensorsCheckpoint, ct_config
 from .formats import BURNPACK, GGUF, NPY, NPZ, SAFETENSORS, from_content, read_head
 from .gguf_file import GGUFCheckpoint
 from .numpy_files import NpyCheckpoint, NpzCheckpoint
@@ -26,7 +27,8 @@ READERS: dict[str, type[Checkpoint]] = {
 
 def open_checkpoint(path: Any) -> Checkpoint:
     """Open a ``.safetensors``, ``.npz``, ``.npy``, burn ``.bpk`` or GGUF file (recognized by
-    its first bytes)."""
+    its first bytes); a safetensors file beside a compressed-tensors ``config.json`` reads as
+    that format (:mod:`.ct_read`)."""
     p = Path(path)
     magic, size = read_head(p)
     found = from_content(magic, size)
@@ -34,6 +36,11 @@ def open_checkpoint(path: Any) -> Checkpoint:
         refuse_pickle(p, magic)  # a PyTorch checkpoint: refused, never unpickled
         found = SAFETENSORS  # whose reader says what is wrong with the header
     try:
+        if found is SAFETENSORS:
+            # A shard of a compressed-tensors folder: its config.json says how to read it.
+            qconfig = ct_config(p.parent)
+            if qconfig is not None:
+                return CompressedTensorsCheckpoint(p, qconfig)
         return READERS[found.name](p)
     except OSError as e:
         raise CheckpointError(p, None, os_reason(e)) from None

@@ -27,6 +27,7 @@ from .folders import Plan
 from .folders import plan_quantize as plan_checkpoint
 from .formats import (
     BURNPACK,
+    COMPRESSED_TENSORS,
     FOLDER,
     GGUF,
     ONNX,
@@ -324,6 +325,18 @@ def plan_report(src: Any, scheme: Any, options: FileOptions) -> ReportRun:
     return ReportRun(src, "checkpoint", resolved, options, total)
 
 
+# --- compressed-tensors folders (vLLM, transformers) -------------------------------------------
+
+
+def _plan_ct(req: QuantizeRequest, fmt: Format) -> Any:
+    from .ct_folder import plan_ct
+
+    for flag, given in (("--allow-requantize", req.allow_requantize),):
+        if given:
+            raise CheckpointError(flag, None, "does not apply to compressed-tensors output")
+    return plan_ct(req.src, req.dst, req.scheme, req.options)
+
+
 #: The planner of each output format.
 PLANNERS: dict[Format, Callable[[QuantizeRequest, Format], Any]] = {
     SAFETENSORS: _plan_checkpoint,
@@ -331,6 +344,7 @@ PLANNERS: dict[Format, Callable[[QuantizeRequest, Format], Any]] = {
     FOLDER: _plan_checkpoint,
     GGUF: _plan_gguf,
     ONNX: _plan_onnx,
+    COMPRESSED_TENSORS: _plan_ct,
 }
 
 

@@ -32,8 +32,8 @@ from .options import FileOptions, Rule, compile_rules, matching_rule
 from .safetensors import HeaderEntry
 
 #: Why a tensor was kept, as the summary groups them.
-KEPT_DTYPE, KEPT_SELECTION, KEPT_RULE, KEPT_RANK, KEPT_UNFIT = (
-    "dtype", "selection", "rule", "rank", "unfit")
+KEPT_DTYPE, KEPT_SELECTION, KEPT_RULE, KEPT_RANK, KEPT_UNFIT, KEPT_FORMAT = (
+    "dtype", "selection", "rule", "rank", "unfit", "format")
 
 
 @dataclass(frozen=True)
@@ -135,6 +135,7 @@ def kept_summary(decisions: Iterable[Decision], min_rank: int = 2) -> str:
         KEPT_RULE: "by --rule",
         KEPT_SELECTION: "by --include/--exclude",
         KEPT_DTYPE: "not floating point",
+        KEPT_FORMAT: "the format keeps in float (embeddings, the output head)",
     }
     parts = [f"{counts[w]} {text}" for w, text in words.items() if counts[w]]
     n = sum(counts.values())
