@@ -112,10 +112,23 @@ def expected_deq(x: np.ndarray, cs_name: str, dtype: str, minmax: bool,
     cs = resolve_ct(cs_name)
     text, _ = scheme_for(cs, ST[dtype], x.shape)
     rule = ct_rule(cs) if minmax else searched_rule(cs)
-    qt = bq.quantize(x, text, global_scale=g, **rule)
+    if minmax and cs.family in ("mxfp4", "mxfp8"):
+        qt = bq.quantize(x, text, scales=ct_mx_rule(x, 2 if cs.family == "mxfp4" else 8),
+                         rounding="half_even")
+    else:
+        qt = bq.quantize(x, text, global_scale=g, **rule)
     out = qt.dequantize()
     out_dtype = "bfloat16" if cs.family in ("nvfp4", "mxfp4", "mxfp8") else dtype
     return np.asarray(out.astype(NP[out_dtype]), dtype=np.float32)
+
+
+def ct_mx_rule(x: np.ndarray, emax: int) -> np.ndarray:
+    """compressed-tensors' MX scales, by hand: a group's max |x| = m · 2^e (1 <= m < 2) goes to
+    2^e, or to 2^(e+1) when m >= 1.75; the scale is that over 2^emax."""
+    amax = np.abs(x.astype(np.float64)).reshape(x.shape[0], -1, 32).max(axis=2)
+    m, e = np.frexp(amax)  # amax = m · 2^e with 0.5 <= m < 1
+    e = e - 1 + (m >= 0.875)
+    return (2.0 ** (e - emax)).astype(np.float32)
 
 
 LINEAR = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",

@@ -130,6 +130,34 @@ def unpack_fp4(packed: np.ndarray) -> np.ndarray:
     return _FP4[codes]
 
 
+# -- compressed-tensors' MX scale rule ------------------------------------------------------------
+#: mantissa bits of the weight dtypes compressed-tensors finds MX scales in
+_MANTISSA = {"BF16": (7, "<u2"), "F16": (10, "<u2"), "F32": (23, "<u4")}
+
+
+def ct_mx_scales(x: np.ndarray, dtype: str, emax: int, group: int = 32) -> np.ndarray:
+    """compressed-tensors' MX scales of ``x`` (float32 holding values of the safetensors
+    ``dtype``; rows of whole groups): each group's max |x| in its own dtype, rounded to a power
+    of two by adding a quarter of the mantissa's range to its bits and keeping sign and exponent
+    (so 2^e · m goes up to 2^(e+1) from m = 1.75 on), then 2^(that exponent − emax), within
+    E8M0's [2^−127, 2^127]. An all-zero group gets 2^−127."""
+    rows, cols = x.shape
+    amax = np.abs(x).reshape(rows, cols // group, group).max(axis=2)
+    mant, raw = _MANTISSA.get(dtype, _MANTISSA["F32"])
+    if dtype == "BF16":
+        bits_ = (amax.view(np.uint32) >> 16).astype(np.int64)
+    elif dtype == "F16":
+        bits_ = amax.astype(np.float16).view(np.uint16).astype(np.int64)
+    else:
+        bits_ = amax.view(np.uint32).astype(np.int64)
+    rounded = (bits_ + (1 << (mant - 2))) >> mant  # the biased exponent left after the add
+    bias = {7: 127, 10: 15, 23: 127}[mant]
+    exp = rounded - bias - emax
+    out = np.ldexp(np.float32(1.0), np.clip(exp, -127, 127).astype(np.int32)).astype(np.float32)
+    out[amax == 0] = np.float32(2.0 ** -127)
+    return out
+
+
 # -- writing ------------------------------------------------------------------------------------
 def _part_bytes(qt: Any) -> tuple[memoryview, memoryview]:
     """The value storage and the stored scales of ``qt`` as bytes (its ``to_bytes`` layout)."""

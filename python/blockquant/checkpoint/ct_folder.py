@@ -29,7 +29,7 @@ from ..presets import resolve
 from ..qtensor import quantize
 from .base import CheckpointError, TensorInfo
 from .commands import natural_key
-from .ct_codec import layer_tensors
+from .ct_codec import ct_mx_scales, layer_tensors
 from .ct_read import CONFIG, quantization_of, read_config, write_config
 from .ct_schemes import (
     CtScheme,
@@ -225,7 +225,7 @@ def write_ct_shard(src: Path, dst: Path, actions: list[tuple[str, str | None, fl
                 if text is None:
                     w.write_from(name, ckpt, name)
                 else:
-                    qt = quantize(ckpt.read(name), text, global_scale=g, **rule)
+                    qt = _quantized(ckpt.read(name), text, g, cs, rule, t.dtype or "F32")
                     module = name[: -len(".weight")]
                     for suffix, _d, _s, data in layer_tensors(cs.family, cs.format, cs.bits,
                                                               cs.symmetric, qt, t.dtype or "F32"):
@@ -236,6 +236,16 @@ def write_ct_shard(src: Path, dst: Path, actions: list[tuple[str, str | None, fl
                     progress(name, t.nbytes)
             w.commit()
     return bytes_in
+
+
+def _quantized(x: np.ndarray, text: str, g: float | None, cs: CtScheme, rule: dict[str, str],
+               dtype: str) -> Any:
+    """One weight quantized by ``rule``; compressed-tensors' own MX rule (``minmax`` for an MX
+    format) is not blockquant's OCP one, so its scales are worked out here and given."""
+    if rule["calibration"] == "minmax" and cs.family in ("mxfp4", "mxfp8"):
+        scales = ct_mx_scales(x, dtype, 2 if cs.family == "mxfp4" else 8)
+        return quantize(x, text, scales=scales, rounding=rule["rounding"])
+    return quantize(x, text, global_scale=g, **rule)
 
 
 # -- planning -------------------------------------------------------------------------------------

@@ -86,9 +86,9 @@ _TOKEN_INT8 = _args(num_bits=8, type="int", strategy="token", dynamic=True)
 _TOKEN_FP8 = _args(num_bits=8, type="float", strategy="token", dynamic=True)
 _GROUP128_FP8 = _args(num_bits=8, type="float", strategy="group", group_size=128, dynamic=True)
 _MX_FP4 = _args(num_bits=4, type="float", strategy="group", group_size=32, dynamic=True,
-                scale_dtype="torch.uint8", zp_dtype="torch.uint8")
+                scale_dtype="torch.uint8")
 _MX_FP8 = _args(num_bits=8, type="float", strategy="group", group_size=32, dynamic=True,
-                scale_dtype="torch.uint8", zp_dtype="torch.uint8")
+                scale_dtype="torch.uint8")
 
 
 def _int(name: str, bits: int, symmetric: bool = True) -> CtScheme:
