@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 import blockquant as bq
-from blockquant.checkpoint.registry import QuantizeRequest, plan_quantize
 from blockquant.checkpoint.options import FileOptions
+from blockquant.checkpoint.registry import QuantizeRequest, plan_quantize
 
 SCHEMES = ["W4A16", "W8A16", "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4A16", "MXFP4A16", "MXFP8A16"]
 
@@ -162,7 +162,7 @@ def main() -> int:
           "| llm-compressor | SQNR dB | peer / blockquant time | minmax tensors byte-equal |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for scheme, threads, med, q, same in rows:
-        def cell(k):
+        def cell(k, med=med):
             return f"{med[k][0]:.3f} ({med[k][1]:.3f})" if k in med else "-"
         ratio = f"{med['peer'][0] / med['bq'][0]:.1f}x" if "peer" in med else "-"
         print(f"| {scheme} | {threads} | {cell('bq')} | {q['bq']:.2f} | {cell('bq_mm')} | "
