@@ -332,6 +332,10 @@ def test_bad_inputs_are_one_line_and_write_nothing(model, tmp_path, capsys):
         assert run("quantize", *argv) == 2, argv
         one_error_line(capsys, *words)
     assert not out.exists()
+    # only down_proj of this 64-wide model has 128 inputs, and it is left out: nothing to do
+    assert run("quantize", src, "-o", out, *ct, "--scheme", "W4A16", "--exclude",
+               "down_proj") == 2
+    one_error_line(capsys, "no Linear layer W4A16 can take", "not a multiple of")
     # already quantized: its config says so
     q = tmp_path / "q"
     assert run("quantize", src, "-o", q, *ct, "--scheme", "W8A16", "-q") == 0

@@ -300,6 +300,10 @@ def plan_ct(src: Any, dst: Any, scheme: Any, options: FileOptions) -> CtRun:
                 layers.append(_layer(rel, t, cs, options))
             files.append(FilePlan(folder.path(rel), rel, [], _names(ckpt)))
     fused = _fuse(layers, options)
+    if not any(lay.text is not None for lay in layers):
+        unfit = [lay for lay in layers if lay.why == KEPT_UNFIT]
+        why = f": {unfit[0].t.name} {unfit[0].detail}" if unfit else ""
+        raise CheckpointError(src, None, f"has no Linear layer {cs.name} can take{why}")
     ignore = sorted({lay.module for lay in layers if lay.text is None and lay.why in
                      (KEPT_UNFIT, KEPT_SELECTION, KEPT_FORMAT) and _is_linear(lay)}
                     | set(_HEADS), key=natural_key)
