@@ -423,3 +423,33 @@ def test_searched_scales_beat_the_format_s_own_rule(tmp_path):
             errs.append(sum(float(np.sum((np.asarray(loaded[k], np.float64) - exact[k]) ** 2))
                             for k in exact if "proj" in k))
         assert errs[0] < errs[1], (scheme, errs)
+
+
+def test_a_crafted_folder_is_an_error_naming_the_tensor(model, tmp_path, capsys):
+    src, _ = model
+    out = tmp_path / "o"
+    assert run("quantize", src, "-o", out, "--format", "compressed-tensors", "--scheme",
+               "W8A16", "-q") == 0
+    cfg_path = out / "config.json"
+    good = json.loads(cfg_path.read_text())
+    weights = good["quantization_config"]["config_groups"]["W8A16"]["weights"]
+    for key, bad in (("num_bits", 0), ("num_bits", "8"), ("group_size", 0),
+                     ("group_size", None), ("strategy", "block"), ("num_bits", 4)):
+        cfg = json.loads(json.dumps(good))
+        cfg["quantization_config"]["config_groups"]["W8A16"]["weights"] = {**weights, key: bad}
+        cfg_path.write_text(json.dumps(cfg))
+        with pytest.raises(bq.QuantError, match="weight"):
+            bq.load(out)
+        assert run("dequantize", out, "-o", tmp_path / "d") == 2
+        one_error_line(capsys, "model.layers")
+        assert not (tmp_path / "d").exists()
+    # a weight_shape that does not fit its packed words
+    cfg_path.write_text(json.dumps(good))
+    header, raw = read_raw(out / "model.safetensors")
+    name = "model.layers.0.mlp.down_proj.weight_shape"
+    data = (out / "model.safetensors").read_bytes()
+    at = data.index(raw[name])
+    (out / "model.safetensors").write_bytes(data[:at] + np.array([64, 4096], "<i8").tobytes()
+                                            + data[at + 16:])
+    with pytest.raises(bq.QuantError, match="down_proj"):
+        bq.load(out)

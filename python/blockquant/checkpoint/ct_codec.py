@@ -222,13 +222,25 @@ def _expand(scale: np.ndarray, args: dict[str, Any], shape: tuple[int, int]) -> 
     strategy = args.get("strategy")
     if strategy in ("group", "tensor_group"):
         g = int(args["group_size"])
-        return np.repeat(scale.reshape(rows, -1), g, axis=1)[:, :cols]
-    if strategy == "block":
+        grid = (rows, -(-cols // g))
+    elif strategy == "block":
         h, w = args["block_structure"]
+        grid = (-(-rows // h), -(-cols // w))
+    elif strategy == "channel":
+        grid = (rows, 1)
+    elif strategy == "tensor":
+        grid = (1, 1)
+    else:
+        raise ValueError(f"strategy {strategy!r} is not one a weight is stored with")
+    if scale.size != grid[0] * grid[1]:
+        raise ValueError(f"its scale grid has {scale.size} entries, not the {grid} of a "
+                         f"{strategy} layout of {shape}")
+    scale = scale.reshape(grid)
+    if strategy in ("group", "tensor_group"):
+        return np.repeat(scale, g, axis=1)[:, :cols]
+    if strategy == "block":
         return np.repeat(np.repeat(scale, h, axis=0), w, axis=1)[:rows, :cols]
-    if strategy == "channel":
-        return scale.reshape(rows, 1)
-    return scale.reshape(1, 1)  # tensor
+    return scale
 
 
 def dequantize_layer(fmt: str, args: dict[str, Any],
@@ -246,7 +258,17 @@ def dequantize_layer(fmt: str, args: dict[str, Any],
 
     sd, s_shape, _ = params.get("weight_scale", ("?", (), b""))
     scale_raw = arr("weight_scale")
-    bits = int(args.get("num_bits", 0))
+    bits = args.get("num_bits")
+    if type(bits) is not int or not 1 <= bits <= 8:
+        raise ValueError(f"num_bits {bits!r} is not 1 to 8")
+    if args.get("strategy") in ("group", "tensor_group"):
+        g = args.get("group_size")
+        if type(g) is not int or g < 1:
+            raise ValueError(f"group_size {g!r} is not a positive integer")
+    if args.get("strategy") == "block":
+        b = args.get("block_structure")
+        if not (isinstance(b, list) and len(b) == 2 and all(type(v) is int and v > 0 for v in b)):
+            raise ValueError(f"block_structure {b!r} is not two positive integers")
     if fmt in ("nvfp4-pack-quantized", "mxfp4-pack-quantized"):
         q = unpack_fp4(arr("weight_packed"))
         shape = (q.shape[0], q.shape[1])
@@ -263,7 +285,7 @@ def dequantize_layer(fmt: str, args: dict[str, Any],
             raise ValueError("weight_shape is not a 2-D shape")
         shape = (int(shape_arr[0]), int(shape_arr[1]))
         words = arr("weight_packed")
-        if words.shape[0] != shape[0] or words.shape[1] * 32 < shape[1] * bits:
+        if words.shape != (shape[0], -(-shape[1] * bits // 32)):
             raise ValueError(f"weight_packed {words.shape} does not hold {shape}")
         q = unpack_rows(words, bits, shape[1]) - (1 << (bits - 1))
         zp = None

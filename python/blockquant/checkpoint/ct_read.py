@@ -220,7 +220,8 @@ class CompressedTensorsCheckpoint(Checkpoint):
             params[p.rpartition(".")[2]] = (t.dtype or "?", t.shape, self.inner._read_bytes(p))
         try:
             x, _ = dequantize_layer(layer.scheme.format, layer.scheme.args, params)
-        except (ValueError, KeyError, IndexError) as e:
+        except (ValueError, KeyError, IndexError, TypeError, ZeroDivisionError,
+                OverflowError, MemoryError) as e:
             raise self.error(name, f"cannot be dequantized as {layer.scheme.format}: {e}") \
                 from None
         if x.shape != layer.shape:
