@@ -16,6 +16,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+mod affine;
 mod arrays;
 mod errors;
 mod ggml;
@@ -27,13 +28,13 @@ use errors::{guarded, to_py};
 use input::with_input;
 use scheme::{scale_dtype_arg, Scheme, StorageDtype};
 
-fn layout(scheme: &Bound<'_, Scheme>, shape: &[usize]) -> PyResult<Layout> {
+pub(crate) fn layout(scheme: &Bound<'_, Scheme>, shape: &[usize]) -> PyResult<Layout> {
     Layout::new(&scheme.get().0, shape).map_err(to_py)
 }
 
 /// An option given by name (`calibration="absmean"`): parsed by the core, which lists the
 /// choices when the name is unknown.
-struct Opt<T>(T);
+pub(crate) struct Opt<T>(T);
 
 impl<'a, 'py, T: OptionName> FromPyObject<'a, 'py> for Opt<T> {
     type Error = PyErr;
@@ -50,7 +51,7 @@ impl<'a, 'py, T: OptionName> FromPyObject<'a, 'py> for Opt<T> {
     }
 }
 
-fn contiguous<'a, T: numpy::Element>(
+pub(crate) fn contiguous<'a, T: numpy::Element>(
     a: &'a PyReadonlyArrayDyn<'_, T>,
     what: &str,
 ) -> PyResult<&'a [T]> {
@@ -71,7 +72,10 @@ fn bytes_of_mut(s: &mut [i8]) -> &mut [u8] {
 }
 
 /// Fresh storage of the layout's dtype and shape.
-fn new_storage<'py>(py: Python<'py>, layout: &Layout) -> PyResult<Bound<'py, PyUntypedArray>> {
+pub(crate) fn new_storage<'py>(
+    py: Python<'py>,
+    layout: &Layout,
+) -> PyResult<Bound<'py, PyUntypedArray>> {
     let shape = layout.storage_shape();
     let arr = match StorageDtype::of(layout) {
         StorageDtype::U32 => new_array::<u32>(py, &shape)?.into_any(),
@@ -82,7 +86,7 @@ fn new_storage<'py>(py: Python<'py>, layout: &Layout) -> PyResult<Bound<'py, PyU
 }
 
 /// Run `f`, with the GIL released, on storage made by [`new_storage`] for `layout`.
-fn with_storage_mut<R: Send>(
+pub(crate) fn with_storage_mut<R: Send>(
     arr: &Bound<'_, PyUntypedArray>,
     layout: &Layout,
     f: impl FnOnce(StorageMut<'_>) -> R + Send,
@@ -127,7 +131,7 @@ fn with_storage_mut<R: Send>(
 
 /// Run `f`, with the GIL released, on read-only storage checked against the layout's dtype
 /// and shape.
-fn with_storage<R: Send>(
+pub(crate) fn with_storage<R: Send>(
     arr: &Bound<'_, PyUntypedArray>,
     layout: &Layout,
     f: impl FnOnce(Storage<'_>) -> R + Send,
@@ -171,7 +175,7 @@ fn with_storage<R: Send>(
     }
 }
 
-fn f32_array<'py>(
+pub(crate) fn f32_array<'py>(
     py: Python<'py>,
     data: &[f32],
     shape: &[usize],
@@ -618,5 +622,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_tests, m)?)?;
     ggml::register(m)?;
+    affine::register(m)?;
     Ok(())
 }
