@@ -15,6 +15,11 @@ import warnings
 from . import _core
 from ._core import (
     Layout,
+    affine_dequantize,
+    affine_from_bytes,
+    affine_quantize,
+    affine_to_bytes,
+    check_affine_parts,
     Scheme,
     check_call,
     check_options,
@@ -37,6 +42,11 @@ from .options import MAX_THREADS
 
 __all__ = [
     "Layout",
+    "affine_dequantize",
+    "affine_from_bytes",
+    "affine_quantize",
+    "affine_to_bytes",
+    "check_affine_parts",
     "Scheme",
     "check_call",
     "check_options",

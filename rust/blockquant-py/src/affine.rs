@@ -17,8 +17,10 @@ use pyo3::types::PyBytes;
 use crate::arrays::new_array;
 use crate::errors::{self, guarded, to_py};
 use crate::input::with_input;
+use crate::parts::{
+    contiguous, f32_array, layout, new_storage, with_storage, with_storage_mut, Opt,
+};
 use crate::scheme::Scheme;
-use crate::{contiguous, f32_array, layout, new_storage, with_storage, with_storage_mut, Opt};
 
 type Affine<'py> = (
     Bound<'py, PyUntypedArray>,

@@ -141,7 +141,10 @@ impl Rule {
                 let b = round_bias(lo, bd);
                 let mut raw = span(hi, b, self.qmax);
                 if raw < 0.0 {
-                    raw = span(hi, lo, self.qmax);
+                    // b rounded above hi (or a searched range came out reversed): never a
+                    // negative scale.
+                    let r = span(hi, lo, self.qmax);
+                    raw = if r > 0.0 { r } else { 0.0 };
                 }
                 (self.dtype.round(raw, self.scale_rounding), b)
             }
