@@ -200,3 +200,10 @@ def test_mse_beats_minmax(offset):
     a = _sqnr(x, bq.quantize(x, s).dequantize())
     b = _sqnr(x, bq.quantize(x, s, calibration="mse").dequantize())
     assert b > a + 0.3, (a, b)
+
+
+def test_burnpack_refuses_affine():
+    from blockquant.burnpack import scheme_to_burn
+
+    with pytest.raises(bq.SchemeError, match="no affine"):
+        scheme_to_burn(QuantScheme.parse("u4/packed_u32_0/block128:bf16/zero:u8"))

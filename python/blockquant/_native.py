@@ -15,12 +15,12 @@ import warnings
 from . import _core
 from ._core import (
     Layout,
+    Scheme,
     affine_dequantize,
     affine_from_bytes,
     affine_quantize,
     affine_to_bytes,
     check_affine_parts,
-    Scheme,
     check_call,
     check_options,
     check_parts,

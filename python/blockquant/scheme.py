@@ -49,8 +49,8 @@ class QuantValue(enum.Enum):
     E4M3 = "E4M3"
     E5M2 = "E5M2"
     E2M1 = "E2M1"
-    #: Unsigned codes [0, 2^bits - 1], read with a per-scale offset (format.md "Affine values
-    #: (offsets)"): only with an affine scheme (``QuantScheme.with_offset``).
+    #: Unsigned codes [0, 2^bits - 1], read with a per-scale offset, only with an affine
+    #: scheme (``QuantScheme.with_offset``; format.md "Affine values (offsets)").
     U8 = "U8"
     U4 = "U4"
     U2 = "U2"

@@ -22,8 +22,8 @@ pub enum QuantValue {
     E4M3,
     E5M2,
     E2M1,
-    /// Unsigned integer codes in [0, 255], with a per-scale offset (format.md "Affine values
-    /// (offsets)").
+    /// Unsigned integer codes in [0, 255], with a per-scale offset
+    /// (format.md "Affine values (offsets)").
     U8,
     /// Unsigned integer codes in [0, 15], with an offset.
     U4,

@@ -1,5 +1,5 @@
-//! The entry points of affine schemes (unsigned values with offsets, format.md "Affine values
-//! (offsets)"): quantize, dequantize, bytes both ways and the check of parts, each returning or
+//! The entry points of affine schemes (unsigned values with offsets,
+//! format.md "Affine values (offsets)"): quantize, dequantize, bytes both ways and the check of parts, each returning or
 //! taking the offsets beside the values and scales. Same shape as `lib.rs`'s: arguments checked
 //! with the GIL held, the core's work without it.
 
