@@ -57,7 +57,7 @@ def same_qtensor(a, b):
 
 
 # -- round trips -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("value", list(V), ids=str)
+@pytest.mark.parametrize("value", [v for v in V if not v.is_unsigned], ids=str)
 def test_every_store_and_level_round_trips(tmp_path, rng, value):
     x = (rng.standard_normal((5, 12)) * 3).astype(np.float32)
     x[:2, :5] = 0  # an all-zero block: a zero scale
@@ -317,7 +317,7 @@ def test_block_sizes_are_burns_canonical_u8_array(size, storage, n):
 
 
 def test_every_scheme_maps_back_exactly():
-    for value in V:
+    for value in [v for v in V if not v.is_unsigned]:
         for store in STORES + [QuantStore.packed_u32(4), QuantStore.packed_native(3)]:
             for level in LEVELS.values():
                 s = level(QuantScheme(value, store))

@@ -34,7 +34,7 @@ def _one_level(value, dtype, block, store=QuantStore.Native):
     return QuantScheme(value, store).per_block(block, dtype)
 
 
-VALUES = list(QuantValue)
+VALUES = [v for v in QuantValue if not v.is_unsigned]
 DTYPES = list(ScaleDtype)
 
 

@@ -39,7 +39,7 @@ def sample(rng, shape):
     return x
 
 
-@pytest.mark.parametrize("value", list(V), ids=str)
+@pytest.mark.parametrize("value", [v for v in V if not v.is_unsigned], ids=str)
 def test_mx_scales_are_the_ocp_rule(value):
     x = sample(np.random.default_rng(9), (6, 96))
     s = bq.QuantScheme(value, S.Native).per_block([32], D.UE8M0)

@@ -113,7 +113,7 @@ def test_store_rules():
 
 
 def test_value_and_dtype_facts():
-    assert [v.bits for v in QuantValue] == [8, 8, 4, 4, 2, 2, 8, 8, 4]
+    assert [v.bits for v in QuantValue] == [8, 8, 4, 4, 2, 2, 8, 8, 4, 8, 4, 2]
     assert (QuantValue.Q2F.qmin, QuantValue.Q2F.qmax) == (-2, 1)
     assert QuantValue.E5M2.qmax == 57344
     assert [d.nbytes for d in ScaleDtype] == [4, 2, 2, 1, 1]

@@ -31,7 +31,16 @@ from .errors import (
 )
 from .options import QuantOptions
 from .qtensor import QTensor, dequantize, quantize, round_scale
-from .scheme import BlockScale, Layout, QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype
+from .scheme import (
+    BlockScale,
+    Layout,
+    Offset,
+    QuantMode,
+    QuantScheme,
+    QuantStore,
+    QuantValue,
+    ScaleDtype,
+)
 
 if TYPE_CHECKING:  # imported on first use (below); type checkers see them here
     from . import burnpack as burnpack
@@ -46,6 +55,7 @@ __all__ = [
     "QuantScheme",
     "QuantValue",
     "QuantStore",
+    "Offset",
     "QuantMode",
     "ScaleDtype",
     "BlockScale",

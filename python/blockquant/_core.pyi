@@ -29,6 +29,11 @@ __all__ = [
     "ggml_types",
     "ggml_quantize",
     "ggml_dequantize",
+    "affine_quantize",
+    "affine_dequantize",
+    "affine_to_bytes",
+    "affine_from_bytes",
+    "check_affine_parts",
 ]
 
 @final
@@ -44,7 +49,13 @@ class Scheme:
         block_size: Optional[Sequence[int]] = None,
         block_dtype: Optional[str] = None,
         codebook: Optional[Sequence[float]] = None,
+        offset: Optional[str] = None,
+        offset_dtype: Optional[str] = None,
     ) -> Scheme: ...
+    @property
+    def offset(self) -> Optional[str]: ...
+    @property
+    def offset_dtype(self) -> Optional[str]: ...
     @property
     def codebook(self) -> Optional[list[float]]: ...
     @property
@@ -113,6 +124,8 @@ class Layout:
     def storage_nbytes(self) -> int: ...
     @property
     def scales_nbytes(self) -> int: ...
+    @property
+    def offsets_nbytes(self) -> int: ...
     @property
     def nbytes(self) -> int: ...
 
@@ -196,3 +209,38 @@ def ggml_dequantize(
     qtype: str,
     out: Optional[npt.NDArray[np.float32]] = None,
 ) -> npt.NDArray[np.float32]: ...
+
+# Affine schemes (rust/blockquant-py/src/affine.rs): offsets beside values and scales.
+_Affine = Tuple[npt.NDArray[np.generic], npt.NDArray[np.float32], npt.NDArray[np.float32]]
+
+def affine_quantize(
+    x: npt.NDArray[np.generic],
+    kind: str,
+    scheme: Scheme,
+    calibration: str,
+    rounding: str,
+    scale_rounding: str,
+) -> _Affine: ...
+def affine_dequantize(
+    values: npt.NDArray[np.generic],
+    scales: npt.NDArray[np.float32],
+    offsets: npt.NDArray[np.float32],
+    scheme: Scheme,
+    shape: Sequence[int],
+    dtype: str = "float32",
+) -> npt.NDArray[np.generic]: ...
+def affine_to_bytes(
+    values: npt.NDArray[np.generic],
+    scales: npt.NDArray[np.float32],
+    offsets: npt.NDArray[np.float32],
+    scheme: Scheme,
+    shape: Sequence[int],
+) -> bytes: ...
+def affine_from_bytes(data: bytes, scheme: Scheme, shape: Sequence[int]) -> _Affine: ...
+def check_affine_parts(
+    values: npt.NDArray[np.generic],
+    scales: npt.NDArray[np.float32],
+    offsets: npt.NDArray[np.float32],
+    scheme: Scheme,
+    shape: Sequence[int],
+) -> None: ...

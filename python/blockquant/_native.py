@@ -16,6 +16,11 @@ from . import _core
 from ._core import (
     Layout,
     Scheme,
+    affine_dequantize,
+    affine_from_bytes,
+    affine_quantize,
+    affine_to_bytes,
+    check_affine_parts,
     check_call,
     check_options,
     check_parts,
@@ -37,6 +42,11 @@ from .options import MAX_THREADS
 
 __all__ = [
     "Layout",
+    "affine_dequantize",
+    "affine_from_bytes",
+    "affine_quantize",
+    "affine_to_bytes",
+    "check_affine_parts",
     "Scheme",
     "check_call",
     "check_options",

@@ -37,6 +37,9 @@ VALUE_FACTS = {
     QuantValue.E4M3: (8, -448.0, 448.0, True),
     QuantValue.E5M2: (8, -57344.0, 57344.0, True),
     QuantValue.E2M1: (4, -6.0, 6.0, True),
+    QuantValue.U8: (8, 0.0, 255.0, False),
+    QuantValue.U4: (4, 0.0, 15.0, False),
+    QuantValue.U2: (2, 0.0, 3.0, False),
 }
 
 #: Each scale dtype: (bytes, largest finite value, smallest value > 0, holds 0).

@@ -93,6 +93,8 @@ def scheme_to_burn(scheme: QuantScheme) -> dict[str, Any]:
     """
     if not isinstance(scheme, QuantScheme):
         raise TypeError(f"a scheme is a QuantScheme, got {type(scheme).__name__}")
+    if scheme.offset is not None:
+        raise SchemeError(f"burn's Burnpack has no affine values (offsets), got {scheme!r}")
     if scheme.codebook is not None:
         raise SchemeError(
             f"burn's Burnpack has no place for a Lookup scheme's codebook (burn refuses Lookup "

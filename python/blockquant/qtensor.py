@@ -15,7 +15,7 @@ from typing import Any, Optional, Tuple, Union
 import numpy as np
 
 from . import _native
-from .errors import LayoutError, QuantError, ScaleError
+from .errors import LayoutError, QuantError, ScaleError, UnexpectedGlobalScaleError
 from .options import (
     Calibration,
     Rounding,
@@ -160,7 +160,7 @@ class QTensor:
     Immutable: ``values`` and ``scales`` are read-only arrays.
     """
 
-    __slots__ = ("_values", "_scales", "_global", "_shape", "_scheme")
+    __slots__ = ("_values", "_scales", "_global", "_shape", "_scheme", "_offsets")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError(
@@ -175,6 +175,7 @@ class QTensor:
         global_scale: Optional[float],
         scheme: QuantScheme,
         shape: Tuple[int, ...],
+        offsets: Optional[np.ndarray] = None,
     ) -> "QTensor":
         self = object.__new__(cls)
         self._values = _readonly(values)
@@ -182,11 +183,15 @@ class QTensor:
         self._global = None if global_scale is None else float(global_scale)
         self._scheme = scheme
         self._shape = tuple(shape)
+        self._offsets = None if offsets is None else _readonly(offsets)
         return self
 
     def __reduce__(self) -> Tuple[Any, ...]:
         # pickle, copy and deepcopy rebuild through from_parts: checked, and read-only again
         # (the default copied the arrays writeable).
+        if self._offsets is not None:
+            return (QTensor.from_parts, (self._values, self._scales, self._scheme, self._shape,
+                                         self._global, self._offsets))
         return (QTensor.from_parts, (self._values, self._scales, self._scheme, self._shape,
                                      self._global))
 
@@ -194,10 +199,10 @@ class QTensor:
         # A pickle in the default form (made before __reduce__ existed): its slots, rebuilt
         # through from_parts all the same.
         slots = state[1] if isinstance(state, tuple) and len(state) == 2 else state
-        if not isinstance(slots, dict) or set(slots) != set(QTensor.__slots__):
+        if not isinstance(slots, dict) or set(slots) | {"_offsets"} != set(QTensor.__slots__):
             raise TypeError("not the state of a QTensor")
         qt = QTensor.from_parts(slots["_values"], slots["_scales"], slots["_scheme"],
-                                slots["_shape"], slots["_global"])
+                                slots["_shape"], slots["_global"], slots.get("_offsets"))
         for name in QTensor.__slots__:
             object.__setattr__(self, name, getattr(qt, name))
 
@@ -211,6 +216,12 @@ class QTensor:
     def scales(self) -> np.ndarray:
         """The stored scales as float32, in the grid's shape (two-level: block scales b_i)."""
         return self._scales
+
+    @property
+    def offsets(self) -> Optional[np.ndarray]:
+        """An affine scheme's offsets in the grid's shape, like ``scales``: zero points as
+        uint8, biases as float32; None for any other scheme."""
+        return self._offsets
 
     @property
     def global_scale(self) -> Optional[float]:
@@ -251,10 +262,18 @@ class QTensor:
         target = None
         if out is not None:
             target = _check_out(out, name, self)
-        res = _native.dequantize(
-            self._values, self._scales, self._global, self._scheme._handle, self._shape, name,
-            target,
-        )
+        if self._offsets is not None:
+            res = _native.affine_dequantize(
+                self._values, self._scales, _offsets_f32(self._offsets), self._scheme._handle,
+                self._shape, name,
+            )
+            if target is not None:
+                np.copyto(target, res.reshape(target.shape))
+        else:
+            res = _native.dequantize(
+                self._values, self._scales, self._global, self._scheme._handle, self._shape,
+                name, target,
+            )
         if out is not None:
             return out
         if name == "float16":
@@ -269,7 +288,13 @@ class QTensor:
         return res
 
     def to_bytes(self) -> bytes:
-        """burn's layout (format.md "The byte layout"): values, then scales, then the f32 per-tensor scale."""
+        """burn's layout (format.md "The byte layout"): values, then scales, then the f32 per-tensor scale
+        (an affine scheme: values, scales, then offsets)."""
+        if self._offsets is not None:
+            return _native.affine_to_bytes(
+                self._values, self._scales, _offsets_f32(self._offsets), self._scheme._handle,
+                self._shape,
+            )
         return _native.to_bytes(
             self._values, self._scales, self._global, self._scheme._handle, self._shape
         )
@@ -279,6 +304,9 @@ class QTensor:
         """Rebuild from :meth:`to_bytes` output; the length must match exactly."""
         scheme = _check_scheme(scheme)
         shape = _shape(shape)
+        if scheme.offset is not None:
+            values, scales, offs = _native.affine_from_bytes(as_bytes(data), scheme._handle, shape)
+            return cls._new(values, scales, None, scheme, shape, _offsets_natural(offs, scheme))
         values, scales, g = _native.from_bytes(as_bytes(data), scheme._handle, shape)
         return cls._new(values, scales, g, scheme, shape)
 
@@ -290,8 +318,13 @@ class QTensor:
         scheme: Union[QuantScheme, str],
         shape: Any,
         global_scale: Optional[float] = None,
+        offsets: Any = None,
     ) -> "QTensor":
         """Assemble a tensor from storage and stored scales, checking both.
+
+        ``offsets``: an affine scheme's offsets in the grid's shape (zero points: integers from
+        0 to qmax; biases: exactly representable in their dtype), required for an affine
+        scheme and refused for any other (``ScaleError``).
 
         ``values`` must have the storage dtype and shape with valid codes (else ``LayoutError``);
         ``scales`` the grid shape with values exactly representable in the scale dtype (else
@@ -314,6 +347,17 @@ class QTensor:
         scales_f = _scales_in_grid(scales, layout.scale_grid, scheme, shape)
         values = np.array(values, dtype=values.dtype.newbyteorder("="), order="C", copy=True)
         g = None if global_scale is None else _global_scale(global_scale)
+        if scheme.offset is None and offsets is not None:
+            raise ScaleError(f"{scheme!r} takes no offsets (only an affine scheme does)")
+        if scheme.offset is not None:
+            if offsets is None:
+                raise ScaleError(f"{scheme!r} requires offsets (one per scale)")
+            if g is not None:
+                raise UnexpectedGlobalScaleError(f"{scheme!r} does not take a per-tensor scale")
+            offs = _given_offsets(offsets, layout.scale_grid, scheme, shape)
+            _native.check_affine_parts(values, scales_f, offs, scheme._handle, shape)
+            return cls._new(values, scales_f.copy(), None, scheme, shape,
+                            _offsets_natural(offs, scheme))
         _native.check_parts(values, scales_f, g, scheme._handle, shape)
         return cls._new(values, scales_f.copy(), g, scheme, shape)
 
@@ -346,11 +390,51 @@ class QTensor:
 
     def __repr__(self) -> str:
         g = "" if self._global is None else f", global_scale={self._global!r}"
+        offs = "" if self._offsets is None else \
+            f", offsets={self._offsets.dtype}{tuple(self._offsets.shape)}"
         return (
             f"QTensor(shape={self._shape}, scheme={self._scheme!r}, "
             f"values={self._values.dtype}{tuple(self._values.shape)}, "
-            f"scales=float32{tuple(self._scales.shape)}{g})"
+            f"scales=float32{tuple(self._scales.shape)}{g}{offs})"
         )
+
+
+def _offsets_f32(offsets: np.ndarray) -> np.ndarray:
+    """Offsets as the core takes them: float32 in the grid's shape, C order."""
+    return np.ascontiguousarray(offsets, dtype=np.float32)
+
+
+def _offsets_natural(offs: np.ndarray, scheme: QuantScheme) -> np.ndarray:
+    """The core's float32 offsets as ``QTensor.offsets`` holds them: zero points as uint8."""
+    assert scheme.offset is not None
+    return offs.astype(np.uint8) if scheme.offset.kind == "zero" else offs
+
+
+def _given_offsets(offsets: Any, grid: Any, scheme: QuantScheme, shape: Tuple[int, ...]) -> np.ndarray:
+    """A caller's offsets as float32 in the grid's shape; the core checks their values."""
+    try:
+        raw = np.asarray(offsets)
+    except (TypeError, ValueError):
+        raise TypeError(f"offsets must be an array of numbers, got {type(offsets).__name__}") from None
+    if raw.dtype.kind not in "fiu" and raw.dtype.name != "bfloat16":
+        raise TypeError(f"offsets must be an array of real numbers, got dtype {raw.dtype}")
+    a64 = raw.astype(np.float64)
+    if not np.isfinite(a64).all():
+        bad = int(np.flatnonzero(~np.isfinite(a64).ravel())[0])
+        raise ScaleError(f"offsets must be finite, got {a64.ravel()[bad]} at index {bad}")
+    with np.errstate(over="ignore"):
+        a32 = a64.astype(np.float32)
+    if not (a32.astype(np.float64) == a64).all():
+        bad = int(np.flatnonzero((a32.astype(np.float64) != a64).ravel())[0])
+        raise ScaleError(f"offset {a64.ravel()[bad]} at index {bad} is not a float32 value")
+    grid = tuple(grid)
+    if a32.shape != grid:
+        if a32.size == 1 and scheme.block is None:
+            a32 = a32.reshape(1)
+        else:
+            raise ScaleError(f"offsets for {scheme!r} on shape {shape} have the grid shape "
+                             f"{grid}, got {a32.shape}")
+    return np.ascontiguousarray(a32)
 
 
 def _import_ml_dtypes() -> Any:
@@ -467,6 +551,8 @@ def mse_advice(scheme: QuantScheme, calibration: Optional[str] = None) -> Option
     ``scheme``, with a better one; None when it can, or the calibration is another."""
     if (calibration if calibration is not None else scheme.options.calibration) != "mse":
         return None
+    if scheme.offset is not None:  # affine mse searches the range itself
+        return None
     # The search tries only scales that put a block's max |x| at 1 to 3 times the largest
     # 2-bit value (format.md "Searched scales: `mse`"). Per block, max |x| is within a few
     # times the mean |x| and that range holds the best scale; over a whole tensor it is many
@@ -525,6 +611,14 @@ def _quantize(
         # `QuantScheme.layout` (a few microseconds of a small call).
         grid = _layout(scheme, xs.shape).scale_grid
         given = _scales_in_grid(scales, grid, scheme, xs.shape)
+    if scheme.offset is not None:
+        if out is not None:
+            raise QuantError(f"out= is not taken with an affine scheme yet, got {scheme!r}")
+        if w is not None:
+            raise QuantError(f"weights= are not taken by an affine scheme's search, got {scheme!r}")
+        values, stored, offs = _native.affine_quantize(xs, kind, scheme._handle, cal, rnd, srnd)
+        return QTensor._new(values, stored, None, scheme, xs.shape,
+                            _offsets_natural(offs, scheme))
     out_v = out_s = None
     if out is not None:
         out_v, out_s = _check_quantize_out(out, scheme, xs)

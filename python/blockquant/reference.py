@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import _reference_affine as _affine
 from . import _reference_lookup as _lookup
 from ._reference_common import (
     E4M3,
@@ -275,7 +276,8 @@ def storage_dtype(scheme: QuantScheme) -> np.dtype:
     uint32 (PackedU32)."""
     if scheme.store.kind == "packed_u32":
         return np.dtype(np.uint32)
-    if scheme.store.kind == "packed_native" or value_is_float(scheme.value) or scheme.codebook:
+    if (scheme.store.kind == "packed_native" or value_is_float(scheme.value) or scheme.codebook
+            or scheme.offset is not None):
         return np.dtype(np.uint8)
     return np.dtype(np.int8)
 
@@ -370,6 +372,8 @@ class RefQTensor:
     global_scale: float | None
     shape: tuple[int, ...]
     scheme: QuantScheme
+    #: An affine scheme's offsets in the grid's shape (zero points as float32 integers).
+    offsets: np.ndarray | None = None
 
     def to_bytes(self) -> bytes:
         return to_bytes(self)
@@ -551,6 +555,8 @@ def _decoded_values(values: np.ndarray, scheme: QuantScheme, shape1) -> np.ndarr
         ax, per, _ = packing
         fields = _swap_packed_axis(_unpack(values, -1 % values.ndim, per, bits, shape1[ax]), ax)
     mask = (1 << bits) - 1
+    if scheme.offset is not None:  # unsigned codes
+        return fields.astype(np.float32)
     if scheme.codebook is not None:  # every index is an entry
         return _lookup.decode(fields, scheme.codebook)
     if value_is_float(scheme.value):  # only the low ``bits`` bits are the code (E2M1: low nibble)
@@ -604,6 +610,9 @@ def quantize(
         refusal = weights_refusal(calibration, scales is not None)
         if refusal is not None:
             raise QuantError(refusal)
+    if scheme.offset is not None:
+        return _quantize_affine(original, x32, x1, shape, scheme, calibration, rounding,
+                                scale_rounding, scales, w1)
     if scales is not None:
         stored, g = _explicit_scales(scales, shape1, scheme, scale_rounding), given_g
     _check_finite(original, x32)
@@ -627,6 +636,25 @@ def quantize(
     return RefQTensor(_store(codes, scheme), stored, g, shape, scheme)
 
 
+def _quantize_affine(original, x32, x1, shape, scheme, calibration, rounding, scale_rounding,
+                     scales, w1) -> RefQTensor:
+    """quantize's affine case (format.md "Affine values (offsets)")."""
+    if calibration not in ("minmax", "mse"):
+        raise SchemeError(f"calibration {calibration!r} does not apply to an affine scheme")
+    if scales is not None:
+        raise ScaleError(f"explicit scales= are not taken by an affine scheme, got {scheme!r}")
+    if w1 is not None:
+        raise QuantError(f"weights= are not taken by an affine scheme's search, got {scheme!r}")
+    _check_finite(original, x32)
+    grid = scale_grid_shape(shape, scheme)
+    s, o = _affine.block_params(x1, scheme, calibration, rounding, scale_rounding)
+    s, o = s.reshape(grid), o.reshape(grid)
+    se = _scales_per_element(s, x1.shape, scheme)
+    oe = _scales_per_element(o, x1.shape, scheme)
+    q = _affine.codes(x1, se, oe, scheme, rounding).astype(np.uint8)
+    return RefQTensor(_store(q, scheme), s, None, shape, scheme, o)
+
+
 def dequantize(qt: RefQTensor, dtype=np.float32) -> np.ndarray:
     """x_hat = f32(decode(q)) * e, one f32 multiply; then cast to ``dtype`` if asked (format.md "Dequantizing")."""
     if not isinstance(qt, RefQTensor):
@@ -638,6 +666,10 @@ def dequantize(qt: RefQTensor, dtype=np.float32) -> np.ndarray:
     shape1 = _rank1(qt.shape)
     q = _decoded_values(qt.values, scheme, shape1)
     e = _scales_per_element(_effective_scales(qt.scales, qt.global_scale), shape1, scheme)
+    if qt.offsets is not None:
+        off = _scales_per_element(qt.offsets, shape1, scheme)
+        x_hat = _affine.values(q, e, off, scheme).reshape(qt.shape)
+        return x_hat if out == np.float32 else x_hat.astype(out)
     with np.errstate(over="ignore", invalid="ignore"):  # only reachable from odd bytes
         x_hat = (q * e).astype(np.float32).reshape(qt.shape)
     return x_hat if out == np.float32 else x_hat.astype(out)
@@ -649,7 +681,28 @@ def to_bytes(qt: RefQTensor) -> bytes:
     values = qt.values.astype(storage_dtype(scheme).newbyteorder("<")).tobytes()
     scales = encode_scales(_scales_in_byte_order(qt.scales, scheme).ravel(), scheme.scale_dtype)
     tail = np.float32(qt.global_scale).astype("<f4").tobytes() if scheme.is_two_level else b""
+    if qt.offsets is not None:
+        tail += _offset_bytes(_scales_in_byte_order(qt.offsets, scheme).ravel(), scheme)
     return values + scales + tail
+
+
+def _offset_bytes(offs: np.ndarray, scheme: QuantScheme) -> bytes:
+    """Zero points one byte each; biases little-endian in their dtype."""
+    assert scheme.offset is not None
+    if scheme.offset.kind == "zero":
+        return offs.astype(np.uint8).tobytes()
+    dtype = scheme.offset.dtype
+    if dtype is ScaleDtype.F32:
+        return offs.astype("<f4").tobytes()
+    if dtype is ScaleDtype.F16:
+        return offs.astype("<f2").tobytes()
+    return (offs.astype(np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+
+
+def _offset_nbytes(scheme: QuantScheme) -> int:
+    if scheme.offset is None:
+        return 0
+    return 1 if scheme.offset.kind == "zero" else scale_nbytes(scheme.offset.dtype)
 
 
 def _swaps_scales(scheme: QuantScheme, rank: int) -> int | None:
@@ -671,7 +724,8 @@ def _scales_in_byte_order(grid: np.ndarray, scheme: QuantScheme) -> np.ndarray:
 def _expected_nbytes(scheme: QuantScheme, shape) -> int:
     storage = math.prod(storage_shape(shape, scheme)) * storage_dtype(scheme).itemsize
     n_scales = math.prod(scale_grid_shape(shape, scheme))
-    return storage + n_scales * scale_nbytes(scheme.scale_dtype) + (4 if scheme.is_two_level else 0)
+    return (storage + n_scales * scale_nbytes(scheme.scale_dtype) + (4 if scheme.is_two_level else 0)
+            + n_scales * _offset_nbytes(scheme))
 
 
 def from_bytes(data, scheme: QuantScheme | str, shape) -> RefQTensor:
@@ -712,12 +766,37 @@ def from_bytes(data, scheme: QuantScheme | str, shape) -> RefQTensor:
         _check_decoded_scales(g32, "the per-tensor scale")
         g = float(g32[0])
     _check_codes(values, scheme, _rank1(shape))
-    return RefQTensor(values, scales, g, shape, scheme)
+    offsets = None
+    if scheme.offset is not None:
+        offsets = _read_offsets(data[scale_end:], scheme, grid)
+    return RefQTensor(values, scales, g, shape, scheme, offsets)
+
+
+def _read_offsets(data: bytes, scheme: QuantScheme, grid) -> np.ndarray:
+    """The offsets after the scales, in the grid's order; a zero point above qmax or a bias
+    that is not finite is a LayoutError."""
+    assert scheme.offset is not None
+    if scheme.offset.kind == "zero":
+        offs = np.frombuffer(data, np.uint8).astype(np.float32)
+        if (offs > value_qmax(scheme.value)).any():
+            raise LayoutError(f"corrupt offsets: a zero point above {value_qmax(scheme.value)}")
+    else:
+        offs = decode_scales(data, scheme.offset.dtype, len(data) // _offset_nbytes(scheme))
+        if not np.isfinite(offs).all():
+            raise LayoutError("corrupt offsets: a bias that is not finite")
+    ax = _swaps_scales(scheme, len(grid))
+    if ax is None:
+        return offs.reshape(grid)
+    swapped = list(grid)
+    swapped[ax], swapped[-1] = swapped[-1], swapped[ax]
+    return np.ascontiguousarray(np.swapaxes(offs.reshape(swapped), ax, -1))
 
 
 def _code_is_valid(fields: np.ndarray, value: QuantValue) -> np.ndarray:
     """Whether each unsigned ``bits``-bit field is a code quantize can produce."""
     bits = value_bits(value)
+    if value.is_unsigned:
+        return fields <= value_qmax(value)
     if value_is_float(value):
         # A finite, in-range code has a magnitude at most the largest finite one's.
         fmt = FLOAT_VALUE_FORMATS[value]

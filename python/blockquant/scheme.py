@@ -30,6 +30,7 @@ __all__ = [
     "QuantStore",
     "BlockScale",
     "QuantScheme",
+    "Offset",
     "Layout",
 ]
 
@@ -48,6 +49,11 @@ class QuantValue(enum.Enum):
     E4M3 = "E4M3"
     E5M2 = "E5M2"
     E2M1 = "E2M1"
+    #: Unsigned codes [0, 2^bits - 1], read with a per-scale offset, only with an affine
+    #: scheme (``QuantScheme.with_offset``; format.md "Affine values (offsets)").
+    U8 = "U8"
+    U4 = "U4"
+    U2 = "U2"
 
     @property
     def bits(self) -> int:
@@ -64,6 +70,11 @@ class QuantValue(enum.Enum):
     @property
     def is_float(self) -> bool:
         return _VALUE_INFO[self].is_float
+
+    @property
+    def is_unsigned(self) -> bool:
+        """U8, U4, U2: the values of an affine scheme."""
+        return not self.is_float and _VALUE_INFO[self].qmin == 0
 
     def __repr__(self) -> str:
         return self.value
@@ -170,6 +181,37 @@ class QuantStore:
 QuantStore.Native = QuantStore("native", 0)  # type: ignore[misc]
 
 
+@dataclass(frozen=True)
+class Offset:
+    """An affine scheme's per-scale offset (format.md "Affine values (offsets)"): a zero point
+    (``Offset.zero()``: one uint8 per scale, x̂ = (q − z) × s) or a bias (``Offset.bias(dtype)``,
+    F32, F16 or BF16: x̂ = q × s + b)."""
+
+    kind: str
+    dtype: Optional["ScaleDtype"] = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("zero", "bias"):
+            raise TypeError(f"an offset kind is 'zero' or 'bias', got {self.kind!r}")
+        if self.kind == "bias" and not isinstance(self.dtype, ScaleDtype):
+            raise TypeError(f"a bias dtype is a ScaleDtype, got {self.dtype!r}")
+        if self.kind == "zero" and self.dtype is not None:
+            raise TypeError("a zero point is stored as uint8: it takes no dtype")
+
+    @staticmethod
+    def zero() -> "Offset":
+        return Offset("zero")
+
+    @staticmethod
+    def bias(dtype: "ScaleDtype") -> "Offset":
+        return Offset("bias", dtype)
+
+    def __repr__(self) -> str:
+        return "Zero(U8)" if self.kind == "zero" else f"Bias({self.dtype})"
+
+    __str__ = __repr__
+
+
 def _normalize_block(size: Iterable[int], dtype: ScaleDtype) -> Tuple[int, ...]:
     """The block as the core keeps it (leading 1s dropped); the core checks the rules."""
     if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
@@ -236,6 +278,8 @@ class QuantScheme:
     #: being what a stored k decodes to; None for Symmetric. Part of the scheme's identity, but
     #: not of its bytes: like burn's lookup table it travels beside them, with the scheme.
     codebook: Optional[Tuple[float, ...]] = None
+    #: An affine scheme's offset (unsigned values only), else None.
+    offset: Optional[Offset] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.value, QuantValue):
@@ -252,6 +296,8 @@ class QuantScheme:
             raise TypeError(f"options is a QuantOptions, got {self.options!r}")
         if self.codebook is not None:
             object.__setattr__(self, "codebook", _codebook_values(self.codebook))
+        if self.offset is not None and not isinstance(self.offset, Offset):
+            raise TypeError(f"an offset is an Offset, got {self.offset!r}")
         # Built and validated once; every core call takes this object as it is.
         core = _native.Scheme(
             value=self.value.value,
@@ -262,12 +308,16 @@ class QuantScheme:
             block_size=None if self.block is None else list(self.block.size),
             block_dtype=None if self.block is None else self.block.dtype.value,
             codebook=None if self.codebook is None else list(self.codebook),
+            offset=None if self.offset is None else self.offset.kind,
+            offset_dtype=None if self.offset is None or self.offset.dtype is None
+            else self.offset.dtype.value,
         )
         object.__setattr__(self, "_handle", core)
         # The fields' hash, once: the generated one hashes them (enums in Python code) on every
         # call, and each layout lookup (`_layout`'s cache) asks for it.
         object.__setattr__(self, "_hash", hash(
-            (self.value, self.store, self.mode, self.tensor, self.block, self.codebook)
+            (self.value, self.store, self.mode, self.tensor, self.block, self.codebook,
+             self.offset)
         ))
 
     def __hash__(self) -> int:
@@ -277,7 +327,7 @@ class QuantScheme:
     def __reduce__(self) -> Any:
         # The core twin does not pickle; rebuilding it from the fields does.
         return (QuantScheme, (self.value, self.store, self.mode, self.tensor, self.block,
-                              self.options, self.codebook))
+                              self.options, self.codebook, self.offset))
 
     # -- builder ---------------------------------------------------------------------------
     def with_value(self, value: QuantValue) -> "QuantScheme":
@@ -299,6 +349,15 @@ class QuantScheme:
         Values are rounded to float32 (nearest even) and kept so; a rounding that makes two
         entries equal, or overflows, is a :class:`SchemeError`. Named ones: ``bq.codebooks``."""
         return replace(self, mode=QuantMode.Lookup, codebook=_codebook_values(values))
+
+    def with_offset(self, offset: Optional[Offset]) -> "QuantScheme":
+        """An affine scheme with this offset (``Offset.zero()`` or ``Offset.bias(dtype)``;
+        unsigned values only), or None for none."""
+        return replace(self, offset=offset)
+
+    @property
+    def is_affine(self) -> bool:
+        return self.offset is not None
 
     def per_tensor(self, dtype: ScaleDtype) -> "QuantScheme":
         return replace(self, tensor=dtype)
@@ -365,7 +424,7 @@ class QuantScheme:
 
             VALUE/STORE/LEVELS[/lookup:CODEBOOK]
 
-            VALUE   q8f q8s q4f q4s q2f q2s e4m3 e5m2 e2m1
+            VALUE   q8f q8s q4f q4s q2f q2s e4m3 e5m2 e2m1 u8 u4 u2 (u: with an offset)
             STORE   native | packed_u32_DIM | packed_nativeDIM   (DIM from the last axis)
             LEVELS  tensor                    no level: burn's implicit f32 per-tensor scale
                     tensor:DTYPE              one explicit per-tensor scale
@@ -374,6 +433,9 @@ class QuantScheme:
             DTYPE   f32 f16 bf16 ue8m0 ue4m3
             CODEBOOK  nf4 | iq4nl | bq4 | [V,V,...]  (each V the shortest text of its float32,
                       as ``str(numpy.float32(v))`` writes it; a named one by its name)
+
+        An affine scheme (unsigned values) ends in ``/zero:u8`` or ``/bias:DTYPE`` (f32, f16,
+        bf16) in place of a lookup part: ``u4/packed_u32_0/block128:bf16/zero:u8``.
 
         e.g. ``q4s/packed_u32_0/block32:f16``, ``e4m3/native/block32x32:ue8m0``,
         ``e2m1/packed_native0/block16:ue4m3+tensor:f32`` (NVFP4). Only that canonical spelling
@@ -390,6 +452,11 @@ class QuantScheme:
         if core.block_size is not None:
             block = BlockScale(core.block_size, ScaleDtype(core.block_dtype))
         codebook = None if core.codebook is None else tuple(core.codebook)
+        offset = None
+        if core.offset == "zero":
+            offset = Offset.zero()
+        elif core.offset == "bias":
+            offset = Offset.bias(ScaleDtype(core.offset_dtype))
         return cls(
             QuantValue(core.value),
             QuantStore(core.store, core.dim),
@@ -397,6 +464,7 @@ class QuantScheme:
             None if core.tensor is None else ScaleDtype(core.tensor),
             block,
             codebook=codebook,
+            offset=offset,
         )
 
     def __str__(self) -> str:
@@ -431,8 +499,10 @@ class Layout:
     storage_nbytes: int
     #: Bytes of the scales: the grid in its dtype, plus 4 for a two-level per-tensor scale.
     scales_nbytes: int
-    #: Total bytes: ``storage_nbytes + scales_nbytes``.
+    #: Total bytes: ``storage_nbytes + scales_nbytes + offsets_nbytes``.
     nbytes: int
+    #: Bytes of an affine scheme's offsets (after the scales); 0 without an offset.
+    offsets_nbytes: int = 0
 
 
 # -- codebooks (Lookup mode) ---------------------------------------------------------------------
@@ -507,4 +577,5 @@ def _layout(scheme: QuantScheme, dims: Tuple[int, ...]) -> Layout:
         storage_nbytes=info.storage_nbytes,
         scales_nbytes=info.scales_nbytes,
         nbytes=info.nbytes,
+        offsets_nbytes=info.offsets_nbytes,
     )

@@ -10,7 +10,7 @@ use crate::quantize::scales::Scales;
 
 /// Serialize a quantized tensor. `scales` must already fit `layout` (see [`Scales::from_stored`]).
 pub fn to_bytes(layout: &Layout, storage: Storage<'_>, scales: &Scales) -> Result<Vec<u8>> {
-    let mut out = try_zeroed(layout.total_bytes())?;
+    let mut out = try_zeroed(layout.total_bytes() - layout.offsets_bytes())?;
     write_bytes(layout, storage, scales, &mut out)?;
     Ok(out)
 }
@@ -24,7 +24,9 @@ pub fn write_bytes(
     scales: &Scales,
     out: &mut [u8],
 ) -> Result<()> {
-    assert_eq!(out.len(), layout.total_bytes(), "output length");
+    // An affine scheme's offsets follow; `crate::affine` writes them.
+    let head = layout.total_bytes() - layout.offsets_bytes();
+    assert_eq!(out.len(), head, "output length");
     let dtype = layout.scheme.scale_dtype();
     let mut at = 0;
     let mut put = |b: &[u8]| {
@@ -64,7 +66,8 @@ pub struct Parts<'a> {
 /// must be one quantize can produce, with zero padding (format.md "The byte layout": `from_bytes` accepts exactly
 /// what `from_parts` accepts). Scales are checked before values (format.md "Rules for edge cases").
 pub fn from_bytes<'a>(layout: &Layout, data: &'a [u8]) -> Result<Parts<'a>> {
-    let expected = layout.total_bytes();
+    // Without an affine scheme's offsets, which `crate::affine` reads after these parts.
+    let expected = layout.total_bytes() - layout.offsets_bytes();
     if data.len() != expected {
         return Err(QuantError::Layout(format!(
             "expected {expected} bytes for {} with shape {:?}, got {}",

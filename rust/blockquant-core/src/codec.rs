@@ -509,6 +509,7 @@ pub fn field_is_valid(value: QuantValue, packing: &Packing, field: u32) -> bool 
             }
             fmt.decode(field as u8).is_finite() && fmt.decode(field as u8).abs() <= fmt.max_value()
         }
+        None if value.is_unsigned() => field as f32 <= value.range().1,
         None => {
             let w = packing.field_bits;
             let v = (((field << (32 - w)) as i32) >> (32 - w)) as f32;

@@ -308,6 +308,14 @@ impl Layout {
         self.storage_bytes()
             + self.num_scales * self.scheme.scale_dtype().size_bytes()
             + if self.scheme.is_two_level() { 4 } else { 0 }
+            + self.offsets_bytes()
+    }
+
+    /// Bytes of an affine scheme's offsets, after the scales (0 without an offset).
+    pub fn offsets_bytes(&self) -> usize {
+        self.scheme
+            .offset
+            .map_or(0, |o| self.num_scales * o.size_bytes())
     }
 
     /// Number of elements in block `k` of the grid (partial edge blocks are smaller).

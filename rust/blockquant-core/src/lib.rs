@@ -9,7 +9,7 @@
 //! - [`codec`] and [`minifloat`]: one value to its code and back; [`lookup`]: codebooks
 //!   (the [`Codebook`] value itself is `codebook`'s, low, so the scheme needs no encoder);
 //! - [`quantize`] and [`pack`]: the dispatchers (a path, then a kernel for it); [`bytes`]:
-//!   burn's byte layout;
+//!   burn's byte layout; [`affine`]: unsigned values with offsets (zero points, biases);
 //! - `kernels`: the kernel wing the dispatchers call (the one-pass pieces and scale rule low,
 //!   the AVX2 kernels above them), `simd`: CPU feature checks and the AVX2 primitives; neither
 //!   imports a dispatcher;
@@ -20,6 +20,7 @@
 //! Inside the crate, items are imported from the module that defines them (never through the
 //! re-exports below, which are the public face), so the module graph stays one-way.
 
+pub mod affine;
 pub mod alloc;
 pub mod bytes;
 pub mod calibrate;
@@ -52,4 +53,4 @@ pub use options::OptionName;
 pub use pack::{BF16Bits, F16Bits, Storage, StorageMut};
 pub use quantize::{ExplicitScales, Output, QuantizeOptions, Scales};
 pub use scale::ScaleRounding;
-pub use scheme::{BlockScale, QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype};
+pub use scheme::{BlockScale, Offset, QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype};

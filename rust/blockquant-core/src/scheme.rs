@@ -22,9 +22,17 @@ pub enum QuantValue {
     E4M3,
     E5M2,
     E2M1,
+    /// Unsigned integer codes in [0, 255], with a per-scale offset
+    /// (format.md "Affine values (offsets)").
+    U8,
+    /// Unsigned integer codes in [0, 15], with an offset.
+    U4,
+    /// Unsigned integer codes in [0, 3], with an offset.
+    U2,
 }
 
 impl QuantValue {
+    /// The signed and float values: every value a scheme without an offset takes.
     pub const ALL: [QuantValue; 9] = [
         Self::Q8F,
         Self::Q8S,
@@ -37,12 +45,31 @@ impl QuantValue {
         Self::E2M1,
     ];
 
+    /// The unsigned values, which an affine scheme (one with an offset) takes.
+    pub const UNSIGNED: [QuantValue; 3] = [Self::U8, Self::U4, Self::U2];
+
+    /// Every value, in declaration order.
+    pub const EVERY: [QuantValue; 12] = [
+        Self::Q8F,
+        Self::Q8S,
+        Self::Q4F,
+        Self::Q4S,
+        Self::Q2F,
+        Self::Q2S,
+        Self::E4M3,
+        Self::E5M2,
+        Self::E2M1,
+        Self::U8,
+        Self::U4,
+        Self::U2,
+    ];
+
     /// Bits of one stored value.
     pub fn bits(self) -> u32 {
         match self {
-            Self::Q8F | Self::Q8S | Self::E4M3 | Self::E5M2 => 8,
-            Self::Q4F | Self::Q4S | Self::E2M1 => 4,
-            Self::Q2F | Self::Q2S => 2,
+            Self::Q8F | Self::Q8S | Self::E4M3 | Self::E5M2 | Self::U8 => 8,
+            Self::Q4F | Self::Q4S | Self::E2M1 | Self::U4 => 4,
+            Self::Q2F | Self::Q2S | Self::U2 => 2,
         }
     }
 
@@ -58,6 +85,9 @@ impl QuantValue {
             Self::E4M3 => (-448.0, 448.0),
             Self::E5M2 => (-57344.0, 57344.0),
             Self::E2M1 => (-6.0, 6.0),
+            Self::U8 => (0.0, 255.0),
+            Self::U4 => (0.0, 15.0),
+            Self::U2 => (0.0, 3.0),
         }
     }
 
@@ -73,6 +103,11 @@ impl QuantValue {
         matches!(self, Self::E4M3 | Self::E5M2 | Self::E2M1)
     }
 
+    /// U8, U4, U2: codes in [0, 2^bits − 1], read with an offset.
+    pub fn is_unsigned(self) -> bool {
+        matches!(self, Self::U8 | Self::U4 | Self::U2)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Self::Q8F => "Q8F",
@@ -84,11 +119,14 @@ impl QuantValue {
             Self::E4M3 => "E4M3",
             Self::E5M2 => "E5M2",
             Self::E2M1 => "E2M1",
+            Self::U8 => "U8",
+            Self::U4 => "U4",
+            Self::U2 => "U2",
         }
     }
 
     pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|v| v.name() == name)
+        Self::EVERY.into_iter().find(|v| v.name() == name)
     }
 
     /// The exponent of the largest normal value (OCP MX's emax): E2M1 2, E4M3 8, E5M2 15; for
@@ -101,6 +139,10 @@ impl QuantValue {
             Self::Q8F | Self::Q8S => 6,
             Self::Q4F | Self::Q4S => 2,
             Self::Q2F | Self::Q2S => 0,
+            // Never used: an affine scheme's scales are F32, F16 or BF16.
+            Self::U8 => 7,
+            Self::U4 => 3,
+            Self::U2 => 1,
         }
     }
 }
@@ -140,6 +182,26 @@ impl ScaleDtype {
 
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|d| d.name() == name)
+    }
+}
+
+/// The per-scale offset of an affine scheme (format.md "Affine values (offsets)"): one per
+/// scale, on the same grid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Offset {
+    /// An integer zero point z in code units, one `u8` per scale: x̂ = f32(q − z) × s.
+    Zero,
+    /// A float bias b in F32, F16 or BF16: x̂ = f32(q) × s + b.
+    Bias(ScaleDtype),
+}
+
+impl Offset {
+    /// Bytes of one stored offset.
+    pub fn size_bytes(self) -> usize {
+        match self {
+            Self::Zero => 1,
+            Self::Bias(d) => d.size_bytes(),
+        }
     }
 }
 
@@ -250,6 +312,8 @@ pub struct QuantScheme {
     /// Lookup mode's table of 2^bits values (burn passes it beside the scheme; here it rides
     /// inline, so the scheme stays one `Copy` value). `None` for Symmetric.
     pub codebook: Option<Codebook>,
+    /// An affine scheme's offset (unsigned values only); `None` for every other scheme.
+    pub offset: Option<Offset>,
 }
 
 impl Default for QuantScheme {
@@ -261,6 +325,7 @@ impl Default for QuantScheme {
             tensor: None,
             block: None,
             codebook: None,
+            offset: None,
         }
     }
 }
@@ -291,6 +356,16 @@ impl QuantScheme {
             codebook: Some(codebook),
             ..self
         }
+    }
+
+    /// An affine scheme with this offset (or none).
+    pub fn with_offset(self, offset: Option<Offset>) -> Self {
+        Self { offset, ..self }
+    }
+
+    /// Whether the scheme has an offset (unsigned values).
+    pub fn is_affine(&self) -> bool {
+        self.offset.is_some()
     }
 
     /// s_raw = α / half_range: (qmax − qmin) / 2 for a value, max |c_k| for a codebook.
@@ -336,6 +411,7 @@ impl QuantScheme {
 
     /// The scheme-only rules (format.md "The scheme"). Tensor-dependent rules are checked by [`crate::Layout`].
     pub fn validate(&self) -> Result<()> {
+        self.validate_affine()?;
         match (self.mode, self.codebook) {
             (QuantMode::Symmetric, None) => {}
             (QuantMode::Symmetric, Some(_)) => {
@@ -369,6 +445,53 @@ impl QuantScheme {
             if !matches!(block.dtype, ScaleDtype::F16 | ScaleDtype::UE4M3) {
                 return Err(QuantError::Scheme(format!(
                     "a two-level scheme's block scales must be F16 or UE4M3: wider block scales would drive the per-tensor scale subnormal, got {self}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl QuantScheme {
+    /// The rules of offsets and unsigned values (format.md "Affine values (offsets)").
+    fn validate_affine(&self) -> Result<()> {
+        let unsigned = self.value.is_unsigned();
+        let Some(offset) = self.offset else {
+            if unsigned {
+                return Err(QuantError::Scheme(format!(
+                    "unsigned values ({}) need an offset: a zero point (.../zero:u8) or a bias (.../bias:DTYPE), got {self}",
+                    self.value
+                )));
+            }
+            return Ok(());
+        };
+        if !unsigned {
+            return Err(QuantError::Scheme(format!(
+                "an offset comes with unsigned values (U8, U4, U2) only, got {self}"
+            )));
+        }
+        if self.mode == QuantMode::Lookup || self.codebook.is_some() {
+            return Err(QuantError::Scheme(format!(
+                "an affine scheme (with an offset) has no Lookup mode, got {self}"
+            )));
+        }
+        if self.is_two_level() {
+            return Err(QuantError::Scheme(format!(
+                "an affine scheme (with an offset) has one scale level, not two, got {self}"
+            )));
+        }
+        if !matches!(
+            self.scale_dtype(),
+            ScaleDtype::F32 | ScaleDtype::F16 | ScaleDtype::BF16
+        ) {
+            return Err(QuantError::Scheme(format!(
+                "an affine scheme's scales are F32, F16 or BF16, got {self}"
+            )));
+        }
+        if let Offset::Bias(d) = offset {
+            if !matches!(d, ScaleDtype::F32 | ScaleDtype::F16 | ScaleDtype::BF16) {
+                return Err(QuantError::Scheme(format!(
+                    "a bias is F32, F16 or BF16, got {self}"
                 )));
             }
         }

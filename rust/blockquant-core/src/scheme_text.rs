@@ -11,7 +11,9 @@ use std::str::FromStr;
 
 use crate::error::{QuantError, Result};
 use crate::lookup::{Codebook, NAMED};
-use crate::scheme::{BlockScale, QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype};
+use crate::scheme::{
+    BlockScale, Offset, QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype,
+};
 
 /// Longer than any scheme text: the longest, a codebook of 16 entries of the longest float32
 /// text each, is about 300 characters.
@@ -49,7 +51,7 @@ pub fn parse(text: &str) -> Result<QuantScheme> {
     }
     if !(3..=4).contains(&parts.len()) {
         return Err(err(format!(
-            "a scheme is VALUE/STORE/LEVELS[/lookup:CODEBOOK], got {} parts in {}",
+            "a scheme is VALUE/STORE/LEVELS[/lookup:CODEBOOK | /zero:u8 | /bias:DTYPE], got {} parts in {}",
             parts.len(),
             quote(text)
         )));
@@ -57,11 +59,30 @@ pub fn parse(text: &str) -> Result<QuantScheme> {
     let value = parse_value(parts[0], text)?;
     let store = parse_store(parts[1], text)?;
     let (tensor, block) = parse_levels(parts[2], text)?;
-    let entries = match parts.get(3) {
-        Some(part) => Some(parse_lookup(part, text)?),
-        None => None,
+    let (entries, offset) = match parts.get(3) {
+        Some(part) if part.starts_with("zero") || part.starts_with("bias") => {
+            (None, Some(parse_offset(part, text)?))
+        }
+        Some(part) => (Some(parse_lookup(part, text)?), None),
+        None => (None, None),
     };
-    build(value, store, tensor, block, entries).map_err(|e| in_text(e, text))
+    build(value, store, tensor, block, entries, offset).map_err(|e| in_text(e, text))
+}
+
+/// An affine scheme's offset part: `zero:u8` or `bias:DTYPE` (f32, f16, bf16).
+fn parse_offset(part: &str, text: &str) -> Result<Offset> {
+    if part == "zero:u8" {
+        return Ok(Offset::Zero);
+    }
+    if let Some(d) = part.strip_prefix("bias:") {
+        let dtype = parse_dtype(d, text)?;
+        return Ok(Offset::Bias(dtype));
+    }
+    Err(err(format!(
+        "unknown offset {} in {}: expected 'zero:u8' or 'bias:DTYPE' (f32, f16, bf16)",
+        quote(part),
+        quote(text)
+    )))
 }
 
 impl FromStr for QuantScheme {
@@ -79,12 +100,14 @@ fn build(
     tensor: Option<ScaleDtype>,
     block: Option<BlockScale>,
     entries: Option<Vec<f32>>,
+    offset: Option<Offset>,
 ) -> Result<QuantScheme> {
     let mut scheme = QuantScheme {
         value,
         store,
         tensor,
         block,
+        offset,
         ..QuantScheme::default()
     };
     if let Some(values) = entries {
@@ -121,11 +144,11 @@ fn dtype_text(d: ScaleDtype) -> String {
 }
 
 fn parse_value(part: &str, text: &str) -> Result<QuantValue> {
-    QuantValue::ALL
+    QuantValue::EVERY
         .into_iter()
         .find(|v| value_text(*v) == part)
         .ok_or_else(|| {
-            let names: Vec<String> = QuantValue::ALL.into_iter().map(value_text).collect();
+            let names: Vec<String> = QuantValue::EVERY.into_iter().map(value_text).collect();
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
             err(format!(
                 "unknown value {} in {}: expected {}",
@@ -523,6 +546,11 @@ impl fmt::Display for SchemeText<'_> {
                 }
             }
         }
+        match s.offset {
+            Some(Offset::Zero) => f.write_str("/zero:u8")?,
+            Some(Offset::Bias(d)) => write!(f, "/bias:{}", dtype_text(d))?,
+            None => {}
+        }
         match s.codebook {
             Some(cb) => write!(f, "/lookup:{}", CodebookText(&cb)),
             None => Ok(()),
@@ -588,6 +616,11 @@ impl fmt::Display for QuantScheme {
         }
         if let Some(t) = self.tensor {
             write!(f, ", tensor={t}")?;
+        }
+        match self.offset {
+            Some(Offset::Zero) => f.write_str(", offset=Zero(U8)")?,
+            Some(Offset::Bias(d)) => write!(f, ", offset=Bias({d})")?,
+            None => {}
         }
         f.write_str(")")
     }

@@ -61,7 +61,7 @@ fn parsed_parts_land_in_the_scheme() {
 fn bad_texts_say_what_is_wrong() {
     for (text, want) in [
         ("q4s/native/block32:f8", "unknown scale dtype 'f8' in 'q4s/native/block32:f8': expected f32, f16, bf16, ue8m0 or ue4m3"),
-        ("q9s/native/tensor", "unknown value 'q9s' in 'q9s/native/tensor': expected q8f, q8s, q4f, q4s, q2f, q2s, e4m3, e5m2 or e2m1"),
+        ("q9s/native/tensor", "unknown value 'q9s' in 'q9s/native/tensor': expected q8f, q8s, q4f, q4s, q2f, q2s, e4m3, e5m2, e2m1, u8, u4 or u2"),
         ("q4s/packed_native01/tensor", "unknown store 'packed_native01'"),
         ("q4s/native/per_tensor", "unknown levels 'per_tensor'"),
         ("q4s/native/block32", "block level 'block32' in 'q4s/native/block32' has no scale dtype: write e.g. 'block32:f16'"),

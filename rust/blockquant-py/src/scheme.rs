@@ -3,7 +3,8 @@
 //! scheme on one shape.
 
 use blockquant_core::{
-    scheme_text, Codebook, Layout, QuantMode, QuantScheme, QuantStore, QuantValue, ScaleDtype,
+    scheme_text, Codebook, Layout, Offset, QuantMode, QuantScheme, QuantStore, QuantValue,
+    ScaleDtype,
 };
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
@@ -49,7 +50,7 @@ impl Scheme {
     /// `value`, `store` ("native", "packed_u32", "packed_native") and `mode` by name, scale
     /// dtypes by name; raises `SchemeError` naming the broken rule.
     #[new]
-    #[pyo3(signature = (*, value, store, dim, mode, tensor=None, block_size=None, block_dtype=None, codebook=None))]
+    #[pyo3(signature = (*, value, store, dim, mode, tensor=None, block_size=None, block_dtype=None, codebook=None, offset=None, offset_dtype=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         value: &str,
@@ -60,6 +61,8 @@ impl Scheme {
         block_size: Option<Vec<Bound<'_, PyAny>>>,
         block_dtype: Option<&str>,
         codebook: Option<Vec<f32>>,
+        offset: Option<&str>,
+        offset_dtype: Option<&str>,
     ) -> PyResult<Self> {
         guarded(|| {
             let value = QuantValue::from_name(value)
@@ -100,6 +103,16 @@ impl Scheme {
                     ))
                 }
             }
+            scheme.offset = match (offset, offset_dtype) {
+                (None, None) => None,
+                (Some("zero"), None | Some("U8")) => Some(Offset::Zero),
+                (Some("bias"), Some(d)) => Some(Offset::Bias(scale_dtype_arg(d)?)),
+                _ => {
+                    return Err(errors::SchemeError::new_err(format!(
+                        "an offset is 'zero' (dtype U8) or 'bias' with a dtype, got {offset:?} {offset_dtype:?}"
+                    )))
+                }
+            };
             scheme.validate().map_err(to_py)?;
             Ok(Self(scheme))
         })
@@ -109,6 +122,24 @@ impl Scheme {
     #[getter]
     fn codebook(&self) -> Option<Vec<f32>> {
         self.0.codebook.map(|cb| cb.entries())
+    }
+
+    /// An affine scheme's offset kind: "zero" or "bias"; None without one.
+    #[getter]
+    fn offset(&self) -> Option<&'static str> {
+        self.0.offset.map(|o| match o {
+            Offset::Zero => "zero",
+            Offset::Bias(_) => "bias",
+        })
+    }
+
+    /// The offsets' dtype name: "U8" for zero points, a bias's dtype; None without one.
+    #[getter]
+    fn offset_dtype(&self) -> Option<&'static str> {
+        self.0.offset.map(|o| match o {
+            Offset::Zero => "U8",
+            Offset::Bias(d) => d.name(),
+        })
     }
 
     /// The block size as the scheme keeps it (leading 1s dropped), or None.
@@ -123,6 +154,7 @@ impl Scheme {
             let l = Layout::new(&self.0, &shape).map_err(to_py)?;
             let storage_nbytes = l.storage_bytes();
             let nbytes = l.total_bytes();
+            let offsets_nbytes = l.offsets_bytes();
             let mut stored_scale_grid = l.grid.clone();
             if l.scales_swapped() {
                 let last = stored_scale_grid.len() - 1;
@@ -136,7 +168,8 @@ impl Scheme {
                 stored_scale_grid,
                 n_scales: l.num_scales,
                 storage_nbytes,
-                scales_nbytes: nbytes - storage_nbytes,
+                scales_nbytes: nbytes - storage_nbytes - offsets_nbytes,
+                offsets_nbytes,
                 nbytes,
             })
         })
@@ -248,7 +281,7 @@ struct ScaleInfo {
 #[pyfunction]
 fn value_info() -> PyResult<Vec<ValueInfo>> {
     guarded(|| {
-        Ok(QuantValue::ALL
+        Ok(QuantValue::EVERY
             .into_iter()
             .map(|v| ValueInfo {
                 name: v.name(),
@@ -300,13 +333,14 @@ pub(crate) struct LayoutInfo {
     n_scales: usize,
     storage_nbytes: usize,
     scales_nbytes: usize,
+    offsets_nbytes: usize,
     nbytes: usize,
 }
 
 /// The numpy dtype of a layout's value storage (format.md "Stores and packing").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum StorageDtype {
-    /// Native int values, sign-extended (a codebook's indices are unsigned: U8).
+    /// Native int values, sign-extended (a codebook's indices and unsigned values: U8).
     I8,
     /// Native float codes, and PackedNative.
     U8,
@@ -320,6 +354,7 @@ impl StorageDtype {
             Self::U32
         } else if layout.packing.native
             && !layout.scheme.value.is_float()
+            && !layout.scheme.value.is_unsigned()
             && layout.scheme.codebook.is_none()
         {
             Self::I8

@@ -66,6 +66,9 @@ pub(crate) mod oracle {
             QuantValue::E4M3 => (8, -448.0, 448.0, Some((3, 7))),
             QuantValue::E5M2 => (8, -57344.0, 57344.0, Some((2, 15))),
             QuantValue::E2M1 => (4, -6.0, 6.0, Some((1, 1))),
+            QuantValue::U8 => (8, 0.0, 255.0, None),
+            QuantValue::U4 => (4, 0.0, 15.0, None),
+            QuantValue::U2 => (2, 0.0, 3.0, None),
         }
     }
 

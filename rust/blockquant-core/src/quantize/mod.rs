@@ -100,7 +100,13 @@ pub fn check_call(
 ) -> Result<Layout> {
     scheme.scale_dtype().check_rounding(opts.scale_rounding)?;
     check_rounding(scheme, opts.rounding)?;
+    if scheme.is_affine() {
+        crate::affine::check_options(scheme, opts)?;
+    }
     let layout = Layout::new(scheme, shape)?;
+    if has_scales && scheme.is_affine() {
+        return Err(crate::affine::given_scales_refused(scheme));
+    }
     if has_global && !scheme.is_two_level() {
         return Err(QuantError::UnexpectedGlobalScale {
             scheme: scheme.to_string(),
@@ -279,6 +285,12 @@ fn quantize_given(
 
 /// The options' checks against the scheme, before anything is written.
 fn check_options(layout: &Layout, opts: &QuantizeOptions) -> Result<()> {
+    if layout.scheme.is_affine() {
+        return Err(QuantError::Scheme(format!(
+            "an affine scheme is quantized by affine::quantize, got {}",
+            layout.scheme
+        )));
+    }
     layout
         .scheme
         .scale_dtype()
