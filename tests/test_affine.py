@@ -207,3 +207,32 @@ def test_burnpack_refuses_affine():
 
     with pytest.raises(bq.SchemeError, match="no affine"):
         scheme_to_burn(QuantScheme.parse("u4/packed_u32_0/block128:bf16/zero:u8"))
+
+
+def test_affine_presets_go_through_safetensors_and_are_refused_where_consumers_have_none(tmp_path):
+    """blockquant's safetensors layout holds the offsets (NAME.offsets); burn's Burnpack, ONNX
+    and GGUF outputs refuse affine schemes in one line."""
+    from blockquant.checkpoint import CheckpointError
+    from blockquant.checkpoint.safetensors import SafetensorsWriter
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((16, 256)).astype(np.float32)
+    src = tmp_path / "w.safetensors"
+    with SafetensorsWriter(src, [("w", "F32", w.shape, w.nbytes)]) as f:
+        f.write("w", w)
+        f.commit()
+    for preset, part_dtype in (("int4_asym_block128", "U8"), ("int4_affine_block64", "U16")):
+        out = tmp_path / f"{preset}.safetensors"
+        bq.quantize_file(src, out, preset)
+        qt = bq.load(out)["w"]
+        want = bq.quantize(w, preset)
+        assert qt.to_bytes() == want.to_bytes()
+        assert np.array_equal(qt.offsets, want.offsets)
+        from blockquant.checkpoint.safetensors import SafetensorsCheckpoint
+        with SafetensorsCheckpoint(out) as ck:
+            assert ck.info("w.offsets").dtype == part_dtype
+            assert ck.info("w.offsets").shape == want.scheme.layout(w.shape).scale_grid
+        with pytest.raises(bq.SchemeError, match="no affine values"):
+            bq.save_burnpack(tmp_path / "w.bpk", {"w": want})
+        with pytest.raises(CheckpointError, match="GGUF"):
+            bq.quantize_file(src, tmp_path / "w.gguf", preset)

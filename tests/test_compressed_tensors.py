@@ -134,7 +134,8 @@ def ct_mx_rule(x: np.ndarray, emax: int) -> np.ndarray:
 LINEAR = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 SCHEMES = ["W4A16", "W8A16", "W2A16", "W4A16:G32", "W4A16:CHANNEL", "W8A8", "FP8_DYNAMIC",
-           "FP8_BLOCK", "NVFP4A16", "MXFP4A16", "MXFP4", "MXFP8A16"]
+           "FP8_BLOCK", "NVFP4A16", "MXFP4A16", "MXFP4", "MXFP8A16", "W4A16_ASYM",
+           "W8A16_ASYM:G64", "W2A16_ASYM:CHANNEL"]
 
 
 @pytest.mark.parametrize("minmax", [False, True], ids=["searched", "minmax"])
@@ -453,3 +454,32 @@ def test_a_crafted_folder_is_an_error_naming_the_tensor(model, tmp_path, capsys)
                                             + data[at + 16:])
     with pytest.raises(bq.QuantError, match="down_proj"):
         bq.load(out)
+
+
+def test_asymmetric_zero_points_are_packed_down_the_columns(tmp_path):
+    rng = np.random.default_rng(6)
+    src = tmp_path / "m"
+    exact = write_model(src, llama_tensors(rng, hidden=128, inter=256, layers=1, kv=64),
+                        "float32")
+    out = tmp_path / "o"
+    assert run("quantize", src, "-o", out, "--format", "compressed-tensors", "--scheme",
+               "W4A16_ASYM:G32", "--calibration", "minmax", "-q") == 0
+    header, raw = read_raw(out / "model.safetensors")
+    m = "model.layers.0.self_attn.k_proj"  # 64 x 128: 4 groups of 32 a row
+    zp = np.frombuffer(raw[f"{m}.weight_zero_point"], "<u4").reshape(8, 4)  # 64 rows / 8
+    z = np.stack([(zp >> (4 * k)) & 0xF for k in range(8)], axis=1).reshape(64, 4)
+    words = np.frombuffer(raw[f"{m}.weight_packed"], "<u4").reshape(64, 16)
+    q = np.stack([(words >> (4 * k)) & 0xF for k in range(8)], axis=-1).reshape(64, 128)
+    s = np.frombuffer(raw[f"{m}.weight_scale"], "<f4").reshape(64, 4)
+    x = exact[f"{m}.weight"].reshape(64, 4, 32)
+    # compressed-tensors' asymmetric rule, by hand: the range widened to hold 0, 15 steps,
+    # z = round(-lo / s), q = clamp(round(x / s) + z, 0, 15), x = (q - z) * s
+    lo = np.minimum(x.min(axis=2), 0)
+    hi = np.maximum(x.max(axis=2), 0)
+    assert np.array_equal(s, ((hi - lo) / np.float32(15)).astype(np.float32))
+    assert np.array_equal(z, np.clip(np.rint(-lo / s), 0, 15))
+    want = np.clip(np.rint(x / s[:, :, None]) + z[:, :, None], 0, 15).reshape(64, 128)
+    assert np.array_equal(q, want)
+    got = np.asarray(bq.load(out)[f"{m}.weight"], np.float32).reshape(64, 4, 32)
+    diff = q.reshape(64, 4, 32).astype(np.int64) - z[:, :, None].astype(np.int64)
+    assert np.array_equal(got, (diff.astype(np.float32) * s[:, :, None]).astype(np.float32))

@@ -20,6 +20,8 @@ PRESET_TEXT = {
     "bq4_block16": "q4f/packed_u32_0/block16:ue4m3+tensor:f32/lookup:bq4",
     "bitnet": "q2s/packed_u32_0/tensor:f32",
     "int8_per_channel": "q8s/native/block65536:f32",
+    "int4_asym_block128": "u4/packed_u32_0/block128:bf16/zero:u8",
+    "int4_affine_block64": "u4/packed_u32_0/block64:bf16/bias:bf16",
 }
 
 

@@ -121,22 +121,40 @@ def block_params(x1: np.ndarray, scheme: QuantScheme, calibration: str, rounding
     if calibration != "mse" or rows.shape[1] == 0:
         return best_s, best_o
 
+    # the k-th value of a block (row-major within it) goes to lane k mod 4
+    lane = (np.cumsum(present, axis=1) - 1) % 4
+
     def error(s, o):
         q = codes(rows, s[:, None], o[:, None], scheme, rounding)
         d = values(q, s[:, None], o[:, None], scheme).astype(np.float64) - rows.astype(np.float64)
         e = np.where(present, d * d, 0.0)
-        return np.add.accumulate(e, axis=1)[:, -1]  # in order from the first element
+        sums = [np.add.accumulate(np.where(lane == k, e, 0.0), axis=1)[:, -1] for k in range(4)]
+        return (sums[0] + sums[1]) + (sums[2] + sums[3])  # each lane in order
 
+    shrink = np.array(SHRINK, dtype=np.float32)
     best_err = error(best_s, best_o)
-    for i, a in enumerate(SHRINK):
-        for j, b in enumerate(SHRINK):
-            if i == 0 and j == 0:
-                continue
-            s, o = params((lo * a).astype(np.float32), (hi * b).astype(np.float32), scheme,
-                          scale_rounding)
-            err = error(s, o)
-            better = err < best_err
-            best_s = np.where(better, s, best_s).astype(np.float32)
-            best_o = np.where(better, o, best_o).astype(np.float32)
-            best_err = np.where(better, err, best_err)
+    bi = np.zeros(len(lo), dtype=np.int64)
+    bj = np.zeros(len(lo), dtype=np.int64)
+
+    def try_one(i, j):  # i, j: per block (arrays) or one for all
+        nonlocal best_s, best_o, best_err, bi, bj
+        i = np.broadcast_to(i, lo.shape)
+        j = np.broadcast_to(j, lo.shape)
+        s, o = params((lo * shrink[i]).astype(np.float32), (hi * shrink[j]).astype(np.float32),
+                      scheme, scale_rounding)
+        err = error(s, o)
+        better = err < best_err
+        best_s = np.where(better, s, best_s).astype(np.float32)
+        best_o = np.where(better, o, best_o).astype(np.float32)
+        best_err = np.where(better, err, best_err)
+        bi, bj = np.where(better, i, bi), np.where(better, j, bj)
+
+    for k in range(1, len(SHRINK)):  # the diagonal
+        try_one(k, k)
+    j0 = bj.copy()
+    for i in range(len(SHRINK)):  # every a with the best b so far
+        try_one(i, j0)
+    i0 = bi.copy()
+    for j in range(len(SHRINK)):  # every b with the best a so far
+        try_one(i0, j)
     return best_s, best_o

@@ -27,6 +27,8 @@ __all__ = [
     "mxfp4",
     "nvfp4",
     "bitnet",
+    "int4_asym_block128",
+    "int4_affine_block64",
     "PRESETS",
     "CALIBRATION",
     "resolve",
@@ -149,6 +151,29 @@ def bitnet() -> QuantScheme:
     )
 
 
+def int4_asym_block128() -> QuantScheme:
+    """Asymmetric int4: a zero point and a scale per 128 values (W4A16_ASYM, AWQ, GPTQ).
+
+    Codes 0..15, one bf16 scale and one zero point per 128 values,
+    x = (q − z) · s; the ranges searched (``"mse"``). Safetensors output only (burn has no
+    affine values)."""
+    return (
+        QuantScheme.parse("u4/packed_u32_0/block128:bf16/zero:u8")
+        .with_options(calibration="mse", rounding="half_even", scale_rounding="nearest")
+    )
+
+
+def int4_affine_block64() -> QuantScheme:
+    """Int4 with a scale and a bias per 64 values (MLX's affine mode, ggml Q4_1's idea).
+
+    Codes 0..15, x = q · s + b, both bf16; the ranges searched (``"mse"``). Safetensors output
+    only (burn has no affine values)."""
+    return (
+        QuantScheme.parse("u4/packed_u32_0/block64:bf16/bias:bf16")
+        .with_options(calibration="mse", rounding="half_even", scale_rounding="nearest")
+    )
+
+
 PRESETS: Dict[str, Callable[[], QuantScheme]] = {
     "int8": int8,
     "int8_per_channel": int8_per_channel,
@@ -161,6 +186,8 @@ PRESETS: Dict[str, Callable[[], QuantScheme]] = {
     "mxfp4": mxfp4,
     "nvfp4": nvfp4,
     "bitnet": bitnet,
+    "int4_asym_block128": int4_asym_block128,
+    "int4_affine_block64": int4_affine_block64,
 }
 
 #: The calibration each preset is meant to be used with (what its options say).
@@ -204,7 +231,7 @@ def _resolve_text(scheme: str) -> QuantScheme:
 #: (the bits per value and the kind of values closest; none is the same bytes).
 GGML_NEAREST: Dict[str, str] = {
     "F32": "", "F16": "", "BF16": "",
-    "Q8_0": "int8_block32", "Q4_0": "int4_block32", "Q4_1": "int4_block32",
+    "Q8_0": "int8_block32", "Q4_0": "int4_block32", "Q4_1": "int4_asym_block128",
     "Q5_0": "int8_block32", "Q5_1": "int8_block32", "MXFP4": "mxfp4", "NVFP4": "nvfp4",
     "TQ1_0": "bitnet", "TQ2_0": "bitnet", "Q2_K": "int4_block16", "Q3_K": "int4_block16",
     "Q4_K": "int4_block16", "Q5_K": "int4_block16", "Q6_K": "int8_block32",
@@ -215,6 +242,7 @@ PRESET_NEAREST_GGML: Dict[str, str] = {
     "int8": "q8_0", "int8_block32": "q8_0", "int4_block32": "q4_0", "int4_block16": "q4_k",
     "nf4_block16": "iq4_nl", "bq4_block16": "iq4_nl", "mxfp8": "q8_0", "mxfp4": "mxfp4",
     "nvfp4": "nvfp4", "bitnet": "tq2_0", "int8_per_channel": "q8_0",
+    "int4_asym_block128": "q4_1", "int4_affine_block64": "q4_1",
 }  # fmt: skip
 #: llama.cpp's file types that are mixes (llama-quantize's names), and their main ggml type.
 LLAMA_MIXES: Dict[str, str] = {

@@ -42,9 +42,11 @@ from blockquant.cli import main  # noqa: E402
 warnings.filterwarnings("ignore")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 SCHEMES = ["W4A16", "W8A16", "W2A16", "W4A16:G32", "W4A16:G64", "W4A16:CHANNEL", "W8A8",
-           "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4A16", "MXFP4A16", "MXFP4", "MXFP8A16", "MXFP8"]
+           "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4A16", "MXFP4A16", "MXFP4", "MXFP8A16", "MXFP8",
+           "W4A16_ASYM", "W8A16_ASYM", "W2A16_ASYM:G32", "W4A16_ASYM:CHANNEL"]
 WEIGHT_ONLY = {"W4A16", "W8A16", "W2A16", "W4A16:G32", "W4A16:G64", "W4A16:CHANNEL",
-               "NVFP4A16", "MXFP4A16", "MXFP8A16", "W4A16_ASYM", "W8A16_ASYM"}
+               "NVFP4A16", "MXFP4A16", "MXFP8A16", "W4A16_ASYM", "W8A16_ASYM", "W2A16_ASYM:G32",
+               "W4A16_ASYM:CHANNEL"}
 
 
 def tiny_llama(root: Path, dtype: str, seed: int = 0) -> Path:

@@ -32,10 +32,10 @@ from .burnpack_file import BurnpackCheckpoint, is_burnpack_path, write_burnpack
 from .ct_read import layer_count
 from .format import (
     META_KEY,
-    PART_KEYS,
     Entry,
     load_qtensor,
     metadata_value,
+    part_keys,
     read_entries,
 )
 from .formats import CHOOSABLE, refuse_model_output
@@ -200,7 +200,7 @@ def write_quantized(
                 owners += [t.name] * len(d.parts)
                 entries[t.name] = Entry(
                     t.name, d.scheme, t.shape, FLOAT_DTYPES[t.read_dtype or ""],
-                    {key: p.name for key, p in zip(PART_KEYS, d.parts)},
+                    {key: p.name for key, p in zip(part_keys(d.scheme), d.parts)},
                     options.quantize_options(d.scheme),
                 )
             else:

@@ -8,11 +8,13 @@ Format 2 (format 1 is still read). For each quantized tensor ``NAME``:
   shape as burn's bytes order it (``Layout.stored_scale_grid``), encoded in their own dtype so
   the file is as small as the format: F32 and F16 as themselves, BF16 as its U16 bits, UE8M0 and
   UE4M3 as their U8 codes (burn's bytes, format.md "The byte layout");
-- ``NAME.global_scale`` (two-level schemes only): the per-tensor scale g, F32, shape ``()``.
+- ``NAME.global_scale`` (two-level schemes only): the per-tensor scale g, F32, shape ``()``;
+- ``NAME.offsets`` (affine schemes only): the zero points (U8) or biases (F32, F16, or BF16 as
+  U16 bits) in the scales' shape and order.
 
 The header's ``__metadata__`` keeps the input's own metadata and adds one key, ``blockquant``: a
 JSON object ``{"format": 2, "tensors": {NAME: {"scheme", "shape", "dtype", "values", "scales",
-"global_scale"?, "calibration", "rounding", "scale_rounding"}}}`` with the scheme in its text
+"global_scale"?, "offsets"?, "calibration", "rounding", "scale_rounding"}}}`` with the scheme in its text
 form (``QuantScheme.parse``), the original shape and dtype (float16, bfloat16, float32, float64).
 Every other tensor (not floating point, or left out by include/exclude) is copied unchanged
 under its own name. A name used twice in the output (say an input that already has both ``w``
@@ -44,6 +46,13 @@ FORMAT_VERSION = 2
 READ_VERSIONS = (1, 2)
 META_KEY = "blockquant"
 PART_KEYS = ("values", "scales", "global_scale")
+
+
+def part_keys(scheme: QuantScheme) -> tuple[str, ...]:
+    """The parts a tensor of ``scheme`` is stored in, in the order of its bytes."""
+    if scheme.offset is not None:
+        return ("values", "scales", "offsets")
+    return PART_KEYS if scheme.is_two_level else PART_KEYS[:2]
 
 #: How each scale dtype's codes are stored in the file.
 _SCALE_TO_ST = {
@@ -87,6 +96,11 @@ def part_layout(name: str, scheme: QuantScheme, shape: tuple[int, ...]) -> list[
     ]
     if scheme.is_two_level:
         parts.append(HeaderEntry(f"{name}.global_scale", "F32", (), 4))
+    if scheme.offset is not None:  # zero points as U8, biases as a scale of their dtype
+        off = scheme.offset
+        st = "U8" if off.kind == "zero" else _SCALE_TO_ST[off.dtype]
+        parts.append(HeaderEntry(f"{name}.offsets", st, lay.stored_scale_grid,
+                                 lay.offsets_nbytes))
     assert sum(p.nbytes for p in parts) == lay.nbytes, (name, scheme, shape)
     return parts
 
@@ -133,7 +147,7 @@ def read_entries(ckpt: Checkpoint) -> dict[str, Entry]:
             dtype = d["dtype"]
             if dtype not in NAME_TO_ST:
                 raise ValueError(f"bad dtype {dtype!r}")
-            keys = PART_KEYS if scheme.is_two_level else PART_KEYS[:2]
+            keys = part_keys(scheme)
             parts = {k: d[k] for k in keys}
             if not all(isinstance(part, str) for part in parts.values()):
                 raise ValueError("tensor parts are named by strings")

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
+from ..checkpoint.base import CheckpointError
 from ..checkpoint.commands import natural_key
 from ..checkpoint.options import FileOptions
 from ..metrics import ErrorStats, bits_per_weight
@@ -213,6 +214,9 @@ def quantize_model(src: Any, dst: Any, scheme: QuantScheme | str, *, form: str =
     scheme = resolve(scheme)
     options = _options(options, kw)
     _check_form(form, fp4)
+    if scheme.offset is not None:
+        raise CheckpointError("--scheme", None, f"{scheme} has affine values (an offset per "
+                              "block); blockquant writes ONNX weights with symmetric ones")
     dst_path = check_output(src, dst, options.force)
     model = load(src)
     if read_metadata(model) is not None:
@@ -262,6 +266,9 @@ def report_model(src: Any, scheme: QuantScheme | str, *, form: str = "qdq",
     scheme = resolve(scheme)
     options = _options(options, kw)
     _check_form(form, fp4)
+    if scheme.offset is not None:
+        raise CheckpointError("--scheme", None, f"{scheme} has affine values (an offset per "
+                              "block); blockquant writes ONNX weights with symmetric ones")
     model = load(src)
     if read_metadata(model) is not None:
         raise error(src, "already holds blockquant-quantized weights")

@@ -94,13 +94,28 @@ fn clamp(v: f32, lo: f32, hi: f32) -> f32 {
     }
 }
 
-/// The integer nearest `v` by the call's rounding (half away from zero, or to even).
+/// 2^22: at most this far from 0 an f32 can be a half.
+const ROUND_LIMIT: f32 = 4_194_304.0;
+/// 1.5 · 2^23: added to an f32 of magnitude at most 2^22, it leaves no fraction bits, so the
+/// addition rounds to an integer, to even (the FPU's mode); subtracting it again is exact.
+const ROUND_MAGIC: f32 = 12_582_912.0;
+
+/// The integer nearest `v` by the call's rounding (half away from zero, or to even), for
+/// `|v|` up to 2^22; beyond, ±2^22 (every caller clamps to [0, qmax] after, so the result is
+/// the same). Plain adds and compares rather than `round`/`round_ties_even`, which the baseline
+/// x86-64 target has no instruction for (SSE4.1's `roundps`) and would call libm per value: this
+/// form runs in SIMD registers. A result of 0 may be −0 where the library's is +0 or the other
+/// way; an offset is added or the code clamped and encoded after, which makes both 0.
 #[inline(always)]
 pub fn round_int(v: f32, even: bool) -> f32 {
+    let v = v.clamp(-ROUND_LIMIT, ROUND_LIMIT);
     if even {
-        v.round_ties_even()
+        (v + ROUND_MAGIC) - ROUND_MAGIC
     } else {
-        v.round()
+        let a = v.abs() + 0.5; // exact: |v| <= 2^22 has a spacing of at most 1/2
+        let r = (a + ROUND_MAGIC) - ROUND_MAGIC;
+        let floor = if r > a { r - 1.0 } else { r };
+        floor.copysign(v)
     }
 }
 

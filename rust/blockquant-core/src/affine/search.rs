@@ -2,7 +2,9 @@
 //! the candidate range [lo · a, hi · b] of least squared error, a and b each from 1 down to 1/2
 //! in steps of 1/16.
 
-use super::params::Rule;
+use super::params::{round_int, value_of, Rule};
+use crate::codec::Rounding;
+use crate::scheme::Offset;
 
 /// The shrink factors of each end, in order: 1, 15/16, …, 8/16 (exact in f32).
 pub const SHRINK: [f32; 9] = [
@@ -18,36 +20,89 @@ pub const SHRINK: [f32; 9] = [
 ];
 
 /// The squared error of `xs` quantized and dequantized with scale `s` and offset `off`: each
-/// term (f64(x̂) − f64(x))² in f64, added in order from the first element.
+/// term (f64(x̂) − f64(x))² in f64, the k-th term added to lane k mod 4 (each lane in order from
+/// its first term), the result (lane 0 + lane 1) + (lane 2 + lane 3). Four lanes rather than one
+/// chain of additions let the loop run in SIMD registers; the reference sums the same way.
 #[inline]
 pub fn block_error(rule: &Rule, xs: &[f32], s: f32, off: f32) -> f64 {
-    let mut sum = 0.0f64;
-    for &x in xs {
-        let xh = rule.value(rule.code(x, s, off), s, off);
-        let d = xh as f64 - x as f64;
-        sum += d * d;
+    let even = rule.rounding == Rounding::HalfEven;
+    // One loop per (offset kind, rounding), branch-free inside, so that it vectorizes.
+    match (matches!(rule.offset, Offset::Zero), even) {
+        (true, true) => error_of::<true, true>(xs, s, off, rule.qmax),
+        (true, false) => error_of::<true, false>(xs, s, off, rule.qmax),
+        (false, true) => error_of::<false, true>(xs, s, off, rule.qmax),
+        (false, false) => error_of::<false, false>(xs, s, off, rule.qmax),
     }
-    sum
 }
 
-/// The scale and offset of least error among the candidates, for a block `xs` (finite values
-/// in row-major order within the block) spanning [lo, hi]: a outer, b inner, the first of least
-/// error kept (a = b = 1 is minmax's own range, so never worse by this measure).
+#[inline(always)]
+fn error_of<const ZERO: bool, const EVEN: bool>(xs: &[f32], s: f32, off: f32, qmax: f32) -> f64 {
+    let term = |x: f32| -> f64 {
+        let q = if s == 0.0 {
+            0.0
+        } else if ZERO {
+            clamp(round_int(x / s, EVEN) + off, qmax)
+        } else {
+            clamp(round_int((x - off) / s, EVEN), qmax)
+        };
+        let d = value_of(ZERO, q, s, off) as f64 - x as f64;
+        d * d
+    };
+    let mut lanes = [0.0f64; 4];
+    let mut quads = xs.chunks_exact(4);
+    for q in &mut quads {
+        lanes[0] += term(q[0]);
+        lanes[1] += term(q[1]);
+        lanes[2] += term(q[2]);
+        lanes[3] += term(q[3]);
+    }
+    for (lane, &x) in lanes.iter_mut().zip(quads.remainder()) {
+        *lane += term(x);
+    }
+    (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+}
+
+#[inline(always)]
+fn clamp(v: f32, qmax: f32) -> f32 {
+    let v = if v >= 0.0 { v } else { 0.0 };
+    if v <= qmax {
+        v
+    } else {
+        qmax
+    }
+}
+
+/// The scale and offset of least error among the candidates [lo · SHRINK[i], hi · SHRINK[j]]
+/// for a block `xs` (finite values in row-major order within the block) spanning [lo, hi],
+/// searched in three sweeps: minmax's own range (i = j = 0) and the diagonal i = j; then every
+/// i with the best j so far; then every j with the best i so far. A candidate replaces the best
+/// only with a strictly smaller error, so the first found is kept (and minmax's range, first of
+/// all, is never beaten by an equal one): 27 evaluations instead of the grid's 81, with nearly
+/// all of its gain (format.md "Affine values (offsets)").
 pub fn search(rule: &Rule, xs: &[f32], lo: f32, hi: f32) -> (f32, f32) {
     let mut best = rule.params(lo, hi);
     let mut best_err = block_error(rule, xs, best.0, best.1);
-    for (i, &a) in SHRINK.iter().enumerate() {
-        for (j, &b) in SHRINK.iter().enumerate() {
-            if i == 0 && j == 0 {
-                continue;
-            }
-            let (s, off) = rule.params(lo * a, hi * b);
+    let (mut bi, mut bj) = (0usize, 0usize);
+    let mut try_one =
+        |i: usize, j: usize, best: &mut (f32, f32), bi: &mut usize, bj: &mut usize| {
+            let (s, off) = rule.params(lo * SHRINK[i], hi * SHRINK[j]);
             let err = block_error(rule, xs, s, off);
             if err < best_err {
-                best = (s, off);
+                *best = (s, off);
                 best_err = err;
+                (*bi, *bj) = (i, j);
             }
-        }
+        };
+    for k in 1..SHRINK.len() {
+        try_one(k, k, &mut best, &mut bi, &mut bj);
+    }
+    let j0 = bj;
+    for i in 0..SHRINK.len() {
+        try_one(i, j0, &mut best, &mut bi, &mut bj);
+    }
+    let i0 = bi;
+    for j in 0..SHRINK.len() {
+        try_one(i0, j, &mut best, &mut bi, &mut bj);
     }
     best
 }
