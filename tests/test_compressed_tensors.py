@@ -483,3 +483,17 @@ def test_asymmetric_zero_points_are_packed_down_the_columns(tmp_path):
     got = np.asarray(bq.load(out)[f"{m}.weight"], np.float32).reshape(64, 4, 32)
     diff = q.reshape(64, 4, 32).astype(np.int64) - z[:, :, None].astype(np.int64)
     assert np.array_equal(got, (diff.astype(np.float32) * s[:, :, None]).astype(np.float32))
+
+
+def test_the_api_writes_it_as_the_command_does(model, tmp_path):
+    src, _ = model
+    plan = bq.quantize_file(src, tmp_path / "p", "NVFP4A16", output_format="compressed-tensors",
+                            dry_run=True)
+    assert not (tmp_path / "p").exists() and len(plan.quantized) == 14
+    res = bq.quantize_file(src, tmp_path / "api", "nvfp4a16", output_format="compressed-tensors",
+                           jobs=2)
+    assert sorted(res.quantized) == sorted(plan.quantized)
+    assert run("quantize", src, "-o", tmp_path / "cli", "--format", "compressed-tensors",
+               "--scheme", "NVFP4A16", "-q") == 0
+    for f in ("model.safetensors", "config.json"):
+        assert (tmp_path / "api" / f).read_bytes() == (tmp_path / "cli" / f).read_bytes()

@@ -101,7 +101,9 @@ def quantize_file(
                           rules=rules, min_rank=min_rank, strict=strict)
     run = plan_quantize(QuantizeRequest(src, dst, scheme, options, output_format=output_format,
                                         allow_requantize=allow_requantize))
-    if not isinstance(run, Plan):  # GGUF or ONNX: their own summaries
+    from .checkpoint.ct_folder import CtRun
+
+    if not isinstance(run, (Plan, CtRun)):  # GGUF or ONNX: their own summaries
         if dry_run:
             raise CheckpointError(dst, None, "dry_run= covers checkpoint and folder outputs; "
                                   "the command's --dry-run shows a GGUF or ONNX plan")
