@@ -31,7 +31,8 @@ import blockquant as bq
 from blockquant.checkpoint.options import FileOptions
 from blockquant.checkpoint.registry import QuantizeRequest, plan_quantize
 
-SCHEMES = ["W4A16", "W8A16", "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4A16", "MXFP4A16", "MXFP8A16"]
+SCHEMES = ["W4A16", "W4A16_ASYM", "W8A16", "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4A16", "MXFP4A16",
+           "MXFP8A16"]
 
 
 def default_model() -> Path:

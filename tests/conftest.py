@@ -1,10 +1,18 @@
 import os
+import signal
 
 import numpy as np
 import pytest
 
 # tests/fuzz/ holds the atheris target, run by hand or by tests/fuzz/run.sh, not by pytest.
 collect_ignore = ["fuzz"]
+
+# A suite started in the background of a non-interactive shell (`cmd &`, as a CI script may
+# start it) inherits SIGINT ignored, and Python then leaves it ignored: the Ctrl-C tests (and
+# the commands they start, which inherit it) would never see one. They test the command as a
+# terminal runs it, so Ctrl-C gets Python's own handler back here, in every worker.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 try:
     from hypothesis import HealthCheck, settings
