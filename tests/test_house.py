@@ -210,14 +210,38 @@ def rust_graph(crate: Path) -> dict[str, set[str]]:
             # A path that starts at a child module (`use legacy::Q4_0;`, `legacy::run(..)`).
             bare = re.compile(r"(?<![\w:])(" + "|".join(sorted(children)) + r")\s*::")
             starts += [m.start() for m in bare.finditer(code)]
+        inline = _inline_modules(code)
         for start in starts:
+            depth = sum(a < start < b for a, b in inline)
             for segs in _expand_use(code, start):
                 if segs and segs[0] in children:
                     segs = ["self"] + segs
+                # Inside `mod lanes { ... }` a `super` names this file's own module.
+                k = 0
+                while k < min(depth, len(segs)) and segs[k] == "super":
+                    k += 1
+                if k:
+                    segs = segs[k:] if segs[k:k + 1] == ["super"] else ["self"] + segs[k:]
                 target = _resolve_rust(mpath, segs, by_path)
                 if target is not None and target != mpath and target not in tests:
                     graph[name[mpath]].add(name[target])
     return graph
+
+
+def _inline_modules(code: str) -> list[tuple[int, int]]:
+    """The spans (opening brace, closing brace) of the modules written inline in a file
+    (``mod lanes { ... }``), comments and strings already stripped."""
+    spans = []
+    for m in re.finditer(r"\bmod\s+\w+\s*\{", code):
+        depth, i = 0, m.end() - 1
+        while i < len(code):
+            depth += code[i] == "{"
+            depth -= code[i] == "}"
+            if depth == 0:
+                break
+            i += 1
+        spans.append((m.end() - 1, i))
+    return spans
 
 
 def _resolve_rust(here: tuple[str, ...], segs: list[str], files: dict) -> tuple[str, ...] | None:
@@ -343,6 +367,12 @@ def test_rust_modules_use_without_cycles():
 def test_cycle_finder_names_a_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_super_inside_an_inline_module_names_its_own_file():
+    code = "mod lanes {\n    use super::{Ctx, MAX};\n    fn f() { super::super::g(); }\n}\n"
+    (a, b), = _inline_modules(code)
+    assert code[a] == "{" and code[b] == "}" and a < code.index("super") < b
 
 
 def test_rust_paths_are_read_through_braces_and_super():

@@ -209,9 +209,7 @@ def layer_tensors(family: str, fmt: str, bits: int, symmetric: bool, qt: Any,
 
 
 # -- reading ------------------------------------------------------------------------------------
-#: The parameter names each format gives a quantized weight (besides ``weight_scale``).
-VALUE_PARAM = {"pack-quantized": "weight_packed", "nvfp4-pack-quantized": "weight_packed",
-               "mxfp4-pack-quantized": "weight_packed"}
+#: The parameters a quantized weight may have, in any format.
 PARAMS = ("weight", "weight_packed", "weight_scale", "weight_shape", "weight_zero_point",
           "weight_global_scale")
 

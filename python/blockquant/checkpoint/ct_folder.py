@@ -27,7 +27,7 @@ import numpy as np
 
 from ..presets import resolve
 from ..qtensor import quantize
-from .base import CheckpointError, TensorInfo
+from .base import CheckpointError, TensorInfo, st_nbytes
 from .commands import natural_key
 from .ct_codec import ct_mx_scales, layer_tensors
 from .ct_read import CONFIG, quantization_of, read_config, write_config
@@ -167,18 +167,22 @@ def amax_of(src: Path, names: list[str], progress: Any = None) -> dict[str, floa
         return {n: float(np.max(np.abs(ckpt.read(n)), initial=0.0)) for n in names}
 
 
-def _actions(f: FilePlan, g: dict[str, float]) -> list[tuple[str, str | None, float | None]]:
-    return [(d.tensor.name, str(d.scheme) if d.quantized else None, g.get(d.tensor.name))
-            for d in f.decisions]
+#: Per tensor of a shard, in file order: its name, its scheme text (None: copied), NVFP4's
+#: global scale, and the header entries of its parameters (planned once, in the Decision).
+Action = tuple[str, "str | None", "float | None", "tuple[HeaderEntry, ...]"]
 
 
-def _param_entries(cs: CtScheme, module: str, scheme_text: str, t: TensorInfo,
+def _actions(f: FilePlan, g: dict[str, float]) -> list[Action]:
+    return [(d.tensor.name, str(d.scheme) if d.quantized else None, g.get(d.tensor.name),
+             d.parts) for d in f.decisions]
+
+
+def _param_entries(cs: CtScheme, module: str, t: TensorInfo,
                    grid: tuple[int, ...]) -> tuple[HeaderEntry, ...]:
     """The header entries of one quantized weight's parameters (their shapes from the weight's
     alone, as :func:`.ct_codec.layer_tensors` writes them)."""
     rows, cols = t.shape
     st = t.dtype or "F32"
-    sizes = {"I32": 4, "I64": 8, "U8": 1, "I8": 1, "F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4}
     out: list[tuple[str, str, tuple[int, ...]]] = []
     if cs.family == "int" and cs.format == "pack-quantized":
         per = 32 // cs.bits
@@ -196,31 +200,29 @@ def _param_entries(cs: CtScheme, module: str, scheme_text: str, t: TensorInfo,
                 ("weight_scale", "F8_E4M3" if cs.family == "nvfp4" else "U8", grid)]
         if cs.family == "nvfp4":
             out.append(("weight_global_scale", "F32", (1,)))
-    return tuple(HeaderEntry(f"{module}.{s}", d, shape, sizes[d] * math.prod(shape))
+    return tuple(HeaderEntry(f"{module}.{s}", d, shape, st_nbytes(d, shape) or 0)
                  for s, d, shape in out)
 
 
-def write_ct_shard(src: Path, dst: Path, actions: list[tuple[str, str | None, float | None]],
-                   cs: CtScheme, rule: dict[str, str], force: bool,
-                   progress: Any = None) -> int:
-    """One shard of the output, as planned (``actions``: per tensor of ``src`` in file order,
-    its scheme text or None, and NVFP4's global scale). Returns the bytes of tensor data read."""
+def write_ct_shard(src: Path, dst: Path, actions: list[Action], cs: CtScheme,
+                   rule: dict[str, str], force: bool, progress: Any = None) -> int:
+    """One shard of the output, as planned (``actions``). Returns the bytes of tensor data
+    read."""
     bytes_in = 0
     with open_checkpoint(src) as ckpt:
         if [a[0] for a in actions] != [t.name for t in ckpt.tensors]:
             raise ckpt.error(None, "changed since it was read (its tensors are not the ones "
                              "planned); run again")
         layout: list[HeaderEntry] = []
-        for (name, text, _), t in zip(actions, ckpt.tensors):
+        for (_, text, _, parts), t in zip(actions, ckpt.tensors):
             if text is None:
                 layout.append(HeaderEntry(t.name, t.dtype or "F32", t.shape, t.nbytes))
             else:
-                grid = tuple(resolve(text).layout(t.shape).scale_grid)
-                layout += _param_entries(cs, name[: -len(".weight")], text, t, grid)
+                layout += parts
         metadata = dict(ckpt.metadata)
         metadata.setdefault("format", "pt")  # transformers wants it
         with SafetensorsWriter(dst, layout, metadata, force=force) as w:
-            for (name, text, g), t in zip(actions, ckpt.tensors):
+            for (name, text, g, _), t in zip(actions, ckpt.tensors):
                 bytes_in += t.nbytes
                 if text is None:
                     w.write_from(name, ckpt, name)
@@ -376,4 +378,4 @@ def _decision(cs: CtScheme, lay: _Layer) -> Decision:
         return Decision(lay.t, None, why=lay.why or KEPT_UNFIT, detail=lay.detail)
     scheme = resolve(lay.text)
     grid = tuple(scheme.layout(lay.t.shape).scale_grid)
-    return Decision(lay.t, scheme, _param_entries(cs, lay.module, lay.text, lay.t, grid))
+    return Decision(lay.t, scheme, _param_entries(cs, lay.module, lay.t, grid))

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import Checkpoint, CheckpointError, TensorInfo, numel, os_reason
+from .base import Checkpoint, CheckpointError, TensorInfo, os_reason
 from .ct_codec import PARAMS, dequantize_layer
 from .ct_schemes import QUANT_METHOD
 from .safetensors import SafetensorsCheckpoint
@@ -240,7 +240,3 @@ class CompressedTensorsCheckpoint(Checkpoint):
 
 def layer_count(ckpt: Checkpoint) -> int:
     return len(ckpt.layers()) if isinstance(ckpt, CompressedTensorsCheckpoint) else 0
-
-
-def stored_numel(t: TensorInfo) -> int:
-    return numel(t.shape)

@@ -127,10 +127,6 @@ NEEDS_CALIBRATION = {
 GROUP_SIZES = (32, 64, 128)
 
 
-def names() -> list[str]:
-    return list(PRESETS)
-
-
 def resolve_ct(text: Any) -> CtScheme:
     """The compressed-tensors scheme ``text`` names: a preset name (any case), for the int
     weight-only ones optionally with ``:G32``, ``:G64``, ``:G128`` or ``:CHANNEL``

@@ -331,9 +331,9 @@ def plan_report(src: Any, scheme: Any, options: FileOptions) -> ReportRun:
 def _plan_ct(req: QuantizeRequest, fmt: Format) -> Any:
     from .ct_folder import plan_ct
 
-    for flag, given in (("--allow-requantize", req.allow_requantize),):
-        if given:
-            raise CheckpointError(flag, None, "does not apply to compressed-tensors output")
+    if req.allow_requantize:
+        raise CheckpointError("--allow-requantize", None, "does not apply to compressed-tensors "
+                              "output")
     return plan_ct(req.src, req.dst, req.scheme, req.options)
 
 

@@ -18,7 +18,8 @@ use crate::arrays::new_array;
 use crate::errors::{self, guarded, to_py};
 use crate::input::with_input;
 use crate::parts::{
-    contiguous, f32_array, layout, new_storage, with_storage, with_storage_mut, Opt,
+    contiguous, f32_array, layout, new_storage, storage_from_bytes, with_storage, with_storage_mut,
+    Opt,
 };
 use crate::scheme::Scheme;
 
@@ -188,15 +189,7 @@ fn affine_from_bytes<'py>(
         let parts = py
             .detach(|| affine::from_bytes(&layout, data))
             .map_err(to_py)?;
-        let storage = new_storage(py, &layout)?;
-        with_storage_mut(&storage, &layout, |out| match out {
-            blockquant_core::StorageMut::U8(dst) => dst.copy_from_slice(parts.storage),
-            blockquant_core::StorageMut::U32(dst) => {
-                for (w, c) in dst.iter_mut().zip(parts.storage.chunks_exact(4)) {
-                    *w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                }
-            }
-        })?;
+        let storage = storage_from_bytes(py, &layout, parts.storage)?;
         let scales = f32_array(py, &parts.scales.stored, &layout.grid)?;
         let offsets = f32_array(py, &parts.offsets, &layout.grid)?;
         Ok((storage, scales, offsets))

@@ -7,7 +7,7 @@
 
 use blockquant_core::{
     bytes, pack, pool, quantize as q, BF16Bits, Calibration, ExplicitScales, F16Bits, Layout,
-    Output, QuantizeOptions, Rounding, ScaleRounding, Scales, StorageMut,
+    Output, QuantizeOptions, Rounding, ScaleRounding, Scales,
 };
 use numpy::{
     PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
@@ -27,7 +27,10 @@ mod scheme;
 use arrays::new_array;
 use errors::{guarded, to_py};
 use input::with_input;
-use parts::{contiguous, f32_array, layout, new_storage, with_storage, with_storage_mut, Opt};
+use parts::{
+    contiguous, f32_array, layout, new_storage, storage_from_bytes, with_storage, with_storage_mut,
+    Opt,
+};
 use scheme::{scale_dtype_arg, Scheme};
 
 type Quantized<'py> = (
@@ -336,19 +339,7 @@ fn from_bytes<'py>(
         let parts = py
             .detach(|| bytes::from_bytes(&layout, data))
             .map_err(to_py)?;
-        let storage = new_storage(py, &layout)?;
-        with_storage_mut(&storage, &layout, |out| match out {
-            StorageMut::U8(dst) => dst.copy_from_slice(parts.storage),
-            // On a little-endian machine the stored bytes are the words as they are.
-            StorageMut::U32(dst) if cfg!(target_endian = "little") => {
-                pack::words_as_bytes_mut(dst).copy_from_slice(parts.storage)
-            }
-            StorageMut::U32(dst) => {
-                for (w, c) in dst.iter_mut().zip(parts.storage.chunks_exact(4)) {
-                    *w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                }
-            }
-        })?;
+        let storage = storage_from_bytes(py, &layout, parts.storage)?;
         let scales = f32_array(py, &parts.scales.stored, &layout.grid)?;
         Ok((storage, scales, parts.scales.global))
     })

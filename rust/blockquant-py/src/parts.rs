@@ -70,6 +70,29 @@ pub(crate) fn new_storage<'py>(
     Ok(arr.cast_into::<PyUntypedArray>().expect("a numpy array"))
 }
 
+/// Fresh storage of `layout` holding `bytes`, the storage part of burn's byte layout (words
+/// little-endian), copied without the GIL.
+pub(crate) fn storage_from_bytes<'py>(
+    py: Python<'py>,
+    layout: &Layout,
+    bytes: &[u8],
+) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let storage = new_storage(py, layout)?;
+    with_storage_mut(&storage, layout, |out| match out {
+        StorageMut::U8(dst) => dst.copy_from_slice(bytes),
+        // On a little-endian machine the stored bytes are the words as they are.
+        StorageMut::U32(dst) if cfg!(target_endian = "little") => {
+            blockquant_core::pack::words_as_bytes_mut(dst).copy_from_slice(bytes)
+        }
+        StorageMut::U32(dst) => {
+            for (w, c) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
+                *w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+    })?;
+    Ok(storage)
+}
+
 /// Run `f`, with the GIL released, on storage made by [`new_storage`] for `layout`.
 pub(crate) fn with_storage_mut<R: Send>(
     arr: &Bound<'_, PyUntypedArray>,

@@ -1,10 +1,11 @@
 //! Searched affine ranges, calibration `mse` (format.md "Affine values (offsets)"): per block,
-//! the candidate range [lo · a, hi · b] of least squared error, a and b each from 1 down to 1/2
-//! in steps of 1/16.
+//! the candidate range [lo · a, hi · b] of least squared error, a and b from 1 down to 1/2 in
+//! steps of 1/16, in three sweeps over that grid.
 
 use super::params::{round_int, value_of, Rule};
 use crate::codec::Rounding;
 use crate::scheme::Offset;
+use crate::simd::avx2_dispatch;
 
 /// The shrink factors of each end, in order: 1, 15/16, …, 8/16 (exact in f32).
 pub const SHRINK: [f32; 9] = [
@@ -26,42 +27,38 @@ pub const SHRINK: [f32; 9] = [
 #[inline]
 pub fn block_error(rule: &Rule, xs: &[f32], s: f32, off: f32) -> f64 {
     let even = rule.rounding == Rounding::HalfEven;
+    let q = rule.qmax;
     // One loop per (offset kind, rounding), branch-free inside, so that it vectorizes.
-    #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2() {
-        // SAFETY: AVX2 is present (checked above); the body is the portable one, compiled
-        // with AVX2's wider registers: the same IEEE operations, the same result.
-        return unsafe {
-            match (matches!(rule.offset, Offset::Zero), even) {
-                (true, true) => error_avx2::<true, true>(xs, s, off, rule.qmax),
-                (true, false) => error_avx2::<true, false>(xs, s, off, rule.qmax),
-                (false, true) => error_avx2::<false, true>(xs, s, off, rule.qmax),
-                (false, false) => error_avx2::<false, false>(xs, s, off, rule.qmax),
-            }
-        };
-    }
     match (matches!(rule.offset, Offset::Zero), even) {
-        (true, true) => error_of::<true, true>(xs, s, off, rule.qmax),
-        (true, false) => error_of::<true, false>(xs, s, off, rule.qmax),
-        (false, true) => error_of::<false, true>(xs, s, off, rule.qmax),
-        (false, false) => error_of::<false, false>(xs, s, off, rule.qmax),
+        (true, true) => error_in(Kind::<true, true>, xs, s, off, q),
+        (true, false) => error_in(Kind::<true, false>, xs, s, off, q),
+        (false, true) => error_in(Kind::<false, true>, xs, s, off, q),
+        (false, false) => error_in(Kind::<false, false>, xs, s, off, q),
     }
 }
 
-/// [`error_of`] compiled for AVX2 (no FMA: every multiply and add rounds as the portable one).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn error_avx2<const ZERO: bool, const EVEN: bool>(
+/// The loop's kind as a type: zero point or bias, ties to even or away.
+#[derive(Clone, Copy)]
+struct Kind<const ZERO: bool, const EVEN: bool>;
+
+avx2_dispatch! {
+    fn error_in[const ZERO: bool, const EVEN: bool](
+        kind: Kind<ZERO, EVEN>,
+        xs: &[f32],
+        s: f32,
+        off: f32,
+        qmax: f32,
+    ) -> f64 => error_of;
+}
+
+#[inline(always)]
+fn error_of<const ZERO: bool, const EVEN: bool>(
+    _: Kind<ZERO, EVEN>,
     xs: &[f32],
     s: f32,
     off: f32,
     qmax: f32,
 ) -> f64 {
-    error_of::<ZERO, EVEN>(xs, s, off, qmax)
-}
-
-#[inline(always)]
-fn error_of<const ZERO: bool, const EVEN: bool>(xs: &[f32], s: f32, off: f32, qmax: f32) -> f64 {
     // The value of x's code, branch-free (s = 0 is handled once, outside the loop).
     let value = |x: f32| -> f32 {
         let q = if ZERO {

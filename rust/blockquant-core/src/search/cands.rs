@@ -248,9 +248,9 @@ impl Ctx {
 mod lanes {
     use std::arch::x86_64::*;
 
+    use super::{Ctx, MAX_CANDIDATES};
     use crate::scale::ScaleRounding;
     use crate::scheme::ScaleDtype;
-    use crate::search::cands::{Ctx, MAX_CANDIDATES};
     use crate::simd::x86;
 
     impl Ctx {
