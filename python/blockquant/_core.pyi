@@ -220,6 +220,7 @@ def affine_quantize(
     calibration: str,
     rounding: str,
     scale_rounding: str,
+    bits: int | None = None,
 ) -> _Affine: ...
 def affine_dequantize(
     values: npt.NDArray[np.generic],

@@ -52,9 +52,15 @@ def _span(hi: np.ndarray, lo: np.ndarray, qmax: np.float32) -> np.ndarray:
         return np.where(np.isfinite(d), d / qmax, hi / qmax - lo / qmax).astype(np.float32)
 
 
-def params(lo, hi, scheme: QuantScheme, scale_rounding: str):
+def _qmax(scheme: QuantScheme, bits: int | None) -> np.float32:
+    """The largest code: the value's, or that of ``bits``-bit codes (narrow codes of a U8
+    scheme, as MLX's 3-, 5- and 6-bit modes take)."""
+    return np.float32(common.value_qmax(scheme.value) if bits is None else (1 << bits) - 1)
+
+
+def params(lo, hi, scheme: QuantScheme, scale_rounding: str, bits: int | None = None):
     """(scale, offset) of blocks spanning [lo, hi] (float32 arrays)."""
-    qmax = np.float32(common.value_qmax(scheme.value))
+    qmax = _qmax(scheme, bits)
     dtype = scheme.scale_dtype
     lo, hi = np.asarray(lo, np.float32), np.asarray(hi, np.float32)
     assert scheme.offset is not None
@@ -83,10 +89,10 @@ def _round(v: np.ndarray, rounding: str) -> np.ndarray:
         return (t + (frac >= 0.5) - (frac <= -0.5)).astype(np.float32)
 
 
-def codes(x, s, off, scheme: QuantScheme, rounding: str) -> np.ndarray:
+def codes(x, s, off, scheme: QuantScheme, rounding: str, bits: int | None = None) -> np.ndarray:
     """Each value's code as float32 (s and off per element): zero point
     clamp(round(x / s) + z, 0, qmax), bias clamp(round((x - b) / s), 0, qmax); 0 where s = 0."""
-    qmax = np.float32(common.value_qmax(scheme.value))
+    qmax = _qmax(scheme, bits)
     assert scheme.offset is not None
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if scheme.offset.kind == "zero":
@@ -107,7 +113,7 @@ def values(q, s, off, scheme: QuantScheme) -> np.ndarray:
 
 
 def block_params(x1: np.ndarray, scheme: QuantScheme, calibration: str, rounding: str,
-                 scale_rounding: str):
+                 scale_rounding: str, bits: int | None = None):
     """(scales, offsets) as flat float32 arrays over the grid (row-major)."""
     rows, _ = common._block_rows(x1, scheme)
     present, _ = common._block_rows(np.ones(x1.shape, dtype=np.int8), scheme)
@@ -117,7 +123,7 @@ def block_params(x1: np.ndarray, scheme: QuantScheme, calibration: str, rounding
     else:
         lo = np.where(present, rows, np.float32(np.inf)).min(axis=1).astype(np.float32)
         hi = np.where(present, rows, np.float32(-np.inf)).max(axis=1).astype(np.float32)
-    best_s, best_o = params(lo, hi, scheme, scale_rounding)
+    best_s, best_o = params(lo, hi, scheme, scale_rounding, bits)
     if calibration != "mse" or rows.shape[1] == 0:
         return best_s, best_o
 
@@ -125,7 +131,7 @@ def block_params(x1: np.ndarray, scheme: QuantScheme, calibration: str, rounding
     lane = (np.cumsum(present, axis=1) - 1) % 4
 
     def error(s, o):
-        q = codes(rows, s[:, None], o[:, None], scheme, rounding)
+        q = codes(rows, s[:, None], o[:, None], scheme, rounding, bits)
         d = values(q, s[:, None], o[:, None], scheme).astype(np.float64) - rows.astype(np.float64)
         e = np.where(present, d * d, 0.0)
         sums = [np.add.accumulate(np.where(lane == k, e, 0.0), axis=1)[:, -1] for k in range(4)]
@@ -141,7 +147,7 @@ def block_params(x1: np.ndarray, scheme: QuantScheme, calibration: str, rounding
         i = np.broadcast_to(i, lo.shape)
         j = np.broadcast_to(j, lo.shape)
         s, o = params((lo * shrink[i]).astype(np.float32), (hi * shrink[j]).astype(np.float32),
-                      scheme, scale_rounding)
+                      scheme, scale_rounding, bits)
         err = error(s, o)
         better = err < best_err
         best_s = np.where(better, s, best_s).astype(np.float32)

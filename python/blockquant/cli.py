@@ -226,7 +226,7 @@ def _schemes_used(decisions: Sequence[Any]) -> str:
     counts: dict[str, int] = {}
     for d in decisions:
         if d.quantized:
-            counts[str(d.scheme)] = counts.get(str(d.scheme), 0) + 1
+            counts[d.shown] = counts.get(d.shown, 0) + 1
     if len(counts) == 1:
         return f"with {next(iter(counts))}"
     return f"with {len(counts)} schemes (" + ", ".join(f"{k}: {v}" for k, v in counts.items()) + ")"
@@ -238,7 +238,7 @@ def _dry_run(plan_: Plan) -> int:
     for f in plan_.files:
         for d in f.decisions:
             t = d.tensor
-            action = str(d.scheme) if d.quantized else f"keep: {d.detail}"
+            action = d.shown if d.quantized else f"keep: {d.detail}"
             row = [printable(t.name), _shape(t.shape), t.dtype_name, printable(action),
                    _human(t.nbytes), _human(d.bytes_after)]
             rows.append([printable(f.rel), *row] if folder else row)
@@ -575,12 +575,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="the file or folder to write")
     q.add_argument("-n", "--dry-run", action="store_true",
                    help="list what would happen to each tensor and the sizes; write nothing")
-    q.add_argument("--format", choices=["safetensors", "burnpack", "compressed-tensors"],
+    q.add_argument("--format", choices=["safetensors", "burnpack", "compressed-tensors", "mlx"],
                    dest="output_format",
                    help="OUT's format (default: burnpack for a .bpk name, else safetensors); "
                    "compressed-tensors writes a model folder vLLM and transformers load, with "
                    "--scheme one of its schemes (W4A16, W8A16, W4A16_ASYM, FP8_DYNAMIC, "
-                   "FP8_BLOCK, NVFP4A16, MXFP4A16, MXFP8A16...; docs/compressed-tensors.md)")
+                   "FP8_BLOCK, NVFP4A16, MXFP4A16, MXFP8A16...; docs/compressed-tensors.md); "
+                   "mlx a model folder mlx-lm loads, with --scheme an MLX mode (affine4, "
+                   "affine3:g32, affine8:g128, mxfp4, mxfp8, nvfp4; docs/mlx.md)")
     options(q)
     q.add_argument("-f", "--force", action="store_true", help="replace OUT if it exists")
     q.add_argument("--allow-requantize", action="store_true",

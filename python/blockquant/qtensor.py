@@ -633,6 +633,25 @@ def _quantize(
     return QTensor._new(values, stored, g_out, scheme, xs.shape)
 
 
+def affine_codes(x: Any, scheme: Any, bits: int, *, calibration: Optional[str] = None,
+                 rounding: Optional[str] = None, scale_rounding: Optional[str] = None,
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The codes of ``bits`` bits (1 to 8) a U8 affine ``scheme`` gives ``x``, every code in
+    [0, 2^bits − 1] (the range, search and rounding those of a ``bits``-bit value): ``(codes
+    uint8 in x's shape, scales, offsets)``, the last two float32 in the scale grid's shape. For
+    writers of formats whose code widths blockquant's values lack (MLX's 3, 5 and 6 bits);
+    ``blockquant.reference.affine_codes`` is its arithmetic."""
+    scheme = resolve(scheme)
+    cal, rnd, srnd = scheme.options.resolve(calibration, rounding, scale_rounding)
+    xs, kind = _as_input(x)
+    _call_checked(scheme._handle, xs.shape, cal, rnd, srnd, False, False)
+    if type(bits) is not int:
+        raise TypeError(f"bits is an int, got {bits!r}")
+    values, stored, offs = _native.affine_quantize(xs, kind, scheme._handle, cal, rnd, srnd,
+                                                   bits)
+    return values.reshape(xs.shape), stored, _offsets_natural(offs, scheme)
+
+
 # The argument checks that read no value (names, options against the scheme, the shape) give
 # the same answer for the same arguments: remembered once passed, as `_layout` is (the two
 # native calls were about 0.5 µs of a 7 µs small call). Errors are not cached: raised again.

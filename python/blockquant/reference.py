@@ -655,6 +655,32 @@ def _quantize_affine(original, x32, x1, shape, scheme, calibration, rounding, sc
     return RefQTensor(_store(q, scheme), s, None, shape, scheme, o)
 
 
+def affine_codes(x, scheme, bits: int, *, calibration=None, rounding=None, scale_rounding=None):
+    """The codes of ``bits`` bits (1 to 8) a U8 affine scheme gives ``x`` with every code cut
+    to [0, 2^bits − 1] (range, search and rounding those of a ``bits``-bit value):
+    ``(codes uint8 in x's shape, scales, offsets)``, the last two in the scale grid's shape.
+    The arithmetic of MLX's 3-, 5- and 6-bit affine modes, which no blockquant value has."""
+    scheme = resolve(scheme)
+    if scheme.value is not QuantValue.U8 or scheme.offset is None or not 1 <= bits <= 8:
+        raise SchemeError(f"narrow codes take a U8 affine scheme and 1 to 8 bits, got "
+                          f"{scheme!r} and {bits}")
+    calibration, rounding, scale_rounding = scheme.options.resolve(
+        calibration, rounding, scale_rounding  # type: ignore[arg-type]
+    )
+    original, x32 = _input_as_f32(x)
+    shape = tuple(original.shape)
+    _check_fit(shape, scheme)
+    x1 = x32.reshape(_rank1(shape))
+    _check_finite(original, x32)
+    grid = scale_grid_shape(shape, scheme)
+    s, o = _affine.block_params(x1, scheme, calibration, rounding, scale_rounding, bits)
+    s, o = s.reshape(grid), o.reshape(grid)
+    se = _scales_per_element(s, x1.shape, scheme)
+    oe = _scales_per_element(o, x1.shape, scheme)
+    q = _affine.codes(x1, se, oe, scheme, rounding, bits).astype(np.uint8)
+    return q.reshape(shape), s, o
+
+
 def dequantize(qt: RefQTensor, dtype=np.float32) -> np.ndarray:
     """x_hat = f32(decode(q)) * e, one f32 multiply; then cast to ``dtype`` if asked (format.md "Dequantizing")."""
     if not isinstance(qt, RefQTensor):

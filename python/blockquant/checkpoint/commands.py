@@ -77,7 +77,7 @@ def _check_not_quantized(ckpt: Checkpoint, *, measuring: bool = False) -> None:
     """A quantized input is refused; a report (``measuring``) reads a compressed-tensors
     shard's weights dequantized, as it does a GGUF file's."""
     if layer_count(ckpt) and not measuring:
-        raise ckpt.error(None, "is a compressed-tensors shard, already quantized (blockquant "
+        raise ckpt.error(None, f"is a {ckpt.format} shard, already quantized (blockquant "
                          "dequantize its folder first)")
     if isinstance(ckpt, BurnpackCheckpoint) and ckpt.entries():
         raise ckpt.error(None, "already holds quantized tensors (dequantize it first)")

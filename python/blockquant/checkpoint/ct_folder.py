@@ -16,9 +16,7 @@ Written as every folder output is: into a hidden folder renamed into place at th
 from __future__ import annotations
 
 import math
-import os
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,6 @@ from ..qtensor import quantize
 from .base import CheckpointError, TensorInfo, st_nbytes
 from .commands import natural_key
 from .ct_codec import ct_mx_scales, layer_tensors
-from .ct_read import CONFIG, quantization_of, read_config, write_config
 from .ct_schemes import (
     CtScheme,
     ct_rule,
@@ -41,21 +38,16 @@ from .ct_schemes import (
 )
 from .folders import (
     FilePlan,
-    FolderSummary,
-    FolderTarget,
-    ModelFolder,
-    _copy,
     _names,
-    _same_mode,
-    _write_index,
     scan_folder,
 )
-from .formats import COMPRESSED_TENSORS, Format
-from .jobs import RunStats, Task, TensorProgress, run_tasks
+from .formats import COMPRESSED_TENSORS
+from .jobs import Task, run_tasks
 from .options import FileOptions
 from .readers import open_checkpoint
-from .rules import KEPT_DTYPE, KEPT_FORMAT, KEPT_RANK, KEPT_SELECTION, KEPT_UNFIT, Decision
+from .rules import KEPT_DTYPE, KEPT_FORMAT, KEPT_SELECTION, KEPT_UNFIT, Decision
 from .safetensors import HeaderEntry, SafetensorsWriter
+from .serving import ServingRun, model_config
 
 #: Modules that are not Linear layers although they hold a 2-D ``weight``.
 _EMBEDDING = re.compile(r"(^|\.)(embed\w*|wte|wpe|shared|\w*_embeddings?|embeddings)$")
@@ -82,63 +74,32 @@ def fused_key(module: str) -> tuple[str, tuple[str, ...]] | None:
 
 
 @dataclass
-class CtRun:
+class CtRun(ServingRun):
     """A compressed-tensors run, planned: the folder's files and each tensor's decision, the
     fused sets, the ``ignore`` list and the options the weights are quantized with."""
 
-    src: Path
-    dst: Path
-    folder: ModelFolder
-    files: list[FilePlan]
     scheme: CtScheme
-    options: FileOptions
-    config: dict[str, Any]
     ignore: list[str]
     fused: dict[str, list[str]]  # fused set -> its weights' names
     rule: dict[str, str]
-    format: Format = COMPRESSED_TENSORS
-    into_folder: bool = True
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(f.bytes_in for f in self.files)
-
-    def decisions(self) -> list[tuple[str, Decision]]:
-        return [(f.rel, d) for f in self.files for d in f.decisions]
+    format = COMPRESSED_TENSORS
+    _g: dict[str, float] = field(default_factory=dict)
 
     def quantization_config(self) -> dict[str, Any]:
         return quantization_config(self.scheme, self.ignore)
 
-    def run(self, *, jobs: int = 1, threads: int | None = None,
-            progress: TensorProgress = lambda *a: None) -> FolderSummary:
-        t0 = time.perf_counter()
-        stats = RunStats()
-        g = self._global_scales(jobs, threads) if self.scheme.family == "nvfp4" else {}
-        with FolderTarget(self.dst, self.src, self.options.force) as target:
-            for sub in self.folder.folders:
-                os.makedirs(target.tmp / sub, exist_ok=True)
-            copied = [rel for rel in self.folder.others if rel != CONFIG]
-            for rel in copied:
-                _copy(self.folder.path(rel), target.tmp / rel)
-            cfg = dict(self.config)
-            cfg["quantization_config"] = self.quantization_config()
-            write_config(target.tmp / CONFIG, cfg)
-            tasks = [Task(f.rel, write_ct_shard,
-                          (f.src, target.tmp / f.rel, _actions(f, g), self.scheme, self.rule,
-                           self.options.force)) for f in self.files]
-            results = run_tasks(tasks, jobs, threads, progress, stats)
-            for rel in self.folder.indexes:
-                _write_index(self.folder, rel, target.tmp)
-            for rel in [*copied, CONFIG, *self.folder.indexes, *(f.rel for f in self.files)]:
-                _same_mode(self.folder.path(rel), target.tmp / rel)
-            bytes_out = sum(os.path.getsize(target.tmp / f.rel) for f in self.files)
-            target.commit()
-        decisions = [d for _, d in self.decisions()]
-        return FolderSummary(
-            [d.tensor.name for d in decisions if d.quantized],
-            [d.tensor.name for d in decisions if not d.quantized],
-            sum(r for r in results), bytes_out, time.perf_counter() - t0, decisions,
-            len(self.files), [*copied, CONFIG], self.folder.skipped, stats)
+    def config_out(self) -> dict[str, Any]:
+        cfg = dict(self.config)
+        cfg["quantization_config"] = self.quantization_config()
+        return cfg
+
+    def prepare(self, jobs: int, threads: int | None) -> None:
+        if self.scheme.family == "nvfp4":
+            self._g = self._global_scales(jobs, threads)
+
+    def shard_task(self, f: FilePlan, out: Path) -> Task:
+        return Task(f.rel, write_ct_shard, (f.src, out, _actions(f, self._g), self.scheme,
+                                            self.rule, self.options.force))
 
     def _global_scales(self, jobs: int, threads: int | None) -> dict[str, float]:
         """NVFP4's per-tensor scale g of each weight: 2^ceil(log2(amax / (6 · 448))), the
@@ -267,9 +228,6 @@ def plan_ct(src: Any, dst: Any, scheme: Any, options: FileOptions) -> CtRun:
     """Plan a compressed-tensors run from the folder ``src`` (module docstring). Every refusal
     is a CheckpointError, before anything is written."""
     src_path, dst_path = Path(src), Path(dst)
-    if not src_path.is_dir():
-        raise CheckpointError(src, None, "compressed-tensors output is a model folder "
-                              "(config.json beside the weights): IN must be one")
     for flag, given in (("--rule", options.rules), ("--rounding", options.rounding),
                         ("--scale-rounding", options.scale_rounding)):
         if given:
@@ -281,18 +239,8 @@ def plan_ct(src: Any, dst: Any, scheme: Any, options: FileOptions) -> CtRun:
                               "minmax (its own rule) or mse (searched scales, the default)")
     cs = resolve_ct(scheme)
     rule = ct_rule(cs) if options.calibration == "minmax" else searched_rule(cs)
-    cfg = read_config(src_path)
-    if cfg is None:
-        raise CheckpointError(src_path / CONFIG, None, "not found: transformers and vLLM "
-                              "read the quantization_config from the model's config.json")
-    q = quantization_of(cfg)
-    if q is not None:
-        raise CheckpointError(src_path / CONFIG, None, "already holds a quantization_config "
-                              f"({q.get('quant_method', '?')}): the model is quantized "
-                              "(blockquant dequantize it first)")
-    if dst_path.exists() and not dst_path.is_dir():
-        raise CheckpointError(dst, None, "exists and is not a folder (compressed-tensors "
-                              "output is a folder)")
+    cfg = model_config(src_path, dst_path, "compressed-tensors", "transformers and vLLM read "
+                       "the quantization_config from")
     folder = scan_folder(src_path)
     layers: list[_Layer] = []
     files: list[FilePlan] = []
@@ -312,7 +260,7 @@ def plan_ct(src: Any, dst: Any, scheme: Any, options: FileOptions) -> CtRun:
     by_rel: dict[str, list[Decision]] = {f.rel: f.decisions for f in files}
     for lay in layers:
         by_rel[lay.rel].append(_decision(cs, lay))
-    return CtRun(src_path, dst_path, folder, files, cs, options, cfg, ignore, fused, rule)
+    return CtRun(src_path, dst_path, folder, files, options, cfg, cs, ignore, fused, rule)
 
 
 def _is_linear(lay: _Layer) -> bool:
@@ -326,7 +274,7 @@ def _layer(rel: str, t: TensorInfo, cs: CtScheme, options: FileOptions) -> _Laye
     if not t.is_float:
         lay.why, lay.detail = KEPT_DTYPE, f"{t.dtype_name} is not floating point"
     elif not t.name.endswith(".weight") or len(t.shape) != 2:
-        lay.why, lay.detail = KEPT_RANK, "not a Linear weight"
+        lay.why, lay.detail = KEPT_FORMAT, "not a Linear weight (2-D)"
     elif _EMBEDDING.search(module):
         lay.why, lay.detail = KEPT_FORMAT, "an embedding (not a Linear layer)"
     elif module.split(".")[-1] in _HEADS:
@@ -378,4 +326,4 @@ def _decision(cs: CtScheme, lay: _Layer) -> Decision:
         return Decision(lay.t, None, why=lay.why or KEPT_UNFIT, detail=lay.detail)
     scheme = resolve(lay.text)
     grid = tuple(scheme.layout(lay.t.shape).scale_grid)
-    return Decision(lay.t, scheme, _param_entries(cs, lay.module, lay.t, grid))
+    return Decision(lay.t, scheme, _param_entries(cs, lay.module, lay.t, grid), label=cs.name)

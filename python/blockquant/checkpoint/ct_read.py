@@ -48,10 +48,11 @@ def read_config(folder: Path) -> dict[str, Any] | None:
 
 
 def without_quantization(folder: Path) -> dict[str, Any]:
-    """``folder``'s config.json less its ``quantization_config``: the config of the model
-    dequantized."""
+    """``folder``'s config.json less its ``quantization_config`` (and MLX's
+    ``quantization``): the config of the model dequantized."""
     cfg = dict(read_config(folder) or {})
     cfg.pop("quantization_config", None)
+    cfg.pop("quantization", None)
     return cfg
 
 
@@ -239,4 +240,7 @@ class CompressedTensorsCheckpoint(Checkpoint):
 
 
 def layer_count(ckpt: Checkpoint) -> int:
-    return len(ckpt.layers()) if isinstance(ckpt, CompressedTensorsCheckpoint) else 0
+    """Quantized layers of a serving-format shard (compressed-tensors, MLX: each reader has
+    ``layers()``); 0 for any other checkpoint."""
+    layers = getattr(ckpt, "layers", None)
+    return len(layers()) if callable(layers) else 0

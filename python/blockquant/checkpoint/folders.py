@@ -58,6 +58,7 @@ from .formats import (
     output_format as decide_output,
 )
 from .jobs import RunStats, Task, TensorProgress, run_tasks
+from .mlx_read import mlx_config
 from .options import FileOptions
 from .readers import open_checkpoint
 from .rules import Decision, plan
@@ -396,7 +397,8 @@ class Plan:
                 os.makedirs(target.tmp / sub, exist_ok=True)
             copied = self.folder.others if self.folder else []
             unquantized = self.kind == "dequantize" and self.folder is not None \
-                and ct_config(self.folder.root) is not None
+                and (ct_config(self.folder.root) is not None
+                     or mlx_config(self.folder.root) is not None)
             for rel in copied:
                 if unquantized and rel == CONFIG:  # the model is no longer quantized
                     write_config(target.tmp / rel, without_quantization(self.folder.root))

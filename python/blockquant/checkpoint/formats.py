@@ -3,8 +3,8 @@ and by its first bytes. The one place that says which format a path is, and whic
 quantize run writes (:func:`output_format`); the front door (:mod:`.registry`) pairs each format
 with its reader, planner and writer.
 
-compressed-tensors (and MLX, to come) are folders of safetensors files told apart by their
-``config.json``: an entry here, the reader told by that config (:mod:`.ct_read`), no new
+compressed-tensors and MLX are folders of safetensors files told apart by their
+``config.json``: an entry here, the reader told by that config (:mod:`.ct_read`, :mod:`.mlx_read`), no new
 extension.
 """
 
@@ -48,11 +48,14 @@ NPY = Format("npy", (".npy",), b"\x93NUMPY")
 FOLDER = Format("folder", (), writes=True)  # a Hugging Face model folder: shards and an index
 #: vLLM's and transformers' quantized folders: safetensors shards whose config.json says how
 COMPRESSED_TENSORS = Format("compressed-tensors", (), writes=True)
+# MLX's (mlx-lm): a folder like compressed-tensors', its config.json's "quantization" telling
+# the reader (:mod:`.mlx_read`) and the layout (:mod:`.mlx_folder`).
+MLX = Format("mlx", (), writes=True)
 
 #: Every format, in the order content detection tries them (safetensors first, see below).
-FORMATS = (SAFETENSORS, NPZ, NPY, BURNPACK, GGUF, ONNX, FOLDER, COMPRESSED_TENSORS)
+FORMATS = (SAFETENSORS, NPZ, NPY, BURNPACK, GGUF, ONNX, FOLDER, COMPRESSED_TENSORS, MLX)
 #: The formats ``--format`` / ``output_format=`` may ask for.
-CHOOSABLE = ("safetensors", "burnpack", "compressed-tensors")
+CHOOSABLE = ("safetensors", "burnpack", "compressed-tensors", "mlx")
 
 
 def by_name(name: str) -> Format:
@@ -176,8 +179,8 @@ def output_format(src: Any, dst: Any, requested: str | None = None) -> Format:
         return GGUF
     if requested is not None and requested not in CHOOSABLE:
         raise CheckpointError(dst, None, f"unknown output format {requested!r}")
-    if requested == COMPRESSED_TENSORS.name:  # a folder; its planner checks IN is one
-        return COMPRESSED_TENSORS
+    if requested in (COMPRESSED_TENSORS.name, MLX.name):  # folders; their planners check IN
+        return by_name(requested)
     if not Path(src).is_dir():  # a folder's planner says what a folder is written as
         check_output_name(dst, QUANTIZE_WRITES, allowed=(".bpk",))
     if requested is not None:

@@ -40,6 +40,23 @@ class Rule:
     # The rule's own least rank (``SCHEME@N``); None: ``--min-rank``'s. A rule picks a scheme,
     # it does not by itself pull in the biases its regular expression happens to match too.
     min_rank: int | None = None
+    # A scheme named in an output format's own words (an MLX mode: ``affine8``), which only
+    # that format's planner takes (``scheme`` is then None): :func:`rule_scheme` refuses it
+    # elsewhere.
+    foreign: str | None = None
+
+    @property
+    def keeps(self) -> bool:
+        return self.scheme is None and self.foreign is None
+
+
+def rule_scheme(rule: Rule) -> QuantScheme | None:
+    """The blockquant scheme ``rule`` picks (None: keep); a rule naming another format's
+    scheme is a CheckpointError here, in an output that takes blockquant's."""
+    if rule.foreign is not None:
+        raise CheckpointError("--rule", None, f"{rule.text!r}: {rule.foreign} is an MLX mode, "
+                              "taken with --format mlx only")
+    return rule.scheme
 
 
 def matching_rule(rules: tuple[Rule, ...], name: str) -> Rule | None:
@@ -109,9 +126,17 @@ def compile_rules(rules: tuple[RuleSpec, ...]) -> tuple[Rule, ...]:
         try:
             compiled.append(Rule(pattern, resolve(scheme), text, floor))
         except (QuantError, TypeError, OverflowError) as e:
+            if isinstance(scheme, str) and _is_mlx_name(scheme):
+                compiled.append(Rule(pattern, None, text, floor, foreign=scheme))
+                continue
             raise CheckpointError("--rule", None, f"{text!r}: {e}") from None
     return tuple(compiled)
 
+
+def _is_mlx_name(text: str) -> bool:
+    from .mlx_schemes import is_mlx_name
+
+    return is_mlx_name(text)
 
 
 def _compile(pattern: str | None, what: str) -> re.Pattern[str] | None:

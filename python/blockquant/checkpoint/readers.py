@@ -11,6 +11,7 @@ from .burnpack_file import BurnpackCheckpoint
 from .ct_read import CompressedTensorsCheckpoint, ct_config
 from .formats import BURNPACK, GGUF, NPY, NPZ, SAFETENSORS, from_content, read_head
 from .gguf_file import GGUFCheckpoint
+from .mlx_read import MlxCheckpoint, mlx_config
 from .numpy_files import NpyCheckpoint, NpzCheckpoint
 from .pytorch import refuse_pickle
 from .safetensors import SafetensorsCheckpoint
@@ -27,8 +28,8 @@ READERS: dict[str, type[Checkpoint]] = {
 
 def open_checkpoint(path: Any) -> Checkpoint:
     """Open a ``.safetensors``, ``.npz``, ``.npy``, burn ``.bpk`` or GGUF file (recognized by
-    its first bytes); a safetensors file beside a compressed-tensors ``config.json`` reads as
-    that format (:mod:`.ct_read`)."""
+    its first bytes); a safetensors file beside a compressed-tensors or MLX ``config.json``
+    reads as that format (:mod:`.ct_read`, :mod:`.mlx_read`)."""
     p = Path(path)
     magic, size = read_head(p)
     found = from_content(magic, size)
@@ -41,6 +42,9 @@ def open_checkpoint(path: Any) -> Checkpoint:
             qconfig = ct_config(p.parent)
             if qconfig is not None:
                 return CompressedTensorsCheckpoint(p, qconfig)
+            mconfig = mlx_config(p.parent)  # a shard of an MLX folder (mlx-lm's)
+            if mconfig is not None:
+                return MlxCheckpoint(p, mconfig)
         return READERS[found.name](p)
     except OSError as e:
         raise CheckpointError(p, None, os_reason(e)) from None

@@ -30,6 +30,7 @@ from .formats import (
     COMPRESSED_TENSORS,
     FOLDER,
     GGUF,
+    MLX,
     ONNX,
     SAFETENSORS,
     Format,
@@ -337,6 +338,14 @@ def _plan_ct(req: QuantizeRequest, fmt: Format) -> Any:
     return plan_ct(req.src, req.dst, req.scheme, req.options)
 
 
+def _plan_mlx(req: QuantizeRequest, fmt: Format) -> Any:
+    from .mlx_folder import plan_mlx
+
+    if req.allow_requantize:
+        raise CheckpointError("--allow-requantize", None, "does not apply to MLX output")
+    return plan_mlx(req.src, req.dst, req.scheme, req.options)
+
+
 #: The planner of each output format.
 PLANNERS: dict[Format, Callable[[QuantizeRequest, Format], Any]] = {
     SAFETENSORS: _plan_checkpoint,
@@ -345,6 +354,7 @@ PLANNERS: dict[Format, Callable[[QuantizeRequest, Format], Any]] = {
     GGUF: _plan_gguf,
     ONNX: _plan_onnx,
     COMPRESSED_TENSORS: _plan_ct,
+    MLX: _plan_mlx,
 }
 
 

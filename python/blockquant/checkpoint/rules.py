@@ -28,7 +28,7 @@ from ..errors import QuantError
 from ..scheme import QuantScheme
 from .base import Checkpoint, TensorInfo
 from .format import part_layout
-from .options import FileOptions, Rule, compile_rules, matching_rule
+from .options import FileOptions, Rule, compile_rules, matching_rule, rule_scheme
 from .safetensors import HeaderEntry
 
 #: Why a tensor was kept, as the summary groups them.
@@ -46,6 +46,12 @@ class Decision:
     parts: tuple[HeaderEntry, ...] = ()
     why: str = ""
     detail: str = ""
+    label: str = ""  # what the scheme is called in the output's own words (an MLX mode)
+
+    @property
+    def shown(self) -> str:
+        """The scheme as summaries name it: the output format's word for it, else its text."""
+        return self.label or str(self.scheme)
 
     @property
     def quantized(self) -> bool:
@@ -73,9 +79,10 @@ def decide(ckpt: Checkpoint, t: TensorInfo, scheme: QuantScheme,
     chosen = scheme
     rule = matching_rule(compile_rules(options.rules), t.name)
     if rule is not None:
-        if rule.scheme is None:
+        picked = rule_scheme(rule)
+        if picked is None:
             return Decision(t, None, why=KEPT_RULE, detail=f"--rule {rule.text}")
-        chosen = rule.scheme
+        chosen = picked
     kept = rank_kept(rule, len(t.shape), options.min_rank)
     if kept is not None:
         return Decision(t, None, why=kept[0], detail=kept[1])
@@ -135,7 +142,7 @@ def kept_summary(decisions: Iterable[Decision], min_rank: int = 2) -> str:
         KEPT_RULE: "by --rule",
         KEPT_SELECTION: "by --include/--exclude",
         KEPT_DTYPE: "not floating point",
-        KEPT_FORMAT: "the format keeps in float (embeddings, the output head)",
+        KEPT_FORMAT: "the format keeps in float (--dry-run says which and why)",
     }
     parts = [f"{counts[w]} {text}" for w, text in words.items() if counts[w]]
     n = sum(counts.values())

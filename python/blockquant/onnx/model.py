@@ -21,7 +21,7 @@ import numpy as np
 from .. import _fs
 from .._fs import fsync_dir, fsync_path, same_file, signals_deferred, temp_sibling
 from ..checkpoint.base import CheckpointError
-from ..checkpoint.options import FileOptions, compile_rules, matching_rule
+from ..checkpoint.options import FileOptions, compile_rules, matching_rule, rule_scheme
 from ..checkpoint.rules import rank_kept
 from ..errors import QuantError
 from ..scheme import QuantScheme
@@ -216,10 +216,11 @@ def plan(model: Any, scheme: QuantScheme, options: FileOptions, form: str,
         chosen = scheme
         rule = matching_rule(rules, w.name)
         if rule is not None:
-            if rule.scheme is None:
+            picked = rule_scheme(rule)
+            if picked is None:
                 w.why = f"--rule {rule.text}"
                 continue
-            chosen = rule.scheme
+            chosen = picked
         kept = rank_kept(rule, len(w.shape), options.min_rank)
         if kept is not None:
             w.why = kept[1]

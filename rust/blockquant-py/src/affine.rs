@@ -30,8 +30,10 @@ type Affine<'py> = (
 );
 
 /// Quantize with an affine scheme: `(values, scales, offsets)`, offsets as float32 in the
-/// grid's shape (zero points as whole numbers).
+/// grid's shape (zero points as whole numbers). `bits` (a U8 scheme only): codes of that many
+/// bits (`affine::quantize_narrow`).
 #[pyfunction]
+#[pyo3(signature = (x, kind, scheme, calibration, rounding, scale_rounding, bits=None))]
 #[allow(clippy::too_many_arguments)]
 fn affine_quantize<'py>(
     py: Python<'py>,
@@ -41,6 +43,7 @@ fn affine_quantize<'py>(
     calibration: Opt<Calibration>,
     rounding: Opt<Rounding>,
     scale_rounding: Opt<ScaleRounding>,
+    bits: Option<u32>,
 ) -> PyResult<Affine<'py>> {
     guarded(|| {
         let layout = layout(scheme, x.shape())?;
@@ -58,8 +61,9 @@ fn affine_quantize<'py>(
             let sc = srw.as_slice_mut().expect("a fresh array is contiguous");
             let of = orw.as_slice_mut().expect("a fresh array is contiguous");
             with_input(x, kind, |xs| {
-                with_storage_mut(&storage, &layout, |out| {
-                    affine::quantize(xs, &layout, &opts, out, sc, of)
+                with_storage_mut(&storage, &layout, |out| match bits {
+                    None => affine::quantize(xs, &layout, &opts, out, sc, of),
+                    Some(b) => affine::quantize_narrow(xs, &layout, &opts, b, out, sc, of),
                 })
             })?
             .map_err(to_py)?;

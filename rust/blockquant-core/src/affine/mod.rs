@@ -95,8 +95,38 @@ pub fn quantize(
     assert_eq!(scales.len(), layout.num_scales, "scale count");
     assert_eq!(offsets.len(), layout.num_scales, "offset count");
     assert_eq!(x.len(), layout.num_elements, "input length");
+    let qmax = layout.scheme.value.range().1;
     pool::install_sized(layout.num_elements, || {
-        quantize_in_pool(x, layout, opts, out, scales, offsets)
+        quantize_in_pool(x, layout, opts, qmax, out, scales, offsets)
+    })
+}
+
+/// [`quantize`] into a `U8` layout with codes of `bits` bits only (1..=8): every code in
+/// [0, 2^bits − 1], the range, search and rounding those of a `bits`-bit value. The codes of
+/// formats whose widths blockquant's values do not have (MLX's 3, 5 and 6 bits), packed by
+/// their writers; the stored tensor is a valid `U8` one.
+pub fn quantize_narrow(
+    x: Input<'_>,
+    layout: &Layout,
+    opts: &QuantizeOptions,
+    bits: u32,
+    out: StorageMut<'_>,
+    scales: &mut [f32],
+    offsets: &mut [f32],
+) -> Result<()> {
+    if layout.scheme.value != crate::scheme::QuantValue::U8 || !(1..=8).contains(&bits) {
+        return Err(QuantError::Scheme(format!(
+            "narrow codes take a U8 scheme and 1 to 8 bits, got {} and {bits} bits",
+            layout.scheme
+        )));
+    }
+    check_options(&layout.scheme, opts)?;
+    assert_eq!(scales.len(), layout.num_scales, "scale count");
+    assert_eq!(offsets.len(), layout.num_scales, "offset count");
+    assert_eq!(x.len(), layout.num_elements, "input length");
+    let qmax = ((1u32 << bits) - 1) as f32;
+    pool::install_sized(layout.num_elements, || {
+        quantize_in_pool(x, layout, opts, qmax, out, scales, offsets)
     })
 }
 
@@ -104,6 +134,7 @@ fn quantize_in_pool(
     x: Input<'_>,
     layout: &Layout,
     opts: &QuantizeOptions,
+    qmax: f32,
     out: StorageMut<'_>,
     scales: &mut [f32],
     offsets: &mut [f32],
@@ -125,7 +156,10 @@ fn quantize_in_pool(
     if !xs.par_chunks(MIN_TASK_ELEMS).all(finite) {
         return Err(first_non_finite(x));
     }
-    let rule = Rule::new(&layout.scheme, opts.scale_rounding, opts.rounding);
+    let rule = Rule {
+        qmax,
+        ..Rule::new(&layout.scheme, opts.scale_rounding, opts.rounding)
+    };
     block_params(
         xs,
         layout,
