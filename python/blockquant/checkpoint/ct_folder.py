@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import QuantError
 from ..presets import resolve
 from ..qtensor import quantize
 from .base import CheckpointError, TensorInfo, st_nbytes
@@ -188,7 +189,10 @@ def write_ct_shard(src: Path, dst: Path, actions: list[Action], cs: CtScheme,
                 if text is None:
                     w.write_from(name, ckpt, name)
                 else:
-                    qt = _quantized(ckpt.read(name), text, g, cs, rule, t.dtype or "F32")
+                    try:
+                        qt = _quantized(ckpt.read(name), text, g, cs, rule, t.dtype or "F32")
+                    except QuantError as e:  # non-finite values: the message names the tensor
+                        raise ckpt.error(name, str(e)) from None
                     module = name[: -len(".weight")]
                     for suffix, _d, _s, data in layer_tensors(cs.family, cs.format, cs.bits,
                                                               cs.symmetric, qt, t.dtype or "F32"):

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import NonFiniteError
+from ..errors import NonFiniteError, QuantError
 from ..presets import resolve
 from ..qtensor import affine_codes, quantize
 from .base import CheckpointError, TensorInfo, st_nbytes
@@ -126,13 +126,18 @@ def write_mlx_shard(src: Path, dst: Path, actions: list[Action], minmax: bool, f
                     w.write_from(name, ckpt, name)
                 else:
                     x = ckpt.read(name)
-                    if minmax and not np.isfinite(x).all():
-                        raise NonFiniteError(f"{name} holds non-finite values (NaN or "
-                                             "infinity): MLX's rule has no code for them")
-                    module = name[: -len(".weight")]
-                    for suffix, data in layer_tensors(x, ms, text, t.dtype or "F32", minmax):
-                        w.write(f"{module}.{suffix}", data)
+                    try:
+                        if minmax and not np.isfinite(x).all():
+                            raise NonFiniteError("holds non-finite values (NaN or infinity): "
+                                                 "MLX's rule has no code for them")
+                        parts = layer_tensors(x, ms, text, t.dtype or "F32", minmax)
+                    except QuantError as e:
+                        raise ckpt.error(name, str(e)) from None
                     del x
+                    module = name[: -len(".weight")]
+                    for suffix, data in parts:
+                        w.write(f"{module}.{suffix}", data)
+                    del parts
                 if progress is not None:
                     progress(name, t.nbytes)
             w.commit()

@@ -53,6 +53,11 @@ class MlxScheme:
         return self.bits + scale_bits / self.group
 
 
+def _alternatives(items: tuple[int, ...]) -> str:
+    words = [str(i) for i in items]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
 def names() -> str:
     return "affine2..affine8 (not 7) with :g32, :g64 (default) or :g128, mxfp4, mxfp8, nvfp4"
 
@@ -75,10 +80,10 @@ def resolve_mlx(text: Any) -> MlxScheme:
     took_bits, took_groups = MODES[mode]
     if bits not in took_bits:
         raise CheckpointError("--scheme", None, f"{raw!r}: MLX's {mode} mode takes "
-                              f"{', '.join(map(str, took_bits))} bits, not {bits}")
+                              f"{_alternatives(took_bits)} bits, not {bits}")
     if group not in took_groups:
         raise CheckpointError("--scheme", None, f"{raw!r}: MLX's {mode} mode takes groups of "
-                              f"{' or '.join(map(str, took_groups))}, not {group}")
+                              f"{_alternatives(took_groups)}, not {group}")
     return MlxScheme(mode, bits, group)
 
 

@@ -40,9 +40,9 @@ class Rule:
     # The rule's own least rank (``SCHEME@N``); None: ``--min-rank``'s. A rule picks a scheme,
     # it does not by itself pull in the biases its regular expression happens to match too.
     min_rank: int | None = None
-    # A scheme named in an output format's own words (an MLX mode: ``affine8``), which only
-    # that format's planner takes (``scheme`` is then None): :func:`rule_scheme` refuses it
-    # elsewhere.
+    # The scheme as an MLX mode's name (``affine8``, ``mxfp4``), which MLX output reads; when
+    # it is no blockquant scheme too (``scheme`` None), :func:`rule_scheme` refuses it in other
+    # outputs.
     foreign: str | None = None
 
     @property
@@ -53,7 +53,7 @@ class Rule:
 def rule_scheme(rule: Rule) -> QuantScheme | None:
     """The blockquant scheme ``rule`` picks (None: keep); a rule naming another format's
     scheme is a CheckpointError here, in an output that takes blockquant's."""
-    if rule.foreign is not None:
+    if rule.scheme is None and rule.foreign is not None:
         raise CheckpointError("--rule", None, f"{rule.text!r}: {rule.foreign} is an MLX mode, "
                               "taken with --format mlx only")
     return rule.scheme
@@ -123,11 +123,13 @@ def compile_rules(rules: tuple[RuleSpec, ...]) -> tuple[Rule, ...]:
             if scheme == KEEP:
                 compiled.append(Rule(pattern, None, text))
                 continue
+        # An MLX mode's name (mxfp4 is one and a preset too) is kept for MLX output to read.
+        foreign = scheme if isinstance(scheme, str) and _is_mlx_name(scheme) else None
         try:
-            compiled.append(Rule(pattern, resolve(scheme), text, floor))
+            compiled.append(Rule(pattern, resolve(scheme), text, floor, foreign))
         except (QuantError, TypeError, OverflowError) as e:
-            if isinstance(scheme, str) and _is_mlx_name(scheme):
-                compiled.append(Rule(pattern, None, text, floor, foreign=scheme))
+            if foreign is not None:
+                compiled.append(Rule(pattern, None, text, floor, foreign))
                 continue
             raise CheckpointError("--rule", None, f"{text!r}: {e}") from None
     return tuple(compiled)

@@ -346,3 +346,72 @@ fn non_f32_input_and_outputs() {
     dequantize(&layout, Storage::U32(&a.0), &a.1, &a.2, &mut d).unwrap();
     assert!(f.iter().zip(&d).all(|(&p, &q)| p as f64 == q));
 }
+
+/// [`quantize_narrow`] into a U8 layout: (codes one a byte, scales, offsets).
+fn run_narrow(
+    text: &str,
+    bits: u32,
+    x: &[f32],
+    shape: &[usize],
+    o: QuantizeOptions,
+) -> Result<(Vec<u8>, Vec<f32>, Vec<f32>)> {
+    let layout = Layout::new(&parse(text).unwrap(), shape).unwrap();
+    let mut st = vec![0u8; layout.storage_bytes()];
+    let mut sc = vec![0f32; layout.num_scales];
+    let mut of = vec![0f32; layout.num_scales];
+    quantize_narrow(
+        Input::F32(x),
+        &layout,
+        &o,
+        bits,
+        StorageMut::U8(&mut st),
+        &mut sc,
+        &mut of,
+    )?;
+    Ok((st, sc, of))
+}
+
+#[test]
+fn narrow_codes_are_the_values_of_that_width() {
+    // A U8 layout cut to 4 or 2 bits gives the U4 / U2 scheme's codes, scales and offsets.
+    let x: Vec<f32> = (0..256).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+    for cal in [Calibration::MinMax, Calibration::Mse] {
+        for (bits, value) in [(4, "u4"), (2, "u2"), (8, "u8")] {
+            for off in ["bias:bf16", "zero:u8"] {
+                let o = opts(cal, Rounding::HalfEven);
+                let wide = run(&format!("{value}/native/block32:bf16/{off}"), &x, &[8, 32], o);
+                let narrow =
+                    run_narrow(&format!("u8/native/block32:bf16/{off}"), bits, &x, &[8, 32], o)
+                        .unwrap();
+                assert_eq!(wide, narrow, "{value} {off} {cal:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn narrow_three_bits_by_hand() {
+    // Bias rule on [0, 7] with 3 bits: b = 0, s = 7 / 7 = 1; every integer its own code.
+    let x = [0.0, 1.0, 2.5, 3.0, 4.0, 5.0, 6.0, 7.0];
+    let o = opts(Calibration::MinMax, Rounding::HalfEven);
+    let (st, sc, of) = run_narrow("u8/native/block8:f32/bias:f32", 3, &x, &[8], o).unwrap();
+    assert_eq!((sc[0], of[0]), (1.0, 0.0));
+    assert_eq!(st, [0, 1, 2, 3, 4, 5, 6, 7]); // 2.5 to even: 2
+    // Clamped at 7 when the range is wider than the codes: no code above 2^3 − 1.
+    let (st, _, _) = run_narrow("u8/native/block8:f32/bias:f32", 3, &x, &[8], o).unwrap();
+    assert!(st.iter().all(|&q| q <= 7));
+}
+
+#[test]
+fn narrow_refuses_other_values_and_widths() {
+    let x = [0.0f32; 8];
+    let o = opts(Calibration::MinMax, Rounding::HalfEven);
+    for (text, bits) in [
+        ("u4/native/block8:f32/bias:f32", 3),
+        ("u8/native/block8:f32/bias:f32", 0),
+        ("u8/native/block8:f32/bias:f32", 9),
+    ] {
+        let e = run_narrow(text, bits, &x, &[8], o).unwrap_err();
+        assert!(matches!(e, QuantError::Scheme(_)), "{text} {bits}: {e}");
+    }
+}
