@@ -5,7 +5,7 @@ blockquant's dequantized weights; blockquant reads folders compressed-tensors it
 the package decompresses them.
 
 torch, transformers and compressed-tensors are test-only and heavy (the torch wheel pulls ~3 GB
-of CUDA wheels): ``.ci/ct-consumers`` runs this file in a virtualenv of its own, with
+of CUDA wheels): ``.ci/consumers install|test ct DIR`` runs this file in a virtualenv of its own, with
 ``BLOCKQUANT_REQUIRE_CT=1`` so that a missing package fails instead of skipping.
 """
 
