@@ -95,6 +95,16 @@ def test_mlx_fp_rule_exponent_rounds_up_and_codes_tie_to_the_smaller_magnitude()
     # nvfp4: the scale is amax / 6 rounded to E4M3 (3 / 6 = 0.5: 0x30), one level
     q, s, _ = mlx_quantize(x[:, :16], "nvfp4", 4, 16, "F32")
     assert s.tolist() == [[0x30]] and q[0, 0] == 7
+    # a scale that rounds to E4M3's 0 (amax / 6 below 2^-10): x / 0 is infinite, every table
+    # entry is as far, code 0
+    tiny = np.full((1, 16), 1e-4, np.float32)
+    q, s, _ = mlx_quantize(tiny, "nvfp4", 4, 16, "F32")
+    assert s.tolist() == [[0]] and q.max() == 0
+    # the exponent is the exact ceiling of log2: one ulp above 2^-12 is 2^-11 (byte 116)
+    amax = np.nextafter(np.float32(6 * 2.0**-12), np.float32(1))
+    assert amax / np.float32(6) > np.float32(2.0**-12)
+    q, s, _ = mlx_quantize(np.full((1, 32), amax, np.float32), "mxfp4", 4, 32, "F32")
+    assert s.tolist() == [[116]]
 
 
 # -- what is written ------------------------------------------------------------------------------

@@ -238,3 +238,41 @@ def test_folders_mlx_lm_wrote_read_back_as_mx_dequantize_gives_them(models, tmp_
     assert theirs
     for name, d in theirs.items():
         assert np.array_equal(bits(d), bits(ours[name])), name
+
+
+def hard_rows(dtype: str, seed: int) -> np.ndarray:
+    """Rows MLX's rule is easy to get wrong on: groups of zeros, exact E2M1 ties, weights so
+    small that an nvfp4 scale rounds to 0, magnitudes from 1e-4 to 30, powers of two."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((16, 256)) * rng.choice([1e-4, 1e-3, 0.02, 1.0, 30.0], (16, 1))
+    x[0, :64] = 0
+    x[1, :32] = 0.25 * rng.integers(-8, 9, 32)
+    x[2, :32] = rng.choice([0.75, -0.75, 0.25, -0.25, 1.25, 2.5, 5, -5, 3.5, 6, -0.0], 32)
+    x[3, :] = 2.0 ** rng.integers(-20, 5, 256) * rng.choice([-1, 1], 256)
+    return round_to(x.astype(np.float32), dtype)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("mode", MODES)
+def test_mlx_codec_is_mx_quantize_and_mx_dequantize(mode, dtype, seed):
+    from blockquant.checkpoint.mlx_codec import dequantize, mlx_quantize, pack
+
+    ms = resolve_mlx(mode)
+    x = hard_rows(dtype, seed)
+    r = mx.quantize(mx.array(x).astype(DTYPES[dtype]), group_size=ms.group, bits=ms.bits,
+                    mode=ms.mode)
+    q, s, b = mlx_quantize(x, ms.mode, ms.bits, ms.group, ST[dtype])
+    assert np.array_equal(np.array(r[0]), pack(q, ms.bits))
+    if ms.mode == "affine":
+        assert np.array_equal(bits(np.array(r[1].astype(mx.float32))), bits(s))
+        assert np.array_equal(bits(np.array(r[2].astype(mx.float32))), bits(b))
+        sc, bi = s, b
+    else:
+        assert np.array_equal(np.array(r[1]), s)
+        sc, bi = s, None
+    theirs = mx.dequantize(*r[:2], r[2] if len(r) > 2 else None, group_size=ms.group,
+                           bits=ms.bits, mode=ms.mode)
+    ours = dequantize(ms.mode, ms.bits, ms.group, ST[dtype] if ms.mode == "affine" else "BF16",
+                      np.array(r[0]), sc, bi)
+    assert np.array_equal(bits(np.array(theirs.astype(mx.float32))), bits(ours))

@@ -49,17 +49,21 @@ _FP4 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
 
 def e4m3_encode(x: np.ndarray) -> np.ndarray:
     """float32 -> E4M3 bytes as MLX's ``to_fp8`` makes them: nearest, ties to the even code,
-    magnitudes past 448 saturated to 448, the sign kept (−0 and negatives that round to 0 are
-    0x80)."""
-    x = np.asarray(x, dtype=np.float32)
-    mag = np.minimum(np.abs(x), np.float32(448)).astype(np.float64)
-    table = _E4M3[:127].astype(np.float64)  # codes 0..126: the finite magnitudes, ascending
-    hi = np.clip(np.searchsorted(table, mag, side="left"), 0, 126)
-    lo = np.maximum(hi - 1, 0)
-    d_lo, d_hi = mag - table[lo], table[hi] - mag
-    up = (d_hi < d_lo) | ((d_hi == d_lo) & (hi % 2 == 0))
-    code = np.where(up, hi, lo).astype(np.uint8)
-    return code | np.where(np.signbit(x), np.uint8(0x80), np.uint8(0))
+    magnitudes of 448 and more (infinity and NaN too) saturated to 448 (0x7E), the sign kept
+    (−0 and negatives that round to 0 are 0x80). MLX's bit arithmetic, step for step: a
+    magnitude below 2^-6 (E4M3's subnormals) is rounded by a float32 add of 2^14, which leaves
+    its code in the low bits; any other has its exponent rebased and half an E4M3 ulp (less
+    one, plus the lowest kept mantissa bit: ties to even) added to its bits before the shift."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    sign = u & np.uint32(0x80000000)
+    mag = u ^ sign
+    denorm = np.uint32(141 << 23)  # 2^14: adding it leaves an E4M3 subnormal's code in the bits
+    low = ((mag.view(np.float32) + denorm.view(np.float32)).view(np.uint32) - denorm)
+    odd = (mag >> np.uint32(20)) & np.uint32(1)
+    high = (mag + np.uint32(((7 - 127) << 23) + 0x7FFFF & 0xFFFFFFFF) + odd) >> np.uint32(20)
+    code = np.where(mag < np.uint32(121 << 23), low, high).astype(np.uint8)
+    code = np.where(mag >= np.uint32(543 << 21), np.uint8(0x7E), code)
+    return code | (sign >> np.uint32(24)).astype(np.uint8)
 
 
 def e4m3_decode(codes: np.ndarray) -> np.ndarray:
@@ -137,17 +141,20 @@ def _affine(x: np.ndarray, bits: int, group: int, dtype: str):
     return q, _in_dtype(scale, dtype).reshape(grid), _in_dtype(bias, dtype).reshape(grid)
 
 
+#: Where E2M1's nearest magnitude steps up, a tie going to the smaller (MLX's argmin takes the
+#: first of equally near table entries).
+_FP4_STEPS = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=np.float32)
+
+
 def _nearest_fp4(wq: np.ndarray) -> np.ndarray:
-    """The first LUT index of the least |wq − entry| (MLX's argmin): ties to the smaller
-    magnitude, and every value that rounds to 0 as +0 (index 0)."""
-    best = np.zeros(wq.shape, np.uint8)
-    dist = np.abs(wq - _FP4[0])
-    for i in range(1, 16):
-        d = np.abs(wq - _FP4[i])
-        better = d < dist
-        best[better] = i
-        dist = np.where(better, d, dist)
-    return best
+    """The first LUT index of the least |wq − entry| (MLX's argmin over its 16-entry table):
+    ties to the smaller magnitude, every value that rounds to 0 as +0 (index 0), and NaN and
+    ±infinity (x / 0 in an nvfp4 group whose scale rounds to 0: every entry equally far) as 0."""
+    mag = np.abs(wq)
+    code = np.searchsorted(_FP4_STEPS, mag, side="left").astype(np.uint8)
+    code[~np.isfinite(mag)] = 0
+    code |= np.where((wq < 0) & (code != 0), np.uint8(8), np.uint8(0))
+    return code
 
 
 def _fp(x: np.ndarray, mode: str, dtype: str):
@@ -162,8 +169,8 @@ def _fp(x: np.ndarray, mode: str, dtype: str):
             s = e4m3_decode(sbytes)
             wq = _in_dtype((g / s[:, None]).astype(np.float32), dtype)
         else:
-            log = np.log2(scale)
-            e = np.where(scale == 0, 0, np.ceil(log)).astype(np.int32)
+            m, e = np.frexp(scale)  # scale = m · 2^e, 0.5 <= m < 1: ⌈log2⌉ = e, or e − 1
+            e = np.where(scale == 0, 0, e - (m == 0.5)).astype(np.int32)
             p = _in_dtype(np.ldexp(np.float32(1), e).astype(np.float32), dtype)
             wq = _in_dtype((g / p[:, None]).astype(np.float32), dtype)
             sbytes = (e + 127).astype(np.uint8)
