@@ -374,15 +374,27 @@ fn run_narrow(
 #[test]
 fn narrow_codes_are_the_values_of_that_width() {
     // A U8 layout cut to 4 or 2 bits gives the U4 / U2 scheme's codes, scales and offsets.
-    let x: Vec<f32> = (0..256).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+    let x: Vec<f32> = (0..256)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+        .collect();
     for cal in [Calibration::MinMax, Calibration::Mse] {
         for (bits, value) in [(4, "u4"), (2, "u2"), (8, "u8")] {
             for off in ["bias:bf16", "zero:u8"] {
                 let o = opts(cal, Rounding::HalfEven);
-                let wide = run(&format!("{value}/native/block32:bf16/{off}"), &x, &[8, 32], o);
-                let narrow =
-                    run_narrow(&format!("u8/native/block32:bf16/{off}"), bits, &x, &[8, 32], o)
-                        .unwrap();
+                let wide = run(
+                    &format!("{value}/native/block32:bf16/{off}"),
+                    &x,
+                    &[8, 32],
+                    o,
+                );
+                let narrow = run_narrow(
+                    &format!("u8/native/block32:bf16/{off}"),
+                    bits,
+                    &x,
+                    &[8, 32],
+                    o,
+                )
+                .unwrap();
                 assert_eq!(wide, narrow, "{value} {off} {cal:?}");
             }
         }
@@ -396,10 +408,15 @@ fn narrow_three_bits_by_hand() {
     let o = opts(Calibration::MinMax, Rounding::HalfEven);
     let (st, sc, of) = run_narrow("u8/native/block8:f32/bias:f32", 3, &x, &[8], o).unwrap();
     assert_eq!((sc[0], of[0]), (1.0, 0.0));
-    assert_eq!(st, [0, 1, 2, 3, 4, 5, 6, 7]); // 2.5 to even: 2
-    // Clamped at 7 when the range is wider than the codes: no code above 2^3 − 1.
-    let (st, _, _) = run_narrow("u8/native/block8:f32/bias:f32", 3, &x, &[8], o).unwrap();
-    assert!(st.iter().all(|&q| q <= 7));
+    // 2.5 to even: 2
+    assert_eq!(st, [0, 1, 2, 3, 4, 5, 6, 7]);
+    // The search's shrunken ranges clamp: still no code above 2^3 − 1.
+    let y: Vec<f32> = (0..64)
+        .map(|i| ((i * 29 % 61) as f32).powi(3) / 9e3)
+        .collect();
+    let m = opts(Calibration::Mse, Rounding::HalfEven);
+    let (st, _, _) = run_narrow("u8/native/block32:f32/bias:f32", 3, &y, &[64], m).unwrap();
+    assert!(st.iter().all(|&q| q <= 7) && st.contains(&7) && st.contains(&0));
 }
 
 #[test]
