@@ -16,7 +16,6 @@ code 2, and no output file.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.metadata
 import json
 import math
@@ -30,16 +29,27 @@ from typing import Any, NoReturn, get_args
 
 import numpy as np
 
-from . import _fs, presets
+from . import _fs, cli_plan, presets
+from ._cli_util import (
+    CliError,
+    _file_options,
+    _fmt_db,
+    _int_at_least,
+    _jsonable,
+    _n,
+    _path,
+    _shape,
+    _table,
+)
 from ._text import printable
 from ._version import __version__
-from .checkpoint import FileOptions
 from .checkpoint.folders import OTHER_WEIGHTS, Plan
 from .checkpoint.registry import (
     GGUFRun,
     OnnxRun,
     QuantizeRequest,
     inspect,
+    output_format,
     plan_dequantize,
     plan_quantize,
     plan_report,
@@ -81,21 +91,6 @@ def demo_tensors(seed: int = 0, scale: int = 1) -> dict[str, np.ndarray]:
     w.flat[hot] *= 60.0  # outlier features, as in LLM activations/weights
     out["mlp.down_proj_outliers"] = w
     return {k: v.astype(np.float32) for k, v in out.items()}
-
-
-def _table(rows: list[Sequence[str]], header: Sequence[str], left: int = 0,
-           numbers: Sequence[int] = ()) -> str:
-    """A Markdown table; the first ``left`` columns are left-aligned, the others right-aligned
-    (with ``numbers`` given: only the columns of those indices)."""
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(r: Sequence[str]) -> str:
-        cells = [str(c).ljust(w) if (i not in numbers if numbers else i < left) else str(c).rjust(w)
-                 for i, (c, w) in enumerate(zip(r, widths))]
-        return "| " + " | ".join(cells) + " |"
-
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(header), sep, *[line(r) for r in rows]])
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -154,41 +149,11 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
-class CliError(Exception):
-    """A user error: printed as one line, exit code 2."""
-
-
-def _fmt_db(x: float) -> str:
-    return "exact" if x == math.inf else f"{x:.2f}"
-
-
-def _jsonable(x: Any) -> Any:
-    """inf/NaN (not JSON) become null: an exact tensor's SQNR is null."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_jsonable(v) for v in x]
-    return x
-
-
 def _scheme(text: str) -> QuantScheme:
     try:
         return presets.resolve(text)
     except QuantError as e:
         raise CliError(f"--scheme: {e}") from None
-
-
-def _file_options(args: argparse.Namespace) -> FileOptions:
-    """The file options, from whichever of them this command takes (an option not given is
-    None: the scheme's own, else the default)."""
-    return FileOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(FileOptions)
-                          if hasattr(args, f.name)})
-
-
-def _shape(shape: Sequence[int]) -> str:
-    return "x".join(map(str, shape)) or "()"
 
 
 def _progress(plan_: Plan | None, total: int, label: str, args: argparse.Namespace) -> Progress:
@@ -282,8 +247,15 @@ def _files_line(res: Any) -> str:
 
 
 def _request(args: argparse.Namespace) -> QuantizeRequest:
-    """The command's arguments as the front door's request."""
-    return QuantizeRequest(args.input, args.output, args.scheme, _file_options(args),
+    """The command's arguments as the front door's request; with ``--target-bpw``, the plan
+    made first and its rules taken (cli_plan)."""
+    scheme, opts = args.scheme, None
+    if args.target_bpw is not None:
+        fmt = output_format(args.input, args.output, args.output_format).name
+        scheme, opts = cli_plan.planned_quantize(args, fmt)
+    elif scheme is None:
+        raise CliError("--scheme is required (or --target-bpw, which plans each tensor's)")
+    return QuantizeRequest(args.input, args.output, scheme, opts or _file_options(args),
                            output_format=args.output_format,
                            allow_requantize=args.allow_requantize, onnx_op=args.onnx_op,
                            onnx_fp4=args.onnx_fp4, external_data=args.external_data or None)
@@ -452,41 +424,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _n(count: int, noun: str) -> str:
-    """``count`` and ``noun``, plural unless one: "1 tensor", "3 tensors"."""
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
 def _written(plan_: Any) -> str:
     """Where a run's output went: the file itself when one file was written into a folder
     (``-o outdir/``), else OUT as given."""
     if plan_.into_folder and plan_.folder is None:
         return str(plan_.dst / plan_.files[0].rel)
     return str(plan_.dst)
-
-
-def _path(text: str) -> str:
-    """An argparse type: a file or folder name; the empty one (which Path reads as the current
-    folder) a one-line usage error."""
-    if not text:
-        raise argparse.ArgumentTypeError("an empty name is no file or folder")
-    return text
-
-
-def _int_at_least(lo: int, hi: int | None = None) -> Any:
-    """An argparse type: an integer in [lo, hi]; anything else a one-line usage error."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < lo or (hi is not None and value > hi):
-            bound = f"from {lo} to {hi}" if hi is not None else f"at least {lo}"
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
-        return value
-
-    return parse
 
 
 class _Parser(argparse.ArgumentParser):
@@ -515,8 +458,11 @@ def _parser() -> argparse.ArgumentParser:
                    "what each is) or a spelled-out scheme such as q4s/packed_u32_0/block32:f16 "
                    "(4-bit codes, 8 to a uint32 word)")
 
-    def options(c: argparse.ArgumentParser) -> None:
-        c.add_argument("--scheme", required=True, help=scheme_help)
+    def options(c: argparse.ArgumentParser, scheme: str = "required") -> None:
+        if scheme != "none":
+            c.add_argument("--scheme", required=scheme == "required", help=scheme_help + (
+                "; with --target-bpw, the scheme of tensors the plan leaves to it (default: "
+                "the plan's most common)" if scheme == "optional" else ""))
         c.add_argument("--include", metavar="REGEX",
                        help="quantize only floating tensors whose name matches (re.search)")
         c.add_argument("--exclude", metavar="REGEX",
@@ -539,6 +485,9 @@ def _parser() -> argparse.ArgumentParser:
                        "instead of --scheme, for those of rank >= --min-rank, or >= N with "
                        "@N ('\\.bias$=int8@1'); SCHEME may be 'keep' (whatever the rank); "
                        "repeatable, the first matching rule wins")
+        c.add_argument("--rules-file", metavar="FILE", type=_path,
+                       help="--rule lines from FILE, one a line ('#' comments), after those "
+                       "given here (blockquant plan -o writes one)")
         c.add_argument("--min-rank", type=_int_at_least(0), default=2, metavar="N",
                        help="keep tensors of rank below N, also those a --rule matches unless "
                        "it says @N (default 2: 1-D norms and biases stay as they are)")
@@ -583,7 +532,8 @@ def _parser() -> argparse.ArgumentParser:
                    "FP8_BLOCK, NVFP4A16, MXFP4A16, MXFP8A16...; docs/compressed-tensors.md); "
                    "mlx a model folder mlx-lm loads, with --scheme an MLX mode (affine4, "
                    "affine3:g32, affine8:g128, mxfp4, mxfp8, nvfp4; docs/mlx.md)")
-    options(q)
+    options(q, scheme="optional")
+    cli_plan.add_target_options(q, required=False)
     q.add_argument("-f", "--force", action="store_true", help="replace OUT if it exists")
     q.add_argument("--allow-requantize", action="store_true",
                    help="GGUF: quantize tensors already of another quantized type (dequantized "
@@ -618,6 +568,8 @@ def _parser() -> argparse.ArgumentParser:
     options(r)
     r.add_argument("--json", action="store_true", help="print JSON (SQNR null when exact)")
     r.set_defaults(func=cmd_report)
+
+    cli_plan.add_parser(sub, options, jobs)
 
     ps = sub.add_parser("presets", help="list every preset: its scheme, bits per value, the "
                         "options it carries and what it is for")

@@ -130,14 +130,14 @@ def write_mlx_shard(src: Path, dst: Path, actions: list[Action], minmax: bool, f
                         if minmax and not np.isfinite(x).all():
                             raise NonFiniteError("holds non-finite values (NaN or infinity): "
                                                  "MLX's rule has no code for them")
-                        parts = layer_tensors(x, ms, text, t.dtype or "F32", minmax)
+                        tensors = layer_tensors(x, ms, text, t.dtype or "F32", minmax)
                     except QuantError as e:
                         raise ckpt.error(name, str(e)) from None
                     del x
                     module = name[: -len(".weight")]
-                    for suffix, data in parts:
+                    for suffix, data in tensors:
                         w.write(f"{module}.{suffix}", data)
-                    del parts
+                    del tensors
                 if progress is not None:
                     progress(name, t.nbytes)
             w.commit()

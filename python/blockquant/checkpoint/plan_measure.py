@@ -1,0 +1,212 @@
+"""What a size-target plan measures (``blockquant plan``, ``quantize --target-bpw``): each
+tensor's error and stored size under each candidate scheme, in the output format's own words
+(:class:`Candidate`: a blockquant scheme or preset, a ggml type, an MLX mode).
+
+One pass over the model, a shard at a time (in ``--jobs`` processes): each eligible tensor is
+read once and quantized with every candidate that can take it, each result dequantized as its
+consumer dequantizes it and compared with the tensor (float64 sums; with importance weights,
+each column's squared errors times its weight). :mod:`.plan_alloc` then chooses.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import QuantError
+from .base import CheckpointError, TensorInfo
+from .options import FileOptions
+from .readers import open_checkpoint
+
+#: The candidate kinds, by the output format that takes them.
+KIND_OF_FORMAT = {"safetensors": "scheme", "burnpack": "scheme", "folder": "scheme",
+                  "gguf": "ggml", "mlx": "mlx"}
+#: The candidates tried when none are named, per kind: from about 2 to 8 bits a weight.
+DEFAULT_CANDIDATES = {
+    "scheme": ("int4_block16", "int4_block32", "mxfp4", "nvfp4", "int8_block32"),
+    "ggml": ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q8_0"),
+    "mlx": ("affine2:g32", "affine3:g32", "affine4", "affine5", "affine6", "affine8"),
+}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One scheme a tensor may get, as the output format names it (``name``, what a rule
+    says), of ``kind`` scheme, ggml or mlx."""
+
+    name: str
+    kind: str
+
+    def fits(self, t: TensorInfo) -> bool:
+        return self.nbytes(t.shape, t.dtype) is not None
+
+    def nbytes(self, shape: tuple[int, ...], dtype: str | None) -> int | None:
+        """Stored bytes of a tensor of ``shape`` under this candidate, None when it cannot take
+        it."""
+        try:
+            if self.kind == "ggml":
+                from ..gguf import byte_shape
+
+                if len(shape) < 2:
+                    return None
+                return int(np.prod(byte_shape(shape, self.name)))
+            if self.kind == "mlx":
+                from .mlx_schemes import resolve_mlx, scheme_for
+
+                ms = resolve_mlx(self.name)
+                if scheme_for(ms, dtype, shape)[0] is None:
+                    return None
+                rows, cols = shape
+                wd = 2 if dtype in ("BF16", "F16") else 4
+                per = (2 * wd) if ms.mode == "affine" else 1
+                return rows * cols * ms.bits // 8 + rows * (cols // ms.group) * per
+            from ..presets import resolve
+
+            return int(resolve(self.name).layout(shape).nbytes)
+        except (QuantError, ValueError, OverflowError):
+            return None
+
+    def roundtrip(self, x: np.ndarray, dtype: str | None, options: FileOptions) -> np.ndarray:
+        """``x`` quantized and dequantized as the output's consumer reads it back."""
+        if self.kind == "ggml":
+            from .. import gguf
+
+            return gguf.dequantize(gguf.quantize(np.asarray(x, np.float32), self.name),
+                                   self.name)
+        if self.kind == "mlx":
+            from .mlx_codec import dequantize as mlx_dequantize
+            from .mlx_folder import layer_tensors
+            from .mlx_schemes import resolve_mlx, scheme_for
+
+            ms = resolve_mlx(self.name)
+            st = dtype or "F32"
+            text, _ = scheme_for(ms, st, x.shape)
+            parts = dict(layer_tensors(x, ms, text or "", st, options.calibration == "minmax"))
+            from .ct_codec import as_float
+
+            scales = parts["scales"] if ms.mode != "affine" else as_float(st, parts["scales"])
+            biases = as_float(st, parts["biases"]) if "biases" in parts else None
+            return mlx_dequantize(ms.mode, ms.bits, ms.group,
+                                  st if ms.mode == "affine" else "BF16", parts["weight"],
+                                  scales, biases)
+        from ..presets import resolve
+        from ..qtensor import quantize
+
+        scheme = resolve(self.name)
+        return quantize(x, scheme, **options.quantize_options(scheme)).dequantize()
+
+
+def candidates(names: Any, kind: str) -> tuple[Candidate, ...]:
+    """The candidates named (a comma-separated text or a list; None: the kind's defaults),
+    each checked now: a name the output does not take is a CheckpointError."""
+    if names is None:
+        names = DEFAULT_CANDIDATES[kind]
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",") if n.strip()]
+    out = []
+    for n in names:
+        try:
+            if kind == "ggml":
+                from ..gguf import ggml_type
+
+                ggml_type(n)
+            elif kind == "mlx":
+                from .mlx_schemes import resolve_mlx
+
+                resolve_mlx(n)
+            else:
+                from ..presets import resolve
+
+                resolve(n)
+        except (QuantError, TypeError) as e:
+            raise CheckpointError("--candidates", None, f"{n!r}: {e}") from None
+        out.append(Candidate(str(n).strip(), kind))
+    if len(out) < 1 or len({c.name.lower() for c in out}) != len(out):
+        raise CheckpointError("--candidates", None, "name one or more different candidates")
+    return tuple(out)
+
+
+@dataclass
+class TensorMeasure:
+    """One tensor's measurements: its signal (sum of w · x², float64), the bytes it holds now,
+    and per candidate that can take it (bytes stored, sum of w · (x − x̂)²)."""
+
+    name: str
+    shape: tuple[int, ...]
+    numel: int
+    float_bytes: int
+    signal: float = 0.0
+    options: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+
+def eligible(t: TensorInfo, kind: str, options: FileOptions) -> bool:
+    """Whether a plan decides ``t``: a floating-point tensor the output would quantize (rank
+    at least ``--min-rank``; for GGUF and MLX a 2-D or higher ``*weight``), selected by
+    ``--include`` / ``--exclude``."""
+    if not (t.is_float or t.dequantized_on_read) or not options.selects(t.name):
+        return False
+    if kind in ("ggml", "mlx"):
+        return len(t.shape) >= 2 and t.name.endswith("weight") and \
+            (kind == "ggml" or len(t.shape) == 2)
+    return len(t.shape) >= max(options.min_rank, 1)
+
+
+def _weights(importance: dict[str, np.ndarray] | None, name: str,
+             shape: tuple[int, ...]) -> np.ndarray | None:
+    if not importance:
+        return None
+    w = importance.get(name)
+    if w is None or w.shape != (shape[-1],):
+        return None
+    return np.asarray(w, np.float64)
+
+
+def _sums(x: np.ndarray, y: np.ndarray | None, w: np.ndarray | None) -> float:
+    a = np.asarray(x, np.float64).reshape(-1, x.shape[-1])
+    d = a if y is None else a - np.asarray(y, np.float64).reshape(a.shape)
+    sq = np.einsum("ij,ij->j", d, d)
+    return float(sq.sum() if w is None else sq @ w)
+
+
+def measure_file(src: Path, names: list[str], cands: tuple[Candidate, ...],
+                 options: FileOptions, importance: dict[str, np.ndarray] | None = None,
+                 progress: Any = None) -> list[TensorMeasure]:
+    """Every tensor of ``names`` in the checkpoint ``src``, measured under every candidate
+    (module docstring). A task of :func:`.jobs.run_tasks`."""
+    out = []
+    with open_checkpoint(src) as ckpt:
+        for name in names:
+            t = ckpt.info(name)
+            x = ckpt.read(name)
+            w = _weights(importance, name, t.shape)
+            m = TensorMeasure(name, tuple(t.shape), int(np.prod(t.shape)), t.nbytes,
+                              _sums(x, None, w))
+            for c in cands:
+                nbytes = c.nbytes(tuple(t.shape), t.dtype)
+                if nbytes is None:
+                    continue
+                try:
+                    y = c.roundtrip(x, t.dtype, options)
+                except QuantError as e:
+                    raise ckpt.error(name, str(e)) from None
+                m.options[c.name] = (nbytes, _sums(x, y, w))
+                del y
+            del x
+            out.append(m)
+            if progress is not None:
+                progress(name, t.nbytes)
+    return out
+
+
+def pattern_list(patterns: Any, what: str) -> tuple[re.Pattern[str], ...]:
+    out = []
+    for p in patterns or ():
+        try:
+            out.append(re.compile(p))
+        except re.error as e:
+            raise CheckpointError(what, None, f"bad regular expression {p!r}: {e}") from None
+    return tuple(out)
