@@ -27,6 +27,7 @@ pub mod calibrate;
 mod codebook;
 pub mod codec;
 pub mod error;
+mod exact_sum;
 pub mod ggml;
 pub mod input;
 mod kernels;

@@ -87,6 +87,42 @@ pub(crate) fn checked_reciprocal(e: f32) -> Option<f32> {
         .then(|| 1.0 / e)
 }
 
+/// max |x| of a slice (NaNs passed over): the AVX2 kernel when the CPU has it.
+pub(crate) fn max_abs(xs: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2() {
+        #[target_feature(enable = "avx2")]
+        unsafe fn avx2(xs: &[f32]) -> f32 {
+            crate::simd::x86::max_abs_prefetching(xs)
+        }
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { avx2(xs) };
+    }
+    max_abs_portable(xs)
+}
+
+/// Written so it compiles to packed max instructions: 8 independent lanes.
+#[inline(always)]
+pub(crate) fn max_abs_portable(xs: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let mut chunks = xs.chunks_exact(8);
+    for c in &mut chunks {
+        for i in 0..8 {
+            let a = c[i].abs();
+            lanes[i] = if a > lanes[i] { a } else { lanes[i] };
+        }
+    }
+    let mut m = 0.0f32;
+    for &a in lanes.iter() {
+        m = if a > m { a } else { m };
+    }
+    for v in chunks.remainder() {
+        let a = v.abs();
+        m = if a > m { a } else { m };
+    }
+    m
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 #[cfg(target_arch = "x86_64")]
