@@ -212,14 +212,15 @@ def test_bad_inputs_are_one_line_and_write_nothing(tmp_path, capsys):
         (["--scheme", "affine4", "--rule", "q_proj=int8"], ["MLX output takes MLX modes"]),
         (["--scheme", "affine4", "--rule", "down_proj=affine4:g32"], ["264 input features",
                                                                       "--rule"]),
-        (["--scheme", "affine4", "--strict"], ["264 input features", "--strict"]),
+        (["--scheme", "affine4"], ["264 input features", "=keep' or --exclude"]),
     ]
     for extra, words in cases:
         assert run("quantize", src, "-o", out, "--format", "mlx", *extra) == 2, extra
         one_error_line(capsys, *words)
         assert not out.exists()
     # a folder already quantized (by MLX or compressed-tensors)
-    assert run("quantize", src, "-o", out, "--format", "mlx", "--scheme", "affine4", "-q") == 0
+    assert run("quantize", src, "-o", out, "--format", "mlx", "--scheme", "affine4", "--rule",
+               "down_proj=keep", "-q") == 0
     for fmt, scheme in (("mlx", "affine8"), ("compressed-tensors", "W4A16")):
         assert run("quantize", out, "-o", tmp_path / "again", "--format", fmt, "--scheme",
                    scheme) == 2
@@ -234,14 +235,25 @@ def test_bad_inputs_are_one_line_and_write_nothing(tmp_path, capsys):
     assert not (tmp_path / "again").exists() and not (tmp_path / "g").exists()
 
 
-def test_no_layer_that_fits_is_an_error(tmp_path, capsys):
+def test_a_weight_its_mode_cannot_take_is_named_and_kept_only_when_asked(tmp_path, capsys):
     rng = np.random.default_rng(1)
     t = {"a.weight": rng.standard_normal((8, 48)).astype(np.float32),
+         "b.weight": rng.standard_normal((8, 64)).astype(np.float32),
          "n.weight": np.ones(48, np.float32)}
     write_model(tmp_path / "m", t)
     assert run("quantize", tmp_path / "m", "-o", tmp_path / "o", "--format", "mlx",
                "--scheme", "affine4") == 2
-    one_error_line(capsys, "has no layer", "48 input features")
+    one_error_line(capsys, "a.weight", "48 input features")
+    assert run("quantize", tmp_path / "m", "-o", tmp_path / "o", "--format", "mlx",
+               "--scheme", "affine4", "--rule", "^a\\.weight$=keep", "-q") == 0
+    header, _ = read_raw(tmp_path / "o" / "model.safetensors")
+    assert "a.scales" not in header and "b.scales" in header
+    assert run("quantize", tmp_path / "m", "-o", tmp_path / "o2", "--format", "mlx",
+               "--scheme", "affine4", "--exclude", "^b") == 2
+    one_error_line(capsys, "a.weight")
+    assert run("quantize", tmp_path / "m", "-o", tmp_path / "o3", "--format", "mlx",
+               "--scheme", "affine4", "--exclude", "^[ab]") == 2
+    one_error_line(capsys, "has no layer")
 
 
 def test_non_finite_weights_are_refused_under_both_rules(tmp_path, capsys):

@@ -4,8 +4,9 @@
 Planned from the headers once (:func:`plan_mlx`): every 2-D floating-point ``*.weight`` (MLX's
 Linear and Embedding layers; mlx-lm quantizes both) whose input size is a multiple of its
 mode's group is quantized, by ``--scheme`` or the first ``--rule REGEX=MODE`` that matches it
-(``keep`` keeps it); the others stay as they are, which is how mlx-lm tells them apart (a layer
-without ``.scales`` stays float). A layer whose mode is not the default gets its own entry in
+(``keep`` keeps it); norms, biases and other tensors stay as they are, which is how mlx-lm tells
+them apart (a layer without ``.scales`` stays float). A weight its mode cannot take is an error
+naming it, never left in float unasked. A layer whose mode is not the default gets its own entry in
 ``config.json``'s ``quantization``, keyed by its path, as mlx-lm writes them.
 
 Scales: blockquant's searched ones by default (codes from the stored scale and bias); with
@@ -15,6 +16,7 @@ Scales: blockquant's searched ones by default (codes from the stored scale and b
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,7 @@ from .mlx_codec import e4m3_encode, mlx_quantize, pack
 from .mlx_schemes import MlxScheme, quantization_entry, resolve_mlx, scheme_for, searched_rule
 from .options import FileOptions, compile_rules, matching_rule
 from .readers import open_checkpoint
-from .rules import KEPT_DTYPE, KEPT_FORMAT, KEPT_RULE, KEPT_SELECTION, KEPT_UNFIT, Decision
+from .rules import KEPT_DTYPE, KEPT_FORMAT, KEPT_RULE, KEPT_SELECTION, Decision
 from .safetensors import HeaderEntry, SafetensorsWriter, bf16_bits
 from .serving import ServingRun, model_config
 
@@ -178,12 +180,11 @@ def _decide(t: TensorInfo, default: MlxScheme, options: FileOptions
                                   "modes (affine4, affine8:g32, mxfp4, ...) or keep")
         ms = resolve_mlx(rule.foreign)
     text, reason = scheme_for(ms, t.dtype, t.shape)
-    if text is None:
-        if options.strict or rule is not None:  # a mode named for it by a rule must fit
-            why = "--strict" if rule is None else f"--rule {rule.text}"
-            raise CheckpointError(t.name, None, f"MLX's {ms.name} cannot take it: {reason} "
-                                  f"({why})")
-        return Decision(t, None, why=KEPT_UNFIT, detail=reason), None
+    if text is None:  # never left in float unasked: the user names what stays
+        how = f"--rule {rule.text} names it" if rule is not None else \
+            f"keep it in float with --rule '^{re.escape(t.name)}$=keep' or --exclude"
+        raise CheckpointError(t.name, None, f"MLX's {ms.name} cannot take it: {reason} "
+                              f"({how})")
     module = t.name[: -len(".weight")]
     return Decision(t, resolve(text), _entries(ms, module, t), label=f"mlx {ms.name}"), ms
 
@@ -216,9 +217,8 @@ def plan_mlx(src: Any, dst: Any, scheme: Any, options: FileOptions) -> MlxRun:
                     modes[t.name] = ms
             files.append(FilePlan(folder.path(rel), rel, decisions, _names(ckpt)))
     if not modes:
-        unfit = [d for f in files for d in f.decisions if d.why == KEPT_UNFIT]
-        why = f": {unfit[0].tensor.name} {unfit[0].detail}" if unfit else ""
-        raise CheckpointError(src, None, f"has no layer MLX's {default.name} can take{why}")
+        raise CheckpointError(src, None, f"has no layer MLX's {default.name} can take (2-D "
+                              "floating-point weights)")
     layers = {n[: -len(".weight")]: ms for n, ms in modes.items()}
     return MlxRun(src_path, dst_path, folder, files, options, cfg, default, layers, modes,
                   options.calibration == "minmax")
