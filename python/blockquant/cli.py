@@ -465,23 +465,27 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(json.dumps(_jsonable(rep), indent=1))
         return 0
 
+    o, f = rep["overall"], rep["file_total"]
+    weighted = "sqnr_imatrix_db" in o
+
     def row(name: str, shape: str, r: dict[str, Any]) -> list[str]:
         ratio = f"{r['bytes_before'] / r['bytes_after']:.2f}x" if r["bytes_after"] else "-"
         bpw = r.get("bits_per_weight", math.inf)
+        w = r.get("sqnr_imatrix_db")
         return [printable(name), shape, _fmt_db(r["sqnr_db"]),
+                *([_fmt_db(w) if w is not None else "-"] if weighted else []),
                 f"{bpw:.4g}" if math.isfinite(bpw) else "-", f"{r['max_abs_err']:.3g}",
                 _human(r["bytes_before"]), _human(r["bytes_after"]), ratio,
                 f"{r['seconds'] * 1e3:.1f}"]
 
-    o, f = rep["overall"], rep["file_total"]
     table = [row(r["name"], _shape(r["shape"]), r) for r in rep["tensors"]]
     table.append(row(f"overall ({_n(o['tensors'], 'tensor')})", f"{o['numel']:,} values", o))
     how = ("ggml's types, chosen per tensor as llama-quantize does" if rep.get("format") == "gguf" else
            f"calibration {rep['calibration']}, rounding {rep['rounding']}, scale rounding "
            f"{rep['scale_rounding']}")
     print(printable(f"{rep['file']} with {rep['scheme']} ({how})"))
-    print(_table(table, ["tensor", "shape", "SQNR dB", "bits/w", "max abs err", "before", "after",
-                         "ratio", "ms"], left=2))
+    print(_table(table, ["tensor", "shape", "SQNR dB", *(["SQNR imatrix"] if weighted else []),
+                         "bits/w", "max abs err", "before", "after", "ratio", "ms"], left=2))
     gbs = o["bytes_before"] / o["seconds"] / 1e9 if o["seconds"] else math.inf
     print(f"\nwhole file: {_human(f['bytes_before'])} -> {_human(f['bytes_after'])} "
           f"({f['bytes_before'] / max(f['bytes_after'], 1):.2f}x), {f['unquantized']} of "

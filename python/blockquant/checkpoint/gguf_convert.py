@@ -2,7 +2,7 @@
 GGUF file, its tensors of ggml types chosen by a named mix (:mod:`.gguf_mixes`) or one type.
 
 Names and keys follow llama.cpp's ``convert_hf_to_gguf.py`` where ``config.json`` names an
-architecture this module knows (:data:`ARCHITECTURES`: the llama family, Qwen2, BERT):
+architecture this module knows (:data:`.gguf_names.ARCHITECTURES`: the llama family, Qwen2, BERT):
 
 - each tensor is renamed by gguf-py's ``TensorNameMap`` for that architecture
   (``model.layers.3.mlp.down_proj.weight`` -> ``blk.3.ffn_down.weight``); a tensor it has no
@@ -23,7 +23,6 @@ tensors, which llama.cpp does not load.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 import time
@@ -53,15 +52,10 @@ from .gguf_file import (
     plan_tensors,
 )
 from .gguf_mixes import Mix, ModelFacts
+from .gguf_names import architecture, read_config, tensor_name_map
 from .options import FileOptions
 from .outputs import OutputFile, check_output
 
-#: Hugging Face's ``architectures`` names this module converts, and their GGUF architecture.
-ARCHITECTURES = {
-    "LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "LlamaModel": "llama",
-    "Qwen2ForCausalLM": "qwen2", "Qwen2Model": "qwen2",
-    "BertModel": "bert", "BertForMaskedLM": "bert",
-}
 #: The config keys of each hyperparameter, first found wins, and its GGUF key (after the
 #: architecture's name) and value type: the ones convert_hf_to_gguf writes for these models.
 _HPARAMS = (
@@ -110,18 +104,6 @@ class Conversion:
         return next((v for k, _, v in self.kv if k == key), None)
 
 
-def _config(src: Path) -> dict[str, Any]:
-    folder = src if src.is_dir() else src.parent
-    path = folder / "config.json"
-    if not path.is_file():
-        return {}
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise CheckpointError(path, None, f"not a readable config ({e})") from None
-    return config if isinstance(config, dict) else {}
-
-
 def _files(src: Path) -> list[Path]:
     if src.is_dir():
         from .ct_read import ct_config
@@ -137,16 +119,6 @@ def _files(src: Path) -> list[Path]:
         raise CheckpointError(src, None, "GGUF output is made from a GGUF file, a safetensors "
                               "file or a model folder of them")
     return [src]
-
-
-def _architecture(config: dict[str, Any]) -> tuple[str, bool]:
-    """The GGUF architecture, and whether names and keys are llama.cpp's for it."""
-    names = config.get("architectures") or []
-    for n in names if isinstance(names, list) else []:
-        if n in ARCHITECTURES:
-            return ARCHITECTURES[n], True
-    model_type = config.get("model_type")
-    return (model_type if isinstance(model_type, str) and model_type else "unknown"), False
 
 
 def _int(config: dict[str, Any], keys: tuple[str, ...]) -> int | None:
@@ -193,8 +165,8 @@ def read_conversion(src: Any) -> Conversion:
     from .safetensors import SafetensorsCheckpoint
 
     path = Path(src)
-    config = _config(path)
-    arch, known = _architecture(config)
+    config = read_config(path)
+    arch, known = architecture(config)
     files = _files(path)
     kv: list[tuple[str, int, Any]] = [("general.architecture", _STRING, arch),
                                       ("general.name", _STRING, path.resolve().name.removesuffix(
@@ -205,11 +177,7 @@ def read_conversion(src: Any) -> Conversion:
     n_head = _int(config, ("num_attention_heads",)) or 0
     n_head_kv = _int(config, ("num_key_value_heads",)) or n_head
     if known:
-        import gguf
-
-        n_blocks = _int(config, ("num_hidden_layers",)) or 0
-        name_map = gguf.get_tensor_name_map(
-            next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch), n_blocks)
+        name_map = tensor_name_map(arch, _int(config, ("num_hidden_layers",)) or 0)
     sources, left_out, seen = [], [], {}
     for f in files:
         with SafetensorsCheckpoint(f) as ckpt:

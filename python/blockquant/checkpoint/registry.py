@@ -308,7 +308,7 @@ class ReportRun:
             with bounded(threads):
                 return report_model(self.src, self.scheme, options=self.options)
         if self.kind == "gguf":
-            from .gguf_file import report_gguf
+            from .gguf_report import report_gguf
 
             with bounded(threads):
                 return report_gguf(self.src, self.scheme, self.options, progress=each)
