@@ -93,6 +93,8 @@ def _quantize_tensor(ckpt: Checkpoint, t: TensorInfo, scheme: QuantScheme,
     x = ckpt.read(t.name)
     try:
         return _quantized(ckpt, t.name, x, scheme, options)[0]
+    except CheckpointError:
+        raise  # names its file already (the importance matrix's)
     except QuantError as e:
         raise ckpt.error(t.name, str(e)) from None
 
@@ -434,6 +436,8 @@ def measure_file(
             t0 = time.perf_counter()
             try:
                 qt, w = _quantized(ckpt, t.name, x, d.scheme, options)
+            except CheckpointError:
+                raise
             except QuantError as e:
                 raise ckpt.error(t.name, str(e)) from None
             seconds = time.perf_counter() - t0

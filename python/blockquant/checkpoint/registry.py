@@ -80,7 +80,18 @@ def plan_quantize(req: QuantizeRequest) -> Any:
     if fmt != GGUF and req.gguf.given():
         raise CheckpointError(req.gguf.given()[0], None, "is llama-quantize's option, for a "
                               ".gguf output only")
+    if fmt != GGUF:
+        _check_imatrix(req.options)
     return PLANNERS[fmt](req, fmt)
+
+
+def _check_imatrix(options: FileOptions) -> None:
+    """The importance matrix read (and checked) once, before any tensor: a bad file is its own
+    error, not the first tensor's."""
+    if options.imatrix is not None:
+        from .imatrix import load
+
+        load(options.imatrix)
 
 
 def _plan_checkpoint(req: QuantizeRequest, fmt: Format) -> Plan:
@@ -329,6 +340,7 @@ def plan_report(src: Any, scheme: Any, options: FileOptions,
     from .gguf_mixes import file_type
 
     gguf = gguf or MixOptions()
+    _check_imatrix(options)
     gguf_in = is_gguf(src)
     if gguf_in and (ggml_type(scheme) is not None or file_type(scheme) is not None):
         req = QuantizeRequest(src, None, scheme, replace(options, imatrix=None), gguf=gguf)
