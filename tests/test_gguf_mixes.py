@@ -303,3 +303,23 @@ def test_dry_run_shows_each_type_and_why(model, tmp_path, capsys):
     assert "attention V 0 of 8" in text and "FFN down, layer 7 of 8" in text
     assert "58 of 67 tensors quantized (Q4_K: 49, Q6_K: 9)" in text
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_an_expert_tensor_past_the_layer_count_is_one_line(tmp_path, capsys):
+    for name, says in (("blk.7.ffn_down_exps.weight", "layer 7 is not below the model's 2"),
+                       ("ffn_down_exps.weight", "has no layer number")):
+        src = tmp_path / "bad-moe.gguf"
+        w = GGUFWriter(src, "llama")
+        w.add_block_count(2)
+        w.add_expert_count(4)
+        w.add_tensor(name, np.zeros((4, 32, 256), np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        assert main(["quantize", str(src), "-o", str(tmp_path / "q.gguf"), "--scheme",
+                     "Q4_K_M"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{src}: {name}: " in err and says in err
+        assert not (tmp_path / "q.gguf").exists()
+        src.unlink()

@@ -183,8 +183,9 @@ def gguf_options(req: QuantizeRequest) -> tuple[FileOptions, Any]:
         text = str(req.scheme)
         if text.lower() in PRESET_NEAREST_GGML:
             raise CheckpointError("--scheme", None, f"{text} is a blockquant preset, for "
-                                  "safetensors and burn-pack outputs; its nearest ggml type is "
-                                  f"{PRESET_NEAREST_GGML[text.lower()]}")
+                                  "safetensors and burn-pack outputs; a GGUF output takes "
+                                  "llama.cpp's file types (Q4_K_M ...) or ggml types, the "
+                                  f"nearest here {PRESET_NEAREST_GGML[text.lower()]}")
     mix = mix_of(req.scheme, req.gguf, o.rules)
     return FileOptions(include=o.include, exclude=o.exclude, min_rank=o.min_rank,
                        strict=o.strict, force=o.force), mix
@@ -357,6 +358,7 @@ def plan_report(src: Any, scheme: Any, options: FileOptions,
         from ..gguf import TYPES  # neither: name both kinds of scheme a GGUF file takes
 
         raise CheckpointError("--scheme", None, f"{e.reason}; or, for a GGUF file, one of "
+                              "llama.cpp's file types (Q4_K_M, Q5_K_S, IQ4_XS, ...) or one of "
                               f"ggml's types ({', '.join(t.lower() for t in TYPES)})") from None
     from .folders import plan_report as plan_checkpoint_report
 
