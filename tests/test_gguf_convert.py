@@ -185,3 +185,28 @@ def test_inputs_that_are_not_safetensors_are_refused(tmp_path, capsys):
                  "--scheme", "Q4_K_M"]) == 2
     assert "made from a GGUF file, a safetensors file or a model folder" in capsys.readouterr().err
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_qwen2_keeps_its_rows_in_order_and_its_biases_in_f32(tmp_path):
+    rng = np.random.default_rng(2)
+    q = (rng.standard_normal((256, 256)) * 0.02).astype(np.float32)
+    arrays = {"model.embed_tokens.weight": rng.standard_normal((32, 256)).astype(np.float32),
+              "model.layers.0.self_attn.q_proj.weight": q,
+              "model.layers.0.self_attn.q_proj.bias": np.arange(256, dtype=np.float16)}
+    root = tmp_path / "qwen"
+    root.mkdir()
+    st.save_file(arrays, str(root / "model.safetensors"))
+    (root / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen2ForCausalLM"], "hidden_size": 256, "num_hidden_layers": 1,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "rope_theta": 1e6}))
+    r = convert(root, tmp_path / "q.gguf", "--scheme", "Q8_0")
+    tensors = {t.name: t for t in r.tensors}
+    assert r.fields["general.architecture"].contents() == "qwen2"
+    assert r.fields["qwen2.rope.freq_base"].contents() == 1e6
+    # NEOX rotary: no permutation, the rows as they were
+    want = gq.quantize(q, gguf.GGMLQuantizationType.Q8_0)
+    assert np.array_equal(np.asarray(tensors["blk.0.attn_q.weight"].data).reshape(-1),
+                          want.reshape(-1))
+    bias = tensors["blk.0.attn_q.bias"]
+    assert bias.tensor_type.name == "F32"
+    assert np.array_equal(np.asarray(bias.data), np.arange(256, dtype=np.float32))
