@@ -180,7 +180,7 @@ def test_an_unknown_scheme_is_a_checkpoint_error_naming_the_option(tmp_path, src
     assert not (tmp_path / "q.safetensors").exists()
 
 
-@pytest.mark.parametrize("name", ["m.bpk", "m.safetensors", "m.npz", "m.gguf"])
+@pytest.mark.parametrize("name", ["m.bpk", "m.safetensors", "m.npz"])
 def test_a_folder_is_not_written_under_a_file_name(tmp_path, src, name):
     path, _ = src
     folder = tmp_path / "model"
@@ -194,6 +194,18 @@ def test_a_folder_is_not_written_under_a_file_name(tmp_path, src, name):
     bq.quantize_file(folder, str(tmp_path / name) + "/", "int8")
     assert (tmp_path / "out" / "model.safetensors").is_file()
     assert (tmp_path / name / "model.safetensors").is_file()
+
+
+def test_a_folder_into_a_gguf_name_is_converted_into_one_file(tmp_path, src):
+    pytest.importorskip("gguf")
+    path, _ = src
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path.rename(folder / "model.safetensors")
+    with pytest.raises(CheckpointError, match="int8 is a blockquant preset"):
+        bq.quantize_file(folder, tmp_path / "m.gguf", "int8")
+    res = bq.quantize_file(folder, tmp_path / "m.gguf", "Q8_0")
+    assert (tmp_path / "m.gguf").is_file() and res.bytes_out == (tmp_path / "m.gguf").stat().st_size
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="POSIX named pipes")

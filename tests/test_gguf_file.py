@@ -1,5 +1,5 @@
-"""GGUF files: ``blockquant quantize IN.gguf -o OUT.gguf --scheme TYPE`` requantizes as
-llama-quantize --pure does, checked by reading the output back with gguf-py's GGUFReader:
+"""GGUF files: ``blockquant quantize IN.gguf -o OUT.gguf --scheme TYPE --pure`` requantizes as
+llama-quantize --pure does (the named mixes: test_gguf_mixes.py), checked by reading the output back with gguf-py's GGUFReader:
 every key/value pair identical (but the two llama-quantize sets), tensor order, names, shapes
 and alignment kept, the quantized tensors' bytes equal to gguf-py's quantize of the input's
 values (so gguf-py's dequantize and blockquant's agree on them; for the types gguf-py cannot
@@ -98,12 +98,22 @@ def model(tmp_path_factory) -> Path:
     return path
 
 
+#: llama.cpp's fallback when a row is not whole blocks of the type (llama-quant.cpp's
+#: tensor_type_fallback, read by hand); a type not here has none (llama-quantize refuses).
+FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "TQ1_0": "Q4_0", "TQ2_0": "Q4_0", "Q4_K": "Q5_0",
+            "Q5_K": "Q5_1", "Q6_K": "Q8_0", "IQ4_XS": "IQ4_NL"}
+
+
 def expected_type(name: str, shape: tuple[int, ...], src: str, target: str) -> str:
-    """The type llama-quantize --pure gives the tensor, by its rules as this test reads them."""
+    """The type llama-quantize --pure gives the tensor, by its rules as this test reads them:
+    the fallback still applies under --pure; F16 when the fallback's 32 do not fit either;
+    blockquant keeps a tensor whose type has no fallback."""
     if len(shape) < 2 or not name.endswith("weight") or "ffn_gate_inp" in name:
         return src
     if shape[-1] % gguf.GGML_QUANT_SIZES[GT[target]][0]:
-        return src
+        if target not in FALLBACK:
+            return src
+        return "F16" if shape[-1] % 32 else FALLBACK[target]
     return target
 
 
@@ -126,7 +136,7 @@ def run(*argv: str) -> int:
 @pytest.mark.parametrize("target", ALL_TYPES)
 def test_requantize_every_type(model, tmp_path, target):
     out = tmp_path / f"model-{target.lower()}.gguf"
-    assert run("quantize", model, "-o", out, "--scheme", target.lower(), "-q") == 0
+    assert run("quantize", model, "-o", out, "--scheme", target.lower(), "--pure", "-q") == 0
     a, b = GGUFReader(model), GGUFReader(out)
 
     # Metadata: every pair identical, but the two llama-quantize sets.
@@ -156,26 +166,26 @@ def test_requantize_every_type(model, tmp_path, target):
         x = values_of(ta).reshape(shape)
         with np.errstate(all="ignore"):
             try:
-                oracle = gq.quantize(x, GT[target])
+                oracle = gq.quantize(x, GT[want])
             except NotImplementedError:  # the K-quants, IQ4 and NVFP4: blockquant's own
-                oracle = bg.quantize(x, target)
+                oracle = bg.quantize(x, want)
         assert np.array_equal(np.asarray(tb.data).view(np.uint8).reshape(-1),
                               oracle.view(np.uint8).reshape(-1)), ta.name
         # gguf-py's dequantize of what was written equals blockquant's, bit for bit.
-        theirs = gq.dequantize(tb.data, GT[target])
-        ours = bg.dequantize(tb.data, target)
+        theirs = gq.dequantize(tb.data, GT[want])
+        ours = bg.dequantize(tb.data, want)
         assert np.array_equal(np.asarray(theirs, np.float32).view(np.uint32),
                               ours.view(np.uint32)), ta.name
 
 
 def test_summary_says_what_was_kept(model, tmp_path, capsys):
     out = tmp_path / "m.gguf"
-    assert run("quantize", model, "-o", out, "--scheme", "tq2_0") == 0
+    assert run("quantize", model, "-o", out, "--scheme", "q8_0", "--pure") == 0
     text = capsys.readouterr().out
-    assert "4 of 10 tensors quantized to TQ2_0" in text
+    assert "Q8_0 (--pure) (general.file_type 7), 6 of 10 tensors quantized (Q8_0: 6)" in text
     assert "2 of rank below 2" in text
     assert "blk.0.ffn_gate_inp.weight" in text
-    assert "rows are not whole TQ2_0 blocks: blk.0.attn_k.weight, blk.0.odd.weight" in text
+    assert "rows are not whole blocks of their type, which has no fallback: blk.0.odd.weight" in text
 
 
 def test_dry_run_writes_nothing(model, tmp_path, capsys):
@@ -194,7 +204,8 @@ def test_already_quantized_input_needs_allow_requantize(model, tmp_path, capsys)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "already quantized (Q8_0)" in err
     assert "--allow-requantize" in err and not out.exists()
-    assert run("quantize", q8, "-o", out, "--scheme", "q4_0", "--allow-requantize", "-q") == 0
+    assert run("quantize", q8, "-o", out, "--scheme", "q4_0", "--pure", "--allow-requantize",
+               "-q") == 0
     a, b = GGUFReader(q8), GGUFReader(out)
     for ta, tb in zip(a.tensors, b.tensors):
         if ta.tensor_type == GT.Q8_0:
@@ -227,7 +238,7 @@ def test_include_exclude_min_rank_strict(model, tmp_path, capsys):
 def test_options_and_names_gguf_does_not_take(model, tmp_path, capsys):
     out = tmp_path / "m.gguf"
     for extra in (["--scheme", "int4"], ["--scheme", "iq2_xxs"], ["--scheme", "q4_0",
-                  "--calibration", "absmean"], ["--scheme", "q4_0", "--rule", "x=keep"]):
+                  "--calibration", "absmean"], ["--scheme", "q4_0", "--rule", "x=int8"]):
         assert run("quantize", model, "-o", out, *extra) == 2
         assert capsys.readouterr().err.startswith("blockquant: error: ")
     assert not out.exists()
@@ -235,6 +246,8 @@ def test_options_and_names_gguf_does_not_take(model, tmp_path, capsys):
     np.savez(tmp_path / "x.npz", a=np.zeros((4, 32), np.float32))
     assert run("quantize", tmp_path / "x.npz", "-o", tmp_path / "x.gguf", "--scheme", "q4_0") == 2
     assert "GGUF output is made from a GGUF file" in capsys.readouterr().err
+    assert run("quantize", tmp_path / "x.npz", "-o", st, "--scheme", "int8", "--pure") == 2
+    assert "--pure: is llama-quantize's option, for a .gguf output only" in capsys.readouterr().err
     assert run("quantize", tmp_path / "x.npz", "-o", st, "--scheme", "int8",
                "--allow-requantize") == 2
 

@@ -87,7 +87,7 @@ def test_preset_names_in_any_case(name):
 @pytest.mark.parametrize("name, says", [
     ("q8_0", ["one of ggml's types", "int8_block32"]),
     ("Q4_K", ["one of ggml's types", "int4_block16"]),
-    ("Q4_K_M", ["llama.cpp's file types", "q4_k"]),
+    ("Q4_K_M", ["llama.cpp's file types", "-o model.gguf --scheme Q4_K_M"]),
     ("f16", ["float type"]),
 ])
 def test_a_ggml_name_on_a_safetensors_input_says_the_equivalent(model, capsys, name, says):
@@ -114,7 +114,7 @@ def gguf_model(tmp_path) -> Path:
 @pytest.mark.parametrize("name, says", [
     ("int8_block32", ["blockquant preset", "q8_0"]),
     ("INT4_BLOCK32", ["blockquant preset", "q4_0"]),
-    ("Q4_K_M", ["llama.cpp's mix", "q4_k"]),
+    ("Q2_K_S", ["Q2_K_S", "importance matrix"]),  # a mix blockquant cannot make yet
 ])
 def test_a_preset_or_mix_on_a_gguf_says_the_ggml_type(gguf_model, capsys, name, says):
     assert run("quantize", gguf_model, "-o", gguf_model.with_name("o.gguf"), "--scheme", name) == 2
@@ -123,7 +123,7 @@ def test_a_preset_or_mix_on_a_gguf_says_the_ggml_type(gguf_model, capsys, name, 
         assert word in err, (word, err)
 
 
-@pytest.mark.parametrize("name", ["Q6_K", "q6_k", "NVFP4", "nvfp4"])
+@pytest.mark.parametrize("name", ["Q6_K", "q6_k", "NVFP4", "nvfp4", "Q4_K_M", "q4_k_m"])
 def test_ggml_types_in_any_case_on_a_gguf(gguf_model, name):
     assert run("quantize", gguf_model, "-o", gguf_model.with_name(f"{name}.gguf"), "--scheme",
                name, "-q") == 0

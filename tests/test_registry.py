@@ -98,7 +98,7 @@ def test_an_unknown_requested_format_is_refused():
 
 
 @pytest.mark.parametrize("out, says", [
-    ("q.gguf", "GGUF output is made from a GGUF file"),
+    ("q.gguf", "int8 is a blockquant preset, for safetensors and burn-pack outputs"),
     ("q.onnx", "an ONNX model is quantized into an ONNX model"),
 ])
 def test_the_api_and_the_command_refuse_through_the_same_door(tmp_path, capsys, out, says):

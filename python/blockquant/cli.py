@@ -44,6 +44,7 @@ from ._cli_util import (
 from ._text import printable
 from ._version import __version__
 from .checkpoint.folders import OTHER_WEIGHTS, Plan
+from .checkpoint.gguf_mixes import MixOptions
 from .checkpoint.registry import (
     GGUFRun,
     OnnxRun,
@@ -258,7 +259,14 @@ def _request(args: argparse.Namespace) -> QuantizeRequest:
     return QuantizeRequest(args.input, args.output, scheme, opts or _file_options(args),
                            output_format=args.output_format,
                            allow_requantize=args.allow_requantize, onnx_op=args.onnx_op,
-                           onnx_fp4=args.onnx_fp4, external_data=args.external_data or None)
+                           onnx_fp4=args.onnx_fp4, external_data=args.external_data or None,
+                           gguf=_mix_options(args))
+
+
+def _mix_options(args: argparse.Namespace) -> MixOptions:
+    """llama-quantize's options of a GGUF output, as given."""
+    return MixOptions(args.pure, tuple(args.tensor_types or ()), args.output_tensor_type,
+                      args.token_embedding_type)
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
@@ -301,7 +309,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def _quantize_gguf(args: argparse.Namespace, run: GGUFRun) -> int:
-    """``blockquant quantize IN.gguf -o OUT.gguf --scheme q4_0``: llama-quantize --pure."""
+    """A .gguf OUT: llama-quantize's mix (or one type with --pure) per tensor."""
     from .checkpoint.gguf_file import KEPT_WORDS
     from .checkpoint.gguf_file import kept_summary as gguf_kept
 
@@ -309,10 +317,20 @@ def _quantize_gguf(args: argparse.Namespace, run: GGUFRun) -> int:
     if args.dry_run:
         rows = [[printable(d.tensor.name), _shape(d.tensor.shape), d.tensor.dtype_name,
                  d.new_type if d.quantized else f"keep: {KEPT_WORDS[d.why]}",
-                 _human(d.tensor.nbytes),
+                 printable(d.how) or "-", _human(d.tensor.nbytes),
                  _human(d.bytes_after)] for d in decisions]
-        print(printable(f"{args.input} -> {args.output}: dry run, nothing written"))
-        print(_table(rows, ["tensor", "shape", "type", "action", "before", "after"], left=4))
+        print(printable(f"{args.input} -> {args.output}: dry run, nothing written ({target}, "
+                        f"general.file_type {run.mix.ftype.id})"))
+        print(_table(rows, ["tensor", "shape", "type", "action", "why", "before", "after"],
+                     left=5))
+        before = sum(d.tensor.nbytes for d in decisions)
+        after = sum(d.bytes_after for d in decisions)
+        numel = sum(d.tensor.numel for d in decisions)
+        print(f"\n{_gguf_types(decisions)}; tensor data {_human(before)} -> {_human(after)} "
+              f"({before / max(after, 1):.2f}x, {8 * after / max(numel, 1):.3f} bits/value)")
+        for line in (gguf_kept(decisions, target, run.options.min_rank), _left_out(run)):
+            if line:
+                print(printable(line))
         return 0
     what = {d.tensor.name: (f"{d.tensor.dtype_name} -> {d.new_type}" if d.quantized
                             else f"{d.tensor.dtype_name} kept: {KEPT_WORDS[d.why]}")
@@ -324,15 +342,35 @@ def _quantize_gguf(args: argparse.Namespace, run: GGUFRun) -> int:
     finally:
         bar.close()
     if not args.quiet:
-        print(printable(f"{args.output}: {len(res.quantized)} of "
-                        f"{_n(len(res.decisions), 'tensor')} "
-                        f"quantized to {target}, {_human(res.bytes_in)} of tensor data -> "
-                        f"{_human(res.bytes_out)} file ({res.bytes_in / max(res.bytes_out, 1):.2f}x)"
-                        f" in {res.seconds:.2f} s"))
-        line = gguf_kept(res.decisions, target, run.options.min_rank)
-        if line:
-            print(printable(line))
+        print(printable(f"{args.output}: {target} (general.file_type {run.mix.ftype.id}), "
+                        f"{_gguf_types(res.decisions)}; {_human(res.bytes_in)} of tensor data "
+                        f"-> {_human(res.bytes_out)} file "
+                        f"({res.bytes_in / max(res.bytes_out, 1):.2f}x) in {res.seconds:.2f} s"))
+        for line in (gguf_kept(res.decisions, target, run.options.min_rank), _left_out(run)):
+            if line:
+                print(printable(line))
     return 0
+
+
+def _left_out(run: GGUFRun) -> str:
+    """The tensors a conversion to GGUF left out: those its architecture has no name for."""
+    left = run.convert.left_out if run.convert is not None else []
+    if not left:
+        return ""
+    shown = ", ".join(left[:4]) + (", ..." if len(left) > 4 else "")
+    return (f"left out {_n(len(left), 'tensor')} llama.cpp's {run.convert.arch} has no GGUF "
+            f"name for (as convert_hf_to_gguf.py): {shown}")
+
+
+def _gguf_types(decisions: Sequence[Any]) -> str:
+    """How many tensors each type got: ``37 of 39 tensors quantized (Q4_K: 20, Q6_K: 17)``."""
+    counts: dict[str, int] = {}
+    for d in decisions:
+        if d.quantized:
+            counts[d.new_type] = counts.get(d.new_type, 0) + 1
+    n = sum(counts.values())
+    types = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
+    return f"{n} of {_n(len(decisions), 'tensor')} quantized" + (f" ({types})" if types else "")
 
 
 def _stats_line(stats: Any) -> str:
@@ -389,7 +427,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     options = _file_options(args)
-    run = plan_report(args.input, args.scheme, options)
+    run = plan_report(args.input, args.scheme, options, _mix_options(args))
     bar = _progress(None, run.total_bytes, "report", args)
     try:
         rep = run.run(jobs=args.jobs, threads=args.threads, progress=bar)
@@ -399,23 +437,27 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(json.dumps(_jsonable(rep), indent=1))
         return 0
 
+    o, f = rep["overall"], rep["file_total"]
+    weighted = "sqnr_imatrix_db" in o
+
     def row(name: str, shape: str, r: dict[str, Any]) -> list[str]:
         ratio = f"{r['bytes_before'] / r['bytes_after']:.2f}x" if r["bytes_after"] else "-"
         bpw = r.get("bits_per_weight", math.inf)
+        w = r.get("sqnr_imatrix_db")
         return [printable(name), shape, _fmt_db(r["sqnr_db"]),
+                *([_fmt_db(w) if w is not None else "-"] if weighted else []),
                 f"{bpw:.4g}" if math.isfinite(bpw) else "-", f"{r['max_abs_err']:.3g}",
                 _human(r["bytes_before"]), _human(r["bytes_after"]), ratio,
                 f"{r['seconds'] * 1e3:.1f}"]
 
-    o, f = rep["overall"], rep["file_total"]
     table = [row(r["name"], _shape(r["shape"]), r) for r in rep["tensors"]]
     table.append(row(f"overall ({_n(o['tensors'], 'tensor')})", f"{o['numel']:,} values", o))
-    how = ("ggml's rules, as llama-quantize --pure" if rep.get("format") == "gguf" else
+    how = ("ggml's types, chosen per tensor as llama-quantize does" if rep.get("format") == "gguf" else
            f"calibration {rep['calibration']}, rounding {rep['rounding']}, scale rounding "
            f"{rep['scale_rounding']}")
     print(printable(f"{rep['file']} with {rep['scheme']} ({how})"))
-    print(_table(table, ["tensor", "shape", "SQNR dB", "bits/w", "max abs err", "before", "after",
-                         "ratio", "ms"], left=2))
+    print(_table(table, ["tensor", "shape", "SQNR dB", *(["SQNR imatrix"] if weighted else []),
+                         "bits/w", "max abs err", "before", "after", "ratio", "ms"], left=2))
     gbs = o["bytes_before"] / o["seconds"] / 1e9 if o["seconds"] else math.inf
     print(f"\nwhole file: {_human(f['bytes_before'])} -> {_human(f['bytes_after'])} "
           f"({f['bytes_before'] / max(f['bytes_after'], 1):.2f}x), {f['unquantized']} of "
@@ -494,6 +536,22 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("--strict", action="store_true",
                        help="a tensor its scheme cannot take is an error (default: kept, and "
                        "counted in the summary)")
+        c.add_argument("--imatrix", metavar="FILE",
+                       help="llama.cpp's importance matrix (imatrix.gguf or the legacy .dat): "
+                       "report weighs each tensor's error by it, --calibration mse minimizes the "
+                       "weighted error")
+        g = c.add_argument_group("GGUF output (llama-quantize's options)")
+        g.add_argument("--pure", action="store_true",
+                       help="one type for every tensor: --scheme's file type's default type, "
+                       "no per-tensor mix (rows that are not whole blocks still fall back)")
+        g.add_argument("--tensor-type", action="append", dest="tensor_types",
+                       metavar="TENSOR=TYPE",
+                       help="the ggml type of the tensors whose name matches TENSOR (a regular "
+                       "expression, lowercased); after --rule lines, the first match wins")
+        g.add_argument("--output-tensor-type", metavar="TYPE",
+                       help="the ggml type of output.weight (and of tied token embeddings)")
+        g.add_argument("--token-embedding-type", metavar="TYPE",
+                       help="the ggml type of token_embd.weight")
         jobs(c)
         c.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
 
@@ -513,10 +571,11 @@ def _parser() -> argparse.ArgumentParser:
                        "or burn's .bpk (by OUT's extension or --format); other tensors are "
                        "copied. IN may be a model folder (one model.safetensors, or shards "
                        "and model.safetensors.index.json): OUT is then a folder of the same "
-                       "shape. An OUT ending in / is a folder. A GGUF IN with a .gguf OUT is "
-                       "requantized as llama-quantize --pure does, --scheme naming a ggml type "
-                       "(q8_0, q4_0, q4_1, q5_0, q5_1, mxfp4, tq1_0, tq2_0, f16, bf16, f32, q2_k, q3_k, "
-                       "q4_k, q5_k, q6_k, iq4_nl, iq4_xs, nvfp4). An ONNX IN "
+                       "shape. An OUT ending in / is a folder. A .gguf OUT is "
+                       "written as llama-quantize writes one, from a GGUF IN or a safetensors "
+                       "file or model folder, --scheme naming one of llama.cpp's file types "
+                       "(Q4_K_M, Q5_K_S, Q3_K_L, IQ4_XS, Q8_0, ...: a mix of ggml types per "
+                       "tensor) or, with --pure, one type for all (q4_0, q6_k, mxfp4, ...). An ONNX IN "
                        "(.onnx) gets its MatMul/Gemm weights quantized into an ONNX OUT "
                        "(--onnx-op).")
     q.add_argument("input", metavar="IN", type=_path)

@@ -29,6 +29,7 @@ from .checkpoint.folders import (
     scan_folder,
 )
 from .checkpoint.format import load_qtensor, read_entries
+from .checkpoint.gguf_mixes import MixOptions
 from .checkpoint.jobs import check_counts
 from .checkpoint.registry import QuantizeRequest, plan_dequantize, plan_quantize
 from .options import Calibration, Rounding, ScaleRounding
@@ -64,6 +65,11 @@ def quantize_file(
     threads: int | None = None,
     dry_run: bool = False,
     progress: ProgressArg = False,
+    imatrix: Union[str, os.PathLike[str], None] = None,
+    pure: bool = False,
+    tensor_types: Any = (),
+    output_tensor_type: str | None = None,
+    token_embedding_type: str | None = None,
 ) -> FolderSummary:
     """Quantize the checkpoint file or model folder ``src`` into ``dst``, as
     ``blockquant quantize`` does (docs/cli.md): the tensors of rank >= ``min_rank`` get
@@ -73,8 +79,10 @@ def quantize_file(
       (``model.safetensors``, or shards and ``model.safetensors.index.json``).
     - ``dst``: a file (``.safetensors``, or ``.bpk`` for burn), or a folder: always when
       ``src`` is a folder; for a file, when ``dst`` ends in ``/`` or is an existing folder.
-      A ``.gguf`` ``dst`` requantizes a GGUF ``src`` with a ggml type as ``scheme``, and an
-      ONNX model goes to an ``.onnx`` ``dst``, as the command does (their summaries are
+      A ``.gguf`` ``dst`` is written as llama-quantize writes one, from a GGUF ``src`` or a
+      safetensors file or folder, ``scheme`` one of llama.cpp's file types (``"Q4_K_M"``: a mix
+      of ggml types, docs/gguf.md) or a ggml type; an ONNX model goes to an ``.onnx`` ``dst``,
+      as the command does (their summaries are
       :class:`blockquant.checkpoint.gguf_file.GGUFSummary` and
       :class:`blockquant.onnx.OnnxSummary`).
     - ``scheme``: a :class:`QuantScheme`, a preset name or a scheme text.
@@ -92,15 +100,21 @@ def quantize_file(
     - ``jobs``, ``threads``: files converted at once (processes), kernel threads in all.
     - ``dry_run``: decide everything and return the summary with the expected sizes; write
       nothing.
+    - ``imatrix``: llama.cpp's importance matrix file: calibration ``"mse"`` minimizes the
+      error weighted by it (a GGUF ``dst`` refuses it).
+    - ``pure``, ``tensor_types`` (``"PATTERN=TYPE"`` texts), ``output_tensor_type``,
+      ``token_embedding_type``: llama-quantize's options, for a ``.gguf`` ``dst`` only.
 
     Returns a summary: ``quantized`` and ``copied`` tensor names, ``decisions`` (each tensor's
     scheme, or why it was kept), ``bytes_in``, ``bytes_out`` and ``seconds``."""
     check_counts(jobs, threads)
     options = FileOptions(include=include, exclude=exclude, calibration=calibration,
                           rounding=rounding, scale_rounding=scale_rounding, force=force,
-                          rules=rules, min_rank=min_rank, strict=strict)
+                          rules=rules, min_rank=min_rank, strict=strict, imatrix=imatrix)
+    gguf = MixOptions(pure, (tensor_types,) if isinstance(tensor_types, str) else
+                      tuple(tensor_types), output_tensor_type, token_embedding_type)
     run = plan_quantize(QuantizeRequest(src, dst, scheme, options, output_format=output_format,
-                                        allow_requantize=allow_requantize))
+                                        allow_requantize=allow_requantize, gguf=gguf))
     from .checkpoint.ct_folder import CtRun
 
     if not isinstance(run, (Plan, CtRun)):  # GGUF or ONNX: their own summaries

@@ -256,14 +256,14 @@ def other_kind(name: str) -> str:
     llama.cpp's mixes), with the preset nearest it; empty when it names neither."""
     upper = name.upper()
     if upper in LLAMA_MIXES:
-        return (f"{name} is one of llama.cpp's file types, a mix of ggml types for GGUF files "
-                f"(a .gguf input and output take its main type, --scheme {LLAMA_MIXES[upper]}); "
-                "the nearest preset is " + GGML_NEAREST[LLAMA_MIXES[upper].upper()])
+        return (f"{name} is one of llama.cpp's file types, a mix of ggml types for a .gguf "
+                f"output (-o model.gguf --scheme {name}); the nearest preset is "
+                + GGML_NEAREST[LLAMA_MIXES[upper].upper()])
     if upper in GGML_NEAREST:
         near = GGML_NEAREST[upper]
-        return (f"{name} is one of ggml's types, which GGUF files take (a .gguf input and "
-                "output); " + (f"the nearest preset is {near}" if near else
-                               "a float type: leave the tensors as they are"))
+        return (f"{name} is one of ggml's types, which GGUF files take (a .gguf output); "
+                + (f"the nearest preset is {near}" if near else
+                   "a float type: leave the tensors as they are"))
     return ""
 
 

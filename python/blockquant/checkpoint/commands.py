@@ -41,6 +41,7 @@ from .format import (
 from .formats import CHOOSABLE, refuse_model_output
 from .formats import output_format as decide_output
 from .gguf_file import dequantize_gguf, inspect_gguf, is_gguf
+from .imatrix import importance_overall, importance_row
 from .options import FileOptions
 from .outputs import check_output
 from .readers import open_checkpoint
@@ -91,9 +92,28 @@ def _quantize_tensor(ckpt: Checkpoint, t: TensorInfo, scheme: QuantScheme,
                      options: FileOptions) -> Any:
     x = ckpt.read(t.name)
     try:
-        return quantize(x, scheme, **options.quantize_options(scheme))
+        return _quantized(ckpt, t.name, x, scheme, options)[0]
+    except CheckpointError:
+        raise  # names its file already (the importance matrix's)
     except QuantError as e:
         raise ckpt.error(t.name, str(e)) from None
+
+
+def _quantized(ckpt: Checkpoint, name: str, x: Any, scheme: QuantScheme,
+               options: FileOptions) -> tuple[Any, Any]:
+    """``x`` quantized, and its importance from ``options.imatrix`` (None without one or an
+    entry): calibration mse minimizes the error weighted by it, others do not take it."""
+    w = None
+    if options.imatrix is not None:
+        from .gguf_names import gguf_names
+        from .imatrix import weights_for
+
+        alias = gguf_names(str(ckpt.path)).get(name)
+        w = weights_for(options.imatrix, (name,) if alias is None else (name, alias),
+                        tuple(x.shape))
+    kwargs = options.quantize_options(scheme)
+    searched = kwargs["calibration"] == "mse" and scheme.offset is None
+    return quantize(x, scheme, **kwargs, weights=w if searched else None), w
 
 
 def _copy_entry(ckpt: Checkpoint, t: TensorInfo) -> HeaderEntry:
@@ -415,19 +435,22 @@ def measure_file(
             x = ckpt.read(t.name)
             t0 = time.perf_counter()
             try:
-                qt = quantize(x, d.scheme, **options.quantize_options(d.scheme))
+                qt, w = _quantized(ckpt, t.name, x, d.scheme, options)
+            except CheckpointError:
+                raise
             except QuantError as e:
                 raise ckpt.error(t.name, str(e)) from None
             seconds = time.perf_counter() - t0
-            stats = ErrorStats.between(x, qt.dequantize())
-            del x
+            y = qt.dequantize()
+            stats = ErrorStats.between(x, y)
             total += stats
             rows.append({"name": t.name, "scheme": str(d.scheme), "shape": list(t.shape),
                          "dtype": t.dtype_name, "sqnr_db": stats.sqnr_db,
                          "max_abs_err": stats.max_abs_err, "bytes_before": t.nbytes,
                          "bytes_after": qt.nbytes,
                          "bits_per_weight": bits_per_weight(qt.nbytes, stats.numel),
-                         "seconds": seconds})
+                         "seconds": seconds, **importance_row(x, y, w, options.imatrix)})
+            del x, y
             progress(t.name, t.nbytes)
     return Measured(rows, total, decisions)
 
@@ -453,7 +476,7 @@ def report_dict(
             "tensors": len(rows), "numel": total.numel, "sqnr_db": total.sqnr_db,
             "max_abs_err": total.max_abs_err, "bytes_before": before, "bytes_after": after,
             "bits_per_weight": bits_per_weight(after, total.numel),
-            "seconds": sum(r["seconds"] for r in rows),
+            "seconds": sum(r["seconds"] for r in rows), **importance_overall(rows),
         },
         "file_total": {
             "tensors": len(decisions), "unquantized": len(decisions) - len(rows),

@@ -1,5 +1,5 @@
-"""GGUF files (llama.cpp's): read as checkpoints, and requantized into GGUF as ``llama-quantize
---pure`` does, for the types :mod:`blockquant.gguf` writes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4,
+"""GGUF files (llama.cpp's): read as checkpoints, and requantized into GGUF as llama-quantize
+does (its named mixes, :mod:`.gguf_mixes`, or one type with ``--pure``), for the types :mod:`blockquant.gguf` writes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4,
 TQ1_0, TQ2_0, F16, BF16, F32 bit for bit as gguf-py quantizes them; Q2_K..Q6_K, IQ4_NL, IQ4_XS
 and NVFP4 with blockquant's own quantizers, in ggml's layouts).
 
@@ -9,15 +9,14 @@ from the input (``GGUFWriter`` re-encodes values, refuses empty arrays and canno
 ones), then the tensor infos in the input's order, then each tensor, streamed one at a time,
 into a temporary file renamed into place at the end.
 
-What requantizing does, as llama-quantize (``--pure``: one type for every tensor it quantizes;
-without it llama-quantize picks Q6_K for ``output.weight`` and other types for some tensors):
+What requantizing does, as llama-quantize:
 
 - a tensor is quantized when its name ends in ``weight``, it has at least two dimensions
   (``min_rank``) and it is not one llama-quantize leaves alone (norms, MoE routers, position
   embeddings, small Mamba/RWKV/T5 tensors: :data:`LEFT_AS_THEY_ARE`);
-- a tensor whose rows are not a whole number of blocks of the type is kept as it is (for the
-  256-value K-quants and IQ4_XS too: llama-quantize's type choice, skipped under ``--pure``,
-  would fall back to IQ4_NL, Q5_0, Q5_1 or Q8_0 there; blockquant keeps one type per file);
+- its type is the mix's choice (:func:`.gguf_mixes.choose_types`: overrides, llama.cpp's rules,
+  the fallback for rows that are not whole blocks); a tensor whose type has no fallback and
+  whose rows are not whole blocks of it is kept as it is;
 - a tensor already of the target type is copied; one of another quantized type is refused
   unless ``allow_requantize`` (it is then dequantized and quantized again);
 - ``general.file_type`` and ``general.quantization_version`` are set (kept in place when
@@ -38,10 +37,11 @@ import numpy as np
 
 from .. import gguf as bg
 from ..errors import QuantError
-from ..metrics import ErrorStats, bits_per_weight
 from .base import NAME_TO_ST, Checkpoint, CheckpointError, TensorInfo, os_reason, st_nbytes
+from .gguf_mixes import Mix, ModelFacts, choose_types, resolve_mix
 from .options import FileOptions
 from .outputs import OutputFile, check_output
+from .rules import rank_kept
 from .safetensors import HeaderEntry, SafetensorsWriter, float_array
 
 MAGIC = b"GGUF"
@@ -51,8 +51,10 @@ VERSION = 3
 #: Name parts of the weights llama-quantize never quantizes (substrings of the name), and the
 #: names it leaves alone whole.
 LEFT_AS_THEY_ARE = (
-    "_norm.weight", "ffn_gate_inp.weight", "altup", "laurel", "per_layer_model_proj",
-    "ssm_conv1d.weight", "shortconv.conv.weight", "attn_rel_b.weight", ".position_embd.",
+    "_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel",
+    "per_layer_model_proj", "ssm_conv1d", "shortconv.conv.weight", "indexer.k_proj.weight",
+    "indexer.q_proj.weight", "attn_rel_b.weight", ".position_embd", "sam.pos_embd", "sam.neck.",
+    "sam.net_", ".rel_pos", ".patch_embd", ".patch_merger", "a.rvq.codebook", "mm.a.code_embd",
     "time_mix_first.weight", "time_mix_w0.weight", "time_mix_w1.weight", "time_mix_w2.weight",
     "time_mix_v0.weight", "time_mix_v1.weight", "time_mix_v2.weight", "time_mix_a0.weight",
     "time_mix_a1.weight", "time_mix_a2.weight", "time_mix_g1.weight", "time_mix_g2.weight",
@@ -60,14 +62,6 @@ LEFT_AS_THEY_ARE = (
 )
 LEFT_AS_THEY_ARE_NAMES = ("position_embd.weight", "token_types.weight")
 
-#: llama.cpp's ``llama_ftype`` of a file quantized to each type (``general.file_type``).
-FILE_TYPES = {
-    "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "BF16": 32,
-    "TQ1_0": 36, "TQ2_0": 37, "MXFP4": 38,  # 38: MOSTLY_MXFP4_MOE, the one MXFP4 file type
-    # llama-quantize's names Q3_K, Q4_K, Q5_K are aliases of the _M file types.
-    "Q2_K": 10, "Q3_K": 12, "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30,
-    "NVFP4": 39,
-}
 #: ``GGML_QNT_VERSION``, which llama-quantize writes as ``general.quantization_version``.
 QUANTIZATION_VERSION = 2
 _SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
@@ -405,11 +399,12 @@ def values(rt: Any, t: GGUFTensorInfo, path: Any) -> np.ndarray:
 @dataclass(frozen=True)
 class GGUFDecision:
     """What requantizing does to one tensor: ``new_type`` (its own when it is kept) and, when it
-    is kept, ``why``."""
+    is kept, ``why``; ``how`` says why the mix chose that type (empty: the file type's)."""
 
     tensor: GGUFTensorInfo
     new_type: str
     why: str = ""
+    how: str = ""
 
     @property
     def quantized(self) -> bool:
@@ -430,53 +425,107 @@ KEPT_ROWS = "rows"
 KEPT_SAME = "same"
 KEPT_SELECTION = "selection"
 KEPT_DTYPE = "dtype"
+KEPT_RULE = "rule"
 KEPT_WORDS = {KEPT_RANK: "rank below --min-rank", KEPT_NAME: "llama-quantize keeps it",
               KEPT_ROWS: "rows not whole blocks", KEPT_SAME: "already that type",
-              KEPT_SELECTION: "--include/--exclude", KEPT_DTYPE: "not floating point"}
+              KEPT_SELECTION: "--include/--exclude", KEPT_DTYPE: "not floating point",
+              KEPT_RULE: "--rule keep"}
 
 
-def plan_requantize(ckpt: GGUFCheckpoint, qtype: Any, options: FileOptions,
+def as_mix(target: Any) -> Mix:
+    """A :class:`~.gguf_mixes.Mix`; a type or file type's name is a file of that one type
+    (``llama-quantize --pure``)."""
+    return target if isinstance(target, Mix) else resolve_mix(target, pure=True)
+
+
+def model_facts(ckpt: GGUFCheckpoint) -> ModelFacts:
+    """What the mixes' rules read of the model, from its key/value pairs."""
+    fields = ckpt.reader.fields
+
+    def value(key: str) -> Any:
+        f = fields.get(key)
+        if f is None or not f.types:
+            return None
+        try:
+            return f.contents()
+        except (UnicodeDecodeError, ValueError, IndexError):
+            return None
+
+    return ModelFacts.from_metadata(value, [t.name for t in ckpt.tensors])
+
+
+def plan_requantize(ckpt: GGUFCheckpoint, target: Any, options: FileOptions,
                     allow_requantize: bool = False) -> list[GGUFDecision]:
-    """Each tensor's fate, decided from the header alone; a tensor that would need requantizing
-    without ``allow_requantize`` (or, with ``options.strict``, one the type cannot take) is a
-    ``CheckpointError`` before anything is written."""
-    target = bg.ggml_type(qtype)
-    out = []
-    for t in ckpt.tensors:
-        assert isinstance(t, GGUFTensorInfo)
-        why = _kept_because(t, target, options)
-        if why == KEPT_ROWS and options.strict:
-            raise ckpt.error(t.name, f"rows of {(t.shape or (1,))[-1]} values are not whole {target.name} "
-                             f"blocks of {target.block_size} (--strict)")
+    """Each tensor's fate under ``target`` (a :class:`~.gguf_mixes.Mix`, or a type's name:
+    that one type), decided from the header alone; a tensor that would need requantizing
+    without ``allow_requantize`` (or, with ``options.strict``, one whose type cannot take its
+    rows) is a ``CheckpointError`` before anything is written."""
+    return plan_tensors(ckpt, [t for t in ckpt.tensors if isinstance(t, GGUFTensorInfo)],
+                        as_mix(target), model_facts(ckpt), options, allow_requantize)
+
+
+def plan_tensors(ckpt: Checkpoint, tensors: list[GGUFTensorInfo], mix: Mix, facts: ModelFacts,
+                 options: FileOptions, allow_requantize: bool) -> list[GGUFDecision]:
+    """The decisions for ``tensors`` (GGUF names and types, as they go into the output)."""
+    early: dict[str, str] = {}
+    for t in tensors:
+        why = _kept_because(t, mix, options)
         if why:
-            out.append(GGUFDecision(t, t.ggml_type, why))
+            early[t.name] = why
+    choices = choose_types([(t.name, t.shape) for t in tensors],
+                           {t.name for t in tensors if t.name not in early}, mix, facts,
+                           ckpt.path)
+    out = []
+    for t in tensors:
+        why = early.get(t.name, "")
+        c = choices.get(t.name)
+        if c is not None and not why:
+            why = _kept_after(t, c.type, c.fits, options)
+        if why == KEPT_ROWS and options.strict:
+            raise ckpt.error(t.name, f"rows of {(t.shape or (1,))[-1]} values are not whole "
+                             f"{c.type if c else ''} blocks, and {c.type if c else 'it'} has no "
+                             "fallback type (--strict)")
+        if why:
+            out.append(GGUFDecision(t, t.ggml_type, why, c.how if c else ""))
             continue
+        assert c is not None and c.type is not None
         if t.quantized and not allow_requantize:
             raise ckpt.error(t.name, f"is already quantized ({t.ggml_type}); quantizing it again "
                              "adds error: --allow-requantize does it anyway")
-        out.append(GGUFDecision(t, target.name))
+        out.append(GGUFDecision(t, c.type, how=c.how))
     return out
 
 
-def _kept_because(t: GGUFTensorInfo, target: bg.GGMLType, options: FileOptions) -> str:
+def _kept_because(t: GGUFTensorInfo, mix: Mix, options: FileOptions) -> str:
+    """Why llama-quantize (or --min-rank, or a rule's @N) leaves a tensor alone before any type
+    is chosen; empty when it does not."""
     name = t.name
-    if len(t.shape) < options.min_rank:  # first: a norm is kept for its rank, as a bias is
-        return KEPT_RANK
+    kept = rank_kept(mix.rule_for(name), len(t.shape), options.min_rank)
+    if kept is not None:  # first: a norm is kept for its rank, as a bias is
+        return KEPT_RANK if kept[0] == "rank" else KEPT_RULE
     if not name.endswith("weight") or name in LEFT_AS_THEY_ARE_NAMES or any(
             part in name for part in LEFT_AS_THEY_ARE):
         return KEPT_NAME
-    if not options.selects(name):
+    return ""
+
+
+def _kept_after(t: GGUFTensorInfo, new_type: str | None, fits: bool,
+                options: FileOptions) -> str:
+    """Why a tensor the mix gave ``new_type`` is kept all the same; empty when it is not."""
+    if new_type is None:
+        return KEPT_RULE
+    if not options.selects(t.name):
         return KEPT_SELECTION
-    if t.ggml_type == target.name:
+    if t.ggml_type == new_type:
         return KEPT_SAME
     if not (t.ggml_type in _FLOATS or t.quantized):
         return KEPT_DTYPE
-    if not t.shape or t.shape[-1] % target.block_size:  # a 0-d tensor: one value, no row
+    if not fits or not t.shape:  # a 0-d tensor: one value, no row
         return KEPT_ROWS
     return ""
 
 
-def kept_summary(decisions: list[GGUFDecision], target: str, min_rank: int = 2) -> str:
+def kept_summary(decisions: list[GGUFDecision], target: str = "", min_rank: int = 2) -> str:
     """The tensors left as they are and why, as one line (empty when none was)."""
     groups: dict[str, list[str]] = {}
     for d in decisions:
@@ -488,8 +537,9 @@ def kept_summary(decisions: list[GGUFDecision], target: str, min_rank: int = 2) 
         KEPT_RANK: f"of rank below {min_rank} (norms, biases)",
         KEPT_NAME: "that llama-quantize leaves as they are (not named *weight, or a router, "
                    "position embedding, small Mamba/RWKV tensor)",
-        KEPT_ROWS: f"whose rows are not whole {target} blocks",
-        KEPT_SAME: f"already {target}",
+        KEPT_ROWS: "whose rows are not whole blocks of their type, which has no fallback",
+        KEPT_SAME: "already of their type",
+        KEPT_RULE: "by --rule keep",
         KEPT_SELECTION: "by --include/--exclude",
         KEPT_DTYPE: "not floating point",
     }
@@ -527,14 +577,15 @@ def requantize_gguf(
     progress: Callable[[str, int], None] | None = None,
     decisions: list[GGUFDecision] | None = None,
 ) -> GGUFSummary:
-    """Requantize the GGUF file ``src`` to ``qtype`` into the GGUF file ``dst``, as
-    llama-quantize does (see the module's docstring). One tensor is in memory at a time (the
+    """Requantize the GGUF file ``src`` to ``qtype`` (a :class:`~.gguf_mixes.Mix`, or a
+    type's name: that one type) into the GGUF file ``dst``, as llama-quantize does (see the
+    module's docstring). One tensor is in memory at a time (the
     input is memory-mapped); ``dst`` appears only when complete. Uses ``options.include``,
     ``exclude``, ``min_rank``, ``strict`` and ``force``. Raises ``CheckpointError`` (nothing
     written) on any problem. ``decisions``: the plan :func:`plan_requantize` made (the front
     door plans once); the file must still hold the tensors it was made for."""
     options = options or FileOptions()
-    target = bg.ggml_type(qtype)
+    mix = as_mix(qtype)
     t0 = time.perf_counter()
     check_output(src, dst)
     with GGUFCheckpoint(Path(src)) as ckpt:
@@ -544,10 +595,10 @@ def requantize_gguf(
             raise ckpt.error(None, f"is one of {int(split.contents())} shards of a split model; "
                              "merge them first (llama-gguf-split --merge)")
         if decisions is None:
-            decisions = plan_requantize(ckpt, target, options, allow_requantize)
+            decisions = plan_requantize(ckpt, mix, options, allow_requantize)
         elif [d.tensor for d in decisions] != list(ckpt.tensors):
             raise ckpt.error(None, "changed since the run was planned")
-        kv = _kv_bytes(reader, target.name)
+        kv = _kv_bytes(reader, mix.ftype.id)
         infos, offsets, data_size = _tensor_infos(decisions, int(reader.alignment))
         with OutputFile(dst, options.force) as out:
             out.write(MAGIC + struct.pack("<IQQ", VERSION, len(decisions), kv.count))
@@ -568,7 +619,7 @@ def requantize_gguf(
                     progress(d.tensor.name, d.tensor.nbytes)
             _pad_to(out, base + data_size)
             out.commit()
-    return GGUFSummary(decisions, target.name, sum(d.tensor.nbytes for d in decisions),
+    return GGUFSummary(decisions, mix.name, sum(d.tensor.nbytes for d in decisions),
                        os.path.getsize(dst), time.perf_counter() - t0,
                        [d.tensor.name for d in decisions if d.quantized])
 
@@ -579,10 +630,10 @@ class _KV:
     count: int
 
 
-def _kv_bytes(reader: Any, target: str) -> _KV:
+def _kv_bytes(reader: Any, file_type: int) -> _KV:
     """Every key/value pair's bytes as the input has them, in its order, but the two
     llama-quantize sets (in place, or appended) and the split keys it drops."""
-    new = {"general.file_type": FILE_TYPES[target],
+    new = {"general.file_type": file_type,
            "general.quantization_version": QUANTIZATION_VERSION}
     parts: list[bytes] = []
     for key, f in reader.fields.items():
@@ -706,47 +757,3 @@ def dequantize_gguf(src: Any, dst: Any, options: FileOptions | None = None, *,
             w.commit()
     n = sum(t.quantized for t in tensors)
     return n, len(tensors) - n
-
-
-def report_gguf(src: Any, qtype: Any, options: FileOptions | None = None, *,
-                progress: Callable[[str, int], None] | None = None) -> dict[str, Any]:
-    """Requantize in memory (nothing written) and measure, per tensor requantizing would
-    quantize: SQNR against the input's values, max abs error, bytes before and after, time. The
-    keys are :func:`~.commands.report_file`'s."""
-    options = options or FileOptions()
-    target = bg.ggml_type(qtype)
-    with GGUFCheckpoint(Path(src)) as ckpt:
-        decisions = plan_requantize(ckpt, target, options, allow_requantize=True)
-        rows, total = [], ErrorStats()
-        for d in decisions:
-            t = d.tensor
-            if d.quantized:
-                x = values(ckpt.raw(t.name), t, ckpt.path)
-                t0 = time.perf_counter()
-                blocks = _tensor_data(ckpt, d)
-                seconds = time.perf_counter() - t0
-                y = bg.dequantize(blocks, target.name).reshape(t.shape)
-                stats = ErrorStats.between(x, y)
-                total += stats
-                rows.append({"name": t.name, "scheme": target.name, "shape": list(t.shape),
-                             "dtype": t.dtype_name, "sqnr_db": stats.sqnr_db,
-                             "max_abs_err": stats.max_abs_err, "bytes_before": t.nbytes,
-                             "bytes_after": d.bytes_after,
-                             "bits_per_weight": bits_per_weight(d.bytes_after, stats.numel),
-                             "seconds": seconds})
-            if progress is not None:
-                progress(t.name, t.nbytes)
-    before = sum(r["bytes_before"] for r in rows)
-    after = sum(r["bytes_after"] for r in rows)
-    file_bytes = sum(d.tensor.nbytes for d in decisions)
-    return {
-        "file": str(src), "format": "gguf", "scheme": target.name,
-        "tensors": rows,
-        "overall": {"tensors": len(rows), "numel": total.numel, "sqnr_db": total.sqnr_db,
-                    "max_abs_err": total.max_abs_err, "bytes_before": before,
-                    "bytes_after": after, "bits_per_weight": bits_per_weight(after, total.numel),
-                    "seconds": sum(r["seconds"] for r in rows)},
-        "file_total": {"tensors": len(decisions), "unquantized": len(decisions) - len(rows),
-                       "bytes_before": file_bytes, "bytes_after": after + file_bytes - before},
-        "kept": [{"name": d.tensor.name, "why": d.why} for d in decisions if not d.quantized],
-    }

@@ -54,6 +54,9 @@ def rule_scheme(rule: Rule) -> QuantScheme | None:
     """The blockquant scheme ``rule`` picks (None: keep); a rule naming another format's
     scheme is a CheckpointError here, in an output that takes blockquant's."""
     if rule.scheme is None and rule.foreign is not None:
+        if _is_ggml_name(rule.foreign):
+            raise CheckpointError("--rule", None, f"{rule.text!r}: {rule.foreign} is a ggml "
+                                  "type, taken by a .gguf output only")
         raise CheckpointError("--rule", None, f"{rule.text!r}: {rule.foreign} is an MLX mode, "
                               "taken with --format mlx only")
     return rule.scheme
@@ -123,8 +126,10 @@ def compile_rules(rules: tuple[RuleSpec, ...]) -> tuple[Rule, ...]:
             if scheme == KEEP:
                 compiled.append(Rule(pattern, None, text))
                 continue
-        # An MLX mode's name (mxfp4 is one and a preset too) is kept for MLX output to read.
-        foreign = scheme if isinstance(scheme, str) and _is_mlx_name(scheme) else None
+        # An MLX mode's or a ggml type's name (mxfp4 is both, and a preset too) is kept for MLX
+        # and GGUF output to read.
+        foreign = scheme if isinstance(scheme, str) and (
+            _is_mlx_name(scheme) or _is_ggml_name(scheme)) else None
         try:
             compiled.append(Rule(pattern, resolve(scheme), text, floor, foreign))
         except (QuantError, TypeError, OverflowError) as e:
@@ -133,6 +138,12 @@ def compile_rules(rules: tuple[RuleSpec, ...]) -> tuple[Rule, ...]:
                 continue
             raise CheckpointError("--rule", None, f"{text!r}: {e}") from None
     return tuple(compiled)
+
+
+def _is_ggml_name(text: str) -> bool:
+    from ..gguf import TYPES
+
+    return text.upper() in TYPES
 
 
 def _is_mlx_name(text: str) -> bool:
@@ -188,6 +199,8 @@ class FileOptions:
       error, as llama-quantize's ``--allow-requantize``.
     - ``dtype``: dequantize to float16, bfloat16, float32 or float64 rather than each tensor's
       original dtype (a name, a numpy dtype or a type such as ``np.float16``).
+    - ``imatrix``: an importance matrix file (llama.cpp's, :mod:`.imatrix`): ``report`` weighs
+      each tensor's error by it, and calibration ``mse`` minimizes the weighted error.
     """
 
     include: str | None = None
@@ -201,6 +214,7 @@ class FileOptions:
     min_rank: int = 2
     strict: bool = False
     allow_requantize: bool = False
+    imatrix: str | None = None
 
     def __post_init__(self) -> None:
         _compile(self.include, "--include")
@@ -208,6 +222,8 @@ class FileOptions:
         # Normalized in place (frozen: object.__setattr__), so equal options compare equal.
         object.__setattr__(self, "dtype", _dtype_name(self.dtype))
         object.__setattr__(self, "rules", parse_rules(self.rules))
+        if self.imatrix is not None:
+            object.__setattr__(self, "imatrix", os.fspath(self.imatrix))
         if type(self.min_rank) is not int or self.min_rank < 0:
             raise CheckpointError("--min-rank", None,
                                   f"expected an integer >= 0, got {self.min_rank!r}")

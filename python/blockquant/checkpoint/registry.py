@@ -37,6 +37,7 @@ from .formats import (
     check_output_name,
     output_format,
 )
+from .gguf_mixes import MixOptions
 from .options import FileOptions
 
 __all__ = ["Entry", "GGUFRun", "OnnxRun", "QuantizeRequest", "ReportRun", "entries", "inspect",
@@ -47,9 +48,10 @@ __all__ = ["Entry", "GGUFRun", "OnnxRun", "QuantizeRequest", "ReportRun", "entri
 class QuantizeRequest:
     """Everything a quantize run is asked to do, from the command's arguments or the API's.
 
-    ``scheme``: a :class:`QuantScheme`, a preset name or a scheme text (a ggml type name for a
-    GGUF output). ``allow_requantize``: GGUF only. ``onnx_op``, ``onnx_fp4``,
-    ``external_data``: ONNX only (see :func:`blockquant.onnx.quantize_model`)."""
+    ``scheme``: a :class:`QuantScheme`, a preset name or a scheme text (for a GGUF output one
+    of llama.cpp's file types, ``Q4_K_M``, or a ggml type). ``allow_requantize`` and ``gguf``
+    (llama-quantize's options: ``--pure``, ``--tensor-type``, ...): GGUF only. ``onnx_op``,
+    ``onnx_fp4``, ``external_data``: ONNX only (see :func:`blockquant.onnx.quantize_model`)."""
 
     src: Any
     dst: Any
@@ -60,6 +62,7 @@ class QuantizeRequest:
     onnx_op: str = "qdq"
     onnx_fp4: str = "lookup"
     external_data: bool | None = None
+    gguf: MixOptions = MixOptions()
 
 
 def resolve_scheme(scheme: Union[QuantScheme, str]) -> QuantScheme:
@@ -74,7 +77,21 @@ def resolve_scheme(scheme: Union[QuantScheme, str]) -> QuantScheme:
 def plan_quantize(req: QuantizeRequest) -> Any:
     """The run ``req`` asks for, planned once (nothing written yet)."""
     fmt = output_format(req.src, req.dst, req.output_format)
+    if fmt != GGUF and req.gguf.given():
+        raise CheckpointError(req.gguf.given()[0], None, "is llama-quantize's option, for a "
+                              ".gguf output only")
+    if fmt != GGUF:
+        _check_imatrix(req.options)
     return PLANNERS[fmt](req, fmt)
+
+
+def _check_imatrix(options: FileOptions) -> None:
+    """The importance matrix read (and checked) once, before any tensor: a bad file is its own
+    error, not the first tensor's."""
+    if options.imatrix is not None:
+        from .imatrix import load
+
+        load(options.imatrix)
 
 
 def _plan_checkpoint(req: QuantizeRequest, fmt: Format) -> Plan:
@@ -101,15 +118,21 @@ def _plan_checkpoint(req: QuantizeRequest, fmt: Format) -> Plan:
 
 @dataclass
 class GGUFRun:
-    """A GGUF requantize, planned: each tensor's decision, made once from the header."""
+    """A GGUF output, planned: each tensor's decision, made once from the input's header (a
+    GGUF file requantized, or a safetensors checkpoint converted: ``convert``)."""
 
     src: Any
     dst: Any
-    target: str
+    mix: Any  # gguf_mixes.Mix
     decisions: list[Any]
     options: FileOptions
     allow_requantize: bool
+    convert: Any = None  # gguf_convert.Conversion of a safetensors input
     format: Format = GGUF
+
+    @property
+    def target(self) -> str:
+        return str(self.mix.name)
 
     @property
     def total_bytes(self) -> int:
@@ -118,10 +141,16 @@ class GGUFRun:
     def run(self, *, jobs: int = 1, threads: int | None = None,
             progress: Callable[[str, int], None] | None = None) -> Any:
         from .._threads import bounded
-        from .gguf_file import requantize_gguf
 
         with bounded(threads):
-            return requantize_gguf(self.src, self.dst, self.target, self.options,
+            if self.convert is not None:
+                from .gguf_convert import write_gguf
+
+                return write_gguf(self.convert, self.dst, self.mix, self.options,
+                                  progress=progress, decisions=self.decisions)
+            from .gguf_file import requantize_gguf
+
+            return requantize_gguf(self.src, self.dst, self.mix, self.options,
                                    allow_requantize=self.allow_requantize, progress=progress,
                                    decisions=self.decisions)
 
@@ -133,30 +162,33 @@ def ggml_type(text: Any) -> Any:
     return TYPES.get(str(text).upper())
 
 
-def gguf_options(req: QuantizeRequest) -> FileOptions:
-    """The file options a GGUF run takes; blockquant's scheme options are refused."""
+def gguf_options(req: QuantizeRequest) -> tuple[FileOptions, Any]:
+    """The file options a GGUF run takes and its mix (:mod:`.gguf_mixes`); blockquant's scheme
+    options are refused."""
+    from .gguf_mixes import file_type, mix_of
+
     o = req.options
-    for flag, given in (("--rule", o.rules), ("--calibration", o.calibration),
-                        ("--rounding", o.rounding), ("--scale-rounding", o.scale_rounding),
-                        ("--format", req.output_format)):
+    for flag, given in (("--calibration", o.calibration), ("--rounding", o.rounding),
+                        ("--scale-rounding", o.scale_rounding), ("--format", req.output_format)):
         if given:
             raise CheckpointError(flag, None, "GGUF files take ggml's types, whose rules are fixed")
-    if ggml_type(req.scheme) is None:
-        from ..gguf import TYPES
-        from ..presets import LLAMA_MIXES, PRESET_NEAREST_GGML
+    if o.imatrix is not None:
+        raise CheckpointError("--imatrix", None, "ggml's types are quantized here without "
+                              "importance weights (blockquant's K-quant and legacy searches take "
+                              "none yet); report --imatrix measures with them, and --calibration "
+                              "mse into safetensors uses them")
+    if ggml_type(req.scheme) is None and file_type(req.scheme) is None:
+        from ..presets import PRESET_NEAREST_GGML
 
         text = str(req.scheme)
-        hint = ""
         if text.lower() in PRESET_NEAREST_GGML:
-            hint = (f": {text} is a blockquant preset, for safetensors and burn-pack outputs; "
-                    f"its nearest ggml type is {PRESET_NEAREST_GGML[text.lower()]}")
-        elif text.upper() in LLAMA_MIXES:
-            hint = (f": {text} is llama.cpp's mix of types; blockquant writes one type per file, "
-                    f"its main one is {LLAMA_MIXES[text.upper()]}")
-        raise CheckpointError("--scheme", None, f"GGUF takes a ggml type "
-                              f"({', '.join(TYPES).lower()}), got {text!r}{hint}")
+            raise CheckpointError("--scheme", None, f"{text} is a blockquant preset, for "
+                                  "safetensors and burn-pack outputs; a GGUF output takes "
+                                  "llama.cpp's file types (Q4_K_M ...) or ggml types, the "
+                                  f"nearest here {PRESET_NEAREST_GGML[text.lower()]}")
+    mix = mix_of(req.scheme, req.gguf, o.rules)
     return FileOptions(include=o.include, exclude=o.exclude, min_rank=o.min_rank,
-                       strict=o.strict, force=o.force)
+                       strict=o.strict, force=o.force), mix
 
 
 def not_gguf_reason(path: Any) -> str:
@@ -174,20 +206,22 @@ def _plan_gguf(req: QuantizeRequest, fmt: Format) -> GGUFRun:
     from .gguf_file import GGUFCheckpoint, is_gguf, is_gguf_path, plan_requantize
 
     src = req.src
-    if Path(src).is_dir():  # a model folder is written to a folder: the folder planner says so
-        return _plan_checkpoint(req, fmt)  # type: ignore[return-value]
     if not is_gguf(src):
-        # Named .gguf but not one, or not a file at all: say what it is instead.
         if is_gguf_path(src) or (os.path.exists(src) and not os.path.isfile(src)
                                  and not os.path.isdir(src)):
             raise CheckpointError(src, None, f"not a GGUF file ({not_gguf_reason(src)})")
-        raise CheckpointError(src, None, "GGUF output is made from a GGUF file (llama.cpp's "
-                              "convert_hf_to_gguf.py converts other checkpoints)")
-    options = gguf_options(req)
-    target = ggml_type(req.scheme).name
+        from .gguf_convert import plan_convert
+
+        options, mix = gguf_options(req)
+        if req.allow_requantize:
+            raise CheckpointError("--allow-requantize", None, "only a GGUF input holds "
+                                  "tensors of another tool's quantized types to requantize")
+        conversion, decisions = plan_convert(src, mix, options)
+        return GGUFRun(src, req.dst, mix, decisions, options, False, conversion)
+    options, mix = gguf_options(req)
     with GGUFCheckpoint(Path(src)) as ckpt:
-        decisions = plan_requantize(ckpt, target, options, req.allow_requantize)
-    return GGUFRun(src, req.dst, target, decisions, options, req.allow_requantize)
+        decisions = plan_requantize(ckpt, mix, options, req.allow_requantize)
+    return GGUFRun(src, req.dst, mix, decisions, options, req.allow_requantize)
 
 
 # --- ONNX models ---------------------------------------------------------------------------------
@@ -286,7 +320,7 @@ class ReportRun:
             with bounded(threads):
                 return report_model(self.src, self.scheme, options=self.options)
         if self.kind == "gguf":
-            from .gguf_file import report_gguf
+            from .gguf_report import report_gguf
 
             with bounded(threads):
                 return report_gguf(self.src, self.scheme, self.options, progress=each)
@@ -296,17 +330,26 @@ class ReportRun:
                            progress=progress if progress is not None else (lambda *a: None))
 
 
-def plan_report(src: Any, scheme: Any, options: FileOptions) -> ReportRun:
+def plan_report(src: Any, scheme: Any, options: FileOptions,
+                gguf: MixOptions | None = None) -> ReportRun:
     """A report of ``src`` under ``scheme``: for a GGUF file with a ggml type, ggml's rules;
     for an ONNX model its weights; else blockquant's scheme on every checkpoint tensor."""
     from .gguf_file import is_gguf
 
     if ONNX.named_by(src):
         return ReportRun(src, "onnx", resolve_scheme(scheme), options)
+    from .gguf_mixes import file_type
+
+    gguf = gguf or MixOptions()
+    _check_imatrix(options)
     gguf_in = is_gguf(src)
-    if gguf_in and ggml_type(scheme) is not None:
-        req = QuantizeRequest(src, None, scheme, options)
-        return ReportRun(src, "gguf", ggml_type(scheme).name, gguf_options(req))
+    if gguf_in and (ggml_type(scheme) is not None or file_type(scheme) is not None):
+        req = QuantizeRequest(src, None, scheme, replace(options, imatrix=None), gguf=gguf)
+        file_options, mix = gguf_options(req)
+        return ReportRun(src, "gguf", mix, replace(file_options, imatrix=options.imatrix))
+    if gguf.given():
+        raise CheckpointError(gguf.given()[0], None, "is llama-quantize's option, for a GGUF "
+                              "input measured with a ggml type or file type")
     try:
         resolved = resolve_scheme(scheme)
     except CheckpointError as e:
@@ -315,6 +358,7 @@ def plan_report(src: Any, scheme: Any, options: FileOptions) -> ReportRun:
         from ..gguf import TYPES  # neither: name both kinds of scheme a GGUF file takes
 
         raise CheckpointError("--scheme", None, f"{e.reason}; or, for a GGUF file, one of "
+                              "llama.cpp's file types (Q4_K_M, Q5_K_S, IQ4_XS, ...) or one of "
                               f"ggml's types ({', '.join(t.lower() for t in TYPES)})") from None
     from .folders import plan_report as plan_checkpoint_report
 
