@@ -165,7 +165,10 @@ def test_mlx_and_gguf_candidates(model, tmp_path):
             else {"group_size": q["group_size"], "bits": q["bits"]}
         want = {"affine3:g32": (32, 3), "affine4": (64, 4), "affine8": (64, 8)}[t["scheme"]]
         assert (mode["group_size"], mode["bits"]) == want, t["name"]
-    # ggml types: the error is ggml's dequantized values'
+    # ggml types: the error is ggml's dequantized values' (a model of no architecture GGUF
+    # names, so its tensors keep their names)
+    src = tmp_path / "custom"
+    exact = write_model(src, {k: v for k, v in exact.items()}, config={"model_type": "custom"})
     p = plan_json(src, "--target-bpw", "5", "--format", "gguf", "--candidates", "q4_0,q8_0")
     t = next(t for t in p["tensors"] if t["name"].endswith("up_proj.weight"))
     x = exact[t["name"]]
@@ -205,3 +208,63 @@ def test_bad_inputs_are_one_line(model, tmp_path, capsys):
     assert run("quantize", src, "-o", tmp_path / "o", "--rules-file", tmp_path / "none") == 2
     one_error_line(capsys, "--scheme is required")
     assert not (tmp_path / "o").exists()
+
+
+def test_an_importance_matrix_weighs_the_errors_and_the_choice(model, tmp_path):
+    from test_imatrix import legacy
+
+    src, exact = model
+    rng = np.random.default_rng(3)
+    entries, importance = [], {}
+    for name, x in exact.items():
+        if x.ndim == 2 and name.endswith("proj.weight"):
+            w = np.exp(rng.normal(0, 1.5, x.shape[1])).astype(np.float32)
+            importance[name] = w
+            entries.append((name.encode(), 1, w.tolist()))
+    path = tmp_path / "imatrix.dat"
+    path.write_bytes(legacy(entries))
+    cands = "int4_block32,mxfp4,int8_block32"
+    p = plan_json(src, "--target-bpw", "5", "--candidates", cands, "--imatrix", path,
+                  "--floor", "x=0")
+    plain = plan_json(src, "--target-bpw", "5", "--candidates", cands, "--floor", "x=0")
+    for t in p["tensors"]:
+        x = exact[t["name"]].astype(np.float64)
+        w = importance.get(t["name"])
+        col = np.ones(x.shape[1]) if w is None else w.astype(np.float64)
+        assert t["signal"] == pytest.approx(float(((x * x).sum(axis=0)) @ col), rel=1e-9)
+        y = bq.quantize(exact[t["name"]], "mxfp4").dequantize()
+        d = x - y
+        assert t["options"]["mxfp4"]["error"] == pytest.approx(float((d * d).sum(axis=0) @ col),
+                                                               rel=1e-9)
+    # weighted errors change what is chosen, and the weighted plan is the better one by them
+    assert p["tensors"] != plain["tensors"]
+    def weighted_total(plan):
+        by = {t["name"]: t for t in p["tensors"]}
+        return sum(by[t["name"]]["options"][t["scheme"]]["error"] for t in plan["tensors"])
+    assert weighted_total(p) <= weighted_total(plain)
+
+
+def test_a_plan_for_gguf_output_from_safetensors_names_the_gguf_tensors(tmp_path):
+    from gguf import GGUFReader
+
+    rng = np.random.default_rng(8)
+    cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 128,
+           "intermediate_size": 256, "num_hidden_layers": 1, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "vocab_size": 64, "rms_norm_eps": 1e-5,
+           "max_position_embeddings": 64, "rope_theta": 10000.0, "tie_word_embeddings": False,
+           "torch_dtype": "bfloat16"}
+    src = tmp_path / "m"
+    write_model(src, llama_tensors(rng, hidden=128, inter=256, layers=1, kv=64, vocab=64),
+                config=cfg)
+    out = tmp_path / "m.gguf"
+    rules = tmp_path / "plan.rules"
+    assert run("plan", src, "--target-bpw", "6", "--format", "gguf", "--candidates",
+               "q4_0,q5_0,q8_0", "-o", rules) == 0
+    planned = dict(ln.split("=") for ln in read_rules_file(rules))
+    assert all(p.startswith(("^blk\\.0\\.", "^output", "^token_embd")) for p in planned)
+    assert run("quantize", src, "-o", out, "--target-bpw", "6", "--candidates",
+               "q4_0,q5_0,q8_0", "-q") == 0
+    types = {t.name: t.tensor_type.name for t in GGUFReader(str(out)).tensors}
+    for pattern, cand in planned.items():
+        assert types[pattern[1:-1].replace("\\", "")] == cand.upper(), pattern
+    assert len(set(planned.values())) > 1

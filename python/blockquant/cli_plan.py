@@ -64,8 +64,8 @@ def add_parser(sub: Any, options: Any, jobs: Any) -> None:
     p.set_defaults(func=cmd_plan)
 
 
-def request(args: argparse.Namespace, opts: FileOptions) -> PlanRequest:
-    return PlanRequest(args.input, args.target_bpw, args.output_format, args.candidates,
+def request(args: argparse.Namespace, opts: FileOptions, fmt: str | None = None) -> PlanRequest:
+    return PlanRequest(args.input, args.target_bpw, fmt or args.output_format, args.candidates,
                        args.floor, args.keep or (), opts)
 
 
@@ -151,7 +151,7 @@ def planned_quantize(args: argparse.Namespace, fmt: str) -> tuple[str, FileOptio
     leaves: --scheme, else the candidate of most bits; the options with the plan's rules after
     any --rule given)."""
     opts = _file_options(args)
-    mp = plan_model(request(args, opts), jobs=args.jobs, threads=args.threads)
+    mp = plan_model(request(args, opts, fmt), jobs=args.jobs, threads=args.threads)
     if not args.quiet:
         print_plan(mp, quiet=not args.verbose)
     lines = [ln for ln in mp.rules().splitlines() if ln and not ln.startswith("#")]

@@ -262,12 +262,15 @@ def uniform(measures: list[TensorMeasure], candidate: str) -> PlanResult:
     return PlanResult(0.0, choice, {m.name: m for m in measures}, why)
 
 
-def rules_text(result: PlanResult, header: list[str]) -> str:
+def rules_text(result: PlanResult, header: list[str], names: dict[str, str] | None = None
+               ) -> str:
     """The plan as a rules file: one ``^NAME$=CHOICE`` line a tensor (``keep`` for float),
-    after ``#`` comment lines; ``quantize --rules-file`` reads it."""
+    after ``#`` comment lines; ``quantize --rules-file`` reads it. ``names``: the name the
+    output's rules see a tensor by, where it is not its own."""
     lines = [f"# {h}" for h in header]
     for name, c in result.choice.items():
-        lines.append(f"^{re.escape(name)}$={c if c is not None else KEEP}")
+        shown = (names or {}).get(name, name)
+        lines.append(f"^{re.escape(shown)}$={c if c is not None else KEEP}")
     return "\n".join(lines) + "\n"
 
 

@@ -70,8 +70,10 @@ class Candidate:
         except (QuantError, ValueError, OverflowError):
             return None
 
-    def roundtrip(self, x: np.ndarray, dtype: str | None, options: FileOptions) -> np.ndarray:
-        """``x`` quantized and dequantized as the output's consumer reads it back."""
+    def roundtrip(self, x: np.ndarray, dtype: str | None, options: FileOptions,
+                  weights: np.ndarray | None = None) -> np.ndarray:
+        """``x`` quantized and dequantized as the output's consumer reads it back (a blockquant
+        scheme's ``mse`` search weighted by ``weights`` as ``quantize --imatrix`` does)."""
         if self.kind == "ggml":
             from .. import gguf
 
@@ -97,7 +99,10 @@ class Candidate:
         from ..qtensor import quantize
 
         scheme = resolve(self.name)
-        return quantize(x, scheme, **options.quantize_options(scheme)).dequantize()
+        kwargs = options.quantize_options(scheme)
+        searched = kwargs["calibration"] == "mse" and scheme.offset is None
+        return quantize(x, scheme, **kwargs,
+                        weights=weights if searched else None).dequantize()
 
 
 def candidates(names: Any, kind: str) -> tuple[Candidate, ...]:
@@ -155,16 +160,6 @@ def eligible(t: TensorInfo, kind: str, options: FileOptions) -> bool:
     return len(t.shape) >= max(options.min_rank, 1)
 
 
-def _weights(importance: dict[str, np.ndarray] | None, name: str,
-             shape: tuple[int, ...]) -> np.ndarray | None:
-    if not importance:
-        return None
-    w = importance.get(name)
-    if w is None or w.shape != (shape[-1],):
-        return None
-    return np.asarray(w, np.float64)
-
-
 def _sums(x: np.ndarray, y: np.ndarray | None, w: np.ndarray | None) -> float:
     """sum of w_c · (x − y)² (y None: of w_c · x²) over a 2-D-or-more tensor's columns c, in
     float64 a chunk of rows at a time (the float32 difference is exact to its last bit: its
@@ -183,28 +178,54 @@ def _sums(x: np.ndarray, y: np.ndarray | None, w: np.ndarray | None) -> float:
     return total
 
 
+def _weighted_sums(x: np.ndarray, y: np.ndarray | None, w: np.ndarray) -> float:
+    """:func:`_sums` with importance of any shape that broadcasts to x's (per column, or per
+    expert and column for a 3-D weight)."""
+    if w.ndim == 1:
+        return _sums(x, y, w.astype(np.float64))
+    d = np.asarray(x, np.float64) - (0.0 if y is None else np.asarray(y, np.float64))
+    return float(np.sum(d * d * np.broadcast_to(w, d.shape)))
+
+
+def _error(x: np.ndarray, y: np.ndarray | None, w: np.ndarray | None) -> float:
+    return _sums(x, y, None) if w is None else _weighted_sums(x, y, w)
+
+
+def _importance(options: FileOptions, src: Path, name: str,
+                shape: tuple[int, ...]) -> np.ndarray | None:
+    """The tensor's importance from ``--imatrix`` (by its name, then its GGUF name), or None."""
+    if options.imatrix is None:
+        return None
+    from .gguf_names import gguf_names
+    from .imatrix import weights_for
+
+    alias = gguf_names(str(src)).get(name)
+    w = weights_for(options.imatrix, (name,) if alias is None else (name, alias), shape)
+    return None if w is None else np.asarray(w, np.float32)
+
+
 def measure_file(src: Path, names: list[str], cands: tuple[Candidate, ...],
-                 options: FileOptions, importance: dict[str, np.ndarray] | None = None,
-                 progress: Any = None) -> list[TensorMeasure]:
+                 options: FileOptions, progress: Any = None) -> list[TensorMeasure]:
     """Every tensor of ``names`` in the checkpoint ``src``, measured under every candidate
-    (module docstring). A task of :func:`.jobs.run_tasks`."""
+    (module docstring), each weighted by its ``--imatrix`` importance when given. A task of
+    :func:`.jobs.run_tasks`."""
     out = []
     with open_checkpoint(src) as ckpt:
         for name in names:
             t = ckpt.info(name)
             x = ckpt.read(name)
-            w = _weights(importance, name, t.shape)
+            w = _importance(options, src, name, tuple(t.shape))
             m = TensorMeasure(name, tuple(t.shape), int(np.prod(t.shape)), t.nbytes,
-                              _sums(x, None, w))
+                              _error(x, None, w))
             for c in cands:
                 nbytes = c.nbytes(tuple(t.shape), t.dtype)
                 if nbytes is None:
                     continue
                 try:
-                    y = c.roundtrip(x, t.dtype, options)
+                    y = c.roundtrip(x, t.dtype, options, w)
                 except QuantError as e:
                     raise ckpt.error(name, str(e)) from None
-                m.options[c.name] = (nbytes, _sums(x, y, w))
+                m.options[c.name] = (nbytes, _error(x, y, w))
                 del y
             del x
             out.append(m)

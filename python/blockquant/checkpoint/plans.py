@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .base import CheckpointError
 from .folders import scan_folder
 from .formats import GGUF, ONNX
@@ -41,8 +39,15 @@ class PlanRequest:
     candidates: Any = None
     floors: Any = None  # ["REGEX=BPW", ...]; None: DEFAULT_FLOORS
     keep: Any = ()
-    options: FileOptions = field(default_factory=FileOptions)
-    importance: dict[str, np.ndarray] | None = None
+    options: FileOptions = field(default_factory=FileOptions)  # --imatrix weighs the errors
+
+
+def _llama_keeps(gguf_name: str) -> bool:
+    """Whether llama-quantize leaves the tensor of this GGUF name alone (position embeddings,
+    routers, ...): the GGUF output keeps it whatever a plan says, so a plan leaves it out."""
+    from .gguf_file import LEFT_AS_THEY_ARE, LEFT_AS_THEY_ARE_NAMES
+
+    return gguf_name in LEFT_AS_THEY_ARE_NAMES or any(p in gguf_name for p in LEFT_AS_THEY_ARE)
 
 
 def _floors(given: Any) -> tuple[tuple[re.Pattern[str], float], ...]:
@@ -73,6 +78,9 @@ class ModelPlan:
     result: PlanResult
     uniform: dict[str, PlanResult]
     stats: RunStats
+    # The names the output's rules see, where they are not the input's: a safetensors model
+    # written as GGUF takes rules by its GGUF names (blk.0.attn_q.weight).
+    rule_names: dict[str, str] = field(default_factory=dict)
 
     def rules(self) -> str:
         header = [f"blockquant plan of {self.src} for {self.fmt} output: target "
@@ -81,7 +89,7 @@ class ModelPlan:
                   f"planned: {self.result.bpw:.4f} bits a weight, SQNR "
                   f"{self.result.sqnr_db:.2f} dB over {len(self.result.choice)} tensors",
                   "quantize with: blockquant quantize MODEL -o OUT --rules-file THIS_FILE ..."]
-        return rules_text(self.result, header)
+        return rules_text(self.result, header, self.rule_names)
 
 
 def plan_model(req: PlanRequest, *, jobs: int = 1, threads: int | None = None,
@@ -106,21 +114,32 @@ def plan_model(req: PlanRequest, *, jobs: int = 1, threads: int | None = None,
     else:
         raise CheckpointError(src, None, "not found")
     tasks = []
+    rule_names: dict[str, str] = {}
     for path, rel in paths:
+        mapped: dict[str, str] = {}
+        if kind == "ggml" and not GGUF.named_by(path):
+            from .gguf_names import gguf_names
+
+            mapped = gguf_names(str(path))  # empty: an architecture GGUF has no names for
+            rule_names.update(mapped)
         with open_checkpoint(path) as ckpt:
-            names = [t.name for t in ckpt.tensors if eligible(t, kind, req.options)]
+            names = [t.name for t in ckpt.tensors if eligible(t, kind, req.options)
+                     and not (kind == "ggml" and (
+                         (mapped and t.name not in mapped)  # the conversion leaves it out
+                         or _llama_keeps(mapped.get(t.name, t.name))))]
         if names:
-            importance = None if req.importance is None else \
-                {n: req.importance[n] for n in names if n in req.importance}
-            tasks.append(Task(rel, measure_file, (path, names, cands, req.options,
-                                                  importance)))
+            tasks.append(Task(rel, measure_file, (path, names, cands, req.options)))
     if not tasks:
         raise CheckpointError(src, None, "has no tensor a plan can decide (floating point, "
                               "rank 2 or more)")
+    if req.options.imatrix is not None:
+        from .imatrix import load
+
+        load(req.options.imatrix)  # a bad file is one error, before any tensor is read
     stats = RunStats()
     measures: list[TensorMeasure] = []
     for part in run_tasks(tasks, jobs, threads, progress, stats):
         measures.extend(part)
     result = allocate(measures, req.target_bpw, floors, keep)
     return ModelPlan(src, kind, fmt, cands, result,
-                     {c.name: uniform(measures, c.name) for c in cands}, stats)
+                     {c.name: uniform(measures, c.name) for c in cands}, stats, rule_names)
