@@ -37,17 +37,61 @@ def default_model() -> Path:
 def quantize_once(src: Path, dst: Path, scheme: str, fmt: str, threads: int,
                   rules: tuple[str, ...] = ()) -> float:
     t = time.perf_counter()
-    out_fmt = None if fmt == "safetensors" else fmt
+    out_fmt = None if fmt in ("safetensors", "gguf") else fmt  # .gguf names GGUF output
     run = plan_quantize(QuantizeRequest(src, dst, scheme, FileOptions(rules=rules),
                                         output_format=out_fmt))
     run.run(threads=threads)
     return time.perf_counter() - t
 
 
+def gguf_mixes(src: Path, args: argparse.Namespace) -> int:
+    """GGUF output: each llama.cpp mix written (its per-tensor types read back from the file),
+    every type any mix used measured once, then at each mix's size the plan beside the mix,
+    and at each --targets size the plan beside the mixes at or under it."""
+    from gguf import GGUFReader
+
+    from blockquant.checkpoint.gguf_names import gguf_names
+    from blockquant.checkpoint.plan_alloc import PlanResult, allocate
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench_plan_"))
+    try:
+        types: dict[str, dict[str, str]] = {}
+        for mix in args.mixes.split(","):
+            out = tmp / f"{mix}.gguf"
+            quantize_once(src, out, mix, "gguf", args.threads)
+            types[mix] = {t.name: t.tensor_type.name.lower()
+                          for t in GGUFReader(str(out)).tensors}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    used = sorted({t for m in types.values() for t in m.values() if t not in ("f32", "f16")})
+    mp = plan_model(PlanRequest(src, 8.0, "gguf", args.candidates or ",".join(used)),
+                    threads=args.threads)
+    measures = list(mp.result.measures.values())
+    files = [src] if src.is_file() else sorted(src.glob("*.safetensors"))
+    names: dict[str, str] = {}
+    for f in files:
+        names.update(gguf_names(str(f)))
+    print(f"model: {src}; GGUF output; every type the mixes use measured: {','.join(used)}")
+    print("| mix | mix bits/weight | mix SQNR dB | --target-bpw at that size: bits/weight | "
+          "SQNR dB | gain dB |")
+    print("|---|---|---|---|---|---|")
+    for mix, by_gguf in types.items():
+        choice = {m.name: by_gguf.get(names.get(m.name, m.name)) for m in measures}
+        choice = {n: (c if c in mp.result.measures[n].options else None)
+                  for n, c in choice.items()}
+        r = PlanResult(0.0, choice, mp.result.measures, {})
+        p = allocate(measures, r.bpw + 1e-9, (), ())
+        print(f"| {mix} | {r.bpw:.3f} | {r.sqnr_db:.2f} | {p.bpw:.3f} | {p.sqnr_db:.2f} | "
+              f"{p.sqnr_db - r.sqnr_db:+.2f} |")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None)
-    ap.add_argument("--format", default="safetensors", choices=["safetensors", "mlx"])
+    ap.add_argument("--format", default="safetensors", choices=["safetensors", "mlx", "gguf"])
+    ap.add_argument("--mixes", default="Q2_K,Q3_K_S,Q3_K_M,Q3_K_L,IQ4_XS,Q4_K_S,Q4_K_M,Q5_K_S,"
+                    "Q5_K_M,Q6_K,Q8_0", help="gguf: llama.cpp's mixes to compare with")
     ap.add_argument("--targets", default="3.5,4.25,4.5,5.5")
     ap.add_argument("--candidates", default=None)
     ap.add_argument("--threads", type=int, default=1)
@@ -55,6 +99,8 @@ def main() -> int:
     args = ap.parse_args()
     src = args.model or default_model()
     bq.set_num_threads(args.threads)
+    if args.format == "gguf":
+        return gguf_mixes(src, args)
     tmp = Path(tempfile.mkdtemp(prefix="bench_plan_"))
     try:
         rows = []

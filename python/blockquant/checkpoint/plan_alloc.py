@@ -5,15 +5,16 @@
 Each unit (a tensor, or a fused set deciding together) keeps only its Pareto candidates (fewer
 bits or less error). Two allocations are made and the one with less error kept:
 
-- **exact, on rounded sizes**: the multiple-choice knapsack solved by dynamic programming over
-  sizes rounded up to 1/N of the budget (N = min(100000, 2·10^8 / units)); the budget that
-  rounding up left over is then spent by the Lagrangian steps below;
+- **exact**: the multiple-choice knapsack solved by dynamic programming over sizes in units of
+  their greatest common divisor, when the budget holds at most N of those (N = min(400000,
+  2·10^8 / units)); else over sizes rounded up to 1/N of the budget, the budget that rounding
+  left over then spent by the Lagrangian steps below;
 - **Lagrangian**: the candidates on each unit's lower convex hull of (bits, error); every unit
   starts at its smallest, and the step with the largest error saved per bit added is taken,
   next and next, while it fits (a step that does not fit is passed over for smaller ones).
 
-The first is optimal up to the rounding of sizes (on every small case tried against brute force,
-optimal); the second is optimal at each budget its steps land on. Constraints: fused sets (q/k/v,
+The first is optimal (up to the rounding of sizes, when they have to be rounded); the second is
+optimal at each budget its steps land on. Constraints: fused sets (q/k/v,
 gate/up, w1/w3, query/key/value: vLLM runs each as one matrix) share one candidate; ``floors``
 (regular expression → least bits a weight: the output head and the token embeddings by default)
 take away the candidates below them (leaving the largest if none is above); ``keep`` keeps
@@ -23,6 +24,7 @@ offsets); bits a weight over every tensor the plan decides, those kept in float 
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import re
@@ -223,8 +225,14 @@ def _knapsack(live: list[Unit], budget: float) -> dict[int, tuple[str]] | None:
     of the budget then spent by :func:`_lagrangian`; None when the rounded sizes do not fit."""
     if not live or budget <= 0:
         return None
-    n = int(min(100_000, max(1_000, 2e8 / len(live))))
-    g = budget / n
+    cap = int(min(400_000, max(1_000, 2e8 / len(live))))
+    # Sizes in units of their greatest common divisor are exact when the budget holds few
+    # enough of them; else in 1/cap of the budget, rounded up.
+    unit = functools.reduce(math.gcd, (b for u in live for b, _ in u.options.values()), 0)
+    if unit > 0 and budget // unit <= cap:
+        n, g = int(budget // unit), float(unit)
+    else:
+        n, g = cap, budget / cap
     dp = np.zeros(n + 1)  # least error with at most k units of size used
     picks = []
     for u in live:
