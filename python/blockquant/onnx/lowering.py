@@ -24,6 +24,7 @@ index k still lands on entry k), and decoded by a ``Gather`` from the codebook.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -59,6 +60,28 @@ FLOAT_TYPES = {"FLOAT": "float32", "FLOAT16": "float16", "BFLOAT16": "bfloat16",
 #: (-8..7; a negative index counts from the end, so code c lands on entry c).
 _FP4_TABLE = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
                        -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float32)
+
+
+#: ml_dtypes' sub-byte types and their bits.
+SUB_BYTE_DTYPES = {"int4": 4, "uint4": 4, "float4_e2m1fn": 4, "int2": 2, "uint2": 2}
+
+
+def pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
+    """``bits``-bit codes (uint8, high bits ignored) packed 8 // bits a byte along the last
+    axis, the first in the low bits; a last byte short of codes is padded with zero bits."""
+    per = 8 // bits
+    if per == 1:
+        return codes
+    mask = np.uint8((1 << bits) - 1)
+    n = codes.shape[-1]
+    if n % per:
+        pad = np.zeros(codes.shape[:-1] + (per - n % per,), dtype=np.uint8)
+        codes = np.concatenate([codes, pad], axis=-1)
+    c = codes.reshape(codes.shape[:-1] + (-1, per))
+    out = c[..., 0] & mask
+    for i in range(1, per):
+        out |= (c[..., i] & mask) << np.uint8(bits * i)
+    return out
 
 
 def _ml() -> Any:
@@ -106,17 +129,33 @@ def quantize_along(w: np.ndarray, kaxis: int, scheme: QuantScheme,
     """``w`` quantized with its blocks along ``kaxis``, and whether the returned tensor has
     that axis moved last. blockquant blocks the last axis; blocks along the one before it are
     the 2-D blocks (B, 1), which need no transposed copy of the weight (the same blocks, so the
-    same scales and codes). Values are one per element (the store is storage only: it changes
-    no value)."""
-    native = scheme.with_store(QuantStore.Native)
+    same scales and codes) and are the faster for a plain minmax scale; a search (``mse``) or
+    an affine range walks those blocks a column at a time, several times slower than a
+    transposed copy. Values are one per element (the store is storage only: it changes no
+    value)."""
+    native = _native_store(scheme)
     bs = scheme.block_size
     if w.ndim == 0 or bs is None or kaxis == w.ndim - 1:
         return quantize(w, native, **options), False
-    if kaxis == w.ndim - 2:
-        column = native.per_block([bs[0], 1], native.scale_dtype)
-        return quantize(w, column, **options), False
+    if kaxis == w.ndim - 2 and options.get("calibration") != "mse" and scheme.offset is None:
+        return quantize(w, _column_blocks(scheme), **options), False
     x = np.ascontiguousarray(np.moveaxis(w, kaxis, -1))
     return quantize(x, native, **options), True
+
+
+# Derived schemes, made once per scheme (building one checks it in the core: tens of
+# microseconds, which a model of hundreds of small weights paid per weight). Options play no
+# part: the caller passes them to quantize.
+@functools.lru_cache(maxsize=64)
+def _native_store(scheme: QuantScheme) -> QuantScheme:
+    return scheme.with_store(QuantStore.Native)
+
+
+@functools.lru_cache(maxsize=64)
+def _column_blocks(scheme: QuantScheme) -> QuantScheme:
+    native = _native_store(scheme)
+    assert native.block_size is not None
+    return native.per_block([native.block_size[0], 1], native.scale_dtype)
 
 
 def qdq_opset(scheme: QuantScheme, shape: tuple[int, ...], kaxis: int, fp4: str) -> int:
@@ -338,13 +377,11 @@ def lower_matmulnbits(name: str, w: np.ndarray, kaxis: int, scheme: QuantScheme,
     block = scheme.block_size[0]  # type: ignore[index]
     kb = -(-k // block)
     zero = 1 << (bits - 1)
-    codes = np.full((n, kb * block), zero, dtype=np.uint8)  # padding dequantizes to 0
-    codes[:, :k] = (values.astype(np.int16) + zero).astype(np.uint8)
-    per_byte = 8 // bits
-    c = codes.reshape(n, kb, block // per_byte, per_byte)
-    packed = np.zeros(c.shape[:3], dtype=np.uint8)
-    for i in range(per_byte):  # the first code in the low bits
-        packed |= (c[..., i] << (bits * i)).astype(np.uint8)
+    # The codes + zero, in uint8 arithmetic (two's complement wraps onto 0..2^bits - 1).
+    codes = values.view(np.uint8) + np.uint8(zero)
+    if k < kb * block:  # the last block's padding dequantizes to 0
+        codes = np.pad(codes, ((0, 0), (0, kb * block - k)), constant_values=zero)
+    packed = pack_bits(codes, bits).reshape(n, kb, -1)
     if scheme.is_two_level:  # e = b × g, the f32 product blockquant dequantizes with
         scales = scales * np.float32(qt.global_scale)
         out.notes.append("two-level scales folded into f32 block scales (e = b × g, exact)")

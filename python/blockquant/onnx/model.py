@@ -9,9 +9,12 @@ the first matching ``--rule``, ``--min-rank``.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,13 @@ from ..checkpoint.options import FileOptions, compile_rules, matching_rule
 from ..checkpoint.rules import rank_kept
 from ..errors import QuantError
 from ..scheme import QuantScheme
-from .lowering import FLOAT_TYPES, check_matmulnbits, check_scheme
+from .lowering import (
+    FLOAT_TYPES,
+    SUB_BYTE_DTYPES,
+    check_matmulnbits,
+    check_scheme,
+    pack_bits,
+)
 
 #: The metadata_props key blockquant records its work under.
 META_KEY = "blockquant"
@@ -51,15 +60,24 @@ def load(src: Any, *, data: bool = True) -> Any:
     """The model at ``src``, checked by onnx.checker; anything unreadable is a CheckpointError.
     ``data=False`` leaves external data on disk (inspect needs only the shapes)."""
     onnx = _onnx()
+    from onnx.external_data_helper import load_external_data_for_model
+
     path = Path(src)
     if not path.is_file():
         raise error(src, "no such file" if not path.exists() else "is not a file")
     try:
-        model = onnx.load(str(path), load_external_data=data)
+        raw = path.read_bytes()
+        model = onnx.ModelProto.FromString(raw)
+        # onnx.load walks every tensor, attributes included, for external data; a tensor
+        # stored outside names its file under the key "location", so bytes without that word
+        # have none (a false alarm costs only the walk).
+        if data and b"location" in raw:
+            load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
     except MemoryError:
         raise
     except Exception as e:  # DecodeError, missing external data, ...: one line, never a trace
         raise error(src, f"is not a readable ONNX model ({type(e).__name__}: {e})") from None
+    del raw
     if not model.HasField("graph") or not model.opset_import or model.ir_version <= 0:
         raise error(src, "is not an ONNX model (no graph, opset or IR version)")
     if data:
@@ -72,6 +90,12 @@ def load(src: Any, *, data: bool = True) -> Any:
 
 def opset_of(model: Any) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
+#: TensorProto type number -> name, of the float types a weight may have; and their sizes.
+_FLOAT_TYPE_NAMES = {1: "FLOAT", 10: "FLOAT16", 16: "BFLOAT16", 11: "DOUBLE"}
+_FLOAT_ITEMSIZE = {"FLOAT": 4, "FLOAT16": 2, "BFLOAT16": 2, "DOUBLE": 8}
+assert set(_FLOAT_ITEMSIZE) == set(FLOAT_TYPES)
 
 
 @dataclass
@@ -139,16 +163,17 @@ def subgraph_names(graph: Any) -> set[str]:
     return names
 
 
-def find_weights(model: Any) -> list[Weight]:
-    """The MatMul/Gemm float initializers of the main graph, in initializer order."""
-    from onnx import TensorProto
-
+def find_weights(model: Any, held: dict[str, Any] | None = None) -> list[Weight]:
+    """The MatMul/Gemm float initializers of the main graph, in initializer order. ``held``:
+    initializers taken out of the graph (:func:`take_initializers`) that count as its own."""
     g = model.graph
     inits = {t.name: t for t in g.initializer}
+    if held:
+        inits.update(held)
     uses: dict[str, list[Use]] = {}
     other: dict[str, int] = {}
     for node in g.node:
-        is_mm = node.domain in ("", "ai.onnx") and node.op_type in ("MatMul", "Gemm")
+        is_mm = node.op_type in ("MatMul", "Gemm") and node.domain in ("", "ai.onnx")
         for i, name in enumerate(node.input):
             if name not in inits:
                 continue
@@ -161,15 +186,13 @@ def find_weights(model: Any) -> list[Weight]:
         if name in inits:
             other[name] = other.get(name, 0) + 1
     out = []
-    for t in g.initializer:
-        type_name = TensorProto.DataType.Name(t.data_type)
-        if t.name not in uses or type_name not in FLOAT_TYPES:
+    for name, t in inits.items():
+        type_name = _FLOAT_TYPE_NAMES.get(t.data_type)
+        if name not in uses or type_name is None:
             continue
-        n = int(np.prod(t.dims, dtype=np.int64))
-        itemsize = np.dtype("float32" if type_name == "BFLOAT16" else FLOAT_TYPES[type_name])
-        nbytes = n * (2 if type_name == "BFLOAT16" else itemsize.itemsize)
-        out.append(Weight(t.name, type_name, tuple(t.dims), nbytes, uses[t.name],
-                          other.get(t.name, 0)))
+        dims = tuple(t.dims)
+        nbytes = math.prod(dims) * _FLOAT_ITEMSIZE[type_name]
+        out.append(Weight(name, type_name, dims, nbytes, uses[name], other.get(name, 0)))
     return out
 
 
@@ -198,9 +221,10 @@ def _nbits_reason(w: Weight, inits: dict[str, Any]) -> str:
 
 
 def plan(model: Any, scheme: QuantScheme, options: FileOptions, form: str,
-         src: Any) -> list[Weight]:
-    """Decide each weight (module docstring). A scheme ONNX cannot hold is an error."""
-    weights = find_weights(model)
+         src: Any, held: dict[str, Any] | None = None) -> list[Weight]:
+    """Decide each weight (module docstring). A scheme ONNX cannot hold is an error. ``held``:
+    as :func:`find_weights` takes it."""
+    weights = find_weights(model, held)
     inputs = {i.name for i in model.graph.input}
     inits = {t.name: t for t in model.graph.initializer}
     rules = compile_rules(options.rules)
@@ -288,7 +312,84 @@ def check_output(src: Any, dst: Any, force: bool) -> Path:
 
 
 def tensor_bytes(model: Any) -> int:
-    return sum(len(t.raw_data) or t.ByteSize() for t in model.graph.initializer)
+    """Bytes of the initializers' data, from their types and shapes (reading ``raw_data``
+    would copy every tensor just to count it)."""
+    return sum(init_bytes(t) for t in model.graph.initializer)
+
+
+#: Bits of an element of the types numpy's itemsize does not give.
+_SUB_BYTE = {"INT4": 4, "UINT4": 4, "FLOAT4E2M1": 4, "INT2": 2, "UINT2": 2}
+
+
+def init_bytes(t: Any) -> int:
+    """Bytes of an initializer's data, from its type and shape (external data not read)."""
+    bits = _element_bits(t.data_type)
+    if bits is None:  # strings: their own size
+        return int(t.ByteSize())
+    return (math.prod(t.dims) * bits + 7) // 8
+
+
+@functools.lru_cache(maxsize=None)
+def _element_bits(data_type: int) -> int | None:
+    from onnx import TensorProto, helper
+
+    bits = _SUB_BYTE.get(TensorProto.DataType.Name(data_type))
+    if bits is not None:
+        return bits
+    try:
+        return 8 * np.dtype(helper.tensor_dtype_to_np_dtype(data_type)).itemsize
+    except Exception:
+        return None
+
+
+#: The float types whose raw little-endian bytes numpy reads as they are.
+_RAW_DTYPES = {"FLOAT": "<f4", "FLOAT16": "<f2", "DOUBLE": "<f8"}
+
+
+def read_array(t: Any) -> np.ndarray:
+    """An initializer's values. Raw bytes (what exporters write) are read with one copy, not
+    through numpy_helper's conversions; other encodings go through numpy_helper."""
+    from onnx import TensorProto, numpy_helper
+
+    name = TensorProto.DataType.Name(t.data_type)
+    dtype: Any = _RAW_DTYPES.get(name)
+    if name == "BFLOAT16":
+        import ml_dtypes
+
+        dtype = ml_dtypes.bfloat16
+    if dtype is not None and t.data_location != TensorProto.EXTERNAL and t.HasField("raw_data"):
+        return np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(t.dims))
+    return numpy_helper.to_array(t)
+
+
+def take_initializers(model: Any, names: set[str]) -> dict[str, Any]:
+    """Remove the initializers ``names`` from the main graph and return them by name, in
+    graph order. Removing by index leaves every other initializer where it is: rebuilding the
+    list would copy each one kept."""
+    g = model.graph
+    found = [(i, t) for i, t in enumerate(g.initializer) if t.name in names]
+    for i, _ in reversed(found):
+        del g.initializer[i]
+    return {t.name: t for _, t in found}
+
+
+def add_initializer(graph: Any, name: str, arr: np.ndarray) -> None:
+    """``arr`` as an initializer of ``graph``, its bytes written once (numpy_helper.from_array
+    makes a tensor that ``extend`` then copies; sub-byte types are packed here as ONNX packs
+    them: the first element in the low bits, across the whole tensor)."""
+    from onnx import helper, numpy_helper
+
+    if sys.byteorder != "little":  # raw data is little-endian: numpy_helper swaps
+        graph.initializer.append(numpy_helper.from_array(arr, name))
+        return
+    if not arr.flags.c_contiguous:  # (np.ascontiguousarray would make a 0-d array 1-d)
+        arr = arr.copy(order="C")
+    bits = SUB_BYTE_DTYPES.get(arr.dtype.name)
+    raw = arr if bits is None else pack_bits(arr.reshape(-1).view(np.uint8), bits)
+    graph.initializer.add(name=name, data_type=helper.np_dtype_to_tensor_dtype(arr.dtype),
+                          dims=arr.shape, raw_data=raw.tobytes())
+
+
 
 
 def save(model: Any, src: Any, dst: Path, *, force: bool, external: bool | None) -> None:
@@ -310,8 +411,8 @@ def save(model: Any, src: Any, dst: Path, *, force: bool, external: bool | None)
         if external:
             onnx.save_model(model, str(model_tmp), save_as_external_data=True,
                             all_tensors_to_one_file=True, location=data_name, size_threshold=0)
-        else:
-            onnx.save_model(model, str(model_tmp))
+        else:  # onnx.save_model would walk every tensor for external data first
+            model_tmp.write_bytes(model.SerializeToString())
         for f in tmp.iterdir():
             fsync_path(f)
         try:
