@@ -47,6 +47,7 @@ from .checkpoint.registry import (
 from .checkpoint.rules import dequantized_summary, kept_summary
 from .errors import QuantError
 from .metrics import ErrorStats
+from .onnx.quantize import DEFAULT_SCHEME as ONNX_DEFAULT_SCHEME
 from .options import MAX_THREADS, Calibration, QuantOptions, Rounding, ScaleRounding
 from .progress import Progress, ProgressBar
 from .progress import human_bytes as _human
@@ -516,7 +517,9 @@ def _parser() -> argparse.ArgumentParser:
                    "(4-bit codes, 8 to a uint32 word)")
 
     def options(c: argparse.ArgumentParser) -> None:
-        c.add_argument("--scheme", required=True, help=scheme_help)
+        # Required but for an ONNX model, which has a default (the planner says so).
+        c.add_argument("--scheme", help=f"{scheme_help}; an ONNX model's default: "
+                       f"{ONNX_DEFAULT_SCHEME}")
         c.add_argument("--include", metavar="REGEX",
                        help="quantize only floating tensors whose name matches (re.search)")
         c.add_argument("--exclude", metavar="REGEX",

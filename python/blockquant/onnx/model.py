@@ -27,7 +27,7 @@ from ..checkpoint.base import CheckpointError
 from ..checkpoint.options import FileOptions, compile_rules, matching_rule
 from ..checkpoint.rules import rank_kept
 from ..errors import QuantError
-from ..scheme import QuantScheme
+from ..scheme import QuantScheme, ScaleDtype
 from .lowering import (
     FLOAT_TYPES,
     SUB_BYTE_DTYPES,
@@ -196,10 +196,13 @@ def find_weights(model: Any, held: dict[str, Any] | None = None) -> list[Weight]
     return out
 
 
-def _nbits_reason(w: Weight, inits: dict[str, Any]) -> str:
-    """Why MatMulNBits cannot replace every use of ``w`` ("" when it can)."""
+def _nbits_reason(w: Weight, scheme: QuantScheme, inits: dict[str, Any]) -> str:
+    """Why MatMulNBits cannot replace every use of ``w`` with ``scheme`` ("" when it can)."""
     if w.onnx_type not in ("FLOAT", "FLOAT16"):
         return f"MatMulNBits takes float or float16 activations, not {w.onnx_type}"
+    if w.onnx_type == "FLOAT16" and scheme.scale_dtype is ScaleDtype.BF16:
+        return ("a float16 model's MatMulNBits takes float16 scales, and BF16 scales are not "
+                "all float16 values")
     if len(w.shape) != 2:
         return f"MatMulNBits takes a 2-D weight, this one is {len(w.shape)}-D"
     if w.other_uses:
@@ -253,7 +256,7 @@ def plan(model: Any, scheme: QuantScheme, options: FileOptions, form: str,
             w.form = "qdq"
             if form == "matmulnbits":
                 check_matmulnbits(chosen)
-                reason = _nbits_reason(w, inits)
+                reason = _nbits_reason(w, chosen, inits)
                 if reason:
                     w.notes.append(f"written as DequantizeLinear: {reason}")
                 else:
