@@ -393,6 +393,30 @@ def test_initializers_are_written_as_onnx_writes_them(dtype: str, shape: tuple) 
     assert back.dtype == arr.dtype and back.tobytes() == arr.tobytes()
 
 
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("byteorder", ["little", "big"])
+def test_pack_bits_puts_the_first_code_lowest(monkeypatch: pytest.MonkeyPatch, bits: int,
+                                              byteorder: str) -> None:
+    """Codes packed along the last axis, first in the low bits, the last byte padded with
+    zeros; the word-at-a-time way (little-endian hosts) and the per-code way alike."""
+    import types
+
+    from blockquant.onnx import lowering
+
+    monkeypatch.setattr(lowering, "sys", types.SimpleNamespace(byteorder=byteorder))
+    rng = np.random.default_rng(bits)
+    codes = rng.integers(0, 256, (3, 4, 11)).astype(np.uint8)  # high bits set: ignored
+    got = lowering.pack_bits(codes, bits)
+    per = 8 // bits
+    assert got.shape == (3, 4, -(-11 // per)) and got.dtype == np.uint8
+    for idx in np.ndindex(codes.shape):
+        byte = got[idx[:-1] + (idx[-1] // per,)]
+        shift = bits * (idx[-1] % per)
+        assert (byte >> shift) & ((1 << bits) - 1) == codes[idx] & ((1 << bits) - 1), idx
+    if 11 % per:  # the last byte's padding
+        assert np.all(got[..., -1] >> (bits * (11 % per)) == 0)
+
+
 def test_float16_model_keeps_its_dtype(tmp_path: Path) -> None:
     w = {k: v.astype(np.float16) for k, v in weights(np.random.default_rng(3)).items()}
     model = build(w, elem=TensorProto.FLOAT16)

@@ -31,6 +31,7 @@ index k still lands on entry k), and decoded by a ``Gather`` from the codebook.
 from __future__ import annotations
 
 import functools
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -81,16 +82,26 @@ def pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
     per = 8 // bits
     if per == 1:
         return codes
-    mask = np.uint8((1 << bits) - 1)
     n = codes.shape[-1]
     if n % per:
         pad = np.zeros(codes.shape[:-1] + (per - n % per,), dtype=np.uint8)
         codes = np.concatenate([codes, pad], axis=-1)
+    mask = (1 << bits) - 1
+    if sys.byteorder == "little":
+        # The `per` codes of a byte read as one wider little-endian word (the first code its
+        # low byte), each moved down into its bits: whole-array operations, several times
+        # faster than gathering every per-th code.
+        wide = np.uint16 if per == 2 else np.uint32
+        v = np.ascontiguousarray(codes).view(wide)
+        out = v & wide(mask)
+        for i in range(1, per):
+            out |= (v >> wide((8 - bits) * i)) & wide(mask << (bits * i))
+        return out.astype(np.uint8)
     c = codes.reshape(codes.shape[:-1] + (-1, per))
-    out = c[..., 0] & mask
+    low = c[..., 0] & np.uint8(mask)
     for i in range(1, per):
-        out |= (c[..., i] & mask) << np.uint8(bits * i)
-    return out
+        low |= (c[..., i] & np.uint8(mask)) << np.uint8(bits * i)
+    return low
 
 
 def _ml() -> Any:

@@ -66,26 +66,46 @@ def load(src: Any, *, data: bool = True) -> Any:
     if not path.is_file():
         raise error(src, "no such file" if not path.exists() else "is not a file")
     try:
-        raw = path.read_bytes()
+        raw: Any = path.read_bytes()
         model = onnx.ModelProto.FromString(raw)
-        # onnx.load walks every tensor, attributes included, for external data; a tensor
-        # stored outside names its file under the key "location", so bytes without that word
-        # have none (a false alarm costs only the walk).
-        if data and b"location" in raw:
+        if data and _has_external_data(model.graph):
             load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+            raw = str(path)  # checked by path, with its data
     except MemoryError:
         raise
     except Exception as e:  # DecodeError, missing external data, ...: one line, never a trace
         raise error(src, f"is not a readable ONNX model ({type(e).__name__}: {e})") from None
-    del raw
     if not model.HasField("graph") or not model.opset_import or model.ir_version <= 0:
         raise error(src, "is not an ONNX model (no graph, opset or IR version)")
     if data:
-        try:  # by path: a model over 2 GiB or with external data is checked too
-            onnx.checker.check_model(str(path))
+        try:  # the bytes read (not the file again); by path past 2 GiB or with external data
+            onnx.checker.check_model(raw if len(raw) < 2**31 else str(path))
         except Exception as e:
             raise error(src, f"does not pass onnx.checker: {type(e).__name__}: {e}") from None
     return model
+
+
+def _has_external_data(graph: Any) -> bool:
+    """Whether a tensor of ``graph`` (initializers, attributes, subgraphs) is stored outside.
+    onnx.load walks them all to load each such one, with more work per node: this walk decides
+    whether that is needed."""
+    from onnx import AttributeProto, TensorProto
+
+    outside = TensorProto.EXTERNAL
+    if any(t.data_location == outside for t in graph.initializer):
+        return True
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type == AttributeProto.TENSOR and a.t.data_location == outside:
+                return True
+            if a.type == AttributeProto.TENSORS and any(t.data_location == outside
+                                                       for t in a.tensors):
+                return True
+            if a.type == AttributeProto.GRAPH and _has_external_data(a.g):
+                return True
+            if a.type == AttributeProto.GRAPHS and any(_has_external_data(g) for g in a.graphs):
+                return True
+    return False
 
 
 def opset_of(model: Any) -> int:
@@ -414,15 +434,18 @@ def save(model: Any, src: Any, dst: Path, *, force: bool, external: bool | None)
         if external:
             onnx.save_model(model, str(model_tmp), save_as_external_data=True,
                             all_tensors_to_one_file=True, location=data_name, size_threshold=0)
+            written: Any = str(model_tmp)  # checked by path, with its data file
         else:  # onnx.save_model would walk every tensor for external data first
-            model_tmp.write_bytes(model.SerializeToString())
+            written = model.SerializeToString()
+            model_tmp.write_bytes(written)
         for f in tmp.iterdir():
             fsync_path(f)
         try:
-            onnx.checker.check_model(str(model_tmp))
+            onnx.checker.check_model(written)
         except Exception as e:  # a bug of blockquant's: say so in one line, write nothing
             raise error(dst, f"the written model fails onnx.checker ({type(e).__name__}: {e}); "
                         "please report this") from None
+        del written
         with signals_deferred():  # the data file and the model that names it, together
             try:
                 if external:
