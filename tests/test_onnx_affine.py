@@ -214,6 +214,55 @@ def test_zero_points_are_packed_as_onnxruntime_reads_them(tmp_path: Path) -> Non
     assert np.array_equal(got, ((codes.astype(np.float32) - z) * s).T)
 
 
+@pytest.mark.parametrize("form", ["qdq", "matmulnbits"])
+def test_same_bytes_whatever_the_threads(model_path: Path, tmp_path: Path, form: str) -> None:
+    """The weights are quantized a weight a thread, and named after, in order: the file is the
+    same byte for byte on one thread or three."""
+    from blockquant._threads import bounded
+
+    outs = []
+    for threads in (1, 3, 2):
+        out = tmp_path / f"q{threads}.onnx"
+        with bounded(threads):
+            quantize_model(model_path, out, form=form)
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1] == outs[2]
+
+
+def test_a_forked_child_quantizes_after_a_threaded_run(model_path: Path, tmp_path: Path) -> None:
+    """The threads that quantize weights at once are kept for the process; a child forked
+    after they ran does not have them and makes its own (it would hang waiting otherwise)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    code = textwrap.dedent(f"""
+        import os, sys
+        import blockquant as bq
+        from blockquant.onnx import quantize_model
+        bq.set_num_threads(2)
+        quantize_model({str(model_path)!r}, {str(tmp_path / "parent.onnx")!r})
+        pid = os.fork()
+        if pid == 0:
+            try:
+                quantize_model({str(model_path)!r}, {str(tmp_path / "child.onnx")!r})
+                code = 0
+            except BaseException:
+                code = 1
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        sys.exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 2)
+    """)
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "child.onnx").read_bytes() == (tmp_path / "parent.onnx").read_bytes()
+
+
 def test_bias_offsets_are_refused_in_one_line(model_path: Path, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "q.onnx"

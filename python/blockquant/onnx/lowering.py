@@ -186,6 +186,38 @@ def _column_blocks(scheme: QuantScheme) -> QuantScheme:
     return native.per_block([native.block_size[0], 1], native.scale_dtype)
 
 
+@dataclass
+class Quantized:
+    """A weight quantized for its ONNX form (:func:`quantize_weight`): ``qt`` holds it with K
+    last when ``moved``; the scheme asked for, the weight's shape and K axis go with it."""
+
+    qt: QTensor
+    moved: bool
+    scheme: QuantScheme
+    shape: tuple[int, ...]
+    kaxis: int
+
+
+def quantize_weight(w: np.ndarray, kaxis: int, scheme: QuantScheme, options: dict[str, str],
+                    form: str) -> Quantized:
+    """``w`` quantized with its blocks along ``kaxis``, as ``form`` ("qdq" or "matmulnbits")
+    lays it out: the expensive part of lowering a weight, which names nothing (several run at
+    once, and the names are given after, in order)."""
+    if form == "matmulnbits":
+        check_matmulnbits(scheme)
+        if kaxis == 0:
+            # MatMulNBits wants (N, K): quantizing a transposed copy along its last axis takes
+            # the core's one-pass kernel (the same blocks, so the same scales and codes as
+            # (B, 1) blocks of w, which walk the weight a column at a time, several times
+            # slower).
+            qt = quantize_along(np.ascontiguousarray(w.T), 1, scheme, options)[0]
+            return Quantized(qt, True, scheme, w.shape, kaxis)
+    else:
+        check_scheme(scheme)
+    qt, moved = quantize_along(w, kaxis, scheme, options)
+    return Quantized(qt, moved, scheme, w.shape, kaxis)
+
+
 def qdq_opset(scheme: QuantScheme, shape: tuple[int, ...], kaxis: int, fp4: str) -> int:
     """The ai.onnx opset :func:`lower_qdq` needs for this weight (the model is converted to it
     first when its own is lower)."""
@@ -266,30 +298,29 @@ def _fp4_array(codes: np.ndarray, ml: Any) -> np.ndarray:
     return _FP4_TABLE[codes.astype(np.intp)].astype(ml.float4_e2m1fn)
 
 
-def lower_qdq(name: str, w: np.ndarray, kaxis: int, scheme: QuantScheme,
-              options: dict[str, str], new_name: Callable[[str], str], *,
+def lower_qdq(name: str, q: Quantized, new_name: Callable[[str], str], *,
               out_type: str = "FLOAT", fp4: str = "lookup") -> Lowered:
-    """``w`` (the initializer ``name``) as a QDQ subgraph whose last node outputs ``name``.
+    """The weight ``q`` (the initializer ``name``) as a QDQ subgraph whose last node outputs
+    ``name``.
 
-    ``kaxis`` is the consumer's reduction axis (K): blocks run along it, as onnxruntime's
-    DequantizeLinear + MatMul fusion and every 4-bit kernel want. A block as long as K or
-    longer on a matrix is written per-axis (one scale per output channel, opset 13 for INT8).
+    Blocks run along the consumer's reduction axis (K), as onnxruntime's DequantizeLinear +
+    MatMul fusion and every 4-bit kernel want. A block as long as K or longer on a matrix is
+    written per-axis (one scale per output channel, opset 13 for INT8).
     """
     from onnx import TensorProto, helper
 
-    check_scheme(scheme)
+    qt, moved, scheme, shape, kaxis = q.qt, q.moved, q.scheme, q.shape, q.kaxis
     out = Lowered()
-    qt, moved = quantize_along(w, kaxis, scheme, options)
     out.qtensor, out.moved = qt, moved
     onnx_type, op = VALUE_TYPES[scheme.value]
     bs = scheme.block_size
-    k = w.shape[kaxis] if w.ndim else 1
+    k = shape[kaxis] if shape else 1
     attrs: dict[str, Any] = {}
     if bs is None:
         def arrange(a: np.ndarray) -> np.ndarray:
             return a.reshape(())
         layout = "per-tensor"
-    elif bs[0] >= k and w.ndim == 2:
+    elif bs[0] >= k and len(shape) == 2:
         def arrange(a: np.ndarray) -> np.ndarray:
             return np.ascontiguousarray(a.reshape(-1))  # one scale per line along K
         attrs["axis"] = 1 - kaxis
@@ -320,7 +351,7 @@ def lower_qdq(name: str, w: np.ndarray, kaxis: int, scheme: QuantScheme,
             onnx_type = "FLOAT4E2M1 bits as INT4"
             out.notes.append("E2M1 codes stored as INT4 bit patterns and decoded by a Gather "
                              "table (onnxruntime 1.32 has no FLOAT4E2M1 kernel)")
-        _fp4_lookup(name, cname, sname, attrs, w.shape, f32, out, new_name, table)
+        _fp4_lookup(name, cname, sname, attrs, shape, f32, out, new_name, table)
     else:
         codes = _codes(qt, kaxis, moved, onnx_type)
         out.initializers[cname] = codes
@@ -334,7 +365,7 @@ def lower_qdq(name: str, w: np.ndarray, kaxis: int, scheme: QuantScheme,
     if out_type != "FLOAT":  # a float16/bfloat16/double model: its own type, rounded from f32
         out.nodes.append(helper.make_node("Cast", [f32], [name],
                                           to=getattr(TensorProto, out_type)))
-    assert out.opset == qdq_opset(scheme, w.shape, kaxis, fp4)
+    assert out.opset == qdq_opset(scheme, shape, kaxis, fp4)
     out.onnx = {"form": "qdq", "type": onnx_type, "layout": layout, "opset": out.opset}
     return out
 
@@ -394,22 +425,14 @@ def check_matmulnbits(scheme: QuantScheme) -> None:
                           "K (per-tensor and other block sizes have no MatMulNBits form)")
 
 
-def lower_matmulnbits(name: str, w: np.ndarray, kaxis: int, scheme: QuantScheme,
-                      options: dict[str, str], new_name: Callable[[str], str],
+def lower_matmulnbits(name: str, q: Quantized, new_name: Callable[[str], str],
                       scale_type: str = "FLOAT") -> Lowered:
-    """The 2-D weight ``w`` with K on ``kaxis`` as MatMulNBits' B, scales and (an affine
-    scheme's) zero_points initializers, blocks along K, in (N, K) order. The node itself is the
-    caller's (it replaces the consumer)."""
-    check_matmulnbits(scheme)
+    """The 2-D weight ``q`` as MatMulNBits' B, scales and (an affine scheme's) zero_points
+    initializers, blocks along K, in (N, K) order. The node itself is the caller's (it
+    replaces the consumer)."""
+    qt, scheme = q.qt, q.scheme
     out = Lowered()
-    if kaxis == 0:
-        # MatMulNBits wants (N, K): quantizing a transposed copy along its last axis takes the
-        # core's one-pass kernel (the same blocks, so the same scales and codes as (B, 1)
-        # blocks of w, which walk the weight a column at a time, several times slower).
-        qt = quantize_along(np.ascontiguousarray(w.T), 1, scheme, options)[0]
-    else:
-        qt = quantize_along(w, kaxis, scheme, options)[0]
-    out.qtensor, out.moved = qt, kaxis == 0
+    out.qtensor, out.moved = qt, q.moved
     bits = NBITS[scheme.value]
     # (N, K) codes and (N, K/block) scales.
     values, scales = qt.values, np.asarray(qt.scales, dtype=np.float32)

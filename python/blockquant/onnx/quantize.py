@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .._threads import get_num_threads, imap_ordered
 from .._version import __version__
 from ..checkpoint.base import CheckpointError
 from ..checkpoint.commands import natural_key
@@ -19,7 +20,15 @@ from ..errors import SchemeError
 from ..metrics import ErrorStats, bits_per_weight
 from ..presets import resolve
 from ..scheme import QuantScheme
-from .lowering import Lowered, check_offset, lower_matmulnbits, lower_qdq, qdq_opset
+from .lowering import (
+    Lowered,
+    Quantized,
+    check_offset,
+    lower_matmulnbits,
+    lower_qdq,
+    qdq_opset,
+    quantize_weight,
+)
 from .model import (
     META_KEY,
     Weight,
@@ -85,13 +94,46 @@ def _check_form(form: str, fp4: str) -> None:
         raise error("--onnx-fp4", f"expected one of {', '.join(FP4_FORMS)}, got {fp4!r}")
 
 
-def _lower(arr: np.ndarray, w: Weight, options: FileOptions, fp4: str, namer: Any) -> Lowered:
+def _quantize(arr: np.ndarray, w: Weight, options: FileOptions) -> Quantized:
     assert w.scheme is not None
-    qopts = options.quantize_options(w.scheme)
+    return quantize_weight(arr, w.kaxis, w.scheme, options.quantize_options(w.scheme), w.form)
+
+
+def _lay_out(q: Quantized, w: Weight, fp4: str, namer: Any) -> Lowered:
     if w.form == "matmulnbits":
-        return lower_matmulnbits(w.name, arr, w.kaxis, w.scheme, qopts, namer, w.onnx_type)
-    return lower_qdq(w.name, arr, w.kaxis, w.scheme, qopts, namer, out_type=w.onnx_type,
-                     fp4=fp4)
+        return lower_matmulnbits(w.name, q, namer, w.onnx_type)
+    return lower_qdq(w.name, q, namer, out_type=w.onnx_type, fp4=fp4)
+
+
+def _lower_all(weights: list[Weight], held: dict[str, Any], options: FileOptions, fp4: str,
+               namer: Any, src: Any) -> dict[str, Lowered]:
+    """Each weight to quantize, lowered. The quantizing runs on the kernel threads at once,
+    a weight a thread (the core hands a call of fewer than 256 Ki values to no other thread,
+    and a model's weights are often that small); the names are given here, in order, so the
+    output is the same whatever the threads. Each weight is read from ``held`` when it is
+    quantized, and its float copy dropped after."""
+    todo = [w for w in weights if w.scheme is not None]
+
+    def work(w: Weight) -> Quantized | BaseException:
+        try:
+            return _quantize(read_array(held.pop(w.name)), w, options)
+        except Exception as e:  # raised below, in order, naming the weight
+            return e
+
+    lowered: dict[str, Lowered] = {}
+    threads = get_num_threads() if len(todo) > 1 else 1
+    for w, q in zip(todo, imap_ordered(work, todo, threads)):
+        try:
+            if isinstance(q, BaseException):
+                raise q
+            lw = _lay_out(q, w, fp4, namer)
+        except Exception as e:
+            if isinstance(e, MemoryError):
+                raise
+            raise error(src, str(e), w.name) from None
+        lw.qtensor = None  # the codes a byte each: only a report reads them
+        lowered[w.name] = lw
+    return lowered
 
 
 def _needed_opset(weights: list[Weight], fp4: str) -> int:
@@ -245,16 +287,7 @@ def quantize_model(src: Any, dst: Any, scheme: QuantScheme | str | None = None, 
         weights = plan(model, scheme, options, form, src, held)  # the converter made new nodes
         weights.sort(key=lambda w: order.get(w.name, len(order)))
         notes.append(f"opset raised from {before} to {target} by onnx's version converter")
-    namer = new_namer(model)
-    lowered: dict[str, Lowered] = {}
-    for w in weights:
-        if w.scheme is not None:
-            try:
-                lowered[w.name] = _lower(read_array(held.pop(w.name)), w, options, fp4, namer)
-            except Exception as e:
-                if isinstance(e, (MemoryError, KeyboardInterrupt)):
-                    raise
-                raise error(src, str(e), w.name) from None
+    lowered = _lower_all(weights, held, options, fp4, new_namer(model), src)
     _rewrite(model, weights, lowered)
     _set_opsets(model, any(w.form == "matmulnbits" for w in weights if w.scheme))
     entry = model.metadata_props.add()
@@ -296,7 +329,7 @@ def report_model(src: Any, scheme: QuantScheme | str | None = None, *, form: str
         t0 = time.perf_counter()
         try:
             arr = read_array(inits[w.name])
-            lw = _lower(arr, w, options, fp4, namer)
+            lw = _lay_out(_quantize(arr, w, options), w, fp4, namer)
         except Exception as e:
             if isinstance(e, (MemoryError, KeyboardInterrupt)):
                 raise
