@@ -66,11 +66,14 @@ def load(src: Any, *, data: bool = True) -> Any:
     if not path.is_file():
         raise error(src, "no such file" if not path.exists() else "is not a file")
     try:
-        raw: Any = path.read_bytes()
+        raw = path.read_bytes()
         model = onnx.ModelProto.FromString(raw)
+        # Checked from the bytes read, not from the file again; by path with external data
+        # (its files are checked too) or past protobuf's 2 GiB.
+        checked: Any = raw if len(raw) < 2**31 else str(path)
         if data and _has_external_data(model.graph):
             load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
-            raw = str(path)  # checked by path, with its data
+            checked = str(path)
     except MemoryError:
         raise
     except Exception as e:  # DecodeError, missing external data, ...: one line, never a trace
@@ -78,8 +81,8 @@ def load(src: Any, *, data: bool = True) -> Any:
     if not model.HasField("graph") or not model.opset_import or model.ir_version <= 0:
         raise error(src, "is not an ONNX model (no graph, opset or IR version)")
     if data:
-        try:  # the bytes read (not the file again); by path past 2 GiB or with external data
-            onnx.checker.check_model(raw if len(raw) < 2**31 else str(path))
+        try:
+            onnx.checker.check_model(checked)
         except Exception as e:
             raise error(src, f"does not pass onnx.checker: {type(e).__name__}: {e}") from None
     return model

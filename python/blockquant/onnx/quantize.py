@@ -257,9 +257,9 @@ def quantize_model(src: Any, dst: Any, scheme: QuantScheme | str | None = None, 
     ``scheme``: a preset name, a scheme text or a QuantScheme; None: :data:`DEFAULT_SCHEME`.
     ``form``: "qdq" (DequantizeLinear in front of the consumer) or "matmulnbits"
     (onnxruntime's com.microsoft.MatMulNBits; 2-, 4- and 8-bit blocked schemes, affine ones
-    with their zero points). ``fp4``: how E2M1 values
-    are decoded ("lookup": INT4 bits and a Gather table, which onnxruntime runs; "dq": the
-    standard FLOAT4E2M1 DequantizeLinear of opset 23). ``external_data``: write the tensors to
+    with their zero points). ``fp4``: how E2M1 values are decoded ("lookup": INT4 bits and a
+    Gather table, which onnxruntime runs; "dq": the standard FLOAT4E2M1 DequantizeLinear of
+    opset 23). ``external_data``: write the tensors to
     ``dst + '.data'`` (None: only past 1.8 GB). The checkpoint options (include, exclude,
     rules, min_rank, calibration, rounding, scale_rounding, force) come as ``options`` or as
     keywords. Raises CheckpointError (nothing written) on any problem; a scheme ONNX cannot
