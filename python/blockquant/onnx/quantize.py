@@ -106,19 +106,17 @@ def _lay_out(q: Quantized, w: Weight, fp4: str, namer: Any) -> Lowered:
 
 
 def _searched(w: Weight, options: FileOptions) -> bool:
-    """Whether ``w`` is quantized by a search or with an affine range."""
+    """Whether ``w``'s scales are searched (``mse``)."""
     assert w.scheme is not None
-    return (w.scheme.offset is not None
-            or options.quantize_options(w.scheme)["calibration"] == "mse")
+    return options.quantize_options(w.scheme)["calibration"] == "mse"
 
 
 def _lower_all(weights: list[Weight], held: dict[str, Any], options: FileOptions, fp4: str,
                namer: Any, src: Any) -> dict[str, Lowered]:
-    """Each weight to quantize, lowered. A search (``mse``) or an affine range, tens of times
-    the work per value of a plain scale, runs on the kernel threads at once, a weight a
-    thread: the core hands a call of fewer than 256 Ki values to no other thread, and a
-    model's weights are often that small. (A plain scale's calls are too short for that to
-    pay.) The names are given here, in order, so the output is the same whatever the threads.
+    """Each weight to quantize, lowered. A search (``mse``; an affine one is tens of times the
+    work per value of a plain scale) runs on the kernel threads at once, a weight a thread:
+    the core hands a call of fewer than 256 Ki values to no other thread, and a model's
+    weights are often that small. (Calls without a search are too short for that to pay.) The names are given here, in order, so the output is the same whatever the threads.
     Each weight is read from ``held`` when it is quantized, and its float copy dropped
     after."""
     todo = [w for w in weights if w.scheme is not None]
