@@ -325,3 +325,26 @@ def test_two_builds_compare_call_for_call(tmp_path):
     rows = [line for line in md.read_text().splitlines() if line.startswith("| ")][1:]
     assert len(rows) == 2 * 2 * 2  # int8_block32, int4_block32 × quantize, dequantize × 1T, 2T
     assert all(line.split("|")[-2].strip() == "yes" for line in rows)
+
+
+def test_onnx_bench_runs_and_reads_back_each_form(tmp_path):
+    """benches/bench_onnx.py on a tiny generated model, one round a thread count: a row per
+    quantizer, each output read back (the default's SQNR above the minmax row's, which is
+    onnxruntime's rule; int8 per tensor the same weights as quantize_dynamic's)."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    res = subprocess.run([sys.executable, str(BENCHES / "bench_onnx.py"), "--width", "128",
+                          "--repeat", "1", "--threads", "1,2"], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path, check=False)
+    assert res.returncode == 0, res.stderr
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): [c.strip() for c in
+                                                           line.split("|")[3:-1]]
+            for line in res.stdout.splitlines() if line.startswith("| ")}
+    default = rows[("blockquant MatMulNBits", "int4_asym_block128 (the default)")]
+    minmax = rows[("blockquant MatMulNBits", "u4/native/block128:f32/zero:u8 minmax")]
+    qdq = rows[("blockquant DequantizeLinear", "int4_asym_block128 (the default)")]
+    assert default[4] == qdq[4]  # the same weights, in either form (SQNR column)
+    assert float(default[4]) > float(minmax[4]) + 0.2
+    assert rows[("blockquant DequantizeLinear", "int8")][4] == \
+        rows[("onnxruntime quantize_dynamic", "int8 per tensor")][4]
+    assert all(len(r) == 7 for r in rows.values())  # 2 thread counts + 5 quality columns

@@ -275,8 +275,8 @@ def test_inexpressible_schemes_raise_and_write_nothing(model_path: Path, tmp_pat
     out = tmp_path / "q.onnx"
     with pytest.raises(CheckpointError, match="2-D blocks"):
         quantize_model(model_path, out, "q4s/native/block4x8:f32")
-    with pytest.raises(CheckpointError, match="takes 4-bit integer values"):
-        quantize_model(model_path, out, "int8_block32", form="matmulnbits")
+    with pytest.raises(CheckpointError, match="takes integer values"):
+        quantize_model(model_path, out, "mxfp8", form="matmulnbits")
     with pytest.raises(CheckpointError, match="MatMulNBits takes blocks"):
         quantize_model(model_path, out, "q4s/native/block48:f32", form="matmulnbits")
     with pytest.raises(CheckpointError, match="MatMulNBits takes blocks"):
@@ -337,6 +337,84 @@ def test_external_data_is_written_and_runs(model_path: Path, x: np.ndarray,
                     location="src.onnx.data", size_threshold=0)
     quantize_model(src, out2, "int8")
     assert [p.name for p in out2.parent.iterdir()] == ["q2.onnx"]
+
+
+def test_large_initializers_go_around_the_converter_unchanged(tmp_path: Path,
+                                                             x: np.ndarray) -> None:
+    """Raising the opset sends the large initializers that stay (an embedding table here)
+    around onnx's version converter as graph inputs; they come back byte for byte, once."""
+    w = weights(np.random.default_rng(7))
+    model = build(w)
+    emb = np.random.default_rng(2).normal(0, 1, (300, 8)).astype(np.float32)
+    ids = np.array([3, 299, 0], np.int64)
+    g = model.graph
+    g.initializer.extend([numpy_helper.from_array(emb, "emb"), numpy_helper.from_array(ids, "ids")])
+    g.node.append(helper.make_node("Gather", ["emb", "ids"], ["e"]))
+    g.output.append(helper.make_tensor_value_info("e", TensorProto.FLOAT, [3, 8]))
+    src = tmp_path / "emb.onnx"
+    onnx.save_model(model, str(src))
+    out = tmp_path / "q.onnx"
+    res = quantize_model(src, out, "int4_block32")
+    assert res.opset_after == 21 and "emb" not in res.quantized
+    q = onnx.load(str(out))
+    kept = [t for t in q.graph.initializer if t.name == "emb"]
+    assert len(kept) == 1 and kept[0].raw_data == numpy_helper.from_array(emb, "emb").raw_data
+    assert not {"emb", *KAXIS} & {i.name for i in q.graph.input}
+    y, e = session(str(out)).run(None, {"x": x})
+    assert np.array_equal(e, emb[ids])
+    ref = session(expected_weights(src, "int4_block32")["model"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["int4", "uint4", "int2", "uint2", "float4_e2m1fn",
+                                   "float8_e4m3fn", "bfloat16", "float16", "int8", "int64"])
+@pytest.mark.parametrize("shape", [(7,), (3, 5), (2, 8), ()])
+def test_initializers_are_written_as_onnx_writes_them(dtype: str, shape: tuple) -> None:
+    """blockquant writes each initializer's raw bytes itself (sub-byte types packed as ONNX
+    packs them, odd counts included): the bytes of onnx's numpy_helper.from_array."""
+    import ml_dtypes
+
+    from blockquant.onnx.model import add_initializer
+
+    rng = np.random.default_rng(len(shape) * 31 + len(dtype))
+    np_dtype = np.dtype(getattr(ml_dtypes, dtype, None) or dtype)
+    if np_dtype.kind in "iu" or dtype in ("int4", "uint4", "int2", "uint2"):
+        info = ml_dtypes.iinfo(np_dtype) if dtype[-1] in "24" else np.iinfo(np_dtype)
+        arr = rng.integers(int(info.min), int(info.max) + 1, shape).astype(np_dtype)
+    else:
+        arr = rng.normal(0, 2, shape).astype(np_dtype)
+    g = helper.make_graph([], "g", [], [])
+    add_initializer(g, "t", arr)
+    ref = numpy_helper.from_array(arr, "t")
+    got = g.initializer[0]
+    assert (got.data_type, list(got.dims)) == (ref.data_type, list(ref.dims))
+    assert got.raw_data == ref.raw_data
+    back = numpy_helper.to_array(got)
+    assert back.dtype == arr.dtype and back.tobytes() == arr.tobytes()
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("byteorder", ["little", "big"])
+def test_pack_bits_puts_the_first_code_lowest(monkeypatch: pytest.MonkeyPatch, bits: int,
+                                              byteorder: str) -> None:
+    """Codes packed along the last axis, first in the low bits, the last byte padded with
+    zeros; the word-at-a-time way (little-endian hosts) and the per-code way alike."""
+    import types
+
+    from blockquant.onnx import lowering
+
+    monkeypatch.setattr(lowering, "sys", types.SimpleNamespace(byteorder=byteorder))
+    rng = np.random.default_rng(bits)
+    codes = rng.integers(0, 256, (3, 4, 11)).astype(np.uint8)  # high bits set: ignored
+    got = lowering.pack_bits(codes, bits)
+    per = 8 // bits
+    assert got.shape == (3, 4, -(-11 // per)) and got.dtype == np.uint8
+    for idx in np.ndindex(codes.shape):
+        byte = got[idx[:-1] + (idx[-1] // per,)]
+        shift = bits * (idx[-1] % per)
+        assert (byte >> shift) & ((1 << bits) - 1) == codes[idx] & ((1 << bits) - 1), idx
+    if 11 % per:  # the last byte's padding
+        assert np.all(got[..., -1] >> (bits * (11 % per)) == 0)
 
 
 def test_float16_model_keeps_its_dtype(tmp_path: Path) -> None:

@@ -205,8 +205,13 @@ def test_bad_inputs_are_one_line(model, tmp_path, capsys):
     assert run("quantize", src, "-o", tmp_path / "o", "--scheme", "int8", "--rules-file",
                bad) == 2
     one_error_line(capsys, "line 2")
-    assert run("quantize", src, "-o", tmp_path / "o", "--rules-file", tmp_path / "none") == 2
-    one_error_line(capsys, "--scheme is required")
+    assert run("quantize", src, "-o", tmp_path / "o", "--scheme", "int8", "--rules-file",
+               tmp_path / "none") == 2
+    one_error_line(capsys, "none", "cannot be read as a rules file")
+    good = tmp_path / "good.rules"
+    good.write_text("q_proj=int8\n")
+    assert run("quantize", src, "-o", tmp_path / "o", "--rules-file", good) == 2
+    one_error_line(capsys, "--scheme", "is required", "--target-bpw")
     assert not (tmp_path / "o").exists()
 
 

@@ -58,6 +58,7 @@ from .checkpoint.registry import (
 from .checkpoint.rules import dequantized_summary, kept_summary
 from .errors import QuantError
 from .metrics import ErrorStats
+from .onnx.quantize import DEFAULT_SCHEME as ONNX_DEFAULT_SCHEME
 from .options import MAX_THREADS, Calibration, QuantOptions, Rounding, ScaleRounding
 from .progress import Progress, ProgressBar
 from .progress import human_bytes as _human
@@ -254,8 +255,6 @@ def _request(args: argparse.Namespace) -> QuantizeRequest:
     if args.target_bpw is not None:
         fmt = output_format(args.input, args.output, args.output_format).name
         scheme, opts = cli_plan.planned_quantize(args, fmt)
-    elif scheme is None:
-        raise CliError("--scheme is required (or --target-bpw, which plans each tensor's)")
     return QuantizeRequest(args.input, args.output, scheme, opts or _file_options(args),
                            output_format=args.output_format,
                            allow_requantize=args.allow_requantize, onnx_op=args.onnx_op,
@@ -501,10 +500,14 @@ def _parser() -> argparse.ArgumentParser:
                    "(4-bit codes, 8 to a uint32 word)")
 
     def options(c: argparse.ArgumentParser, scheme: str = "required") -> None:
+        # --scheme is required but for an ONNX model (a default) and with --target-bpw (a
+        # plan): the front door says so.
         if scheme != "none":
-            c.add_argument("--scheme", required=scheme == "required", help=scheme_help + (
-                "; with --target-bpw, the scheme of tensors the plan leaves to it (default: "
-                "the plan's most common)" if scheme == "optional" else ""))
+            c.add_argument("--scheme", help=f"{scheme_help}; an ONNX model's default: "
+                           f"{ONNX_DEFAULT_SCHEME}" + (
+                               "; with --target-bpw, the scheme of tensors the plan leaves to "
+                               "it (default: the plan's most common)" if scheme == "optional"
+                               else ""))
         c.add_argument("--include", metavar="REGEX",
                        help="quantize only floating tensors whose name matches (re.search)")
         c.add_argument("--exclude", metavar="REGEX",

@@ -155,8 +155,8 @@ def int4_asym_block128() -> QuantScheme:
     """Asymmetric int4: a zero point and a scale per 128 values (W4A16_ASYM, AWQ, GPTQ).
 
     Codes 0..15, one bf16 scale and one zero point per 128 values,
-    x = (q − z) · s; the ranges searched (``"mse"``). Safetensors output only (burn has no
-    affine values)."""
+    x = (q − z) · s; the ranges searched (``"mse"``). Safetensors and ONNX output (burn has no
+    affine values); blockquant.onnx's default scheme."""
     return (
         QuantScheme.parse("u4/packed_u32_0/block128:bf16/zero:u8")
         .with_options(calibration="mse", rounding="half_even", scale_rounding="nearest")

@@ -49,13 +49,14 @@ class QuantizeRequest:
     """Everything a quantize run is asked to do, from the command's arguments or the API's.
 
     ``scheme``: a :class:`QuantScheme`, a preset name or a scheme text (for a GGUF output one
-    of llama.cpp's file types, ``Q4_K_M``, or a ggml type). ``allow_requantize`` and ``gguf``
-    (llama-quantize's options: ``--pure``, ``--tensor-type``, ...): GGUF only. ``onnx_op``,
-    ``onnx_fp4``, ``external_data``: ONNX only (see :func:`blockquant.onnx.quantize_model`)."""
+    of llama.cpp's file types, ``Q4_K_M``, or a ggml type); None only for an ONNX model (its
+    default scheme). ``allow_requantize`` and ``gguf`` (llama-quantize's options: ``--pure``,
+    ``--tensor-type``, ...): GGUF only. ``onnx_op``, ``onnx_fp4``, ``external_data``: ONNX only
+    (see :func:`blockquant.onnx.quantize_model`)."""
 
     src: Any
     dst: Any
-    scheme: Union[QuantScheme, str]
+    scheme: Union[QuantScheme, str, None]
     options: FileOptions = FileOptions()
     output_format: str | None = None
     allow_requantize: bool = False
@@ -77,6 +78,8 @@ def resolve_scheme(scheme: Union[QuantScheme, str]) -> QuantScheme:
 def plan_quantize(req: QuantizeRequest) -> Any:
     """The run ``req`` asks for, planned once (nothing written yet)."""
     fmt = output_format(req.src, req.dst, req.output_format)
+    if req.scheme is None and fmt != ONNX:
+        raise _no_scheme()
     if fmt != GGUF and req.gguf.given():
         raise CheckpointError(req.gguf.given()[0], None, "is llama-quantize's option, for a "
                               ".gguf output only")
@@ -92,6 +95,21 @@ def _check_imatrix(options: FileOptions) -> None:
         from .imatrix import load
 
         load(options.imatrix)
+
+
+def _no_scheme() -> CheckpointError:
+    from ..onnx.quantize import DEFAULT_SCHEME
+
+    return CheckpointError("--scheme", None, "is required: a preset or a scheme text (only an "
+                           f"ONNX model has a default, {DEFAULT_SCHEME}; --target-bpw plans "
+                           "each tensor's)")
+
+
+def _onnx_scheme(scheme: Union[QuantScheme, str, None]) -> QuantScheme:
+    """An ONNX run's scheme: the one named, else blockquant.onnx's default."""
+    from ..onnx.quantize import DEFAULT_SCHEME
+
+    return resolve_scheme(DEFAULT_SCHEME if scheme is None else scheme)
 
 
 def _plan_checkpoint(req: QuantizeRequest, fmt: Format) -> Plan:
@@ -265,7 +283,7 @@ def _plan_onnx(req: QuantizeRequest, fmt: Format) -> OnnxRun:
     if not ONNX.named_by(req.dst) or not ONNX.named_by(req.src):
         raise CheckpointError(req.dst, None, "an ONNX model is quantized into an ONNX model:"
                               " name both IN and OUT .onnx")
-    return OnnxRun(req.src, req.dst, resolve_scheme(req.scheme), req.options, req.onnx_op,
+    return OnnxRun(req.src, req.dst, _onnx_scheme(req.scheme), req.options, req.onnx_op,
                    req.onnx_fp4, req.external_data)
 
 
@@ -337,7 +355,9 @@ def plan_report(src: Any, scheme: Any, options: FileOptions,
     from .gguf_file import is_gguf
 
     if ONNX.named_by(src):
-        return ReportRun(src, "onnx", resolve_scheme(scheme), options)
+        return ReportRun(src, "onnx", _onnx_scheme(scheme), options)
+    if scheme is None:
+        raise _no_scheme()
     from .gguf_mixes import file_type
 
     gguf = gguf or MixOptions()

@@ -9,8 +9,14 @@ Two forms:
   BF16, which holds every power of two UE8M0 has) and widened by a ``Cast`` (exact); a
   two-level scheme's per-tensor scale g is one ``Mul`` after it, the f32 product e = b × g that
   blockquant itself dequantizes with (format.md "Two-level schemes"), so the result stays bit for bit blockquant's.
-- **MatMulNBits** (com.microsoft, onnxruntime's fused low-bit MatMul): codes + 2^(bits-1) packed
-  along K, one f32 scale per block, no zero-point input (so the zero point is 2^(bits-1)).
+- **MatMulNBits** (com.microsoft, onnxruntime's fused low-bit MatMul): the codes packed along
+  K, one f32 scale per block; symmetric codes + 2^(bits-1) with no zero-point input (the
+  operator's zero point is then 2^(bits-1)), an affine scheme's codes as they are with its zero
+  points as the ``zero_points`` input.
+
+Affine values with a zero point (``u8``/``u4``/``u2`` ``.../zero:u8``) are ONNX's own: UINT8,
+UINT4 or UINT2 codes and a zero-point tensor of the same type beside the scales (x = (q − z) ×
+s, the f32 product blockquant dequantizes with). A float bias (``bias:f32``) has no ONNX form.
 
 E2M1 (FP4) has a ``DequantizeLinear`` from opset 23, but onnxruntime 1.32's CPU provider has no
 kernel for it (nor a Cast from it): by default its codes are stored as INT4 bit patterns (the
@@ -24,6 +30,8 @@ index k still lands on entry k), and decoded by a ``Gather`` from the codebook.
 
 from __future__ import annotations
 
+import functools
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -46,6 +54,9 @@ VALUE_TYPES = {
     QuantValue.E4M3: ("FLOAT8E4M3FN", 19),
     QuantValue.E5M2: ("FLOAT8E5M2", 19),
     QuantValue.E2M1: ("FLOAT4E2M1", 23),
+    QuantValue.U8: ("UINT8", 13),
+    QuantValue.U4: ("UINT4", 21),
+    QuantValue.U2: ("UINT2", 25),
 }
 BLOCKED_OPSET = 21
 #: E2M1 decoded by a Gather table: Cast from INT4 is opset 21.
@@ -59,6 +70,38 @@ FLOAT_TYPES = {"FLOAT": "float32", "FLOAT16": "float16", "BFLOAT16": "bfloat16",
 #: (-8..7; a negative index counts from the end, so code c lands on entry c).
 _FP4_TABLE = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
                        -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float32)
+
+
+#: ml_dtypes' sub-byte types and their bits.
+SUB_BYTE_DTYPES = {"int4": 4, "uint4": 4, "float4_e2m1fn": 4, "int2": 2, "uint2": 2}
+
+
+def pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
+    """``bits``-bit codes (uint8, high bits ignored) packed 8 // bits a byte along the last
+    axis, the first in the low bits; a last byte short of codes is padded with zero bits."""
+    per = 8 // bits
+    if per == 1:
+        return codes
+    n = codes.shape[-1]
+    if n % per:
+        pad = np.zeros(codes.shape[:-1] + (per - n % per,), dtype=np.uint8)
+        codes = np.concatenate([codes, pad], axis=-1)
+    mask = (1 << bits) - 1
+    if sys.byteorder == "little":
+        # The `per` codes of a byte read as one wider little-endian word (the first code its
+        # low byte), each moved down into its bits: whole-array operations, several times
+        # faster than gathering every per-th code.
+        wide = np.uint16 if per == 2 else np.uint32
+        v = np.ascontiguousarray(codes).view(wide)
+        out = v & wide(mask)
+        for i in range(1, per):
+            out |= (v >> wide((8 - bits) * i)) & wide(mask << (bits * i))
+        return out.astype(np.uint8)
+    c = codes.reshape(codes.shape[:-1] + (-1, per))
+    low = c[..., 0] & np.uint8(mask)
+    for i in range(1, per):
+        low |= (c[..., i] & np.uint8(mask)) << np.uint8(bits * i)
+    return low
 
 
 def _ml() -> Any:
@@ -89,12 +132,20 @@ class Lowered:
 
 
 def _nbytes(a: np.ndarray) -> int:
-    bits = {"int4": 4, "float4_e2m1fn": 4, "int2": 2}.get(a.dtype.name, 8 * a.dtype.itemsize)
+    bits = SUB_BYTE_DTYPES.get(a.dtype.name, 8 * a.dtype.itemsize)
     return (a.size * bits + 7) // 8
+
+
+def check_offset(scheme: QuantScheme) -> None:
+    """Raise SchemeError when ``scheme``'s offset has no ONNX form: a float bias."""
+    if scheme.offset is not None and scheme.offset.kind != "zero":
+        raise SchemeError(f"{scheme}: ONNX dequantizes with integer zero points, not a float "
+                          "bias (x = q·s + b); use a zero point (.../zero:u8)")
 
 
 def check_scheme(scheme: QuantScheme) -> None:
     """Raise SchemeError when no ONNX form holds ``scheme``."""
+    check_offset(scheme)
     bs = scheme.block_size
     if bs is not None and len(bs) > 1:
         raise SchemeError(f"{scheme}: ONNX's DequantizeLinear blocks along one axis; "
@@ -106,17 +157,65 @@ def quantize_along(w: np.ndarray, kaxis: int, scheme: QuantScheme,
     """``w`` quantized with its blocks along ``kaxis``, and whether the returned tensor has
     that axis moved last. blockquant blocks the last axis; blocks along the one before it are
     the 2-D blocks (B, 1), which need no transposed copy of the weight (the same blocks, so the
-    same scales and codes). Values are one per element (the store is storage only: it changes
-    no value)."""
-    native = scheme.with_store(QuantStore.Native)
+    same scales and codes) and are the faster for a plain minmax scale; a search (``mse``) or
+    an affine range walks those blocks a column at a time, several times slower than a
+    transposed copy. Values are one per element (the store is storage only: it changes no
+    value)."""
+    native = _native_store(scheme)
     bs = scheme.block_size
     if w.ndim == 0 or bs is None or kaxis == w.ndim - 1:
         return quantize(w, native, **options), False
-    if kaxis == w.ndim - 2:
-        column = native.per_block([bs[0], 1], native.scale_dtype)
-        return quantize(w, column, **options), False
+    if kaxis == w.ndim - 2 and options.get("calibration") != "mse" and scheme.offset is None:
+        return quantize(w, _column_blocks(scheme), **options), False
     x = np.ascontiguousarray(np.moveaxis(w, kaxis, -1))
     return quantize(x, native, **options), True
+
+
+# Derived schemes, made once per scheme (building one checks it in the core: tens of
+# microseconds, which a model of hundreds of small weights paid per weight). Options play no
+# part: the caller passes them to quantize.
+@functools.lru_cache(maxsize=64)
+def _native_store(scheme: QuantScheme) -> QuantScheme:
+    return scheme.with_store(QuantStore.Native)
+
+
+@functools.lru_cache(maxsize=64)
+def _column_blocks(scheme: QuantScheme) -> QuantScheme:
+    native = _native_store(scheme)
+    assert native.block_size is not None
+    return native.per_block([native.block_size[0], 1], native.scale_dtype)
+
+
+@dataclass
+class Quantized:
+    """A weight quantized for its ONNX form (:func:`quantize_weight`): ``qt`` holds it with K
+    last when ``moved``; the scheme asked for, the weight's shape and K axis go with it."""
+
+    qt: QTensor
+    moved: bool
+    scheme: QuantScheme
+    shape: tuple[int, ...]
+    kaxis: int
+
+
+def quantize_weight(w: np.ndarray, kaxis: int, scheme: QuantScheme, options: dict[str, str],
+                    form: str) -> Quantized:
+    """``w`` quantized with its blocks along ``kaxis``, as ``form`` ("qdq" or "matmulnbits")
+    lays it out: the expensive part of lowering a weight, which names nothing (several run at
+    once, and the names are given after, in order)."""
+    if form == "matmulnbits":
+        check_matmulnbits(scheme)
+        if kaxis == 0:
+            # MatMulNBits wants (N, K): quantizing a transposed copy along its last axis takes
+            # the core's one-pass kernel (the same blocks, so the same scales and codes as
+            # (B, 1) blocks of w, which walk the weight a column at a time, several times
+            # slower).
+            qt = quantize_along(np.ascontiguousarray(w.T), 1, scheme, options)[0]
+            return Quantized(qt, True, scheme, w.shape, kaxis)
+    else:
+        check_scheme(scheme)
+    qt, moved = quantize_along(w, kaxis, scheme, options)
+    return Quantized(qt, moved, scheme, w.shape, kaxis)
 
 
 def qdq_opset(scheme: QuantScheme, shape: tuple[int, ...], kaxis: int, fp4: str) -> int:
@@ -179,10 +278,11 @@ def _codes(qt: QTensor, kaxis: int, moved: bool, onnx_type: str) -> np.ndarray:
     writes for ``onnx_type``."""
     ml = _ml()
     v = np.ascontiguousarray(np.moveaxis(qt.values, -1, kaxis) if moved else qt.values)
-    if onnx_type == "INT8":
-        return v.astype(np.int8)
-    if onnx_type in ("INT4", "INT2"):
-        return v.astype(ml.int4 if onnx_type == "INT4" else ml.int2)
+    if onnx_type in ("INT8", "UINT8"):
+        return v.astype(np.int8 if onnx_type == "INT8" else np.uint8)
+    if onnx_type in ("INT4", "INT2", "UINT4", "UINT2"):
+        return v.astype({"INT4": ml.int4, "INT2": ml.int2, "UINT4": ml.uint4,
+                         "UINT2": ml.uint2}[onnx_type])
     if onnx_type == "FP4_AS_INT4":  # the E2M1 bits (or an index) as a 4-bit two's complement
         signed = v.astype(np.int16)
         return np.where(signed >= 8, signed - 16, signed).astype(ml.int4)
@@ -198,38 +298,40 @@ def _fp4_array(codes: np.ndarray, ml: Any) -> np.ndarray:
     return _FP4_TABLE[codes.astype(np.intp)].astype(ml.float4_e2m1fn)
 
 
-def lower_qdq(name: str, w: np.ndarray, kaxis: int, scheme: QuantScheme,
-              options: dict[str, str], new_name: Callable[[str], str], *,
+def lower_qdq(name: str, q: Quantized, new_name: Callable[[str], str], *,
               out_type: str = "FLOAT", fp4: str = "lookup") -> Lowered:
-    """``w`` (the initializer ``name``) as a QDQ subgraph whose last node outputs ``name``.
+    """The weight ``q`` (the initializer ``name``) as a QDQ subgraph whose last node outputs
+    ``name``.
 
-    ``kaxis`` is the consumer's reduction axis (K): blocks run along it, as onnxruntime's
-    DequantizeLinear + MatMul fusion and every 4-bit kernel want. A block as long as K or
-    longer on a matrix is written per-axis (one scale per output channel, opset 13 for INT8).
+    Blocks run along the consumer's reduction axis (K), as onnxruntime's DequantizeLinear +
+    MatMul fusion and every 4-bit kernel want. A block as long as K or longer on a matrix is
+    written per-axis (one scale per output channel, opset 13 for INT8).
     """
     from onnx import TensorProto, helper
 
-    check_scheme(scheme)
+    qt, moved, scheme, shape, kaxis = q.qt, q.moved, q.scheme, q.shape, q.kaxis
     out = Lowered()
-    qt, moved = quantize_along(w, kaxis, scheme, options)
     out.qtensor, out.moved = qt, moved
     onnx_type, op = VALUE_TYPES[scheme.value]
     bs = scheme.block_size
-    k = w.shape[kaxis] if w.ndim else 1
-    grid = np.asarray(qt.scales, dtype=np.float32)
+    k = shape[kaxis] if shape else 1
     attrs: dict[str, Any] = {}
     if bs is None:
-        grid = grid.reshape(())
+        def arrange(a: np.ndarray) -> np.ndarray:
+            return a.reshape(())
         layout = "per-tensor"
-    elif bs[0] >= k and w.ndim == 2:
-        grid = np.ascontiguousarray(grid.reshape(-1))  # one scale per line along K
+    elif bs[0] >= k and len(shape) == 2:
+        def arrange(a: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(a.reshape(-1))  # one scale per line along K
         attrs["axis"] = 1 - kaxis
         layout = f"per-axis (axis {1 - kaxis})"
     else:
-        grid = np.ascontiguousarray(np.moveaxis(grid, -1, kaxis) if moved else grid)
+        def arrange(a: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(np.moveaxis(a, -1, kaxis) if moved else a)
         attrs.update(axis=kaxis, block_size=bs[0])
         layout = f"blocked (axis {kaxis}, block {bs[0]})"
         op = max(op, BLOCKED_OPSET)
+    grid = arrange(np.asarray(qt.scales, dtype=np.float32))
     out.opset = op
     lookup = _gathered(scheme, fp4)
     if lookup:
@@ -249,14 +351,21 @@ def lower_qdq(name: str, w: np.ndarray, kaxis: int, scheme: QuantScheme,
             onnx_type = "FLOAT4E2M1 bits as INT4"
             out.notes.append("E2M1 codes stored as INT4 bit patterns and decoded by a Gather "
                              "table (onnxruntime 1.32 has no FLOAT4E2M1 kernel)")
-        _fp4_lookup(name, cname, sname, attrs, w.shape, f32, out, new_name, table)
+        _fp4_lookup(name, cname, sname, attrs, shape, f32, out, new_name, table)
     else:
-        out.initializers[cname] = _codes(qt, kaxis, moved, onnx_type)
-        out.nodes.append(helper.make_node("DequantizeLinear", [cname, sname], [f32], **attrs))
+        codes = _codes(qt, kaxis, moved, onnx_type)
+        out.initializers[cname] = codes
+        inputs = [cname, sname]
+        if qt.offsets is not None:  # the zero points, of the codes' own type
+            zname = new_name(f"{name}_zero_point")
+            out.initializers[zname] = arrange(np.asarray(qt.offsets)).astype(codes.dtype)
+            inputs.append(zname)
+            onnx_type += " with zero points"
+        out.nodes.append(helper.make_node("DequantizeLinear", inputs, [f32], **attrs))
     if out_type != "FLOAT":  # a float16/bfloat16/double model: its own type, rounded from f32
         out.nodes.append(helper.make_node("Cast", [f32], [name],
                                           to=getattr(TensorProto, out_type)))
-    assert out.opset == qdq_opset(scheme, w.shape, kaxis, fp4)
+    assert out.opset == qdq_opset(scheme, shape, kaxis, fp4)
     out.onnx = {"form": "qdq", "type": onnx_type, "layout": layout, "opset": out.opset}
     return out
 
@@ -293,58 +402,56 @@ def _fp4_lookup(name: str, cname: str, sname: str, attrs: dict[str, Any],
     out.nodes.append(helper.make_node("Mul", [vals, scale], [result]))
 
 
-#: MatMulNBits' bit widths, by blockquant value.
-NBITS = {QuantValue.Q4F: 4, QuantValue.Q4S: 4}
+#: MatMulNBits' bit widths, by blockquant value: integer values (an affine scheme's with its
+#: zero points; onnxruntime's CPU kernel runs 2, 4 and 8 bits).
+NBITS = {QuantValue.Q8F: 8, QuantValue.Q8S: 8, QuantValue.Q4F: 4, QuantValue.Q4S: 4,
+         QuantValue.Q2F: 2, QuantValue.Q2S: 2, QuantValue.U8: 8, QuantValue.U4: 4,
+         QuantValue.U2: 2}
 
 
 def check_matmulnbits(scheme: QuantScheme) -> None:
-    """Raise SchemeError unless MatMulNBits holds ``scheme``: 4-bit ints, blocks of 16 to 256
-    (a power of two) along K."""
+    """Raise SchemeError unless MatMulNBits holds ``scheme``: 2-, 4- or 8-bit ints (unsigned
+    ones with zero points), blocks of 16 to 256 (a power of two) along K."""
     check_scheme(scheme)
     if scheme.mode is QuantMode.Lookup:
         raise SchemeError(f"{scheme}: MatMulNBits has no codebook; a Lookup scheme is written "
                           "as QDQ (--onnx-op qdq)")
     if scheme.value not in NBITS:
-        raise SchemeError(f"{scheme}: MatMulNBits (--onnx-op matmulnbits) takes 4-bit integer "
-                          f"values (q4f, q4s), got {scheme.value.name}")
+        raise SchemeError(f"{scheme}: MatMulNBits (--onnx-op matmulnbits) takes integer values "
+                          f"(q8, q4, q2; u8, u4, u2 with zero points), got {scheme.value.name}")
     bs = scheme.block_size
     if bs is None or not (16 <= bs[0] <= 256 and bs[0] & (bs[0] - 1) == 0):
         raise SchemeError(f"{scheme}: MatMulNBits takes blocks of 16, 32, 64, 128 or 256 along "
                           "K (per-tensor and other block sizes have no MatMulNBits form)")
 
 
-def lower_matmulnbits(name: str, w: np.ndarray, kaxis: int, scheme: QuantScheme,
-                      options: dict[str, str], new_name: Callable[[str], str],
+def lower_matmulnbits(name: str, q: Quantized, new_name: Callable[[str], str],
                       scale_type: str = "FLOAT") -> Lowered:
-    """The 2-D weight ``w`` with K on ``kaxis`` as MatMulNBits' B and scales initializers,
-    blocks along K, in (N, K) order. The node itself is the caller's (it replaces the
-    consumer)."""
-    check_matmulnbits(scheme)
+    """The 2-D weight ``q`` as MatMulNBits' B, scales and (an affine scheme's) zero_points
+    initializers, blocks along K, in (N, K) order. The node itself is the caller's (it
+    replaces the consumer)."""
+    qt, scheme = q.qt, q.scheme
     out = Lowered()
-    if kaxis == 0 and w.ndim == 2:
-        # MatMulNBits wants (N, K): quantizing a transposed copy along its last axis takes the
-        # core's one-pass kernel (the same blocks, so the same scales and codes as (B, 1)
-        # blocks of w, which walk the weight a column at a time, several times slower).
-        qt, moved = quantize_along(np.ascontiguousarray(w.T), 1, scheme, options)[0], True
-    else:
-        qt, moved = quantize_along(w, kaxis, scheme, options)
-    out.qtensor, out.moved = qt, moved
+    out.qtensor, out.moved = qt, q.moved
     bits = NBITS[scheme.value]
     # (N, K) codes and (N, K/block) scales.
     values, scales = qt.values, np.asarray(qt.scales, dtype=np.float32)
-    if kaxis == 0 and not moved:
-        values, scales = values.T, scales.T
     n, k = values.shape
     block = scheme.block_size[0]  # type: ignore[index]
     kb = -(-k // block)
-    zero = 1 << (bits - 1)
-    codes = np.full((n, kb * block), zero, dtype=np.uint8)  # padding dequantizes to 0
-    codes[:, :k] = (values.astype(np.int16) + zero).astype(np.uint8)
-    per_byte = 8 // bits
-    c = codes.reshape(n, kb, block // per_byte, per_byte)
-    packed = np.zeros(c.shape[:3], dtype=np.uint8)
-    for i in range(per_byte):  # the first code in the low bits
-        packed |= (c[..., i] << (bits * i)).astype(np.uint8)
+    if qt.offsets is None:
+        zero = 1 << (bits - 1)
+        # The codes + zero, in uint8 arithmetic (two's complement wraps onto 0..2^bits - 1).
+        codes = values.view(np.uint8) + np.uint8(zero)
+        pad = np.full((n, 1), zero, dtype=np.uint8)
+        stored = f"uint{bits} (codes + {zero})"
+    else:
+        codes = values
+        pad = np.asarray(qt.offsets)[:, -1:]
+        stored = f"uint{bits} with zero points"
+    if k < kb * block:  # the last block's padding: its zero point, which dequantizes to 0
+        codes = np.concatenate([codes, np.repeat(pad, kb * block - k, axis=1)], axis=1)
+    packed = pack_bits(codes, bits).reshape(n, kb, -1)
     if scheme.is_two_level:  # e = b × g, the f32 product blockquant dequantizes with
         scales = scales * np.float32(qt.global_scale)
         out.notes.append("two-level scales folded into f32 block scales (e = b × g, exact)")
@@ -361,7 +468,10 @@ def lower_matmulnbits(name: str, w: np.ndarray, kaxis: int, scheme: QuantScheme,
     bname, sname = new_name(f"{name}_MatMulNBits_B"), new_name(f"{name}_MatMulNBits_scales")
     out.initializers[bname] = packed
     out.initializers[sname] = np.ascontiguousarray(scales.reshape(-1))
-    out.onnx = {"form": "matmulnbits", "type": f"uint{bits} (codes + {zero})",
-                "layout": f"blocked (K, block {block})", "bits": bits, "block_size": block,
-                "K": k, "N": n, "B": bname, "scales": sname}
+    out.onnx = {"form": "matmulnbits", "type": stored, "layout": f"blocked (K, block {block})",
+                "bits": bits, "block_size": block, "K": k, "N": n, "B": bname, "scales": sname}
+    if qt.offsets is not None:  # (N, ceil(kb * bits / 8)): each row's packed like B's blocks
+        zname = new_name(f"{name}_MatMulNBits_zero_points")
+        out.initializers[zname] = pack_bits(np.asarray(qt.offsets), bits)
+        out.onnx["zero_points"] = zname
     return out

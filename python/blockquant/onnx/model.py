@@ -9,9 +9,12 @@ the first matching ``--rule``, ``--min-rank``.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,8 +27,14 @@ from ..checkpoint.base import CheckpointError
 from ..checkpoint.options import FileOptions, compile_rules, matching_rule, rule_scheme
 from ..checkpoint.rules import rank_kept
 from ..errors import QuantError
-from ..scheme import QuantScheme
-from .lowering import FLOAT_TYPES, check_matmulnbits, check_scheme
+from ..scheme import QuantScheme, ScaleDtype
+from .lowering import (
+    FLOAT_TYPES,
+    SUB_BYTE_DTYPES,
+    check_matmulnbits,
+    check_scheme,
+    pack_bits,
+)
 
 #: The metadata_props key blockquant records its work under.
 META_KEY = "blockquant"
@@ -51,11 +60,20 @@ def load(src: Any, *, data: bool = True) -> Any:
     """The model at ``src``, checked by onnx.checker; anything unreadable is a CheckpointError.
     ``data=False`` leaves external data on disk (inspect needs only the shapes)."""
     onnx = _onnx()
+    from onnx.external_data_helper import load_external_data_for_model
+
     path = Path(src)
     if not path.is_file():
         raise error(src, "no such file" if not path.exists() else "is not a file")
     try:
-        model = onnx.load(str(path), load_external_data=data)
+        raw = path.read_bytes()
+        model = onnx.ModelProto.FromString(raw)
+        # Checked from the bytes read, not from the file again; by path with external data
+        # (its files are checked too) or past protobuf's 2 GiB.
+        checked: Any = raw if len(raw) < 2**31 else str(path)
+        if data and _has_external_data(model.graph):
+            load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+            checked = str(path)
     except MemoryError:
         raise
     except Exception as e:  # DecodeError, missing external data, ...: one line, never a trace
@@ -63,15 +81,44 @@ def load(src: Any, *, data: bool = True) -> Any:
     if not model.HasField("graph") or not model.opset_import or model.ir_version <= 0:
         raise error(src, "is not an ONNX model (no graph, opset or IR version)")
     if data:
-        try:  # by path: a model over 2 GiB or with external data is checked too
-            onnx.checker.check_model(str(path))
+        try:
+            onnx.checker.check_model(checked)
         except Exception as e:
             raise error(src, f"does not pass onnx.checker: {type(e).__name__}: {e}") from None
     return model
 
 
+def _has_external_data(graph: Any) -> bool:
+    """Whether a tensor of ``graph`` (initializers, attributes, subgraphs) is stored outside.
+    onnx.load walks them all to load each such one, with more work per node: this walk decides
+    whether that is needed."""
+    from onnx import AttributeProto, TensorProto
+
+    outside = TensorProto.EXTERNAL
+    if any(t.data_location == outside for t in graph.initializer):
+        return True
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type == AttributeProto.TENSOR and a.t.data_location == outside:
+                return True
+            if a.type == AttributeProto.TENSORS and any(t.data_location == outside
+                                                       for t in a.tensors):
+                return True
+            if a.type == AttributeProto.GRAPH and _has_external_data(a.g):
+                return True
+            if a.type == AttributeProto.GRAPHS and any(_has_external_data(g) for g in a.graphs):
+                return True
+    return False
+
+
 def opset_of(model: Any) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
+#: TensorProto type number -> name, of the float types a weight may have; and their sizes.
+_FLOAT_TYPE_NAMES = {1: "FLOAT", 10: "FLOAT16", 16: "BFLOAT16", 11: "DOUBLE"}
+_FLOAT_ITEMSIZE = {"FLOAT": 4, "FLOAT16": 2, "BFLOAT16": 2, "DOUBLE": 8}
+assert set(_FLOAT_ITEMSIZE) == set(FLOAT_TYPES)
 
 
 @dataclass
@@ -139,16 +186,17 @@ def subgraph_names(graph: Any) -> set[str]:
     return names
 
 
-def find_weights(model: Any) -> list[Weight]:
-    """The MatMul/Gemm float initializers of the main graph, in initializer order."""
-    from onnx import TensorProto
-
+def find_weights(model: Any, held: dict[str, Any] | None = None) -> list[Weight]:
+    """The MatMul/Gemm float initializers of the main graph, in initializer order. ``held``:
+    initializers taken out of the graph (:func:`take_initializers`) that count as its own."""
     g = model.graph
     inits = {t.name: t for t in g.initializer}
+    if held:
+        inits.update(held)
     uses: dict[str, list[Use]] = {}
     other: dict[str, int] = {}
     for node in g.node:
-        is_mm = node.domain in ("", "ai.onnx") and node.op_type in ("MatMul", "Gemm")
+        is_mm = node.op_type in ("MatMul", "Gemm") and node.domain in ("", "ai.onnx")
         for i, name in enumerate(node.input):
             if name not in inits:
                 continue
@@ -161,22 +209,23 @@ def find_weights(model: Any) -> list[Weight]:
         if name in inits:
             other[name] = other.get(name, 0) + 1
     out = []
-    for t in g.initializer:
-        type_name = TensorProto.DataType.Name(t.data_type)
-        if t.name not in uses or type_name not in FLOAT_TYPES:
+    for name, t in inits.items():
+        type_name = _FLOAT_TYPE_NAMES.get(t.data_type)
+        if name not in uses or type_name is None:
             continue
-        n = int(np.prod(t.dims, dtype=np.int64))
-        itemsize = np.dtype("float32" if type_name == "BFLOAT16" else FLOAT_TYPES[type_name])
-        nbytes = n * (2 if type_name == "BFLOAT16" else itemsize.itemsize)
-        out.append(Weight(t.name, type_name, tuple(t.dims), nbytes, uses[t.name],
-                          other.get(t.name, 0)))
+        dims = tuple(t.dims)
+        nbytes = math.prod(dims) * _FLOAT_ITEMSIZE[type_name]
+        out.append(Weight(name, type_name, dims, nbytes, uses[name], other.get(name, 0)))
     return out
 
 
-def _nbits_reason(w: Weight, inits: dict[str, Any]) -> str:
-    """Why MatMulNBits cannot replace every use of ``w`` ("" when it can)."""
+def _nbits_reason(w: Weight, scheme: QuantScheme, inits: dict[str, Any]) -> str:
+    """Why MatMulNBits cannot replace every use of ``w`` with ``scheme`` ("" when it can)."""
     if w.onnx_type not in ("FLOAT", "FLOAT16"):
         return f"MatMulNBits takes float or float16 activations, not {w.onnx_type}"
+    if w.onnx_type == "FLOAT16" and scheme.scale_dtype is ScaleDtype.BF16:
+        return ("a float16 model's MatMulNBits takes float16 scales, and BF16 scales are not "
+                "all float16 values")
     if len(w.shape) != 2:
         return f"MatMulNBits takes a 2-D weight, this one is {len(w.shape)}-D"
     if w.other_uses:
@@ -198,9 +247,10 @@ def _nbits_reason(w: Weight, inits: dict[str, Any]) -> str:
 
 
 def plan(model: Any, scheme: QuantScheme, options: FileOptions, form: str,
-         src: Any) -> list[Weight]:
-    """Decide each weight (module docstring). A scheme ONNX cannot hold is an error."""
-    weights = find_weights(model)
+         src: Any, held: dict[str, Any] | None = None) -> list[Weight]:
+    """Decide each weight (module docstring). A scheme ONNX cannot hold is an error. ``held``:
+    as :func:`find_weights` takes it."""
+    weights = find_weights(model, held)
     inputs = {i.name for i in model.graph.input}
     inits = {t.name: t for t in model.graph.initializer}
     rules = compile_rules(options.rules)
@@ -230,7 +280,7 @@ def plan(model: Any, scheme: QuantScheme, options: FileOptions, form: str,
             w.form = "qdq"
             if form == "matmulnbits":
                 check_matmulnbits(chosen)
-                reason = _nbits_reason(w, inits)
+                reason = _nbits_reason(w, chosen, inits)
                 if reason:
                     w.notes.append(f"written as DequantizeLinear: {reason}")
                 else:
@@ -289,7 +339,84 @@ def check_output(src: Any, dst: Any, force: bool) -> Path:
 
 
 def tensor_bytes(model: Any) -> int:
-    return sum(len(t.raw_data) or t.ByteSize() for t in model.graph.initializer)
+    """Bytes of the initializers' data, from their types and shapes (reading ``raw_data``
+    would copy every tensor just to count it)."""
+    return sum(init_bytes(t) for t in model.graph.initializer)
+
+
+#: Bits of an element of the types numpy's itemsize does not give.
+_SUB_BYTE = {"INT4": 4, "UINT4": 4, "FLOAT4E2M1": 4, "INT2": 2, "UINT2": 2}
+
+
+def init_bytes(t: Any) -> int:
+    """Bytes of an initializer's data, from its type and shape (external data not read)."""
+    bits = _element_bits(t.data_type)
+    if bits is None:  # strings: their own size
+        return int(t.ByteSize())
+    return (math.prod(t.dims) * bits + 7) // 8
+
+
+@functools.lru_cache(maxsize=None)
+def _element_bits(data_type: int) -> int | None:
+    from onnx import TensorProto, helper
+
+    bits = _SUB_BYTE.get(TensorProto.DataType.Name(data_type))
+    if bits is not None:
+        return bits
+    try:
+        return 8 * np.dtype(helper.tensor_dtype_to_np_dtype(data_type)).itemsize
+    except Exception:
+        return None
+
+
+#: The float types whose raw little-endian bytes numpy reads as they are.
+_RAW_DTYPES = {"FLOAT": "<f4", "FLOAT16": "<f2", "DOUBLE": "<f8"}
+
+
+def read_array(t: Any) -> np.ndarray:
+    """An initializer's values. Raw bytes (what exporters write) are read with one copy, not
+    through numpy_helper's conversions; other encodings go through numpy_helper."""
+    from onnx import TensorProto, numpy_helper
+
+    name = TensorProto.DataType.Name(t.data_type)
+    dtype: Any = _RAW_DTYPES.get(name)
+    if name == "BFLOAT16":
+        import ml_dtypes
+
+        dtype = ml_dtypes.bfloat16
+    if dtype is not None and t.data_location != TensorProto.EXTERNAL and t.HasField("raw_data"):
+        return np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(t.dims))
+    return numpy_helper.to_array(t)
+
+
+def take_initializers(model: Any, names: set[str]) -> dict[str, Any]:
+    """Remove the initializers ``names`` from the main graph and return them by name, in
+    graph order. Removing by index leaves every other initializer where it is: rebuilding the
+    list would copy each one kept."""
+    g = model.graph
+    found = [(i, t) for i, t in enumerate(g.initializer) if t.name in names]
+    for i, _ in reversed(found):
+        del g.initializer[i]
+    return {t.name: t for _, t in found}
+
+
+def add_initializer(graph: Any, name: str, arr: np.ndarray) -> None:
+    """``arr`` as an initializer of ``graph``, its bytes written once (numpy_helper.from_array
+    makes a tensor that ``extend`` then copies; sub-byte types are packed here as ONNX packs
+    them: the first element in the low bits, across the whole tensor)."""
+    from onnx import helper, numpy_helper
+
+    if sys.byteorder != "little":  # raw data is little-endian: numpy_helper swaps
+        graph.initializer.append(numpy_helper.from_array(arr, name))
+        return
+    if not arr.flags.c_contiguous:  # (np.ascontiguousarray would make a 0-d array 1-d)
+        arr = arr.copy(order="C")
+    bits = SUB_BYTE_DTYPES.get(arr.dtype.name)
+    raw = arr if bits is None else pack_bits(arr.reshape(-1).view(np.uint8), bits)
+    graph.initializer.add(name=name, data_type=helper.np_dtype_to_tensor_dtype(arr.dtype),
+                          dims=arr.shape, raw_data=raw.tobytes())
+
+
 
 
 def save(model: Any, src: Any, dst: Path, *, force: bool, external: bool | None) -> None:
@@ -311,15 +438,18 @@ def save(model: Any, src: Any, dst: Path, *, force: bool, external: bool | None)
         if external:
             onnx.save_model(model, str(model_tmp), save_as_external_data=True,
                             all_tensors_to_one_file=True, location=data_name, size_threshold=0)
-        else:
-            onnx.save_model(model, str(model_tmp))
+            written: Any = str(model_tmp)  # checked by path, with its data file
+        else:  # onnx.save_model would walk every tensor for external data first
+            written = model.SerializeToString()
+            model_tmp.write_bytes(written)
         for f in tmp.iterdir():
             fsync_path(f)
         try:
-            onnx.checker.check_model(str(model_tmp))
+            onnx.checker.check_model(written)
         except Exception as e:  # a bug of blockquant's: say so in one line, write nothing
             raise error(dst, f"the written model fails onnx.checker ({type(e).__name__}: {e}); "
                         "please report this") from None
+        del written
         with signals_deferred():  # the data file and the model that names it, together
             try:
                 if external:

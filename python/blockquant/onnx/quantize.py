@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,29 +11,48 @@ from typing import Any
 
 import numpy as np
 
+from .._threads import get_num_threads, imap_ordered
 from .._version import __version__
 from ..checkpoint.base import CheckpointError
 from ..checkpoint.commands import natural_key
 from ..checkpoint.options import FileOptions
+from ..errors import SchemeError
 from ..metrics import ErrorStats, bits_per_weight
 from ..presets import resolve
 from ..scheme import QuantScheme
-from .lowering import Lowered, lower_matmulnbits, lower_qdq, qdq_opset
+from .lowering import (
+    Lowered,
+    Quantized,
+    check_offset,
+    lower_matmulnbits,
+    lower_qdq,
+    qdq_opset,
+    quantize_weight,
+)
 from .model import (
     META_KEY,
     Weight,
     _onnx,
+    add_initializer,
     check_output,
     error,
+    init_bytes,
     load,
     new_namer,
     opset_of,
     plan,
+    read_array,
     read_metadata,
     save,
+    take_initializers,
 )
 
 FORMS = ("qdq", "matmulnbits")
+#: The scheme of a run that names none: 4-bit codes with a zero point and a bf16 scale per
+#: 128 values along K, the ranges searched (the preset's "mse"). onnxruntime's own 4-bit
+#: quantizer writes the same shape (block 128, zero points) from each block's min and max; the
+#: search gains about 0.45 dB of weight SQNR over it (docs/onnx.md).
+DEFAULT_SCHEME = "int4_asym_block128"
 FP4_FORMS = ("lookup", "dq")
 
 
@@ -59,6 +79,14 @@ def _options(options: FileOptions | None, kw: dict[str, Any]) -> FileOptions:
     return options if options is not None else FileOptions(**kw)
 
 
+def _check_scheme(scheme: QuantScheme) -> None:
+    """A scheme no weight could be written with, refused before the model is read."""
+    try:
+        check_offset(scheme)
+    except SchemeError as e:
+        raise CheckpointError("--scheme", None, str(e)) from None
+
+
 def _check_form(form: str, fp4: str) -> None:
     if form not in FORMS:
         raise error("--onnx-op", f"expected one of {', '.join(FORMS)}, got {form!r}")
@@ -66,21 +94,54 @@ def _check_form(form: str, fp4: str) -> None:
         raise error("--onnx-fp4", f"expected one of {', '.join(FP4_FORMS)}, got {fp4!r}")
 
 
-def _array(model: Any, name: str) -> np.ndarray:
-    from onnx import numpy_helper
-
-    t = next(t for t in model.graph.initializer if t.name == name)
-    return numpy_helper.to_array(t)
-
-
-def _lower(model: Any, w: Weight, options: FileOptions, fp4: str, namer: Any) -> Lowered:
+def _quantize(arr: np.ndarray, w: Weight, options: FileOptions) -> Quantized:
     assert w.scheme is not None
-    qopts = options.quantize_options(w.scheme)
-    arr = _array(model, w.name)
+    return quantize_weight(arr, w.kaxis, w.scheme, options.quantize_options(w.scheme), w.form)
+
+
+def _lay_out(q: Quantized, w: Weight, fp4: str, namer: Any) -> Lowered:
     if w.form == "matmulnbits":
-        return lower_matmulnbits(w.name, arr, w.kaxis, w.scheme, qopts, namer, w.onnx_type)
-    return lower_qdq(w.name, arr, w.kaxis, w.scheme, qopts, namer, out_type=w.onnx_type,
-                     fp4=fp4)
+        return lower_matmulnbits(w.name, q, namer, w.onnx_type)
+    return lower_qdq(w.name, q, namer, out_type=w.onnx_type, fp4=fp4)
+
+
+def _searched(w: Weight, options: FileOptions) -> bool:
+    """Whether ``w``'s scales are searched (``mse``)."""
+    assert w.scheme is not None
+    return options.quantize_options(w.scheme)["calibration"] == "mse"
+
+
+def _lower_all(weights: list[Weight], held: dict[str, Any], options: FileOptions, fp4: str,
+               namer: Any, src: Any) -> dict[str, Lowered]:
+    """Each weight to quantize, lowered. A search (``mse``; an affine one is tens of times the
+    work per value of a plain scale) runs on the kernel threads at once, a weight a thread:
+    the core hands a call of fewer than 256 Ki values to no other thread, and a model's
+    weights are often that small. (Calls without a search are too short for that to pay.) The names are given here, in order, so the output is the same whatever the threads.
+    Each weight is read from ``held`` when it is quantized, and its float copy dropped
+    after."""
+    todo = [w for w in weights if w.scheme is not None]
+
+    def work(w: Weight) -> Quantized | BaseException:
+        try:
+            return _quantize(read_array(held.pop(w.name)), w, options)
+        except Exception as e:  # raised below, in order, naming the weight
+            return e
+
+    lowered: dict[str, Lowered] = {}
+    slow = any(_searched(w, options) for w in todo)
+    threads = get_num_threads() if len(todo) > 1 and slow else 1
+    for w, q in zip(todo, imap_ordered(work, todo, threads)):
+        try:
+            if isinstance(q, BaseException):
+                raise q
+            lw = _lay_out(q, w, fp4, namer)
+        except Exception as e:
+            if isinstance(e, MemoryError):
+                raise
+            raise error(src, str(e), w.name) from None
+        lw.qtensor = None  # the codes a byte each: only a report reads them
+        lowered[w.name] = lw
+    return lowered
 
 
 def _needed_opset(weights: list[Weight], fp4: str) -> int:
@@ -88,41 +149,40 @@ def _needed_opset(weights: list[Weight], fp4: str) -> int:
                 if w.scheme is not None and w.form == "qdq"], default=1)
 
 
-def _convert(model: Any, weights: list[Weight], target: int, src: Any) -> Any:
-    """``model`` at opset ``target``. The weights to be quantized go through the converter as
-    graph inputs of their type and shape, not as data (their consumers, MatMul and Gemm, read
-    them alike in every opset): it serializes the model twice, which would copy them twice."""
-    onnx = _onnx()
+#: Initializers of more elements than this go around onnx's version converter, not through
+#: it: it serializes the model and parses its answer, copying each tensor it holds.
+_AROUND_CONVERTER = 1024
+
+
+def _convert(model: Any, held: dict[str, Any], target: int, src: Any) -> Any:
+    """``model`` at opset ``target``. The weights to be quantized (``held``, out of the graph
+    already) and the other large initializers go through the converter as graph inputs of
+    their type and shape, not as data (their consumers read them alike in every opset); the
+    large ones are put back after."""
+    _onnx()  # installed, or a one-line error
     from onnx import helper, version_converter
 
-    names = {w.name for w in weights if w.scheme is not None}
     g = model.graph
-    held = []
-    for t in g.initializer:
-        if t.name in names:
-            copy = onnx.TensorProto()
-            copy.CopyFrom(t)
-            held.append(copy)
-    rest = [t for t in g.initializer if t.name not in names]
-    del g.initializer[:]
-    g.initializer.extend(rest)
+    inputs = {i.name for i in g.input}
+    big = take_initializers(model, {t.name for t in g.initializer if t.name not in inputs
+                                    and math.prod(t.dims) > _AROUND_CONVERTER})
+    around = {**held, **big}
     n_inputs = len(g.input)
-    g.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                   for t in held)
+    g.input.extend(helper.make_tensor_value_info(name, t.data_type, list(t.dims))
+                   for name, t in around.items())
     try:
         converted = version_converter.convert_version(model, target)
     except Exception as e:
         raise error(src, f"its opset {opset_of(model)} is below the {target} the chosen "
                     f"schemes need, and onnx's version converter failed: "
                     f"{type(e).__name__}: {e}") from None
-    finally:  # the caller's model as it was (the converter worked on a copy)
+    finally:
         del g.input[n_inputs:]
-        g.initializer.extend(held)
     cg = converted.graph
-    kept_inputs = [i for i in cg.input if i.name not in names]
+    kept_inputs = [i for i in cg.input if i.name not in around]
     del cg.input[:]
     cg.input.extend(kept_inputs)
-    cg.initializer.extend(held)
+    cg.initializer.extend(big.values())
     # The converter stamps the newest IR this onnx knows; older runtimes refuse IRs they do
     # not know, so keep the lowest the opsets allow (_set_opsets raises it as needed).
     converted.ir_version = model.ir_version
@@ -130,20 +190,18 @@ def _convert(model: Any, weights: list[Weight], target: int, src: Any) -> Any:
 
 
 def _rewrite(model: Any, weights: list[Weight], lowered: dict[str, Lowered]) -> None:
-    """Put each weight's lowered form into the graph (in place)."""
-    from onnx import helper, numpy_helper
+    """Put each weight's lowered form into the graph (in place): its initializers added, the
+    nodes that decode it first, and each consumer MatMulNBits replaces changed where it is."""
+    from onnx import helper
 
     g = model.graph
-    drop = set(lowered)
-    kept_inits = [t for t in g.initializer if t.name not in drop]
     front: list[Any] = []
-    replace: dict[int, Any] = {}
     for w in weights:
         lw = lowered.get(w.name)
         if lw is None:
             continue
         for name, arr in lw.initializers.items():
-            kept_inits.append(numpy_helper.from_array(arr, name))
+            add_initializer(g, name, arr)
         front += lw.nodes
         if w.form != "matmulnbits":
             continue
@@ -151,17 +209,20 @@ def _rewrite(model: Any, weights: list[Weight], lowered: dict[str, Lowered]) -> 
         for u in w.uses:
             node = u.node
             inputs = [node.input[0], o["B"], o["scales"]]
+            if o.get("zero_points"):
+                inputs.append(o["zero_points"])
             if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
-                inputs += ["", "", node.input[2]]  # zero_points and g_idx absent; bias
-            replace[id(node)] = helper.make_node(
-                "MatMulNBits", inputs, list(node.output), name=node.name or None,
-                domain="com.microsoft", K=o["K"], N=o["N"], bits=o["bits"],
-                block_size=o["block_size"])
-    nodes = front + [replace.get(id(n), n) for n in g.node]
-    del g.initializer[:]
-    g.initializer.extend(kept_inits)
-    del g.node[:]
-    g.node.extend(nodes)
+                inputs += [""] * (5 - len(inputs)) + [node.input[2]]  # g_idx absent; bias
+            attrs = dict(K=o["K"], N=o["N"], bits=o["bits"], block_size=o["block_size"])
+            node.op_type, node.domain = "MatMulNBits", "com.microsoft"
+            del node.input[:]
+            node.input.extend(inputs)
+            del node.attribute[:]
+            node.attribute.extend(helper.make_attribute(k, v) for k, v in attrs.items())
+    if front:
+        nodes = front + list(g.node)
+        del g.node[:]
+        g.node.extend(nodes)
 
 
 def _set_opsets(model: Any, matmulnbits: bool) -> None:
@@ -196,49 +257,45 @@ def _file_bytes(path: Path) -> int:
     return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
 
 
-def quantize_model(src: Any, dst: Any, scheme: QuantScheme | str, *, form: str = "qdq",
-                   fp4: str = "lookup", external_data: bool | None = None,
+def quantize_model(src: Any, dst: Any, scheme: QuantScheme | str | None = None, *,
+                   form: str = "qdq", fp4: str = "lookup", external_data: bool | None = None,
                    options: FileOptions | None = None, **kw: Any) -> OnnxSummary:
     """Quantize the MatMul/Gemm weights of the ONNX model ``src`` and write ``dst``.
 
+    ``scheme``: a preset name, a scheme text or a QuantScheme; None: :data:`DEFAULT_SCHEME`.
     ``form``: "qdq" (DequantizeLinear in front of the consumer) or "matmulnbits"
-    (onnxruntime's com.microsoft.MatMulNBits; 4-bit blocked schemes). ``fp4``: how E2M1 values
-    are decoded ("lookup": INT4 bits and a Gather table, which onnxruntime runs; "dq": the
-    standard FLOAT4E2M1 DequantizeLinear of opset 23). ``external_data``: write the tensors to
+    (onnxruntime's com.microsoft.MatMulNBits; 2-, 4- and 8-bit blocked schemes, affine ones
+    with their zero points). ``fp4``: how E2M1 values are decoded ("lookup": INT4 bits and a
+    Gather table, which onnxruntime runs; "dq": the standard FLOAT4E2M1 DequantizeLinear of
+    opset 23). ``external_data``: write the tensors to
     ``dst + '.data'`` (None: only past 1.8 GB). The checkpoint options (include, exclude,
     rules, min_rank, calibration, rounding, scale_rounding, force) come as ``options`` or as
     keywords. Raises CheckpointError (nothing written) on any problem; a scheme ONNX cannot
     hold is an error naming the reason.
     """
     t0 = time.perf_counter()
-    scheme = resolve(scheme)
+    scheme = resolve(DEFAULT_SCHEME if scheme is None else scheme)
     options = _options(options, kw)
     _check_form(form, fp4)
-    if scheme.offset is not None:
-        raise CheckpointError("--scheme", None, f"{scheme} has affine values (an offset per "
-                              "block); blockquant writes ONNX weights with symmetric ones")
+    _check_scheme(scheme)
     dst_path = check_output(src, dst, options.force)
     model = load(src)
     if read_metadata(model) is not None:
         raise error(src, "already holds blockquant-quantized weights")
     before = opset_of(model)
     weights = plan(model, scheme, options, form, src)
+    # The weights leave the graph now: each is read once, when lowered, and never copied
+    # back (its quantized form replaces it).
+    held = take_initializers(model, {w.name for w in weights if w.scheme is not None})
     target = _needed_opset(weights, fp4)
     notes = []
     if target > before:
-        model = _convert(model, weights, target, src)
-        weights = plan(model, scheme, options, form, src)  # the converter made new nodes
+        order = {w.name: i for i, w in enumerate(weights)}
+        model = _convert(model, held, target, src)
+        weights = plan(model, scheme, options, form, src, held)  # the converter made new nodes
+        weights.sort(key=lambda w: order.get(w.name, len(order)))
         notes.append(f"opset raised from {before} to {target} by onnx's version converter")
-    namer = new_namer(model)
-    lowered: dict[str, Lowered] = {}
-    for w in weights:
-        if w.scheme is not None:
-            try:
-                lowered[w.name] = _lower(model, w, options, fp4, namer)
-            except Exception as e:
-                if isinstance(e, (MemoryError, KeyboardInterrupt)):
-                    raise
-                raise error(src, str(e), w.name) from None
+    lowered = _lower_all(weights, held, options, fp4, new_namer(model), src)
     _rewrite(model, weights, lowered)
     _set_opsets(model, any(w.form == "matmulnbits" for w in weights if w.scheme))
     entry = model.metadata_props.add()
@@ -256,37 +313,37 @@ def quantize_model(src: Any, dst: Any, scheme: QuantScheme | str, *, form: str =
         weights=weights, notes=notes)
 
 
-def report_model(src: Any, scheme: QuantScheme | str, *, form: str = "qdq",
+def report_model(src: Any, scheme: QuantScheme | str | None = None, *, form: str = "qdq",
                  fp4: str = "lookup", options: FileOptions | None = None,
                  **kw: Any) -> dict[str, Any]:
     """Quantize each weight in memory (nothing written) and measure it, in the shape of
     :func:`blockquant.checkpoint.commands.report_file`'s report: SQNR against the original
     weight, max abs error, bytes before (its float initializer) and after (the ONNX
-    initializers that replace it), and time."""
-    scheme = resolve(scheme)
+    initializers that replace it), and time. ``scheme`` None: :data:`DEFAULT_SCHEME`."""
+    scheme = resolve(DEFAULT_SCHEME if scheme is None else scheme)
     options = _options(options, kw)
     _check_form(form, fp4)
-    if scheme.offset is not None:
-        raise CheckpointError("--scheme", None, f"{scheme} has affine values (an offset per "
-                              "block); blockquant writes ONNX weights with symmetric ones")
+    _check_scheme(scheme)
     model = load(src)
     if read_metadata(model) is not None:
         raise error(src, "already holds blockquant-quantized weights")
     weights = plan(model, scheme, options, form, src)
     namer = new_namer(model)
+    inits = {t.name: t for t in model.graph.initializer}
     rows, total = [], ErrorStats()
     for w in weights:
         if w.scheme is None:
             continue
         t0 = time.perf_counter()
         try:
-            lw = _lower(model, w, options, fp4, namer)
+            arr = read_array(inits[w.name])
+            lw = _lay_out(_quantize(arr, w, options), w, fp4, namer)
         except Exception as e:
             if isinstance(e, (MemoryError, KeyboardInterrupt)):
                 raise
             raise error(src, str(e), w.name) from None
         seconds = time.perf_counter() - t0
-        arr = _array(model, w.name).astype(np.float32)
+        arr = arr.astype(np.float32)
         x = np.moveaxis(arr, w.kaxis, -1) if lw.moved else arr  # as lw.qtensor has it
         assert lw.qtensor is not None
         stats = ErrorStats.between(np.ascontiguousarray(x), lw.qtensor.dequantize())
@@ -300,7 +357,7 @@ def report_model(src: Any, scheme: QuantScheme | str, *, form: str = "qdq",
     rows.sort(key=lambda r: natural_key(r["name"]))
     before = sum(r["bytes_before"] for r in rows)
     after = sum(r["bytes_after"] for r in rows)
-    all_bytes = sum(_init_bytes(t) for t in model.graph.initializer)
+    all_bytes = sum(init_bytes(t) for t in model.graph.initializer)
     kept = [w for w in weights if w.scheme is None]
     return {
         "file": str(src), "format": "onnx", "form": form, "scheme": str(scheme),
@@ -315,21 +372,6 @@ def report_model(src: Any, scheme: QuantScheme | str, *, form: str = "qdq",
                        "bytes_before": all_bytes, "bytes_after": all_bytes - before + after},
         "kept": [{"name": w.name, "why": w.why, "detail": w.why} for w in kept],
     }
-
-
-def _init_bytes(t: Any) -> int:
-    """Bytes of an initializer's data, from its type and shape (external data not read)."""
-    from onnx import TensorProto, helper
-
-    n = int(np.prod(t.dims, dtype=np.int64))
-    name = TensorProto.DataType.Name(t.data_type)
-    bits = {"INT4": 4, "UINT4": 4, "FLOAT4E2M1": 4, "INT2": 2, "UINT2": 2}.get(name)
-    if bits is None:
-        try:
-            bits = 8 * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-        except Exception:
-            return len(t.raw_data) or t.ByteSize()
-    return (n * bits + 7) // 8
 
 
 def inspect_model(src: Any) -> dict[str, Any]:
@@ -351,7 +393,7 @@ def inspect_model(src: Any) -> dict[str, Any]:
         rows.append({"name": name, "scheme": e.get("scheme"), "shape": shape,
                      "dtype": f"{e.get('dtype', '?')} -> {e.get('form', '?')} {e.get('type', '')}"
                      .strip(),
-                     "bytes": sum(_init_bytes(inits[p]) for p in e.get("parts", [])
+                     "bytes": sum(init_bytes(inits[p]) for p in e.get("parts", [])
                                   if p in inits), "numel": n})
     for t in model.graph.initializer:
         if t.name in part_of:
@@ -359,7 +401,7 @@ def inspect_model(src: Any) -> dict[str, Any]:
         n = int(np.prod(t.dims, dtype=np.int64))
         rows.append({"name": t.name, "scheme": None, "shape": list(t.dims),
                      "dtype": TensorProto.DataType.Name(t.data_type),
-                     "bytes": _init_bytes(t), "numel": n})
+                     "bytes": init_bytes(t), "numel": n})
     rows.sort(key=lambda r: natural_key(r["name"]))
     for r in rows:
         r["bits_per_value"] = 8.0 * r["bytes"] / r["numel"] if r["numel"] else None
