@@ -26,16 +26,28 @@ pub const SHRINK: [f32; 9] = [
 /// chain of additions let the loop run in SIMD registers; the reference sums the same way.
 #[inline]
 pub fn block_error(rule: &Rule, xs: &[f32], s: f32, off: f32) -> f64 {
+    error_below(rule, xs, s, off, f64::INFINITY)
+}
+
+/// [`block_error`], or, once the partial sum reaches `limit`, that partial sum (some value of
+/// at least `limit`) without the rest. Exact for the search's question "is it below `limit`":
+/// every term is non-negative and each addition rounds monotonically, so each lane's partial
+/// sum, and so their combination, is at most the full one.
+#[inline]
+pub fn error_below(rule: &Rule, xs: &[f32], s: f32, off: f32, limit: f64) -> f64 {
     let even = rule.rounding == Rounding::HalfEven;
     let q = rule.qmax;
     // One loop per (offset kind, rounding), branch-free inside, so that it vectorizes.
     match (matches!(rule.offset, Offset::Zero), even) {
-        (true, true) => error_in(Kind::<true, true>, xs, s, off, q),
-        (true, false) => error_in(Kind::<true, false>, xs, s, off, q),
-        (false, true) => error_in(Kind::<false, true>, xs, s, off, q),
-        (false, false) => error_in(Kind::<false, false>, xs, s, off, q),
+        (true, true) => error_in(Kind::<true, true>, xs, s, off, q, limit),
+        (true, false) => error_in(Kind::<true, false>, xs, s, off, q, limit),
+        (false, true) => error_in(Kind::<false, true>, xs, s, off, q, limit),
+        (false, false) => error_in(Kind::<false, false>, xs, s, off, q, limit),
     }
 }
+
+/// Octets of values between two looks at the partial sum against the limit.
+const LOOK_EVERY: usize = 4;
 
 /// The loop's kind as a type: zero point or bias, ties to even or away.
 #[derive(Clone, Copy)]
@@ -48,6 +60,7 @@ avx2_dispatch! {
         s: f32,
         off: f32,
         qmax: f32,
+        limit: f64,
     ) -> f64 => error_of;
 }
 
@@ -58,6 +71,7 @@ fn error_of<const ZERO: bool, const EVEN: bool>(
     s: f32,
     off: f32,
     qmax: f32,
+    limit: f64,
 ) -> f64 {
     // The value of x's code, branch-free (s = 0 is handled once, outside the loop).
     let value = |x: f32| -> f32 {
@@ -78,7 +92,15 @@ fn error_of<const ZERO: bool, const EVEN: bool>(
     };
     let mut lanes = [0.0f64; 4];
     let mut octets = xs.chunks_exact(8);
+    let mut seen = 0usize;
     for o in &mut octets {
+        seen += 1;
+        if seen.is_multiple_of(LOOK_EVERY) {
+            let partial = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+            if partial >= limit {
+                return partial;
+            }
+        }
         // Eight values at a time in f32 (one AVX2 register), then their squared errors in f64:
         // lane k takes elements k and k + 4, in that order, as the four-lane rule says.
         let mut v = [0.0f32; 8];
@@ -133,10 +155,16 @@ pub fn search(rule: &Rule, xs: &[f32], lo: f32, hi: f32) -> (f32, f32) {
     let mut best = rule.params(lo, hi);
     let mut best_err = block_error(rule, xs, best.0, best.1);
     let (mut bi, mut bj) = (0usize, 0usize);
+    let mut tried = [[false; 9]; 9];
+    tried[0][0] = true;
     let mut try_one =
         |i: usize, j: usize, best: &mut (f32, f32), bi: &mut usize, bj: &mut usize| {
+            // A candidate met again has its error again: it cannot be strictly smaller.
+            if std::mem::replace(&mut tried[i][j], true) {
+                return;
+            }
             let (s, off) = rule.params(lo * SHRINK[i], hi * SHRINK[j]);
-            let err = block_error(rule, xs, s, off);
+            let err = error_below(rule, xs, s, off, best_err);
             if err < best_err {
                 *best = (s, off);
                 best_err = err;

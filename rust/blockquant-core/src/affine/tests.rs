@@ -432,3 +432,70 @@ fn narrow_refuses_other_values_and_widths() {
         assert!(matches!(e, QuantError::Scheme(_)), "{text} {bits}: {e}");
     }
 }
+
+/// The search with its shortcuts (a candidate given up once its partial error reaches the best,
+/// a candidate met again skipped) against every candidate's full error, on blocks of every
+/// kind: the same scale and offset, bit for bit.
+#[test]
+fn the_search_with_shortcuts_is_the_full_search() {
+    use super::search::{block_error, search, SHRINK};
+    let mut st = 12345u64;
+    let mut next = || {
+        st = st
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        st
+    };
+    for text in [
+        "u4/native/block128:f32/zero:u8",
+        "u8/native/block64:bf16/bias:bf16",
+        "u2/native/block32:f16/zero:u8",
+    ] {
+        let scheme = parse(text).unwrap();
+        for rounding in [Rounding::HalfEven, Rounding::HalfAway] {
+            let rule = params::Rule::new(&scheme, ScaleRounding::Nearest, rounding);
+            let full = |b: &[f32], lo: f32, hi: f32| {
+                let mut best = rule.params(lo, hi);
+                let mut be = block_error(&rule, b, best.0, best.1);
+                let (mut bi, mut bj) = (0, 0);
+                let mut one =
+                    |i: usize, j: usize, best: &mut (f32, f32), bi: &mut usize, bj: &mut usize| {
+                        let (s, o) = rule.params(lo * SHRINK[i], hi * SHRINK[j]);
+                        let e = block_error(&rule, b, s, o);
+                        if e < be {
+                            *best = (s, o);
+                            be = e;
+                            (*bi, *bj) = (i, j);
+                        }
+                    };
+                for k in 1..9 {
+                    one(k, k, &mut best, &mut bi, &mut bj);
+                }
+                let j0 = bj;
+                for i in 0..9 {
+                    one(i, j0, &mut best, &mut bi, &mut bj);
+                }
+                let i0 = bi;
+                for j in 0..9 {
+                    one(i0, j, &mut best, &mut bi, &mut bj);
+                }
+                best
+            };
+            for n in [7usize, 32, 100, 128, 200] {
+                for _ in 0..60 {
+                    let spread = (next() % 9 + 1) as f32;
+                    let b: Vec<f32> = (0..n)
+                        .map(|_| ((next() >> 40) as f32 / (1u64 << 24) as f32 - 0.3) * spread)
+                        .collect();
+                    let lo = b.iter().cloned().fold(f32::INFINITY, f32::min);
+                    let hi = b.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                    let (a, f) = (search(&rule, &b, lo, hi), full(&b, lo, hi));
+                    assert_eq!(
+                        (a.0.to_bits(), a.1.to_bits()),
+                        (f.0.to_bits(), f.1.to_bits())
+                    );
+                }
+            }
+        }
+    }
+}
