@@ -38,6 +38,7 @@ class Geometry:
 
     @classmethod
     def of(cls, scheme: QuantScheme, shape: Tuple[int, ...]) -> "Geometry":
+        scheme.layout(shape)  # SchemeError: a block or packing axis the rank lacks
         rank = len(shape)
         block = None
         if scheme.block is not None:
