@@ -289,8 +289,53 @@ def _request(args: argparse.Namespace) -> QuantizeRequest:
                            onnx_fp4=args.onnx_fp4, external_data=args.external_data or None)
 
 
+def _cluster_spec(args: argparse.Namespace) -> Any:
+    """The cluster a quantize run goes to (``--scheduler``, ``--dask``), or None; the options
+    that do not go with it refused."""
+    if args.scheduler is None and not args.dask:
+        for flag, given in (("--resume", args.resume),
+                            ("--scheduler-timeout", args.scheduler_timeout is not None)):
+            if given:
+                raise CliError(f"{flag}: goes with a run on a dask cluster (--scheduler "
+                               "ADDRESS or --dask)")
+        return None
+    from .checkpoint.cluster import ClusterSpec
+
+    if args.scheduler is not None:
+        if args.dask:
+            raise CliError("--dask: starts a cluster here, --scheduler names a running one: "
+                           "give one of them")
+        for flag, given in (("--jobs", args.jobs), ("--threads", args.threads)):
+            if given is not None:
+                raise CliError(f"{flag}: the cluster's workers run the files, each bounding its "
+                               "own threads (dask worker --nworkers/--nthreads, "
+                               "BLOCKQUANT_NUM_THREADS)")
+    timeout = 10.0 if args.scheduler_timeout is None else args.scheduler_timeout
+    return ClusterSpec(args.scheduler, args.jobs or 1, args.threads, timeout, args.resume)
+
+
+def _on_cluster(run: Any, spec: Any, bar: Any) -> Any:
+    """``run`` on a dask cluster; interrupted, it says where its finished files wait."""
+    from .checkpoint.cluster import run_on_cluster
+    from .checkpoint.manifest import run_folder
+
+    try:
+        return run_on_cluster(run, spec, progress=bar)
+    except KeyboardInterrupt:
+        folder = run_folder(run.dst)
+        if folder.exists():
+            _say(printable(f"blockquant: the files finished so far are kept in {folder}: "
+                           "--resume goes on from them"))
+        raise
+
+
 def cmd_quantize(args: argparse.Namespace) -> int:
+    cluster = _cluster_spec(args)
     run = plan_quantize(_request(args))  # the format decided and the run planned, once
+    if cluster is not None and not args.dry_run:
+        from .checkpoint.cluster import check_plan
+
+        check_plan(run)
     if isinstance(run, OnnxRun):
         from .onnx.commands import print_dry_run, print_summary
 
@@ -303,7 +348,10 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         return _dry_run(run)
     bar = _progress(run, run.total_bytes, "quantize", args)
     try:
-        res = run.run(jobs=args.jobs, threads=args.threads, progress=bar)
+        if cluster is not None:
+            res = _on_cluster(run, cluster, bar)
+        else:
+            res = run.run(jobs=args.jobs or 1, threads=args.threads, progress=bar)
     finally:
         bar.close()  # type: ignore[attr-defined]
     if not res.quantized:
@@ -323,6 +371,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                      dequantized_summary(res.decisions), _files_line(res), _ignore_line(run)):
             if line:
                 print(line)
+        if getattr(res, "resumed_files", None):
+            print(f"resumed: {_n(len(res.resumed_files), 'file')} of {res.files} found "
+                  "finished (size and SHA-256 as recorded) and kept")
         if args.verbose:
             print(_stats_line(res.stats))
     return 0
@@ -374,7 +425,7 @@ def cmd_dequantize(args: argparse.Namespace) -> int:
     plan_ = plan_dequantize(args.input, args.output, options)
     bar = _progress(plan_, plan_.total_bytes, "dequantize", args)
     try:
-        res = plan_.run(jobs=args.jobs, threads=args.threads, progress=bar)
+        res = plan_.run(jobs=args.jobs or 1, threads=args.threads, progress=bar)
     finally:
         bar.close()  # type: ignore[attr-defined]
     if not args.quiet:
@@ -420,7 +471,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     run = plan_report(args.input, args.scheme, options)
     bar = _progress(None, run.total_bytes, "report", args)
     try:
-        rep = run.run(jobs=args.jobs, threads=args.threads, progress=bar)
+        rep = run.run(jobs=args.jobs or 1, threads=args.threads, progress=bar)
     finally:
         bar.close()  # type: ignore[attr-defined]
     if args.json:
@@ -489,6 +540,17 @@ def _int_at_least(lo: int, hi: int | None = None) -> Any:
     return parse
 
 
+def _seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (0 < value < math.inf):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with its usage errors as the command's other errors: one line, exit 2."""
 
@@ -549,9 +611,9 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
 
     def jobs(c: argparse.ArgumentParser) -> None:
-        c.add_argument("-j", "--jobs", type=_int_at_least(1), default=1, metavar="N",
+        c.add_argument("-j", "--jobs", type=_int_at_least(1), metavar="N",
                        help="files of a model folder converted at once, in N processes "
-                       "(default 1)")
+                       "(default 1; with --dask, the local cluster's worker processes)")
         c.add_argument("--threads", type=_int_at_least(1, MAX_THREADS), metavar="N",
                        help="kernel threads in all, shared between the jobs (default: every "
                        "core, or BLOCKQUANT_NUM_THREADS)")
@@ -585,6 +647,17 @@ def _parser() -> argparse.ArgumentParser:
                    "affine3:g32, affine8:g128, mxfp4, mxfp8, nvfp4; docs/mlx.md)")
     options(q)
     q.add_argument("-f", "--force", action="store_true", help="replace OUT if it exists")
+    q.add_argument("--scheduler", metavar="ADDRESS",
+                   help="run a model folder's files on the dask cluster of this scheduler "
+                   "(tcp://host:8786), one task each; its workers must see IN and OUT's folder "
+                   "at the same paths (docs/dask.md)")
+    q.add_argument("--dask", action="store_true",
+                   help="the same on a dask LocalCluster of --jobs worker processes here")
+    q.add_argument("--resume", action="store_true",
+                   help="go on from an interrupted --scheduler/--dask run: files its manifest "
+                   "vouches for (same input and options, same size and SHA-256) are kept")
+    q.add_argument("--scheduler-timeout", type=_seconds, metavar="SECONDS",
+                   help="how long to wait for the scheduler to answer (default 10)")
     q.add_argument("--allow-requantize", action="store_true",
                    help="GGUF: quantize tensors already of another quantized type (dequantized "
                    "first), as llama-quantize --allow-requantize")
