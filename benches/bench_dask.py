@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -78,8 +79,9 @@ def run_once(folder: Path, out: Path, scheme: str, extra: list[str]) -> tuple[fl
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "blockquant", "quantize", str(folder), "-o", f"{out}/",
            "--scheme", scheme, "-q", *extra]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT / "python"), os.environ.get("PYTHONPATH", "")])}
+    env = dict(os.environ)
+    if importlib.util.find_spec("blockquant") is None:  # the checkout's, not installed
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "python"), env.get("PYTHONPATH", "")])
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env)
     _, status, usage = os.wait4(proc.pid, 0)

@@ -24,12 +24,17 @@ from pathlib import Path
 
 import pytest
 
+import blockquant as bq
+
 pytest.importorskip("distributed")
 from test_folders import make_model  # noqa: E402
 
 from blockquant.checkpoint.manifest import run_folder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Where the blockquant under test lives (the checkout's python/, or an installed wheel's
+#: site-packages): child processes import the same one.
+PACKAGE_ROOT = Path(bq.__file__).resolve().parents[1]
 LINUX = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="Linux /proc")
 
 _SHIM = textwrap.dedent('''
@@ -65,7 +70,7 @@ def setup(tmp_path):
     marks.mkdir()
     make_model(tmp_path / "model", n_shards=4, rows=256)
     env = {**os.environ, "BQ_TEST_MARKS": str(marks), "BLOCKQUANT_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(shim), str(ROOT / "python"),
+           "PYTHONPATH": os.pathsep.join([str(shim), str(PACKAGE_ROOT),
                                           os.environ.get("PYTHONPATH", "")])}
     reference = tmp_path / "reference"
     done = _command(["quantize", tmp_path / "model", "-o", f"{reference}/", "--scheme", "nvfp4"],

@@ -23,6 +23,9 @@ zarr = pytest.importorskip("zarr", minversion="3")
 bqd = pytest.importorskip("blockquant.dask")
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Where the blockquant under test lives (the checkout's python/, or an installed wheel's
+#: site-packages): child processes import the same one.
+PACKAGE_ROOT = Path(bq.__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -168,7 +171,7 @@ def test_an_array_larger_than_the_processs_memory_limit(tmp_path):
             bqd.to_zarr(q, sys.argv[1])
         print("ok")
     """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "python"),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE_ROOT),
                                                         os.environ.get("PYTHONPATH", "")]),
            # glibc reserves address space for a malloc arena per thread: one will do
            "BLOCKQUANT_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "1"}

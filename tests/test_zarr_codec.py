@@ -26,6 +26,9 @@ from blockquant.numcodecs_codec import BlockQuant  # noqa: E402
 from blockquant.zarr_codec import BlockQuantCodec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Where the blockquant under test lives (the checkout's python/, or an installed wheel's
+#: site-packages): child processes import the same one.
+PACKAGE_ROOT = Path(bq.__file__).resolve().parents[1]
 SCHEMES = ["nvfp4", "mxfp4", "int4_block32", "int8", "int8_per_channel", "nf4_block16",
            "int4_asym_block128", "q4s/packed_u32_1/block16x8:f16", "bitnet"]
 # a chunk shape per scheme on its block and word boundaries (or whole axes)
@@ -232,7 +235,7 @@ def test_zarr_and_numcodecs_find_the_codecs_by_their_entry_points(tmp_path):
         assert type(c).__module__ == "blockquant.numcodecs_codec"
         np.save(sys.stdout.buffer, got)
     """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "python"),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(PACKAGE_ROOT),
                                                         os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, timeout=120)
     assert run.returncode == 0, run.stderr.decode()
