@@ -290,28 +290,14 @@ def _request(args: argparse.Namespace) -> QuantizeRequest:
 
 
 def _cluster_spec(args: argparse.Namespace) -> Any:
-    """The cluster a quantize run goes to (``--scheduler``, ``--dask``), or None; the options
-    that do not go with it refused."""
-    if args.scheduler is None and not args.dask:
-        for flag, given in (("--resume", args.resume),
-                            ("--scheduler-timeout", args.scheduler_timeout is not None)):
-            if given:
-                raise CliError(f"{flag}: goes with a run on a dask cluster (--scheduler "
-                               "ADDRESS or --dask)")
-        return None
-    from .checkpoint.cluster import ClusterSpec
+    """The dask cluster a quantize run goes to (``--scheduler``, ``--dask``), or None."""
+    if args.scheduler is None and not args.dask and not args.resume \
+            and args.scheduler_timeout is None:
+        return None  # (dask not imported: a run without it starts as fast as before)
+    from .checkpoint.cluster import cluster_spec
 
-    if args.scheduler is not None:
-        if args.dask:
-            raise CliError("--dask: starts a cluster here, --scheduler names a running one: "
-                           "give one of them")
-        for flag, given in (("--jobs", args.jobs), ("--threads", args.threads)):
-            if given is not None:
-                raise CliError(f"{flag}: the cluster's workers run the files, each bounding its "
-                               "own threads (dask worker --nworkers/--nthreads, "
-                               "BLOCKQUANT_NUM_THREADS)")
-    timeout = 10.0 if args.scheduler_timeout is None else args.scheduler_timeout
-    return ClusterSpec(args.scheduler, args.jobs or 1, args.threads, timeout, args.resume)
+    return cluster_spec(args.scheduler, args.dask, args.jobs, args.threads,
+                        args.scheduler_timeout, args.resume)
 
 
 def _on_cluster(run: Any, spec: Any, bar: Any) -> Any:

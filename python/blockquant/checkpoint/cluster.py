@@ -39,7 +39,7 @@ from .folders import FilePlan, FolderSummary, Plan, retarget
 from .jobs import RunStats, Task, TensorProgress, _peak_rss
 from .manifest import Manifest, RunTarget, file_digest, fingerprint, run_folder, sweep
 
-__all__ = ["ClusterSpec", "run_on_cluster", "run_part"]
+__all__ = ["ClusterSpec", "cluster_spec", "run_on_cluster", "run_part"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,29 @@ class ClusterSpec:
     threads: int | None = None
     timeout: float = 10.0
     resume: bool = False
+
+
+def cluster_spec(scheduler: str | None, local: bool, jobs: int | None, threads: int | None,
+                 timeout: float | None, resume: bool) -> ClusterSpec | None:
+    """The command's options as a :class:`ClusterSpec` (None: no cluster); options that do
+    not go together are a CheckpointError naming one of them."""
+    if scheduler is None and not local:
+        for flag, given in (("--resume", resume), ("--scheduler-timeout", timeout is not None)):
+            if given:
+                raise CheckpointError(flag, None, "goes with a run on a dask cluster "
+                                      "(--scheduler ADDRESS or --dask)")
+        return None
+    if scheduler is not None:
+        if local:
+            raise CheckpointError("--dask", None, "starts a cluster here, --scheduler names a "
+                                  "running one: give one of them")
+        for flag, given in (("--jobs", jobs), ("--threads", threads)):
+            if given is not None:
+                raise CheckpointError(flag, None, "the cluster's workers run the files, each "
+                                      "bounding its own threads (dask worker --nworkers/"
+                                      "--nthreads, BLOCKQUANT_NUM_THREADS)")
+    return ClusterSpec(scheduler, jobs or 1, threads, 10.0 if timeout is None else timeout,
+                       resume)
 
 
 def _dask_missing() -> CheckpointError:

@@ -64,7 +64,7 @@ class DaskQTensor:
     when it was made. ``chunks`` is the input's chunking, on block and word boundaries: chunk
     ``i`` of the input is the slice ``i`` of the values and scales."""
 
-    __slots__ = ("values", "scales", "offsets", "global_scale", "scheme", "shape", "chunks",
+    __slots__ = ("_values", "_scales", "_offsets", "_global", "_scheme", "_shape", "_chunks",
                  "_geometry")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -74,11 +74,45 @@ class DaskQTensor:
     def _new(cls, values: Any, scales: Any, offsets: Any, global_scale: Optional[float],
              scheme: QuantScheme, shape: Tuple[int, ...], chunks: Chunks) -> "DaskQTensor":
         self = object.__new__(cls)
-        self.values, self.scales, self.offsets = values, scales, offsets
-        self.global_scale = None if global_scale is None else float(global_scale)
-        self.scheme, self.shape, self.chunks = scheme, tuple(shape), tuple(chunks)
-        self._geometry = Geometry.of(scheme, self.shape) if self.shape else None
+        self._values, self._scales, self._offsets = values, scales, offsets
+        self._global = None if global_scale is None else float(global_scale)
+        self._scheme, self._shape, self._chunks = scheme, tuple(shape), tuple(chunks)
+        self._geometry = Geometry.of(scheme, self._shape) if self._shape else None
         return self
+
+    # The parts are read-only, as a QTensor's: a new tensor comes from quantize or rechunk.
+    @property
+    def values(self) -> Any:
+        """The value storage (as ``QTensor.values``), a dask array."""
+        return self._values
+
+    @property
+    def scales(self) -> Any:
+        """The scales in the grid (as ``QTensor.scales``), a dask array of float32."""
+        return self._scales
+
+    @property
+    def offsets(self) -> Any:
+        """An affine scheme's offsets in the grid, a dask array; None for any other scheme."""
+        return self._offsets
+
+    @property
+    def global_scale(self) -> Optional[float]:
+        """A two-level scheme's per-tensor scale g, else None."""
+        return self._global
+
+    @property
+    def scheme(self) -> QuantScheme:
+        return self._scheme
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return self._shape
+
+    @property
+    def chunks(self) -> Chunks:
+        """The input's chunking (after alignment): chunk ``i`` of each part belongs to it."""
+        return self._chunks
 
     @property
     def numblocks(self) -> Tuple[int, ...]:
