@@ -374,3 +374,31 @@ def test_a_file_its_input_makes_impossible_ends_the_run_and_its_folder(setup, tm
                      "--jobs", "2"], env)
     _one_error(done, SHARDS[2], "non-finite")
     assert not (tmp_path / "out").exists() and not run_folder(tmp_path / "out").exists()
+
+
+# -- the manifest, without a cluster -------------------------------------------------------------
+def test_run_folder_names_stay_within_the_file_name_limit(tmp_path):
+    out = tmp_path / ("é" * 126)  # 252 bytes, a legal name
+    name = run_folder(out).name
+    assert len(os.fsencode(name)) <= 255 and name.startswith(".") \
+        and name.endswith(".blockquant-run")
+    assert run_folder(tmp_path / "out").name == ".out.blockquant-run"
+
+
+@pytest.mark.parametrize("text", ["", "{", "[]", '{"format": "blockquant-run", "version": 2}',
+                                  '{"format": "other", "version": 1, "parts": {}}',
+                                  '{"format": "blockquant-run", "version": 1, '
+                                  '"blockquant": "0.0.0", "parts": {}}'])
+def test_a_manifest_that_is_not_this_versions_records_nothing(tmp_path, text):
+    from blockquant.checkpoint.manifest import Manifest, file_digest
+
+    run = tmp_path / "run"
+    (run / "parts").mkdir(parents=True)
+    (run / "parts" / "a.safetensors").write_bytes(b"x" * 10)
+    good = Manifest(run)
+    good.record("a.safetensors", "key", *file_digest(run / "parts" / "a.safetensors"))
+    assert Manifest.read(run).finished(run / "parts", {"a.safetensors": "key"}) == \
+        {"a.safetensors"}
+    assert Manifest.read(run).finished(run / "parts", {"a.safetensors": "other"}) == set()
+    (run / "manifest.json").write_text(text)
+    assert Manifest.read(run).parts == {}

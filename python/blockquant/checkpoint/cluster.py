@@ -37,7 +37,15 @@ from .base import CheckpointError
 from .commands import QuantizeSummary
 from .folders import FilePlan, FolderSummary, Plan, retarget
 from .jobs import RunStats, Task, TensorProgress, _peak_rss
-from .manifest import Manifest, RunTarget, file_digest, fingerprint, run_folder, sweep
+from .manifest import (
+    Manifest,
+    RunTarget,
+    digest_or_none,
+    file_digest,
+    fingerprint,
+    run_folder,
+    sweep,
+)
 
 __all__ = ["ClusterSpec", "cluster_spec", "run_on_cluster", "run_part"]
 
@@ -224,7 +232,10 @@ def _run(plan: Plan, spec: ClusterSpec, client: Any, keys: dict[str, str],
 
     target = RunTarget(plan.dst, plan.src, plan.options.force)
     manifest = Manifest.read(target.run)
-    done = manifest.finished(target.tmp, keys) if spec.resume else set()
+    done = set()
+    if spec.resume:  # the finished files read back and hashed by the workers, side by side
+        done = manifest.finished(target.tmp, keys, lambda paths: client.gather(
+            client.map(digest_or_none, paths, pure=False)))
     sweep(target.tmp, done)
     copied = plan.prepare(target.tmp)
     todo = [f for f in plan.files if f.rel not in done]

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,14 @@ def file_digest(path: Path) -> tuple[int, str]:
             size += len(block)
             h.update(block)
     return size, h.hexdigest()
+
+
+def digest_or_none(path: str) -> tuple[int, str] | None:
+    """:func:`file_digest`, or None for a file that cannot be read (it is then redone)."""
+    try:
+        return file_digest(Path(path))
+    except OSError:
+        return None
 
 
 def fingerprint(plan: Plan, f: FilePlan) -> str:
@@ -141,24 +150,29 @@ class Manifest:
                 m.parts[rel] = entry
         return m
 
-    def finished(self, parts: Path, planned: dict[str, str]) -> set[str]:
+    def finished(self, parts: Path, planned: dict[str, str],
+                 digests: Callable[[list[str]], list[Any]] = lambda paths: [
+                     digest_or_none(p) for p in paths]) -> set[str]:
         """The planned files (relative path -> fingerprint) provably finished: recorded with
-        the planned fingerprint, and in ``parts`` with the recorded size and SHA-256."""
-        done = set()
+        the planned fingerprint, and in ``parts`` with the recorded size and SHA-256.
+        ``digests`` measures a list of paths ((size, SHA-256), or None for a file it cannot
+        read): here, one after the other, or spread over a cluster's workers."""
+        candidates = []
         for rel, key in planned.items():
             entry = self.parts.get(rel)
             if entry is None or entry["fingerprint"] != key:
                 continue
             path = parts / rel
             try:
-                if path.is_symlink() or not path.is_file():
+                if path.is_symlink() or not path.is_file() or \
+                        path.stat().st_size != entry["size"]:
                     continue
-                if path.stat().st_size != entry["size"]:
-                    continue
-                if file_digest(path) == (entry["size"], entry["sha256"]):
-                    done.add(rel)
             except OSError:
                 continue
+            candidates.append(rel)
+        measured = digests([str(parts / rel) for rel in candidates]) if candidates else []
+        done = {rel for rel, got in zip(candidates, measured) if got is not None
+                and tuple(got) == (self.parts[rel]["size"], self.parts[rel]["sha256"])}
         self.parts = {rel: self.parts[rel] for rel in done}
         return done
 
