@@ -289,14 +289,14 @@ def _request(args: argparse.Namespace) -> QuantizeRequest:
                            onnx_fp4=args.onnx_fp4, external_data=args.external_data or None)
 
 
-def _cluster_spec(args: argparse.Namespace) -> Any:
+def _cluster_of(args: argparse.Namespace) -> Any:
     """The dask cluster a quantize run goes to (``--scheduler``, ``--dask``), or None."""
     if args.scheduler is None and not args.dask and not args.resume \
             and args.scheduler_timeout is None:
         return None  # (dask not imported: a run without it starts as fast as before)
-    from .checkpoint.cluster import cluster_spec
+    from .checkpoint.cluster import cluster_from_options
 
-    return cluster_spec(args.scheduler, args.dask, args.jobs, args.threads,
+    return cluster_from_options(args.scheduler, args.dask, args.jobs, args.threads,
                         args.scheduler_timeout, args.resume)
 
 
@@ -316,7 +316,7 @@ def _on_cluster(run: Any, spec: Any, bar: Any) -> Any:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
-    cluster = _cluster_spec(args)
+    cluster = _cluster_of(args)
     run = plan_quantize(_request(args))  # the format decided and the run planned, once
     if cluster is not None and not args.dry_run:
         from .checkpoint.cluster import check_plan

@@ -47,7 +47,7 @@ from .manifest import (
     sweep,
 )
 
-__all__ = ["ClusterSpec", "cluster_spec", "run_on_cluster", "run_part"]
+__all__ = ["ClusterSpec", "cluster_from_options", "run_on_cluster", "run_part"]
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,9 @@ class ClusterSpec:
     resume: bool = False
 
 
-def cluster_spec(scheduler: str | None, local: bool, jobs: int | None, threads: int | None,
-                 timeout: float | None, resume: bool) -> ClusterSpec | None:
+def cluster_from_options(scheduler: str | None, local: bool, jobs: int | None,
+                         threads: int | None, timeout: float | None,
+                         resume: bool) -> ClusterSpec | None:
     """The command's options as a :class:`ClusterSpec` (None: no cluster); options that do
     not go together are a CheckpointError naming one of them."""
     if scheduler is None and not local:
