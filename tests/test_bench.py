@@ -348,3 +348,22 @@ def test_onnx_bench_runs_and_reads_back_each_form(tmp_path):
     assert rows[("blockquant DequantizeLinear", "int8")][4] == \
         rows[("onnxruntime quantize_dynamic", "int8 per tensor")][4]
     assert all(len(r) == 7 for r in rows.values())  # 2 thread counts + 5 quality columns
+
+
+def test_bench_dask_quick_run_fills_its_markdown_section(tmp_path):
+    """benches/bench_dask.py, smoke-run: every configuration, the same bytes from each, the
+    table written into a page's marked section (speed is not asserted)."""
+    pytest.importorskip("distributed")
+    page = tmp_path / "page.md"
+    page.write_text("before\n<!-- bench_dask: begin -->\nold\n<!-- bench_dask: end -->\nafter\n")
+    res = subprocess.run([sys.executable, str(BENCHES / "bench_dask.py"), "--quick",
+                          "--dir", str(tmp_path / "work"), "--json", str(tmp_path / "d.json"),
+                          "--markdown", str(page)],
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode == 0, res.stderr
+    results = json.loads((tmp_path / "d.json").read_text())
+    assert [r["name"] for r in results["rows"]] == [
+        "--jobs 1", "--jobs 2", "LocalCluster, 1 worker", "LocalCluster, 2 workers"]
+    text = page.read_text()
+    assert text.startswith("before\n") and text.endswith("after\n") and "old" not in text
+    assert "| LocalCluster, 2 workers |" in text

@@ -75,6 +75,17 @@ def _int_at_least(lo: int, hi: int | None = None) -> Any:
     return parse
 
 
+def _seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (0 < value < math.inf):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
 def _shape(shape: Sequence[int]) -> str:
     return "x".join(map(str, shape)) or "()"
 

@@ -29,7 +29,7 @@ from typing import Any, NoReturn, get_args
 
 import numpy as np
 
-from . import _fs, cli_plan, presets
+from . import _fs, cli_gguf, cli_plan, presets
 from ._cli_util import (
     CliError,
     _file_options,
@@ -38,6 +38,7 @@ from ._cli_util import (
     _jsonable,
     _n,
     _path,
+    _seconds,
     _shape,
     _table,
 )
@@ -268,8 +269,39 @@ def _mix_options(args: argparse.Namespace) -> MixOptions:
                       args.token_embedding_type)
 
 
+def _cluster_of(args: argparse.Namespace) -> Any:
+    """The dask cluster a quantize run goes to (``--scheduler``, ``--dask``), or None."""
+    if args.scheduler is None and not args.dask and not args.resume \
+            and args.scheduler_timeout is None:
+        return None  # (dask not imported: a run without it starts as fast as before)
+    from .checkpoint.cluster import cluster_from_options
+
+    return cluster_from_options(args.scheduler, args.dask, args.jobs, args.threads,
+                        args.scheduler_timeout, args.resume)
+
+
+def _on_cluster(run: Any, spec: Any, bar: Any) -> Any:
+    """``run`` on a dask cluster; interrupted, it says where its finished files wait."""
+    from .checkpoint.cluster import run_on_cluster
+    from .checkpoint.manifest import run_folder
+
+    try:
+        return run_on_cluster(run, spec, progress=bar)
+    except KeyboardInterrupt:
+        folder = run_folder(run.dst)
+        if folder.exists():
+            _say(printable(f"blockquant: the files finished so far are kept in {folder}: "
+                           "--resume goes on from them"))
+        raise
+
+
 def cmd_quantize(args: argparse.Namespace) -> int:
+    cluster = _cluster_of(args)
     run = plan_quantize(_request(args))  # the format decided and the run planned, once
+    if cluster is not None and not args.dry_run:
+        from .checkpoint.cluster import check_plan
+
+        check_plan(run)
     if isinstance(run, OnnxRun):
         from .onnx.commands import print_dry_run, print_summary
 
@@ -277,12 +309,15 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             return print_dry_run(args, run, _table)
         return print_summary(args, run.run(threads=args.threads))
     if isinstance(run, GGUFRun):
-        return _quantize_gguf(args, run)
+        return cli_gguf.quantize_gguf(args, run)
     if args.dry_run:
         return _dry_run(run)
     bar = _progress(run, run.total_bytes, "quantize", args)
     try:
-        res = run.run(jobs=args.jobs, threads=args.threads, progress=bar)
+        if cluster is not None:
+            res = _on_cluster(run, cluster, bar)
+        else:
+            res = run.run(jobs=args.jobs or 1, threads=args.threads, progress=bar)
     finally:
         bar.close()  # type: ignore[attr-defined]
     if not res.quantized:
@@ -302,74 +337,12 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                      dequantized_summary(res.decisions), _files_line(res), _ignore_line(run)):
             if line:
                 print(line)
+        if getattr(res, "resumed_files", None):
+            print(f"resumed: {_n(len(res.resumed_files), 'file')} of {res.files} found "
+                  "finished (size and SHA-256 as recorded) and kept")
         if args.verbose:
             print(_stats_line(res.stats))
     return 0
-
-
-def _quantize_gguf(args: argparse.Namespace, run: GGUFRun) -> int:
-    """A .gguf OUT: llama-quantize's mix (or one type with --pure) per tensor."""
-    from .checkpoint.gguf_file import KEPT_WORDS
-    from .checkpoint.gguf_file import kept_summary as gguf_kept
-
-    decisions, target = run.decisions, run.target
-    if args.dry_run:
-        rows = [[printable(d.tensor.name), _shape(d.tensor.shape), d.tensor.dtype_name,
-                 d.new_type if d.quantized else f"keep: {KEPT_WORDS[d.why]}",
-                 printable(d.how) or "-", _human(d.tensor.nbytes),
-                 _human(d.bytes_after)] for d in decisions]
-        print(printable(f"{args.input} -> {args.output}: dry run, nothing written ({target}, "
-                        f"general.file_type {run.mix.ftype.id})"))
-        print(_table(rows, ["tensor", "shape", "type", "action", "why", "before", "after"],
-                     left=5))
-        before = sum(d.tensor.nbytes for d in decisions)
-        after = sum(d.bytes_after for d in decisions)
-        numel = sum(d.tensor.numel for d in decisions)
-        print(f"\n{_gguf_types(decisions)}; tensor data {_human(before)} -> {_human(after)} "
-              f"({before / max(after, 1):.2f}x, {8 * after / max(numel, 1):.3f} bits/value)")
-        for line in (gguf_kept(decisions, target, run.options.min_rank), _left_out(run)):
-            if line:
-                print(printable(line))
-        return 0
-    what = {d.tensor.name: (f"{d.tensor.dtype_name} -> {d.new_type}" if d.quantized
-                            else f"{d.tensor.dtype_name} kept: {KEPT_WORDS[d.why]}")
-            for d in decisions}
-    bar = Progress(run.total_bytes, "quantize", quiet=args.quiet,
-                   verbose=args.verbose, describe=lambda file, name: what.get(name, "done"))
-    try:
-        res = run.run(threads=args.threads, progress=lambda name, n: bar(None, name, n))
-    finally:
-        bar.close()
-    if not args.quiet:
-        print(printable(f"{args.output}: {target} (general.file_type {run.mix.ftype.id}), "
-                        f"{_gguf_types(res.decisions)}; {_human(res.bytes_in)} of tensor data "
-                        f"-> {_human(res.bytes_out)} file "
-                        f"({res.bytes_in / max(res.bytes_out, 1):.2f}x) in {res.seconds:.2f} s"))
-        for line in (gguf_kept(res.decisions, target, run.options.min_rank), _left_out(run)):
-            if line:
-                print(printable(line))
-    return 0
-
-
-def _left_out(run: GGUFRun) -> str:
-    """The tensors a conversion to GGUF left out: those its architecture has no name for."""
-    left = run.convert.left_out if run.convert is not None else []
-    if not left:
-        return ""
-    shown = ", ".join(left[:4]) + (", ..." if len(left) > 4 else "")
-    return (f"left out {_n(len(left), 'tensor')} llama.cpp's {run.convert.arch} has no GGUF "
-            f"name for (as convert_hf_to_gguf.py): {shown}")
-
-
-def _gguf_types(decisions: Sequence[Any]) -> str:
-    """How many tensors each type got: ``37 of 39 tensors quantized (Q4_K: 20, Q6_K: 17)``."""
-    counts: dict[str, int] = {}
-    for d in decisions:
-        if d.quantized:
-            counts[d.new_type] = counts.get(d.new_type, 0) + 1
-    n = sum(counts.values())
-    types = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
-    return f"{n} of {_n(len(decisions), 'tensor')} quantized" + (f" ({types})" if types else "")
 
 
 def _stats_line(stats: Any) -> str:
@@ -383,7 +356,7 @@ def cmd_dequantize(args: argparse.Namespace) -> int:
     plan_ = plan_dequantize(args.input, args.output, options)
     bar = _progress(plan_, plan_.total_bytes, "dequantize", args)
     try:
-        res = plan_.run(jobs=args.jobs, threads=args.threads, progress=bar)
+        res = plan_.run(jobs=args.jobs or 1, threads=args.threads, progress=bar)
     finally:
         bar.close()  # type: ignore[attr-defined]
     if not args.quiet:
@@ -429,7 +402,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     run = plan_report(args.input, args.scheme, options, _mix_options(args))
     bar = _progress(None, run.total_bytes, "report", args)
     try:
-        rep = run.run(jobs=args.jobs, threads=args.threads, progress=bar)
+        rep = run.run(jobs=args.jobs or 1, threads=args.threads, progress=bar)
     finally:
         bar.close()  # type: ignore[attr-defined]
     if args.json:
@@ -559,9 +532,9 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
 
     def jobs(c: argparse.ArgumentParser) -> None:
-        c.add_argument("-j", "--jobs", type=_int_at_least(1), default=1, metavar="N",
+        c.add_argument("-j", "--jobs", type=_int_at_least(1), metavar="N",
                        help="files of a model folder converted at once, in N processes "
-                       "(default 1)")
+                       "(default 1; with --dask, the local cluster's worker processes)")
         c.add_argument("--threads", type=_int_at_least(1, MAX_THREADS), metavar="N",
                        help="kernel threads in all, shared between the jobs (default: every "
                        "core, or BLOCKQUANT_NUM_THREADS)")
@@ -597,6 +570,17 @@ def _parser() -> argparse.ArgumentParser:
     options(q, scheme="optional")
     cli_plan.add_target_options(q, required=False)
     q.add_argument("-f", "--force", action="store_true", help="replace OUT if it exists")
+    q.add_argument("--scheduler", metavar="ADDRESS",
+                   help="run a model folder's files on the dask cluster of this scheduler "
+                   "(tcp://host:8786), one task each; its workers must see IN and OUT's folder "
+                   "at the same paths (docs/dask.md)")
+    q.add_argument("--dask", action="store_true",
+                   help="the same on a dask LocalCluster of --jobs worker processes here")
+    q.add_argument("--resume", action="store_true",
+                   help="go on from an interrupted --scheduler/--dask run: files its manifest "
+                   "vouches for (same input and options, same size and SHA-256) are kept")
+    q.add_argument("--scheduler-timeout", type=_seconds, metavar="SECONDS",
+                   help="how long to wait for the scheduler to answer (default 10)")
     q.add_argument("--allow-requantize", action="store_true",
                    help="GGUF: quantize tensors already of another quantized type (dequantized "
                    "first), as llama-quantize --allow-requantize")

@@ -100,7 +100,7 @@ def print_plan(mp: ModelPlan, quiet: bool = False) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    mp = plan_model(request(args, _file_options(args)), jobs=args.jobs, threads=args.threads)
+    mp = plan_model(request(args, _file_options(args)), jobs=args.jobs or 1, threads=args.threads)
     if args.output:
         write_rules(Path(args.output), mp, args.force)
     if args.json:
@@ -151,7 +151,7 @@ def planned_quantize(args: argparse.Namespace, fmt: str) -> tuple[str, FileOptio
     leaves: --scheme, else the candidate of most bits; the options with the plan's rules after
     any --rule given)."""
     opts = _file_options(args)
-    mp = plan_model(request(args, opts, fmt), jobs=args.jobs, threads=args.threads)
+    mp = plan_model(request(args, opts, fmt), jobs=args.jobs or 1, threads=args.threads)
     if not args.quiet:
         print_plan(mp, quiet=not args.verbose)
     lines = [ln for ln in mp.rules().splitlines() if ln and not ln.startswith("#")]

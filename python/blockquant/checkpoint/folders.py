@@ -24,7 +24,7 @@ import os
 import shutil
 import stat
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -271,6 +271,16 @@ class FolderTarget:
     def __init__(self, dst: Path, src: Path, force: bool) -> None:
         self.dst = dst
         self.force = force
+        self.check(dst, src, force)
+        self.tmp = temp_sibling(dst)
+        try:
+            os.mkdir(self.tmp)
+        except OSError as e:
+            raise CheckpointError(dst, None, f"cannot write: {os_reason(e)}") from None
+
+    @staticmethod
+    def check(dst: Path, src: Path, force: bool) -> None:
+        """``dst`` may be written from ``src``: a CheckpointError saying why not otherwise."""
         if is_inside(src, dst):
             raise CheckpointError(dst, None, f"holds the input {str(src)!r}; write elsewhere "
                                   "(--force never replaces the input)")
@@ -286,11 +296,6 @@ class FolderTarget:
                                       "replaces only a model folder (remove it yourself)")
         if not dst.parent.is_dir():
             raise CheckpointError(dst, None, f"no such folder {str(dst.parent)!r}")
-        self.tmp = temp_sibling(dst)
-        try:
-            os.mkdir(self.tmp)
-        except OSError as e:
-            raise CheckpointError(dst, None, f"cannot write: {os_reason(e)}") from None
 
     def __enter__(self) -> FolderTarget:
         return self
@@ -348,6 +353,8 @@ class FolderSummary(QuantizeSummary):
     copied_files: list[str] = field(default_factory=list)
     skipped_files: list[str] = field(default_factory=list)
     stats: RunStats = field(default_factory=RunStats)
+    #: Files a resumed run found finished and kept (``--resume``).
+    resumed_files: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -390,46 +397,59 @@ class Plan:
         t0 = time.perf_counter()
         stats = RunStats()
         if not self.into_folder:  # one file to one file: the writer is atomic itself
-            res = run_tasks([self._task(self.files[0], self.dst)], 1, threads, progress, stats)[0]
-            return self._summary([res], [], [], os.path.getsize(self.dst), t0, stats)
+            res = run_tasks([self.task(self.files[0], self.dst)], 1, threads, progress, stats)[0]
+            return self.summary([res], [], [], os.path.getsize(self.dst), t0, stats)
         with FolderTarget(self.dst, self.src, self.options.force) as target:
-            for sub in self.folder.folders if self.folder else []:
-                os.makedirs(target.tmp / sub, exist_ok=True)
-            copied = self.folder.others if self.folder else []
-            unquantized = self.kind == "dequantize" and self.folder is not None \
-                and (ct_config(self.folder.root) is not None
-                     or mlx_config(self.folder.root) is not None)
-            for rel in copied:
-                if unquantized and rel == CONFIG:  # the model is no longer quantized
-                    write_config(target.tmp / rel, without_quantization(self.folder.root))
-                    continue
-                _copy(self.folder.path(rel), target.tmp / rel)  # type: ignore[union-attr]
+            copied = self.prepare(target.tmp)
             try:
-                results = run_tasks([self._task(f, target.tmp / f.rel) for f in self.files],
+                results = run_tasks([self.task(f, target.tmp / f.rel) for f in self.files],
                                     jobs, threads, progress, stats)
             except CheckpointError as e:  # name the output, not its temporary folder
-                raise _retarget(e, target.tmp, self.dst) from None
-            for rel in (self.folder.indexes if self.folder else {}):
-                _write_index(self.folder, rel, target.tmp)  # type: ignore[arg-type]
-            if self.folder is not None:
-                # Each file keeps its input's permissions, as cp does: a model kept private
-                # (0600) stays so.
-                for rel in [*copied, *self.folder.indexes, *(f.rel for f in self.files)]:
-                    _same_mode(self.folder.path(rel), target.tmp / rel)
-            bytes_out = sum(os.path.getsize(target.tmp / f.rel) for f in self.files)
+                raise retarget(e, target.tmp, self.dst) from None
+            bytes_out = self.complete(target.tmp)
             target.commit()
         skipped = self.folder.skipped if self.folder else []
-        return self._summary(results, copied, skipped, bytes_out, t0, stats)
+        return self.summary(results, copied, skipped, bytes_out, t0, stats)
 
-    def _task(self, f: FilePlan, out: Path) -> Task:
-        opts = self.options
+    def prepare(self, tmp: Path) -> list[str]:
+        """A folder output's subfolders made and its other files copied into ``tmp``, before
+        the checkpoints are written; the files copied."""
+        for sub in self.folder.folders if self.folder else []:
+            os.makedirs(tmp / sub, exist_ok=True)
+        copied = self.folder.others if self.folder else []
+        unquantized = self.kind == "dequantize" and self.folder is not None \
+            and (ct_config(self.folder.root) is not None
+                 or mlx_config(self.folder.root) is not None)
+        for rel in copied:
+            if unquantized and rel == CONFIG:  # the model is no longer quantized
+                write_config(tmp / rel, without_quantization(self.folder.root))
+                continue
+            _copy(self.folder.path(rel), tmp / rel)  # type: ignore[union-attr]
+        return copied
+
+    def complete(self, tmp: Path) -> int:
+        """Once every checkpoint is in ``tmp``: the indexes written, the permissions copied;
+        the bytes of the checkpoints written."""
+        for rel in (self.folder.indexes if self.folder else {}):
+            _write_index(self.folder, rel, tmp)  # type: ignore[arg-type]
+        if self.folder is not None:
+            # Each file keeps its input's permissions, as cp does: a model kept private
+            # (0600) stays so.
+            for rel in [*self.folder.others, *self.folder.indexes, *(f.rel for f in self.files)]:
+                _same_mode(self.folder.path(rel), tmp / rel)
+        return sum(os.path.getsize(tmp / f.rel) for f in self.files)
+
+    def task(self, f: FilePlan, out: Path, *, force: bool | None = None) -> Task:
+        """The work of writing ``f`` to ``out``, as a worker process (or a dask worker) runs
+        it; ``force`` other than the run's (a resumable run replaces a file it redoes)."""
+        opts = self.options if force is None else replace(self.options, force=force)
         if self.kind == "quantize":  # the decisions made here, handed on: not made again
             return Task(f.rel, write_quantized, (f.src, out, f.decisions, opts),
                         {"output_format": self.output_format})
         return Task(f.rel, dequantize_file, (f.src, out, opts),
                     {"require_quantized": self.folder is None})
 
-    def _summary(self, results: list[Any], copied: list[str], skipped: list[str],
+    def summary(self, results: list[Any], copied: list[str], skipped: list[str],
                  bytes_out: int, t0: float, stats: RunStats) -> Any:
         seconds = time.perf_counter() - t0
         if self.kind == "quantize":
@@ -443,7 +463,8 @@ class Plan:
                                  bytes_out, seconds, len(results), copied, skipped, stats)
 
 
-def _retarget(e: CheckpointError, tmp: Path, dst: Path) -> CheckpointError:
+def retarget(e: CheckpointError, tmp: Path, dst: Path) -> CheckpointError:
+    """``e`` naming the output ``dst`` rather than the temporary folder it was written in."""
     prefix = str(tmp)
     if not e.path.startswith(prefix):
         return e
