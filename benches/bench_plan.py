@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import blockquant as bq
 from blockquant.checkpoint.options import FileOptions
@@ -42,6 +43,10 @@ def quantize_once(src: Path, dst: Path, scheme: str, fmt: str, threads: int,
                                         output_format=out_fmt))
     run.run(threads=threads)
     return time.perf_counter() - t
+
+
+def cell(kv: Any) -> str:
+    return f"{kv[0]} ({kv[1].bpw:.3f}, {kv[1].sqnr_db:.2f})" if kv else "-"
 
 
 def gguf_mixes(src: Path, args: argparse.Namespace) -> int:
@@ -75,6 +80,7 @@ def gguf_mixes(src: Path, args: argparse.Namespace) -> int:
     print("| mix | mix bits/weight | mix SQNR dB | --target-bpw at that size: bits/weight | "
           "SQNR dB | gain dB |")
     print("|---|---|---|---|---|---|")
+    mixes: dict[str, PlanResult] = {}
     for mix, by_gguf in types.items():
         choice = {m.name: by_gguf.get(names.get(m.name, m.name)) for m in measures}
         choice = {n: (c if c in mp.result.measures[n].options else None)
@@ -83,6 +89,22 @@ def gguf_mixes(src: Path, args: argparse.Namespace) -> int:
         p = allocate(measures, r.bpw + 1e-9, (), ())
         print(f"| {mix} | {r.bpw:.3f} | {r.sqnr_db:.2f} | {p.bpw:.3f} | {p.sqnr_db:.2f} | "
               f"{p.sqnr_db - r.sqnr_db:+.2f} |")
+        mixes[mix] = r
+    print()
+    print("| target bits/weight | plan bits/weight | plan SQNR dB | best mix at or under it | "
+          "best single type at or under it |")
+    print("|---|---|---|---|---|")
+    for target in [float(t) for t in args.targets.split(",")]:
+        try:
+            p = allocate(measures, target, (), ())
+        except Exception as e:  # a target below the smallest plan
+            print(f"| {target:g} | - | - | ({e}) | |")
+            continue
+        m = max(((k, v) for k, v in mixes.items() if v.bpw <= target + 1e-9),
+                key=lambda kv: kv[1].sqnr_db, default=None)
+        u = max(((k, v) for k, v in mp.uniform.items() if v.bpw <= target + 1e-9),
+                key=lambda kv: kv[1].sqnr_db, default=None)
+        print(f"| {target:g} | {p.bpw:.3f} | {p.sqnr_db:.2f} | {cell(m)} | {cell(u)} |")
     return 0
 
 
