@@ -416,7 +416,9 @@ def test_default_beats_onnxruntimes_quantizer_in_its_own_layout(tmp_path: Path) 
     def parts(path: Path) -> list[tuple]:
         q = onnx.load(str(path))
         inits = {t.name: numpy_helper.to_array(t) for t in q.graph.initializer}
-        return [(inits[n.input[1]].shape, inits[n.input[1]].dtype, inits[n.input[3]].shape,
+        # zero points: onnxruntime 1.23's quantizer writes them flat, [N · bytes a row];
+        # 1.32's and blockquant's as [N, bytes a row]: the op takes either, so their sizes.
+        return [(inits[n.input[1]].shape, inits[n.input[1]].dtype, inits[n.input[3]].size,
                  inits[n.input[3]].dtype, inits[n.input[2]].size)
                 for n in q.graph.node if n.op_type == "MatMulNBits"]
 
