@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_ct import raw_tensors, sqnr  # the same measures as the compressed-tensors bench
 
 import blockquant as bq
 
@@ -134,27 +135,9 @@ def timed(tool: str, src: Path, dst: Path, mode: str, threads: int) -> tuple[flo
     return float(wall), float(cpu)
 
 
-def sqnr(original: dict, folder: Path, names: list[str]) -> float:
-    got = bq.load(folder)
-    num = den = 0.0
-    for n in names:
-        x = np.asarray(original[n], np.float64)
-        num += float(np.sum(x * x))
-        den += float(np.sum((x - np.asarray(got[n], np.float64)) ** 2))
-    return 10 * np.log10(num / den)
-
-
 def same_bytes(a: Path, b: Path) -> str:
-    from blockquant.checkpoint.safetensors import SafetensorsCheckpoint
-
-    def raw(folder: Path) -> dict[str, bytes]:
-        out = {}
-        for f in sorted(folder.glob("*.safetensors")):
-            with SafetensorsCheckpoint(f) as ck:
-                out |= {t.name: ck._read_bytes(t.name) for t in ck.tensors}
-        return out
-
-    x, y = raw(a), raw(b)
+    """How many of the quantized layers' tensors the two folders hold byte for byte."""
+    x, y = raw_tensors(a), raw_tensors(b)
     shared = [n for n in x if n in y and n.endswith((".scales", ".biases"))
               or n in y and n[: -len(".weight")] + ".scales" in y]
     return f"{sum(x[n] == y[n] for n in shared)}/{len(shared)}"

@@ -29,7 +29,6 @@ from .base import (
     st_nbytes,
 )
 from .burnpack_file import BurnpackCheckpoint, is_burnpack_path, write_burnpack
-from .ct_read import layer_count
 from .format import (
     META_KEY,
     Entry,
@@ -42,6 +41,7 @@ from .formats import CHOOSABLE, refuse_model_output
 from .formats import output_format as decide_output
 from .gguf_file import dequantize_gguf, inspect_gguf, is_gguf
 from .imatrix import importance_overall, importance_row
+from .layered import layer_count
 from .options import FileOptions
 from .outputs import check_output
 from .readers import open_checkpoint

@@ -48,7 +48,7 @@ from .options import FileOptions
 from .readers import open_checkpoint
 from .rules import KEPT_DTYPE, KEPT_FORMAT, KEPT_SELECTION, KEPT_UNFIT, Decision
 from .safetensors import HeaderEntry, SafetensorsWriter
-from .serving import ServingRun, model_config
+from .serving import ServingRun, check_rule_options, model_config
 
 #: Modules that are not Linear layers although they hold a 2-D ``weight``.
 _EMBEDDING = re.compile(r"(^|\.)(embed\w*|wte|wpe|shared|\w*_embeddings?|embeddings)$")
@@ -232,15 +232,7 @@ def plan_ct(src: Any, dst: Any, scheme: Any, options: FileOptions) -> CtRun:
     """Plan a compressed-tensors run from the folder ``src`` (module docstring). Every refusal
     is a CheckpointError, before anything is written."""
     src_path, dst_path = Path(src), Path(dst)
-    for flag, given in (("--rule", options.rules), ("--rounding", options.rounding),
-                        ("--scale-rounding", options.scale_rounding)):
-        if given:
-            raise CheckpointError(flag, None, "compressed-tensors fixes each format's "
-                                  "layout and rounding; --calibration minmax gives its own "
-                                  "scales, the default searches for better ones")
-    if options.calibration not in (None, "minmax", "mse"):
-        raise CheckpointError("--calibration", None, "compressed-tensors output takes "
-                              "minmax (its own rule) or mse (searched scales, the default)")
+    check_rule_options(options, "compressed-tensors", "format", "its own rule", rules=False)
     cs = resolve_ct(scheme)
     rule = ct_rule(cs) if options.calibration == "minmax" else searched_rule(cs)
     cfg = model_config(src_path, dst_path, "compressed-tensors", "transformers and vLLM read "

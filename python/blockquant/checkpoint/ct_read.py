@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from .base import Checkpoint, CheckpointError, TensorInfo, os_reason
+from .base import CheckpointError, TensorInfo, os_reason
 from .ct_codec import PARAMS, dequantize_layer
 from .ct_schemes import QUANT_METHOD
-from .safetensors import SafetensorsCheckpoint
+from .layered import LayeredCheckpoint
 
 CONFIG = "config.json"
 _MAX_CONFIG = 50_000_000  # bytes
@@ -142,21 +142,10 @@ _OUT_DTYPE = {"nvfp4-pack-quantized": "BF16", "mxfp4-pack-quantized": "BF16",
               "mxfp8-quantized": "BF16"}
 
 
-class CompressedTensorsCheckpoint(Checkpoint):
+class CompressedTensorsCheckpoint(LayeredCheckpoint):
     """One safetensors shard of a compressed-tensors folder (module docstring)."""
 
     format = "compressed-tensors"
-
-    def __init__(self, path: Path, qconfig: dict[str, Any]) -> None:
-        super().__init__(path)
-        self.inner = SafetensorsCheckpoint(path)
-        self.metadata = self.inner.metadata
-        self.qconfig = qconfig
-        try:
-            self._build()
-        except BaseException:
-            self.inner.close()
-            raise
 
     def _build(self) -> None:
         by_module: dict[str, dict[str, TensorInfo]] = {}
@@ -164,8 +153,6 @@ class CompressedTensorsCheckpoint(Checkpoint):
             module, _, param = t.name.rpartition(".")
             if param in PARAMS:
                 by_module.setdefault(module, {})[param] = t
-        self._layers: dict[str, CtTensorInfo] = {}
-        hidden: set[str] = set()
         for module, params in by_module.items():
             scheme = scheme_of(self.qconfig, module)
             quantized = "weight_packed" in params or "weight_scale" in params
@@ -176,17 +163,7 @@ class CompressedTensorsCheckpoint(Checkpoint):
             info = CtTensorInfo(f"{module}.weight", dtype, shape,
                                 sum(t.nbytes for t in params.values()), None, scheme, names)
             self._layers[info.name] = info
-            hidden.update(names)
-        tensors: list[TensorInfo] = []
-        for t in self.inner.tensors:
-            if t.name in hidden:
-                layer = self._layers.get(t.name.rpartition(".")[0] + ".weight")
-                if layer is not None and layer.params[0] == t.name:
-                    tensors.append(layer)  # the layer takes its first parameter's place
-                continue
-            tensors.append(t)
-        self.tensors = tensors
-        self._index()
+        self._place_layers()
 
     def _shape_and_dtype(self, module: str, params: dict[str, TensorInfo],
                          scheme: LayerScheme) -> tuple[tuple[int, ...], str]:
@@ -207,9 +184,6 @@ class CompressedTensorsCheckpoint(Checkpoint):
             return params["weight"].shape, out
         raise self.error(f"{module}.weight", f"has no weight of a shape {scheme.format} reads")
 
-    def close(self) -> None:
-        self.inner.close()
-
     def read(self, name: str) -> np.ndarray:
         layer = self._layers.get(name)
         if layer is None:
@@ -229,18 +203,3 @@ class CompressedTensorsCheckpoint(Checkpoint):
             raise self.error(name, f"dequantizes to {x.shape}, not its weight_shape "
                              f"{layer.shape}")
         return np.ascontiguousarray(x)
-
-    def copy_to(self, name: str, out: Any) -> None:
-        if name in self._layers:
-            raise self.error(name, "is quantized: read it, its bytes are not a float tensor")
-        self.inner.copy_to(name, out)
-
-    def layers(self) -> dict[str, CtTensorInfo]:
-        return dict(self._layers)
-
-
-def layer_count(ckpt: Checkpoint) -> int:
-    """Quantized layers of a serving-format shard (compressed-tensors, MLX: each reader has
-    ``layers()``); 0 for any other checkpoint."""
-    layers = getattr(ckpt, "layers", None)
-    return len(layers()) if callable(layers) else 0

@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import NonFiniteError, QuantError
 from ..presets import resolve
 from ..qtensor import affine_codes, quantize
-from .base import CheckpointError, TensorInfo, st_nbytes
+from .base import FLOAT_DTYPES, CheckpointError, TensorInfo, st_nbytes
 from .folders import FilePlan, _names, scan_folder
 from .formats import MLX
 from .jobs import Task
@@ -35,8 +35,8 @@ from .mlx_schemes import MlxScheme, quantization_entry, resolve_mlx, scheme_for,
 from .options import FileOptions, compile_rules, matching_rule
 from .readers import open_checkpoint
 from .rules import KEPT_DTYPE, KEPT_FORMAT, KEPT_RULE, KEPT_SELECTION, Decision
-from .safetensors import HeaderEntry, SafetensorsWriter, bf16_bits
-from .serving import ServingRun, model_config
+from .safetensors import HeaderEntry, SafetensorsWriter, float_array
+from .serving import ServingRun, check_rule_options, model_config
 
 #: Per tensor of a shard, in file order: its name, its MLX scheme and blockquant scheme text
 #: (None: copied), and the header entries of its tensors (planned once, in the Decision).
@@ -70,15 +70,6 @@ class MlxRun(ServingRun):
                                              self.options.force))
 
 
-def _raw(values: np.ndarray, dtype: str) -> np.ndarray:
-    """float32 values of ``dtype`` as the array safetensors stores for it."""
-    if dtype == "BF16":
-        return bf16_bits(values)
-    if dtype == "F16":
-        return values.astype("<f2")
-    return values.astype("<f4")
-
-
 def _scale_bytes(scales: np.ndarray, mode: str) -> np.ndarray:
     """A QTensor's stored fp scales as MLX's bytes: E8M0 exponents (e + 127) or E4M3 bits."""
     if mode == "nvfp4":
@@ -100,9 +91,9 @@ def layer_tensors(x: np.ndarray, ms: MlxScheme, text: str, dtype: str,
         qt = quantize(x, text, **searched_rule(ms))
         q, s, b = qt.values.reshape(x.shape), _scale_bytes(qt.scales, ms.mode), None
     out = [("weight", pack(q, ms.bits)),
-           ("scales", _raw(s, dtype) if ms.mode == "affine" else s)]
+           ("scales", float_array(s, FLOAT_DTYPES[dtype]) if ms.mode == "affine" else s)]
     if b is not None:
-        out.append(("biases", _raw(b, dtype)))
+        out.append(("biases", float_array(b, FLOAT_DTYPES[dtype])))
     return out
 
 
@@ -148,15 +139,8 @@ def write_mlx_shard(src: Path, dst: Path, actions: list[Action], minmax: bool, f
 
 # -- planning -------------------------------------------------------------------------------------
 def _entries(ms: MlxScheme, module: str, t: TensorInfo) -> tuple[HeaderEntry, ...]:
-    rows, cols = t.shape
-    st = t.dtype or "F32"
-    grid = (rows, cols // ms.group)
-    out = [("weight", "U32", (rows, cols * ms.bits // 32)),
-           ("scales", st if ms.mode == "affine" else "U8", grid)]
-    if ms.mode == "affine":
-        out.append(("biases", st, grid))
     return tuple(HeaderEntry(f"{module}.{s}", d, shape, st_nbytes(d, shape) or 0)
-                 for s, d, shape in out)
+                 for s, d, shape in ms.stored(t.shape, t.dtype or "F32"))
 
 
 def _decide(t: TensorInfo, default: MlxScheme, options: FileOptions
@@ -193,15 +177,7 @@ def plan_mlx(src: Any, dst: Any, scheme: Any, options: FileOptions) -> MlxRun:
     """Plan an MLX run from the folder ``src`` (module docstring). Every refusal is a
     CheckpointError, before anything is written."""
     src_path, dst_path = Path(src), Path(dst)
-    for flag, given in (("--rounding", options.rounding),
-                        ("--scale-rounding", options.scale_rounding)):
-        if given:
-            raise CheckpointError(flag, None, "MLX fixes each mode's layout and rounding; "
-                                  "--calibration minmax gives its own scales, the default "
-                                  "searches for better ones")
-    if options.calibration not in (None, "minmax", "mse"):
-        raise CheckpointError("--calibration", None, "MLX output takes minmax (MLX's own "
-                              "rule) or mse (searched scales, the default)")
+    check_rule_options(options, "MLX", "mode", "MLX's own rule", rules=True)
     default = resolve_mlx(scheme)
     cfg = model_config(src_path, dst_path, "MLX", "mlx-lm reads the quantization from")
     folder = scan_folder(src_path)

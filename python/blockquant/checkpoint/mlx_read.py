@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from .base import Checkpoint, CheckpointError, TensorInfo
+from .base import CheckpointError, TensorInfo
 from .ct_codec import RAW, as_float, raw_array
 from .ct_read import read_config
+from .layered import LayeredCheckpoint
 from .mlx_codec import dequantize
 from .mlx_schemes import MlxScheme, entry_scheme
-from .safetensors import SafetensorsCheckpoint
 
 
 def mlx_config(folder: Path) -> dict[str, Any] | None:
@@ -54,21 +54,10 @@ class MlxTensorInfo(TensorInfo):
         return f"mlx {self.scheme.name} ({self.scheme.bits}-bit)"
 
 
-class MlxCheckpoint(Checkpoint):
+class MlxCheckpoint(LayeredCheckpoint):
     """One safetensors shard of an MLX folder (module docstring)."""
 
     format = "mlx"
-
-    def __init__(self, path: Path, qconfig: dict[str, Any]) -> None:
-        super().__init__(path)
-        self.inner = SafetensorsCheckpoint(path)
-        self.metadata = self.inner.metadata
-        self.qconfig = qconfig
-        try:
-            self._build()
-        except BaseException:
-            self.inner.close()
-            raise
 
     def _scheme(self, module: str) -> MlxScheme | None:
         entry = self.qconfig.get(module, self.qconfig)
@@ -82,8 +71,6 @@ class MlxCheckpoint(Checkpoint):
 
     def _build(self) -> None:
         names = self._names = {t.name for t in self.inner.tensors}
-        self._layers: dict[str, MlxTensorInfo] = {}
-        hidden: set[str] = set()
         for t in self.inner.tensors:
             if not t.name.endswith(".scales"):
                 continue
@@ -100,17 +87,7 @@ class MlxCheckpoint(Checkpoint):
                                  sum(self.inner.info(p).nbytes for p in params if p in names),
                                  None, ms, tuple(params))
             self._layers[info.name] = info
-            hidden.update(params)
-        tensors: list[TensorInfo] = []
-        for t in self.inner.tensors:
-            if t.name in hidden:
-                layer = self._layers.get(t.name.rpartition(".")[0] + ".weight")
-                if layer is not None and layer.params[0] == t.name:
-                    tensors.append(layer)  # the layer takes its weight's place
-                continue
-            tensors.append(t)
-        self.tensors = tensors
-        self._index()
+        self._place_layers()
 
     def _shape_and_dtype(self, module: str, ms: MlxScheme) -> tuple[str, tuple[int, ...]]:
         w, s = self.inner.info(f"{module}.weight"), self.inner.info(f"{module}.scales")
@@ -134,9 +111,6 @@ class MlxCheckpoint(Checkpoint):
         if s.dtype != "U8":
             raise self.error(f"{module}.scales", f"is {s.dtype}; {ms.mode} scales are uint8")
         return "BF16", (*w.shape[:-1], cols)
-
-    def close(self) -> None:
-        self.inner.close()
 
     def _raw(self, name: str) -> np.ndarray:
         t = self.inner.info(name)
@@ -169,11 +143,3 @@ class MlxCheckpoint(Checkpoint):
         except (ValueError, MemoryError) as e:
             raise self.error(name, f"cannot be dequantized as MLX {ms.name}: {e}") from None
         return np.ascontiguousarray(x.reshape(*lead, -1))
-
-    def copy_to(self, name: str, out: Any) -> None:
-        if name in self._layers:
-            raise self.error(name, "is quantized: read it, its bytes are not a float tensor")
-        self.inner.copy_to(name, out)
-
-    def layers(self) -> dict[str, MlxTensorInfo]:
-        return dict(self._layers)

@@ -46,11 +46,16 @@ class MlxScheme:
         """config.json's ``quantization`` entry of a layer so quantized."""
         return {"group_size": self.group, "bits": self.bits, "mode": self.mode}
 
-    @property
-    def bits_per_weight(self) -> float:
-        """Stored bits per weight of a bf16/f16 model (codes, scales and biases)."""
-        scale_bits = 32 if self.mode == "affine" else 8
-        return self.bits + scale_bits / self.group
+    def stored(self, shape: tuple[int, ...], dtype: str) -> list[tuple[str, str, tuple[int, ...]]]:
+        """The tensors a 2-D weight of ``shape`` and safetensors ``dtype`` is stored as:
+        (suffix, safetensors dtype, shape) of ``weight``, ``scales`` and, affine, ``biases``."""
+        rows, cols = shape
+        grid = (rows, cols // self.group)
+        out = [("weight", "U32", (rows, cols * self.bits // 32)),
+               ("scales", dtype if self.mode == "affine" else "U8", grid)]
+        if self.mode == "affine":
+            out.append(("biases", dtype, grid))
+        return out
 
 
 def _alternatives(items: tuple[int, ...]) -> str:

@@ -169,44 +169,41 @@ def allocate(measures: list[TensorMeasure], target_bpw: float,
                               f"({used / max(numel, 1):.3f})")
     live = [u for u in us if u.hull]
     fixed = sum(u.fixed_bits for u in us if not u.hull)
-    lagrange = _lagrangian(live, budget - fixed, {id(u): (u.hull[0][0],) for u in live})
+    lagrange = _lagrangian(live, budget - fixed, {id(u): u.hull[0][0] for u in live})
     exact = _knapsack(live, budget - fixed)
     best = min((p for p in (lagrange, exact) if p is not None),
-               key=lambda p: sum(u.options[p[id(u)][0]][1] for u in live))
+               key=lambda p: sum(u.options[p[id(u)]][1] for u in live))
     by_name = {m.name: m for m in measures}
     choice: dict[str, str | None] = {}
     for u in us:
         for n in u.names:
-            choice[n] = best[id(u)][0] if u.hull else None
+            choice[n] = best[id(u)] if u.hull else None
     return PlanResult(float(target_bpw), choice, by_name, why)
 
 
-def _lagrangian(live: list[Unit], budget: float,
-                start: dict[int, tuple[str]]) -> dict[int, tuple[str]]:
+def _lagrangian(live: list[Unit], budget: float, start: dict[int, str]) -> dict[int, str]:
     """Each unit from its ``start`` candidate up its convex hull, steps by error saved per bit
-    while they fit (module docstring). Returns unit id -> (candidate,)."""
-    at: dict[int, tuple[str]] = dict(start)
-    used = sum(u.options[at[id(u)][0]][0] for u in live)
+    while they fit (module docstring). Returns unit id -> candidate."""
+    at: dict[int, str] = dict(start)
+    used = sum(u.options[at[id(u)]][0] for u in live)
     heap: list[tuple[float, int, str]] = []
     hulls = {id(u): _hull(u.options) for u in live}
 
     def push(i: int) -> None:
         u = live[i]
-        name = at[id(u)][0]
+        name = at[id(u)]
         b0, e0 = u.options[name]
-        # the next hull point above the current choice (which may lie off the hull)
-        nxt = next(((n, b, e) for n, b, e in hulls[id(u)] if b > b0 and e < e0), None)
-        if nxt is not None:
-            slope = min(((e0 - e) / (b - b0), n) for n, b, e in hulls[id(u)]
-                        if b > b0 and e < e0)
-            heapq.heappush(heap, (-slope[0], i, name))
+        # the hull points above the current choice (which may lie off the hull)
+        slopes = [(e0 - e) / (b - b0) for _, b, e in hulls[id(u)] if b > b0 and e < e0]
+        if slopes:
+            heapq.heappush(heap, (-min(slopes), i, name))
 
     for i in range(len(live)):
         push(i)
     while heap:
         _, i, name = heapq.heappop(heap)
         u = live[i]
-        if at[id(u)][0] != name:
+        if at[id(u)] != name:
             continue
         b0, e0 = u.options[name]
         ups = sorted(((e0 - e) / (b - b0), n) for n, (b, e) in u.options.items()
@@ -215,12 +212,12 @@ def _lagrangian(live: list[Unit], budget: float,
             continue
         _, n = ups[-1]
         used += u.options[n][0] - b0
-        at[id(u)] = (n,)
+        at[id(u)] = n
         push(i)
     return at
 
 
-def _knapsack(live: list[Unit], budget: float) -> dict[int, tuple[str]] | None:
+def _knapsack(live: list[Unit], budget: float) -> dict[int, str] | None:
     """The exact multiple-choice knapsack on sizes rounded up to 1/N of the budget, the rest
     of the budget then spent by :func:`_lagrangian`; None when the rounded sizes do not fit."""
     if not live or budget <= 0:
@@ -254,10 +251,10 @@ def _knapsack(live: list[Unit], budget: float) -> dict[int, tuple[str]] | None:
     if not np.isfinite(dp[n]):
         return None
     k = n
-    out: dict[int, tuple[str]] = {}
+    out: dict[int, str] = {}
     for u, (names, cost, pick) in zip(reversed(live), reversed(picks)):
         j = int(pick[k])
-        out[id(u)] = (names[j],)
+        out[id(u)] = names[j]
         k -= cost[j]
     return _lagrangian(live, budget, out)
 

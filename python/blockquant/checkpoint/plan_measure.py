@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import QuantError
-from .base import CheckpointError, TensorInfo
+from .base import CheckpointError, TensorInfo, st_nbytes
 from .options import FileOptions
 from .readers import open_checkpoint
 
@@ -41,9 +41,6 @@ class Candidate:
     name: str
     kind: str
 
-    def fits(self, t: TensorInfo) -> bool:
-        return self.nbytes(t.shape, t.dtype) is not None
-
     def nbytes(self, shape: tuple[int, ...], dtype: str | None) -> int | None:
         """Stored bytes of a tensor of ``shape`` under this candidate, None when it cannot take
         it."""
@@ -60,10 +57,7 @@ class Candidate:
                 ms = resolve_mlx(self.name)
                 if scheme_for(ms, dtype, shape)[0] is None:
                     return None
-                rows, cols = shape
-                wd = 2 if dtype in ("BF16", "F16") else 4
-                per = (2 * wd) if ms.mode == "affine" else 1
-                return rows * cols * ms.bits // 8 + rows * (cols // ms.group) * per
+                return sum(st_nbytes(d, s) or 0 for _, d, s in ms.stored(shape, dtype or "F32"))
             from ..presets import resolve
 
             return int(resolve(self.name).layout(shape).nbytes)

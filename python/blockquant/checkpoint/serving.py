@@ -115,3 +115,20 @@ def model_config(src: Path, dst: Path, what: str, reader: str) -> dict[str, Any]
         raise CheckpointError(dst, None, f"exists and is not a folder ({what} output is a "
                               "folder)")
     return cfg
+
+
+def check_rule_options(options: FileOptions, name: str, unit: str, own: str,
+                       rules: bool) -> None:
+    """The options a serving format refuses, one line each: the roundings it fixes (and
+    ``--rule`` unless it takes ``rules``), a calibration other than minmax (``own``: its own
+    rule) and mse. ``name`` and ``unit`` say whose ("MLX", "mode")."""
+    flags = (() if rules else (("--rule", options.rules),)) + (
+        ("--rounding", options.rounding), ("--scale-rounding", options.scale_rounding))
+    for flag, given in flags:
+        if given:
+            raise CheckpointError(flag, None, f"{name} fixes each {unit}'s layout and rounding; "
+                                  "--calibration minmax gives its own scales, the default "
+                                  "searches for better ones")
+    if options.calibration not in (None, "minmax", "mse"):
+        raise CheckpointError("--calibration", None, f"{name} output takes minmax ({own}) or "
+                              "mse (searched scales, the default)")
