@@ -21,7 +21,7 @@ from blockquant.presets import resolve
 
 gguf = pytest.importorskip("gguf")
 st = pytest.importorskip("safetensors.numpy")
-from gguf import GGUFWriter  # noqa: E402
+from gguf import GGUFReader, GGUFWriter  # noqa: E402
 
 
 def imatrix_gguf(path: Path, entries: dict[str, tuple[np.ndarray, np.ndarray]],
@@ -174,16 +174,24 @@ def test_report_weighs_a_gguf_files_error_by_the_matrix(tmp_path, capsys):
                  "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     rows = {r["name"]: r for r in rep["tensors"]}
-    y = bq.gguf.dequantize(bq.gguf.quantize(x, "Q4_0"), "Q4_0")
-    assert rows["blk.0.attn_q.weight"]["sqnr_imatrix_db"] == pytest.approx(
-        weighted_sqnr(x, y, imp), abs=1e-9)
+    # measured as written: Q4_0 searched under the tensor's importance
+    y = bq.gguf.dequantize(bq.gguf.quantize(x, "Q4_0", weights=imp), "Q4_0")
+    plain = bq.gguf.dequantize(bq.gguf.quantize(x, "Q4_0"), "Q4_0")
+    got = rows["blk.0.attn_q.weight"]["sqnr_imatrix_db"]
+    assert got == pytest.approx(weighted_sqnr(x, y, imp), abs=1e-9)
+    assert got > weighted_sqnr(x, plain, imp) + 1.0  # the weights pay where they are large
     assert rows["blk.0.attn_k.weight"]["sqnr_imatrix_db"] is None  # no entry for it
     assert rep["overall"]["imatrix_tensors"] == 1
-    # a GGUF output does not take it: ggml's quantizers here have no importance weights
-    assert main(["quantize", str(model), "-o", str(tmp_path / "q.gguf"), "--scheme", "q4_0",
-                 "--imatrix", str(im)]) == 2
-    assert "--imatrix: ggml's types are quantized here without importance" in \
-        capsys.readouterr().err
+    # a GGUF output takes it too: the tensor it names is weighted, the other one is not
+    out = tmp_path / "q.gguf"
+    assert main(["quantize", str(model), "-o", str(out), "--scheme", "q4_0", "--pure",
+                 "--imatrix", str(im)]) == 0
+    capsys.readouterr()
+    tensors = {t.name: t for t in GGUFReader(out).tensors}
+    assert bytes(tensors["blk.0.attn_q.weight"].data) == \
+        bq.gguf.quantize(x, "Q4_0", weights=imp).tobytes()
+    assert bytes(tensors["blk.0.attn_k.weight"].data) == \
+        bq.gguf.quantize(x[:, :32], "Q4_0").tobytes()
 
 
 def llama_file(root: Path, x: np.ndarray) -> Path:

@@ -196,6 +196,8 @@ class GgmlType:
     def block_size(self) -> int: ...
     @property
     def type_size(self) -> int: ...
+    @property
+    def takes_weights(self) -> bool: ...
 
 def ggml_types() -> list[GgmlType]: ...
 def ggml_quantize(
@@ -203,6 +205,7 @@ def ggml_quantize(
     kind: str,
     qtype: str,
     out: Optional[npt.NDArray[np.uint8]] = None,
+    weights: Optional[npt.NDArray[np.float32]] = None,
 ) -> npt.NDArray[np.uint8]: ...
 def ggml_dequantize(
     blocks: npt.NDArray[np.uint8],

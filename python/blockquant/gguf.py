@@ -65,6 +65,9 @@ class GGMLType:
     id: int
     block_size: int
     type_size: int
+    #: Whether importance weights (``quantize(weights=)``, llama.cpp's imatrix) steer its
+    #: quantizer: the searched types and Q4_0/Q4_1/Q5_0/Q5_1. The others take none, as in ggml.
+    takes_weights: bool = False
 
     @property
     def is_float(self) -> bool:
@@ -74,7 +77,8 @@ class GGMLType:
 
 #: Every type, by ggml's name.
 TYPES: dict[str, GGMLType] = {
-    t.name: GGMLType(t.name, t.id, t.block_size, t.type_size) for t in _native.ggml_types()
+    t.name: GGMLType(t.name, t.id, t.block_size, t.type_size, t.takes_weights)
+    for t in _native.ggml_types()
 }
 _BY_ID = {t.id: t for t in TYPES.values()}
 
@@ -125,16 +129,28 @@ def value_shape(shape: tuple[int, ...], qtype: Any) -> tuple[int, ...]:
     return (*shape[:-1], shape[-1] // t.type_size * t.block_size)
 
 
-def quantize(x: Any, qtype: Any, *, out: Optional[np.ndarray] = None) -> np.ndarray:
+def quantize(x: Any, qtype: Any, *, weights: Any = None,
+             out: Optional[np.ndarray] = None) -> np.ndarray:
     """``x`` (a float array, at least 1-D, rows a whole number of blocks) as ``qtype``: uint8
     blocks of shape ``(..., row_bytes)``; F32 and F16 give float32 and float16 arrays of ``x``'s
     shape, as gguf-py does. With ``out`` (that dtype and shape, C-contiguous, writeable), the
-    blocks are written there and ``out`` is returned."""
+    blocks are written there and ``out`` is returned.
+
+    ``weights``: per-column importance, as llama-quantize's ``--imatrix`` gives it (finite,
+    >= 0): shape ``(row_len,)`` for the whole tensor, or ``(k, row_len)`` for k even groups of
+    rows (a 3-D expert tensor's one row per expert; ``x``'s own shape gives each row its own).
+    Each block then gets the least error weighted by them; a block keeps the unweighted bytes
+    where these leave no more weighted error. The types without a search
+    (``GGMLType.takes_weights`` false: Q8_0, MXFP4, TQ1_0, TQ2_0, the float types) ignore
+    them, as ggml does. Q4_0/Q4_1/Q5_0/Q5_1 are gguf-py's bytes only without weights."""
     xs, kind = _as_input(x)
-    return _quantize(xs, kind, ggml_type(qtype), out)
+    t = ggml_type(qtype)
+    if weights is None:
+        return _quantize(xs, kind, t, out)
+    return _quantize(xs, kind, t, out, _importance_rows(weights, xs.shape))
 
 
-def quantize_bits(bits: np.ndarray, kind: str, qtype: Any) -> np.ndarray:
+def quantize_bits(bits: np.ndarray, kind: str, qtype: Any, *, weights: Any = None) -> np.ndarray:
     """:func:`quantize` of float16 (``kind="f16"``) or bfloat16 (``"bf16"``) values given as
     their uint16 bit patterns, as GGUF files hold them (bfloat16 needs no ml_dtypes this way)."""
     if kind not in ("f16", "bf16"):
@@ -142,10 +158,28 @@ def quantize_bits(bits: np.ndarray, kind: str, qtype: Any) -> np.ndarray:
     arr = np.asarray(bits)
     if arr.dtype != np.uint16:
         raise TypeError(f"bits must be a uint16 array, got dtype {arr.dtype}")
-    return _quantize(np.ascontiguousarray(arr), kind, ggml_type(qtype), None)
+    arr = np.ascontiguousarray(arr)
+    return _quantize(arr, kind, ggml_type(qtype), None,
+                     None if weights is None else _importance_rows(weights, arr.shape))
 
 
-def _quantize(xs: np.ndarray, kind: str, t: GGMLType, out: Optional[np.ndarray]) -> np.ndarray:
+def _importance_rows(weights: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """``weights`` as C-contiguous float32 rows of ``shape``'s row length (the core checks that
+    they split the rows evenly and are finite and >= 0)."""
+    if len(shape) == 0:
+        raise LayoutError("a 0-d array has no rows to divide into blocks")
+    w = np.asarray(weights)
+    if w.dtype.kind not in "fiu":
+        raise TypeError(f"weights must be a real float array, got dtype {w.dtype}")
+    if w.ndim == 0 or w.shape[-1] != shape[-1]:
+        raise LayoutError(f"weights must be rows of {shape[-1]} values (the row length of x's "
+                          f"shape {shape}), got shape {w.shape}")
+    with np.errstate(over="ignore"):  # a weight too large for float32 is the core's error
+        return np.ascontiguousarray(w.reshape(-1, shape[-1]), np.float32)
+
+
+def _quantize(xs: np.ndarray, kind: str, t: GGMLType, out: Optional[np.ndarray],
+              weights: Optional[np.ndarray] = None) -> np.ndarray:
     if xs.ndim == 0:
         raise LayoutError("a 0-d array has no rows to divide into blocks")
     view = _FLOAT_VIEWS.get(t.name)
@@ -164,7 +198,7 @@ def _quantize(xs: np.ndarray, kind: str, t: GGMLType, out: Optional[np.ndarray])
             raw_out = out.view(np.uint8)
         else:
             raw_out = out
-    blocks = _native.ggml_quantize(xs, kind, t.name, raw_out)
+    blocks = _native.ggml_quantize(xs, kind, t.name, raw_out, weights)
     if out is not None:
         return out
     return blocks.view(view) if view is not None else blocks

@@ -49,6 +49,7 @@ from .gguf_file import (
     _pad_to,
     _tensor_infos,
     _write_array,
+    needs_importance,
     plan_tensors,
 )
 from .gguf_mixes import Mix, ModelFacts
@@ -262,11 +263,18 @@ def _values(ckpt: Any, s: Source) -> np.ndarray:
     return x
 
 
-def _data(ckpt: Any, s: Source, d: GGUFDecision) -> np.ndarray:
+def _data(ckpt: Any, s: Source, d: GGUFDecision, imatrix: str | None = None,
+          required: bool = False) -> np.ndarray:
     x = _values(ckpt, s)
+    w = None
+    if d.new_type in bg.TYPES and d.quantized:
+        from .imatrix import ggml_weights
+
+        # llama-imatrix names the GGUF tensors; a matrix of the source's names works too.
+        w = ggml_weights(imatrix, (d.tensor.name, s.name), x.shape, d.new_type, required)
     try:
         if d.new_type in bg.TYPES:  # quantized, or a float type (1-D tensors as F32)
-            return bg.quantize(x, d.new_type)
+            return bg.quantize(x, d.new_type, weights=w)
         return np.ascontiguousarray(x)  # integers, as they are
     except QuantError as e:
         raise CheckpointError(s.file, s.name, str(e)) from None
@@ -298,7 +306,7 @@ def write_gguf(conv: Conversion, dst: Any, mix: Mix, options: FileOptions, *,
             if s.file not in open_files:
                 open_files[s.file] = stack.enter_context(SafetensorsCheckpoint(s.file))
             _pad_to(out, base + offset)
-            data = _data(open_files[s.file], s, d)
+            data = _data(open_files[s.file], s, d, options.imatrix, needs_importance(mix, d))
             if data.nbytes != d.bytes_after:
                 raise CheckpointError(s.file, s.name, f"wrote {data.nbytes} bytes, expected "
                                       f"{d.bytes_after}")

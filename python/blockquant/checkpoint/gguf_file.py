@@ -609,7 +609,7 @@ def requantize_gguf(
             base = out.tell()
             for d, offset in zip(decisions, offsets):
                 _pad_to(out, base + offset)
-                data = _tensor_data(ckpt, d)
+                data = _tensor_data(ckpt, d, options.imatrix, needs_importance(mix, d))
                 if data.nbytes != d.bytes_after:
                     raise ckpt.error(d.tensor.name, f"wrote {data.nbytes} bytes, expected "
                                      f"{d.bytes_after}")
@@ -679,18 +679,30 @@ def _type_id(name: str) -> int:
     return int(gguf.GGMLQuantizationType[name])
 
 
-def _tensor_data(ckpt: GGUFCheckpoint, d: GGUFDecision) -> np.ndarray:
-    """The tensor as it goes into the output: the input's bytes when kept, else quantized."""
+def needs_importance(mix: Mix, d: GGUFDecision) -> bool:
+    """Whether llama-quantize refuses to make the tensor without an importance matrix entry:
+    Q2_K_S's Q2_K tensors, but the token embeddings and the output head."""
+    return (mix.ftype.name == "Q2_K_S" and d.new_type == "Q2_K"
+            and d.tensor.name not in ("token_embd.weight", "output.weight"))
+
+
+def _tensor_data(ckpt: GGUFCheckpoint, d: GGUFDecision, imatrix: str | None = None,
+                 required: bool = False) -> np.ndarray:
+    """The tensor as it goes into the output: the input's bytes when kept, else quantized (its
+    columns weighted by ``imatrix``'s entry for it, where the type takes weights)."""
     rt = ckpt.raw(d.tensor.name)
     if not d.quantized:
         return rt.data
     t = d.tensor
+    from .imatrix import ggml_weights
+
+    w = ggml_weights(imatrix, (t.name,), t.shape, d.new_type, required)
     try:
         if t.ggml_type == "BF16":
-            return bg.quantize_bits(rt.data.view(np.uint16), "bf16", d.new_type)
+            return bg.quantize_bits(rt.data.view(np.uint16), "bf16", d.new_type, weights=w)
         if t.ggml_type in ("F32", "F16"):
-            return bg.quantize(rt.data, d.new_type)
-        return bg.quantize(values(rt, t, ckpt.path), d.new_type)
+            return bg.quantize(rt.data, d.new_type, weights=w)
+        return bg.quantize(values(rt, t, ckpt.path), d.new_type, weights=w)
     except CheckpointError:
         raise  # names the file and the tensor already
     except QuantError as e:

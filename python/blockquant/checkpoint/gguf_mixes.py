@@ -26,9 +26,8 @@ over everything (no fallback: a type whose blocks do not fit the rows keeps the 
 first matching ``--rule`` / ``--tensor-type`` (skipping the mix's rules for that tensor, and its
 counters, as llama.cpp does; the fallback still applies); then the mix, unless ``--pure``.
 
-The mixes blockquant makes are those whose types it writes; the IQ1/IQ2/IQ3 mixes and Q2_K_S
-(whose Q2_K tensors llama.cpp makes only with an importance matrix inside ggml's search) are
-refused with the reason.
+The mixes blockquant makes are those whose types it writes; the IQ1/IQ2/IQ3 mixes are refused
+with the reason. Q2_K_S needs an importance matrix (``--imatrix``), as llama-quantize says.
 """
 
 from __future__ import annotations
@@ -65,8 +64,7 @@ _TABLE = (
     ("IQ2_XS", 20, "IQ2_XS", _NO_IQ), ("IQ2_S", 28, "IQ2_XS", _NO_IQ),
     ("IQ2_M", 29, "IQ2_S", _NO_IQ), ("IQ1_S", 24, "IQ1_S", _NO_IQ), ("IQ1_M", 31, "IQ1_M", _NO_IQ),
     ("TQ1_0", 36, "TQ1_0"), ("TQ2_0", 37, "TQ2_0"), ("Q2_K", 10, "Q2_K"),
-    ("Q2_K_S", 21, "Q2_K", "llama.cpp makes its Q2_K tensors only with an importance matrix in "
-     "ggml's search, which blockquant's quantizers do not take yet"),
+    ("Q2_K_S", 21, "Q2_K"),
     ("IQ3_XXS", 23, "IQ3_XXS", _NO_IQ), ("IQ3_S", 26, "IQ3_S", _NO_IQ),
     ("IQ3_M", 27, "IQ3_S", _NO_IQ), ("IQ3_XS", 22, "IQ3_S", _NO_IQ),
     ("Q3_K_S", 11, "Q3_K"), ("Q3_K_M", 12, "Q3_K"), ("Q3_K_L", 13, "Q3_K"),
@@ -291,6 +289,10 @@ def resolve_mix(scheme: Any, *, pure: bool = False, rules: Sequence[Any] = (),
         ft, pure = FileType(t.name, _SINGLE_TYPE_IDS[t.name], t.name), True
     elif ft.missing:
         raise CheckpointError("--scheme", None, f"{ft.name}: {ft.missing}")
+    elif ft.name == "Q2_K_S" and not has_imatrix:
+        raise CheckpointError("--scheme", None, "Q2_K_S is made with an importance matrix "
+                              "(--imatrix FILE, llama-imatrix's), as llama-quantize requires; "
+                              "Q2_K is the mix without one")
     compiled = compile_rules(tuple(rules))
     for r in compiled:
         if not r.keeps and (r.foreign is None or r.foreign.upper() not in bg.TYPES):
@@ -370,6 +372,8 @@ class _Chooser:
             gqa = facts.n_gqa
             if f == "Q2_K":
                 new = "Q4_K" if gqa >= 4 else "Q3_K"
+            elif f == "Q2_K_S" and gqa >= 4:
+                new = "Q4_K"
             elif f in ("IQ4_NL", "IQ4_XS") and gqa >= 4:
                 new = "Q5_K"
             elif f == "Q3_K_M":
@@ -393,6 +397,8 @@ class _Chooser:
             more = use_more_bits(i, n)
             if f == "Q2_K":
                 new = "Q3_K"
+            elif f == "Q2_K_S":
+                new = "Q4_K" if i < n // 8 else new
             elif f == "Q3_K_M":
                 new = "Q5_K" if i < n // 16 else ("Q4_K" if not falcon or more else "Q3_K")
             elif f == "Q3_K_L":

@@ -10,7 +10,8 @@ from typing import Any, Callable
 
 from .. import gguf as bg
 from ..metrics import ErrorStats, bits_per_weight
-from .gguf_file import GGUFCheckpoint, _tensor_data, as_mix, plan_requantize, values
+from .gguf_file import (GGUFCheckpoint, _tensor_data, as_mix, needs_importance, plan_requantize,
+                        values)
 from .imatrix import importance_overall, importance_row, weights_for
 from .options import FileOptions
 
@@ -30,7 +31,7 @@ def report_gguf(src: Any, qtype: Any, options: FileOptions | None = None, *,
             if d.quantized:
                 x = values(ckpt.raw(t.name), t, ckpt.path)
                 t0 = time.perf_counter()
-                blocks = _tensor_data(ckpt, d)
+                blocks = _tensor_data(ckpt, d, options.imatrix, needs_importance(mix, d))
                 seconds = time.perf_counter() - t0
                 y = bg.dequantize(blocks, d.new_type).reshape(t.shape)
                 w = weights_for(options.imatrix, (t.name,), t.shape)

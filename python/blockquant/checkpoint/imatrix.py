@@ -32,8 +32,8 @@ import numpy as np
 
 from .base import CheckpointError, os_reason
 
-__all__ = ["ImportanceMatrix", "read_imatrix", "weights_for", "weighted_sums", "sqnr_from",
-           "importance_row", "importance_overall"]
+__all__ = ["ImportanceMatrix", "read_imatrix", "weights_for", "ggml_weights", "weighted_sums",
+           "sqnr_from", "importance_row", "importance_overall"]
 
 #: The most entries a legacy file may claim (a 400-layer MoE model has a few thousand).
 MAX_ENTRIES = 1 << 20
@@ -212,6 +212,25 @@ def weights_for(imatrix_path: str | None, names: tuple[str, ...], shape: tuple[i
         if w is not None:
             return w
     return None
+
+
+def ggml_weights(imatrix_path: str | None, names: tuple[str, ...], shape: tuple[int, ...],
+                 qtype: str, required: bool = False) -> np.ndarray | None:
+    """The importance a tensor takes into ggml's ``qtype`` (``blockquant.gguf.quantize``'s
+    ``weights``): its entry when the type's quantizer takes weights, else None (llama-quantize
+    too quantizes a tensor the matrix does not name without one). ``required``: a tensor
+    without an entry is an error, as llama-quantize makes Q2_K_S's Q2_K tensors only with
+    one."""
+    from .. import gguf as bg
+
+    if imatrix_path is None or not bg.TYPES[qtype].takes_weights:
+        return None
+    w = weights_for(imatrix_path, names, shape)
+    if w is None and required:
+        raise CheckpointError(imatrix_path, names[0], f"has no importance for the tensor, which "
+                              f"{qtype} in this mix takes only with one (as llama-quantize "
+                              f"requires); --tensor-type or --rule give it another type")
+    return w
 
 
 def weighted_sums(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, float]:

@@ -66,13 +66,14 @@ class Candidate:
 
     def roundtrip(self, x: np.ndarray, dtype: str | None, options: FileOptions,
                   weights: np.ndarray | None = None) -> np.ndarray:
-        """``x`` quantized and dequantized as the output's consumer reads it back (a blockquant
-        scheme's ``mse`` search weighted by ``weights`` as ``quantize --imatrix`` does)."""
+        """``x`` quantized and dequantized as the output's consumer reads it back (ggml's
+        searched types and a blockquant scheme's ``mse`` search weighted by ``weights`` as
+        ``quantize --imatrix`` does)."""
         if self.kind == "ggml":
             from .. import gguf
 
-            return gguf.dequantize(gguf.quantize(np.asarray(x, np.float32), self.name),
-                                   self.name)
+            return gguf.dequantize(gguf.quantize(np.asarray(x, np.float32), self.name,
+                                                 weights=weights), self.name)
         if self.kind == "mlx":
             from .mlx_codec import dequantize as mlx_dequantize
             from .mlx_folder import layer_tensors

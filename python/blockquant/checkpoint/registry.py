@@ -190,11 +190,6 @@ def gguf_options(req: QuantizeRequest) -> tuple[FileOptions, Any]:
                         ("--scale-rounding", o.scale_rounding), ("--format", req.output_format)):
         if given:
             raise CheckpointError(flag, None, "GGUF files take ggml's types, whose rules are fixed")
-    if o.imatrix is not None:
-        raise CheckpointError("--imatrix", None, "ggml's types are quantized here without "
-                              "importance weights (blockquant's K-quant and legacy searches take "
-                              "none yet); report --imatrix measures with them, and --calibration "
-                              "mse into safetensors uses them")
     if ggml_type(req.scheme) is None and file_type(req.scheme) is None:
         from ..presets import PRESET_NEAREST_GGML
 
@@ -204,9 +199,9 @@ def gguf_options(req: QuantizeRequest) -> tuple[FileOptions, Any]:
                                   "safetensors and burn-pack outputs; a GGUF output takes "
                                   "llama.cpp's file types (Q4_K_M ...) or ggml types, the "
                                   f"nearest here {PRESET_NEAREST_GGML[text.lower()]}")
-    mix = mix_of(req.scheme, req.gguf, o.rules)
+    mix = mix_of(req.scheme, req.gguf, o.rules, has_imatrix=o.imatrix is not None)
     return FileOptions(include=o.include, exclude=o.exclude, min_rank=o.min_rank,
-                       strict=o.strict, force=o.force), mix
+                       strict=o.strict, force=o.force, imatrix=o.imatrix), mix
 
 
 def not_gguf_reason(path: Any) -> str:
@@ -364,9 +359,8 @@ def plan_report(src: Any, scheme: Any, options: FileOptions,
     _check_imatrix(options)
     gguf_in = is_gguf(src)
     if gguf_in and (ggml_type(scheme) is not None or file_type(scheme) is not None):
-        req = QuantizeRequest(src, None, scheme, replace(options, imatrix=None), gguf=gguf)
-        file_options, mix = gguf_options(req)
-        return ReportRun(src, "gguf", mix, replace(file_options, imatrix=options.imatrix))
+        file_options, mix = gguf_options(QuantizeRequest(src, None, scheme, options, gguf=gguf))
+        return ReportRun(src, "gguf", mix, file_options)
     if gguf.given():
         raise CheckpointError(gguf.given()[0], None, "is llama-quantize's option, for a GGUF "
                               "input measured with a ggml type or file type")

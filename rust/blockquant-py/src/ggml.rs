@@ -21,6 +21,8 @@ struct GgmlTypeInfo {
     id: u32,
     block_size: usize,
     type_size: usize,
+    /// Whether importance weights steer its quantizer (`ggml_quantize(weights=)`).
+    takes_weights: bool,
 }
 
 /// Every type the core reads and writes.
@@ -34,6 +36,7 @@ fn ggml_types() -> PyResult<Vec<GgmlTypeInfo>> {
                 id: t.id(),
                 block_size: t.block_size(),
                 type_size: t.type_size(),
+                takes_weights: ggml::takes_weights(t),
             })
             .collect())
     })
@@ -57,15 +60,17 @@ fn no_rows() -> PyErr {
 
 /// Quantize a C-contiguous float array (`kind` as for `quantize`) to `qtype`'s blocks: uint8 of
 /// shape `(..., row_bytes)`, written into `out` when given (uint8, C-contiguous, writeable, that
-/// shape).
+/// shape). `weights`: C-contiguous float32 importance rows of the row length (one, one per
+/// expert, or one per row), each block's error weighted by them (`ggml::quantize_weighted`).
 #[pyfunction]
-#[pyo3(signature = (x, kind, qtype, out=None))]
+#[pyo3(signature = (x, kind, qtype, out=None, weights=None))]
 fn ggml_quantize<'py>(
     py: Python<'py>,
     x: &Bound<'py, PyUntypedArray>,
     kind: &str,
     qtype: &str,
     out: Option<Bound<'py, PyAny>>,
+    weights: Option<PyReadonlyArrayDyn<'py, f32>>,
 ) -> PyResult<Bound<'py, PyArrayDyn<u8>>> {
     guarded(|| {
         let ty = ggml_type(qtype)?;
@@ -78,11 +83,18 @@ fn ggml_quantize<'py>(
         })?;
         // x is borrowed first, so an `out` overlapping it fails the write borrow (an error)
         // rather than the read borrow (a panic in rust-numpy).
+        let w = match &weights {
+            Some(w) => Some(crate::parts::contiguous(w, "weights")?),
+            None => None,
+        };
         with_input(x, kind, |xs| {
             let mut rw = writeable(&arr, "x")?;
             let dst = contiguous_mut(&mut rw)?;
-            py.detach(|| ggml::quantize(ty, xs, row_len, dst))
-                .map_err(to_py)
+            py.detach(|| match w {
+                Some(w) => ggml::quantize_weighted(ty, xs, row_len, w, dst),
+                None => ggml::quantize(ty, xs, row_len, dst),
+            })
+            .map_err(to_py)
         })?;
         Ok(arr)
     })

@@ -26,6 +26,14 @@ pub(super) trait Block: Copy + Default + Send + Sync {
     }
     /// Dequantize one block.
     fn decode(b: &[u8], out: &mut [f32]);
+    /// [`Block::encode`] minimizing the error weighted by `w` (one importance ≥ 0 a value), for
+    /// the types whose quantizer searches; the others (the float types, Q8_0, MXFP4, the
+    /// ternary types) take no weights, as ggml's own quantizers take none for them.
+    #[inline(always)]
+    fn encode_weighted(x: &[f32], w: &[f32], out: &mut [u8]) -> bool {
+        let _ = w;
+        Self::encode(x, out)
+    }
     /// A hand-written run for CPUs with AVX2 and F16C, where the compiled portable run falls
     /// short of the memory's pace; the same bytes.
     #[cfg(target_arch = "x86_64")]

@@ -16,7 +16,8 @@
 use super::block::{abs_max_bits, Block, INF_BITS};
 use super::float16::f16_value;
 use super::search::{
-    nearest_codes, scaled_error, signed_max, signed_subscales, symmetric, Book, Grid, STEPS,
+    nearest_codes, scaled_error, signed_max, signed_subscales, symmetric, Book, Grid, Unit, Weigh,
+    STEPS,
 };
 
 /// IQ4_NL's codebook (`kvalues_iq4nl`).
@@ -52,18 +53,13 @@ fn unpack32(b: &[u8], out: &mut [u8; 32]) {
 impl Block for IQ4_NL {
     const BS: usize = 32;
     const TS: usize = 18;
-
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
-        if abs_max_bits(x) >= INF_BITS {
-            return true;
-        }
-        let (bits, d) = super::search::f16_sat(symmetric(x, &BOOK, STEPS));
-        let mut q = [0i32; 32];
-        nearest_codes(x, d, &BOOK, &mut q);
-        out[..2].copy_from_slice(&bits.to_le_bytes());
-        pack32(&q, &mut out[2..18]);
-        false
+        encode_iq4_nl(x, Unit, out)
+    }
+
+    fn encode_weighted(x: &[f32], w: &[f32], out: &mut [u8]) -> bool {
+        encode_iq4_nl(x, w, out)
     }
 
     fn decode(b: &[u8], out: &mut [f32]) {
@@ -76,38 +72,29 @@ impl Block for IQ4_NL {
     }
 }
 
+#[inline(always)]
+fn encode_iq4_nl<W: Weigh>(x: &[f32], w: W, out: &mut [u8]) -> bool {
+    if abs_max_bits(x) >= INF_BITS {
+        return true;
+    }
+    let (bits, d) = super::search::f16_sat(symmetric(x, w, &BOOK, STEPS));
+    let mut q = [0i32; 32];
+    nearest_codes(x, d, &BOOK, &mut q);
+    out[..2].copy_from_slice(&bits.to_le_bytes());
+    pack32(&q, &mut out[2..18]);
+    false
+}
+
 impl Block for IQ4_XS {
     const BS: usize = 256;
     const TS: usize = 136;
-
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
-        if abs_max_bits(x) >= INF_BITS {
-            return true;
-        }
-        let mut s = [0.0f32; 8];
-        for (s, xj) in s.iter_mut().zip(x.chunks_exact(32)) {
-            *s = symmetric(xj, &BOOK, STEPS);
-        }
-        let mut sc = [0i32; 8];
-        let bits = signed_subscales(x, 32, &s, -32, 31, &BOOK, &mut sc);
-        let d = super::float16::f16_to_f32(bits);
-        out[..2].copy_from_slice(&bits.to_le_bytes());
-        let mut high = 0u16;
-        for (j, &c) in sc.iter().enumerate() {
-            let u = (c + 32) as u16;
-            high |= (u >> 4) << (2 * j);
-        }
-        out[2..4].copy_from_slice(&high.to_le_bytes());
-        for k in 0..4 {
-            out[4 + k] = (((sc[2 * k] + 32) & 0xF) | (((sc[2 * k + 1] + 32) & 0xF) << 4)) as u8;
-        }
-        for (j, xj) in x.chunks_exact(32).enumerate() {
-            let mut q = [0i32; 32];
-            nearest_codes(xj, d * sc[j] as f32, &BOOK, &mut q);
-            pack32(&q, &mut out[8 + 16 * j..24 + 16 * j]);
-        }
-        false
+        encode_iq4_xs(x, Unit, out)
+    }
+
+    fn encode_weighted(x: &[f32], w: &[f32], out: &mut [u8]) -> bool {
+        encode_iq4_xs(x, w, out)
     }
 
     fn decode(b: &[u8], out: &mut [f32]) {
@@ -124,6 +111,36 @@ impl Block for IQ4_XS {
             }
         }
     }
+}
+
+#[inline(always)]
+fn encode_iq4_xs<W: Weigh>(x: &[f32], w: W, out: &mut [u8]) -> bool {
+    if abs_max_bits(x) >= INF_BITS {
+        return true;
+    }
+    let mut s = [0.0f32; 8];
+    for (j, (s, xj)) in s.iter_mut().zip(x.chunks_exact(32)).enumerate() {
+        *s = symmetric(xj, w.sub(32 * j, 32), &BOOK, STEPS);
+    }
+    let mut sc = [0i32; 8];
+    let bits = signed_subscales(x, w, 32, &s, -32, 31, &BOOK, &mut sc);
+    let d = super::float16::f16_to_f32(bits);
+    out[..2].copy_from_slice(&bits.to_le_bytes());
+    let mut high = 0u16;
+    for (j, &c) in sc.iter().enumerate() {
+        let u = (c + 32) as u16;
+        high |= (u >> 4) << (2 * j);
+    }
+    out[2..4].copy_from_slice(&high.to_le_bytes());
+    for k in 0..4 {
+        out[4 + k] = (((sc[2 * k] + 32) & 0xF) | (((sc[2 * k + 1] + 32) & 0xF) << 4)) as u8;
+    }
+    for (j, xj) in x.chunks_exact(32).enumerate() {
+        let mut q = [0i32; 32];
+        nearest_codes(xj, d * sc[j] as f32, &BOOK, &mut q);
+        pack32(&q, &mut out[8 + 16 * j..24 + 16 * j]);
+    }
+    false
 }
 
 /// E2M1 magnitudes, doubled (ggml's convention; the scale is halved to match).
@@ -187,22 +204,13 @@ impl Grid for Fp4 {
 impl Block for NVFP4 {
     const BS: usize = 64;
     const TS: usize = 36;
-
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
-        if abs_max_bits(x) >= INF_BITS {
-            return true;
-        }
-        for (j, xj) in x.chunks_exact(16).enumerate() {
-            let c = nvfp4_scale(xj);
-            out[j] = c;
-            let mut q = [0i32; 16];
-            nearest_codes(xj, UE4M3[c as usize], &Fp4, &mut q);
-            for (k, o) in out[4 + 8 * j..12 + 8 * j].iter_mut().enumerate() {
-                *o = (q[k] | (q[k + 8] << 4)) as u8;
-            }
-        }
-        false
+        encode_nvfp4(x, Unit, out)
+    }
+
+    fn encode_weighted(x: &[f32], w: &[f32], out: &mut [u8]) -> bool {
+        encode_nvfp4(x, w, out)
     }
 
     fn decode(b: &[u8], out: &mut [f32]) {
@@ -214,6 +222,23 @@ impl Block for NVFP4 {
             }
         }
     }
+}
+
+#[inline(always)]
+fn encode_nvfp4<W: Weigh>(x: &[f32], w: W, out: &mut [u8]) -> bool {
+    if abs_max_bits(x) >= INF_BITS {
+        return true;
+    }
+    for (j, xj) in x.chunks_exact(16).enumerate() {
+        let c = nvfp4_scale(xj, w.sub(16 * j, 16));
+        out[j] = c;
+        let mut q = [0i32; 16];
+        nearest_codes(xj, UE4M3[c as usize], &Fp4, &mut q);
+        for (k, o) in out[4 + 8 * j..12 + 8 * j].iter_mut().enumerate() {
+            *o = (q[k] | (q[k + 8] << 4)) as u8;
+        }
+    }
+    false
 }
 
 /// A nibble's doubled E2M1 value, gguf-py's int8 table (so the negative zero code is +0).
@@ -228,7 +253,7 @@ fn fp4_code(n: u8) -> f32 {
 /// The scale byte for 16 values: of the E4M3 scales putting the largest value between 7 and 14
 /// (E2M1 doubled: its top values are 8 and 12), the one with the least error.
 #[inline(always)]
-fn nvfp4_scale(x: &[f32]) -> u8 {
+fn nvfp4_scale<W: Weigh>(x: &[f32], w: W) -> u8 {
     let (_, amax) = signed_max(x);
     if amax == 0.0 {
         return 0;
@@ -240,7 +265,7 @@ fn nvfp4_scale(x: &[f32]) -> u8 {
     let mut best = (f64::INFINITY, first);
     let mut c = first;
     loop {
-        let err = scaled_error(x, UE4M3[c as usize], &Fp4);
+        let err = scaled_error(x, w, UE4M3[c as usize], &Fp4);
         if err < best.0 {
             best = (err, c);
         }
@@ -251,7 +276,7 @@ fn nvfp4_scale(x: &[f32]) -> u8 {
     }
     // A smaller scale may still win when the block is tiny (below the first normal scale).
     if first > 1 && UE4M3[first as usize - 1] > 0.0 {
-        let err = scaled_error(x, UE4M3[first as usize - 1], &Fp4);
+        let err = scaled_error(x, w, UE4M3[first as usize - 1], &Fp4);
         if err < best.0 {
             best = (err, first - 1);
         }

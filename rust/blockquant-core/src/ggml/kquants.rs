@@ -24,7 +24,10 @@
 
 use super::block::{abs_max_bits, round_away, Block, INF_BITS};
 use super::float16::f16_value;
-use super::search::{self, affine, f16_sat, nearest_codes, signed_subscales, symmetric, Uniform};
+use super::search::{
+    self, affine, affine_code, f16_sat, nearest_codes, signed_subscales, symmetric, Uniform, Unit,
+    Weigh,
+};
 
 #[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Default)]
@@ -58,12 +61,12 @@ struct Affine {
 
 /// Sub-blocks of `sub` values with codes 0..=nmax and sub-scales/minimums 0..=top.
 #[inline(always)]
-fn encode_affine(x: &[f32], sub: usize, nmax: i32, top: i32) -> Affine {
+fn encode_affine<W: Weigh>(x: &[f32], w: W, sub: usize, nmax: i32, top: i32) -> Affine {
     let n = QK / sub;
     let mut a = [0.0f32; 16];
     let mut b = [0.0f32; 16];
     for (j, xj) in x.chunks_exact(sub).enumerate() {
-        (a[j], b[j]) = affine(xj, nmax);
+        (a[j], b[j]) = affine::<W, false>(xj, w.sub(j * sub, sub), nmax);
     }
     let amax = a[..n].iter().fold(0.0f32, |m, &v| m.max(v));
     let bmax = b[..n].iter().fold(0.0f32, |m, &v| m.max(v));
@@ -92,7 +95,7 @@ fn encode_affine(x: &[f32], sub: usize, nmax: i32, top: i32) -> Affine {
                 if !(0..=top).contains(&sc) || !(0..=top).contains(&m) {
                     continue;
                 }
-                let err = affine_error(xj, d * sc as f32, dm * m as f32, nmax);
+                let err = affine_error(xj, w.sub(j * sub, sub), d * sc as f32, dm * m as f32, nmax);
                 if err < best.0 {
                     best = (err, sc, m);
                 }
@@ -107,22 +110,12 @@ fn encode_affine(x: &[f32], sub: usize, nmax: i32, top: i32) -> Affine {
     out
 }
 
-/// The code of v for the decoded value ea·q − eb.
 #[inline(always)]
-fn affine_code(v: f32, ea: f32, eb: f32, nmax: i32) -> i32 {
-    if ea == 0.0 {
-        0
-    } else {
-        round_away(((v + eb) / ea).clamp(0.0, nmax as f32))
-    }
-}
-
-#[inline(always)]
-fn affine_error(x: &[f32], ea: f32, eb: f32, nmax: i32) -> f64 {
+fn affine_error<W: Weigh>(x: &[f32], w: W, ea: f32, eb: f32, nmax: i32) -> f64 {
     search::sum8(x.len(), |i| {
         let q = affine_code(x[i], ea, eb, nmax);
         let e = x[i] as f64 - (ea * q as f32 - eb) as f64;
-        e * e
+        w.at(i) as f64 * e * e
     })
 }
 
@@ -135,8 +128,9 @@ struct Symmetric {
 
 /// Sub-blocks of `sub` values with codes lo..=hi and sub-scales slo..=shi.
 #[inline(always)]
-fn encode_symmetric(
+fn encode_symmetric<W: Weigh>(
     x: &[f32],
+    w: W,
     sub: usize,
     grid: &Uniform,
     steps: usize,
@@ -146,14 +140,14 @@ fn encode_symmetric(
     let n = QK / sub;
     let mut s = [0.0f32; 16];
     for (j, xj) in x.chunks_exact(sub).enumerate() {
-        s[j] = symmetric(xj, grid, steps);
+        s[j] = symmetric(xj, w.sub(j * sub, sub), grid, steps);
     }
     let mut out = Symmetric {
         d: 0,
         sc: [0; 16],
         q: [0; QK],
     };
-    out.d = signed_subscales(x, sub, &s[..n], slo, shi, grid, &mut out.sc[..n]);
+    out.d = signed_subscales(x, w, sub, &s[..n], slo, shi, grid, &mut out.sc[..n]);
     let d = super::float16::f16_to_f32(out.d);
     for (j, xj) in x.chunks_exact(sub).enumerate() {
         let e = d * out.sc[j] as f32;
@@ -196,25 +190,13 @@ fn bad(x: &[f32]) -> bool {
 impl Block for Q2_K {
     const BS: usize = QK;
     const TS: usize = 84;
-
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
-        if bad(x) {
-            return true;
-        }
-        let k = encode_affine(x, 16, 3, 15);
-        for ((o, &sc), &m) in out[..16].iter_mut().zip(&k.sc).zip(&k.m) {
-            *o = (sc | (m << 4)) as u8;
-        }
-        let qs = &mut out[16..80];
-        qs.fill(0);
-        for (j, &q) in k.q.iter().enumerate() {
-            let (i, sh) = crumb(j);
-            qs[i] |= (q as u8) << sh;
-        }
-        out[80..82].copy_from_slice(&k.d.to_le_bytes());
-        out[82..84].copy_from_slice(&k.dmin.to_le_bytes());
-        false
+        encode_q2_k(x, Unit, out)
+    }
+
+    fn encode_weighted(x: &[f32], w: &[f32], out: &mut [u8]) -> bool {
+        encode_q2_k(x, w, out)
     }
 
     fn decode(b: &[u8], out: &mut [f32]) {
@@ -230,58 +212,90 @@ impl Block for Q2_K {
     }
 }
 
+#[inline(always)]
+fn encode_q2_k<W: Weigh>(x: &[f32], w: W, out: &mut [u8]) -> bool {
+    if bad(x) {
+        return true;
+    }
+    let k = encode_affine(x, w, 16, 3, 15);
+    for ((o, &sc), &m) in out[..16].iter_mut().zip(&k.sc).zip(&k.m) {
+        *o = (sc | (m << 4)) as u8;
+    }
+    let qs = &mut out[16..80];
+    qs.fill(0);
+    for (j, &q) in k.q.iter().enumerate() {
+        let (i, sh) = crumb(j);
+        qs[i] |= (q as u8) << sh;
+    }
+    out[80..82].copy_from_slice(&k.d.to_le_bytes());
+    out[82..84].copy_from_slice(&k.dmin.to_le_bytes());
+    false
+}
+
 impl Block for Q3_K {
     const BS: usize = QK;
     const TS: usize = 110;
-
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
-        if bad(x) {
-            return true;
-        }
-        let k = encode_symmetric(x, 16, &Uniform { lo: -4, hi: 3 }, search::STEPS, -32, 31);
-        out[..108].fill(0);
-        for (j, &q) in k.q.iter().enumerate() {
-            let u = (q + 4) as u8;
-            let (i, sh) = crumb(j);
-            out[32 + i] |= (u & 3) << sh;
-            out[j % 32] |= (u >> 2) << (j / 32);
-        }
-        let scales = &mut out[96..108];
-        for (i, &sc) in k.sc.iter().enumerate() {
-            let u = (sc + 32) as u8;
-            scales[i % 8] |= (u & 0xF) << (4 * (i / 8));
-            scales[8 + i % 4] |= (u >> 4) << (2 * (i / 4));
-        }
-        out[108..110].copy_from_slice(&k.d.to_le_bytes());
-        false
+        encode_q3_k(x, Unit, out)
+    }
+
+    fn encode_weighted(x: &[f32], w: &[f32], out: &mut [u8]) -> bool {
+        encode_q3_k(x, w, out)
     }
 
     fn decode(b: &[u8], out: &mut [f32]) {
-        let d = f16_value(&b[108..110]);
-        let scales = &b[96..108];
-        for (s, o) in out.chunks_exact_mut(16).enumerate() {
-            let lo = (scales[s % 8] >> (4 * (s / 8))) & 0xF;
-            let hi = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
-            let dl = d * ((lo | (hi << 4)) as i8 - 32) as f32;
-            for (l, o) in o.iter_mut().enumerate() {
-                let j = 16 * s + l;
-                let (i, sh) = crumb(j);
-                let low = ((b[32 + i] >> sh) & 3) as i8;
-                let high = (b[j % 32] >> (j / 32)) & 1;
-                *o = dl * (low - 4 * (1 - high) as i8) as f32;
-            }
+        decode_q3_k(b, out)
+    }
+}
+
+#[inline(always)]
+fn encode_q3_k<W: Weigh>(x: &[f32], w: W, out: &mut [u8]) -> bool {
+    if bad(x) {
+        return true;
+    }
+    let k = encode_symmetric(x, w, 16, &Uniform { lo: -4, hi: 3 }, search::STEPS, -32, 31);
+    out[..108].fill(0);
+    for (j, &q) in k.q.iter().enumerate() {
+        let u = (q + 4) as u8;
+        let (i, sh) = crumb(j);
+        out[32 + i] |= (u & 3) << sh;
+        out[j % 32] |= (u >> 2) << (j / 32);
+    }
+    let scales = &mut out[96..108];
+    for (i, &sc) in k.sc.iter().enumerate() {
+        let u = (sc + 32) as u8;
+        scales[i % 8] |= (u & 0xF) << (4 * (i / 8));
+        scales[8 + i % 4] |= (u >> 4) << (2 * (i / 4));
+    }
+    out[108..110].copy_from_slice(&k.d.to_le_bytes());
+    false
+}
+
+fn decode_q3_k(b: &[u8], out: &mut [f32]) {
+    let d = f16_value(&b[108..110]);
+    let scales = &b[96..108];
+    for (s, o) in out.chunks_exact_mut(16).enumerate() {
+        let lo = (scales[s % 8] >> (4 * (s / 8))) & 0xF;
+        let hi = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
+        let dl = d * ((lo | (hi << 4)) as i8 - 32) as f32;
+        for (l, o) in o.iter_mut().enumerate() {
+            let j = 16 * s + l;
+            let (i, sh) = crumb(j);
+            let low = ((b[32 + i] >> sh) & 3) as i8;
+            let high = (b[j % 32] >> (j / 32)) & 1;
+            *o = dl * (low - 4 * (1 - high) as i8) as f32;
         }
     }
 }
 
 /// Q4_K and Q5_K: d, dmin, 12 bytes of sub-scales, then (Q5_K) the fifth bits, then nibbles.
 #[inline(always)]
-fn encode_k45<const Q5: bool>(x: &[f32], out: &mut [u8]) -> bool {
+fn encode_k45<W: Weigh, const Q5: bool>(x: &[f32], w: W, out: &mut [u8]) -> bool {
     if bad(x) {
         return true;
     }
-    let k = encode_affine(x, 32, if Q5 { 31 } else { 15 }, 63);
+    let k = encode_affine(x, w, 32, if Q5 { 31 } else { 15 }, 63);
     out[0..2].copy_from_slice(&k.d.to_le_bytes());
     out[2..4].copy_from_slice(&k.dmin.to_le_bytes());
     pack_scales_k4(&k.sc, &k.m, &mut out[4..16]);
@@ -320,7 +334,11 @@ impl Block for Q4_K {
 
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
-        encode_k45::<false>(x, out)
+        encode_k45::<Unit, false>(x, Unit, out)
+    }
+
+    fn encode_weighted(x: &[f32], w: &[f32], out: &mut [u8]) -> bool {
+        encode_k45::<&[f32], false>(x, w, out)
     }
 
     fn decode(b: &[u8], out: &mut [f32]) {
@@ -334,7 +352,11 @@ impl Block for Q5_K {
 
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
-        encode_k45::<true>(x, out)
+        encode_k45::<Unit, true>(x, Unit, out)
+    }
+
+    fn encode_weighted(x: &[f32], w: &[f32], out: &mut [u8]) -> bool {
+        encode_k45::<&[f32], true>(x, w, out)
     }
 
     fn decode(b: &[u8], out: &mut [f32]) {
@@ -345,39 +367,51 @@ impl Block for Q5_K {
 impl Block for Q6_K {
     const BS: usize = QK;
     const TS: usize = 210;
-
     #[inline(always)]
     fn encode(x: &[f32], out: &mut [u8]) -> bool {
-        if bad(x) {
-            return true;
-        }
-        // 64 levels: the refit does most of the work; half the candidates cost ~0.1 dB on real
-        // weights (benches/quality_gguf.py: 34.77 against 34.88) for ~2x the speed.
-        let k = encode_symmetric(x, 16, &Uniform { lo: -32, hi: 31 }, 6, -128, 127);
-        out[..192].fill(0);
-        for (j, &q) in k.q.iter().enumerate() {
-            let u = (q + 32) as u8;
-            let (h, r) = (j / 128, j % 128);
-            out[64 * h + r % 64] |= (u & 0xF) << (4 * (r / 64));
-            out[128 + 32 * h + r % 32] |= (u >> 4) << (2 * (r / 32));
-        }
-        for (o, &sc) in out[192..208].iter_mut().zip(&k.sc) {
-            *o = sc as i8 as u8;
-        }
-        out[208..210].copy_from_slice(&k.d.to_le_bytes());
-        false
+        encode_q6_k(x, Unit, out)
+    }
+
+    fn encode_weighted(x: &[f32], w: &[f32], out: &mut [u8]) -> bool {
+        encode_q6_k(x, w, out)
     }
 
     fn decode(b: &[u8], out: &mut [f32]) {
-        let d = f16_value(&b[208..210]);
-        for (s, o) in out.chunks_exact_mut(16).enumerate() {
-            let dl = d * (b[192 + s] as i8) as f32;
-            for (l, o) in o.iter_mut().enumerate() {
-                let (h, r) = ((16 * s + l) / 128, (16 * s + l) % 128);
-                let low = (b[64 * h + r % 64] >> (4 * (r / 64))) & 0xF;
-                let high = (b[128 + 32 * h + r % 32] >> (2 * (r / 32))) & 3;
-                *o = dl * ((low | (high << 4)) as i8 - 32) as f32;
-            }
+        decode_q6_k(b, out)
+    }
+}
+
+#[inline(always)]
+fn encode_q6_k<W: Weigh>(x: &[f32], w: W, out: &mut [u8]) -> bool {
+    if bad(x) {
+        return true;
+    }
+    // 64 levels: the refit does most of the work; half the candidates cost ~0.1 dB on real
+    // weights (benches/quality_gguf.py: 34.77 against 34.88) for ~2x the speed.
+    let k = encode_symmetric(x, w, 16, &Uniform { lo: -32, hi: 31 }, 6, -128, 127);
+    out[..192].fill(0);
+    for (j, &q) in k.q.iter().enumerate() {
+        let u = (q + 32) as u8;
+        let (h, r) = (j / 128, j % 128);
+        out[64 * h + r % 64] |= (u & 0xF) << (4 * (r / 64));
+        out[128 + 32 * h + r % 32] |= (u >> 4) << (2 * (r / 32));
+    }
+    for (o, &sc) in out[192..208].iter_mut().zip(&k.sc) {
+        *o = sc as i8 as u8;
+    }
+    out[208..210].copy_from_slice(&k.d.to_le_bytes());
+    false
+}
+
+fn decode_q6_k(b: &[u8], out: &mut [f32]) {
+    let d = f16_value(&b[208..210]);
+    for (s, o) in out.chunks_exact_mut(16).enumerate() {
+        let dl = d * (b[192 + s] as i8) as f32;
+        for (l, o) in o.iter_mut().enumerate() {
+            let (h, r) = ((16 * s + l) / 128, (16 * s + l) % 128);
+            let low = (b[64 * h + r % 64] >> (4 * (r / 64))) & 0xF;
+            let high = (b[128 + 32 * h + r % 32] >> (2 * (r / 32))) & 3;
+            *o = dl * ((low | (high << 4)) as i8 - 32) as f32;
         }
     }
 }

@@ -5,6 +5,7 @@ use super::block::{
     abs_max_bits, inverse, pack_nibbles, round_away, trunc_small, Block, Codes, GROUP, INF_BITS,
 };
 use super::float16::{f16_bits, f16_value, f32_to_f16};
+use super::search::{affine, affine_code, f16_sat, nearest_codes, symmetric, Uniform, STEPS};
 
 #[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Default)]
@@ -393,6 +394,9 @@ fn write_q5_1(d: f32, mn: f32, q: &Codes, out: &mut [u8]) {
 impl Block for Q4_0 {
     const BS: usize = 32;
     const TS: usize = 18;
+    fn encode_weighted(x: &[f32], w: &[f32], out: &mut [u8]) -> bool {
+        encode_signed_weighted::<false>(x, w, out)
+    }
     #[cfg(target_arch = "x86_64")]
     const ENCODE_AVX2: Option<super::block::EncodeRun> = Some(super::legacy_avx2::q4_0_run::<Self>);
     #[cfg(target_arch = "x86_64")]
@@ -428,6 +432,9 @@ impl Block for Q4_0 {
 impl Block for Q4_1 {
     const BS: usize = 32;
     const TS: usize = 20;
+    fn encode_weighted(x: &[f32], w: &[f32], out: &mut [u8]) -> bool {
+        encode_min_weighted::<false>(x, w, out)
+    }
     #[cfg(target_arch = "x86_64")]
     const ENCODE_AVX2: Option<super::block::EncodeRun> = Some(super::legacy_avx2::q4_1_run::<Self>);
     #[cfg(target_arch = "x86_64")]
@@ -460,6 +467,9 @@ impl Block for Q4_1 {
 impl Block for Q5_0 {
     const BS: usize = 32;
     const TS: usize = 22;
+    fn encode_weighted(x: &[f32], w: &[f32], out: &mut [u8]) -> bool {
+        encode_signed_weighted::<true>(x, w, out)
+    }
     #[cfg(target_arch = "x86_64")]
     const ENCODE_AVX2: Option<super::block::EncodeRun> = Some(super::legacy_avx2::q5_0_run::<Self>);
     #[cfg(target_arch = "x86_64")]
@@ -491,6 +501,9 @@ impl Block for Q5_0 {
 impl Block for Q5_1 {
     const BS: usize = 32;
     const TS: usize = 24;
+    fn encode_weighted(x: &[f32], w: &[f32], out: &mut [u8]) -> bool {
+        encode_min_weighted::<true>(x, w, out)
+    }
     #[cfg(target_arch = "x86_64")]
     const ENCODE_AVX2: Option<super::block::EncodeRun> = Some(super::legacy_avx2::q5_1_run::<Self>);
     #[cfg(target_arch = "x86_64")]
@@ -514,4 +527,55 @@ impl Block for Q5_1 {
         let q = q5_codes(u32::from_le_bytes([b[4], b[5], b[6], b[7]]), &b[8..24]);
         scale_and_shift(f16_value(b), f16_value(&b[2..]), &q, out);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// With importance weights (llama.cpp's imatrix), the rules above give way to searches of the
+// weighted error, as ggml's own quantizers do when given one; the layouts are the same.
+
+/// Q4_0 / Q5_0 (`Q5`): the searched signed scale, stored as f16, and each value's nearest code
+/// at the scale as decoded.
+fn encode_signed_weighted<const Q5: bool>(x: &[f32], w: &[f32], out: &mut [u8]) -> bool {
+    if abs_max_bits(x) >= INF_BITS {
+        return true;
+    }
+    let half = if Q5 { 16 } else { 8 };
+    let grid = Uniform {
+        lo: -half,
+        hi: half - 1,
+    };
+    // An f16 value, so the layout's f16 conversion stores it as it is.
+    let (_, d) = f16_sat(symmetric(x, w, &grid, STEPS));
+    let mut q = [0i32; 32];
+    nearest_codes(x, d, &grid, &mut q);
+    for c in q.iter_mut() {
+        *c += half;
+    }
+    if Q5 {
+        write_q5_0(d, &q, out);
+    } else {
+        write_q4_0(d, &q, out);
+    }
+    false
+}
+
+/// Q4_1 / Q5_1 (`Q5`): the searched scale and minimum (of either sign), stored as f16, and each
+/// value's nearest code at them as decoded (d·q + m).
+fn encode_min_weighted<const Q5: bool>(x: &[f32], w: &[f32], out: &mut [u8]) -> bool {
+    if abs_max_bits(x) >= INF_BITS {
+        return true;
+    }
+    let top = if Q5 { 31 } else { 15 };
+    let (a, b) = affine::<_, true>(x, w, top);
+    let ((_, d), (_, mn)) = (f16_sat(a), f16_sat(-b));
+    let mut q = [0i32; 32];
+    for (c, &v) in q.iter_mut().zip(x) {
+        *c = affine_code(v, d, -mn, top);
+    }
+    if Q5 {
+        write_q5_1(d, mn, &q, out);
+    } else {
+        write_q4_1(d, mn, &q, out);
+    }
+    false
 }

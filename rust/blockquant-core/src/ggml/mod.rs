@@ -231,18 +231,7 @@ impl std::fmt::Display for GgmlType {
 /// # Panics
 /// When `out` does not have the length the rows need.
 pub fn quantize(ty: GgmlType, x: Input<'_>, row_len: usize, out: &mut [u8]) -> Result<()> {
-    ty.row_bytes(row_len)?;
-    if !x.len().is_multiple_of(ty.block_size()) {
-        return Err(QuantError::Layout(format!(
-            "{} values are not whole rows of {row_len}",
-            x.len()
-        )));
-    }
-    assert_eq!(
-        out.len(),
-        x.len() / ty.block_size() * ty.type_size(),
-        "output length"
-    );
+    check_rows(ty, x, row_len, out)?;
     let bad = pool::install_sized(x.len(), || match ty {
         GgmlType::F32 => encode_all::<F32>(x, out),
         GgmlType::F16 => match x {
@@ -272,6 +261,77 @@ pub fn quantize(ty: GgmlType, x: Input<'_>, row_len: usize, out: &mut [u8]) -> R
         return Err(first_non_finite(x));
     }
     Ok(())
+}
+
+/// [`quantize`] with importance weights, as llama-quantize takes an imatrix: `weights` holds
+/// `k` rows of `row_len` values (one importance ≥ 0 per column; `k` = 1 for a matrix, one row
+/// per expert for stacked experts, the rows of `x` split evenly among them), and each block is
+/// quantized to the least error weighted by its columns' importance. The types whose quantizer
+/// is a search take them (the K-quants, IQ4_NL/IQ4_XS, NVFP4, and Q4_0/Q4_1/Q5_0/Q5_1, whose
+/// gguf-py rule becomes a search); the others ignore them, as ggml's own quantizers do. A
+/// block keeps the unweighted quantizer's bytes where they leave no more weighted error, so
+/// weights never make a block worse by the measure they give. Bytes do not depend on the
+/// thread count. Errors as [`quantize`]'s, and an `Option` error for weights of the wrong
+/// length or a NaN, infinite or negative weight.
+///
+/// # Panics
+/// When `out` does not have the length the rows need.
+pub fn quantize_weighted(
+    ty: GgmlType,
+    x: Input<'_>,
+    row_len: usize,
+    weights: &[f32],
+    out: &mut [u8],
+) -> Result<()> {
+    check_rows(ty, x, row_len, out)?;
+    let rows = x.len() / row_len.max(1);
+    let k = weights.len() / row_len.max(1);
+    if row_len == 0 || k == 0 || weights.len() != k * row_len || !rows.is_multiple_of(k) {
+        return Err(QuantError::Option(format!(
+            "importance weights must be rows of {row_len} values, one for the tensor or one \
+             for each of an even split of its {rows} rows, got {} values",
+            weights.len()
+        )));
+    }
+    crate::search::check_weights(weights, weights.len())?;
+    let imp = Importance {
+        w: weights,
+        row_len,
+        rows_per: (rows / k).max(1),
+    };
+    let Some(run) = weighted_run(ty) else {
+        return quantize(ty, x, row_len, out);
+    };
+    if pool::install_sized(x.len(), || run(x, &imp, out)) {
+        return Err(first_non_finite(x));
+    }
+    Ok(())
+}
+
+/// Whether [`quantize_weighted`]'s weights steer `ty`'s quantizer.
+pub fn takes_weights(ty: GgmlType) -> bool {
+    weighted_run(ty).is_some()
+}
+
+type WeightedRun = fn(Input<'_>, &Importance<'_>, &mut [u8]) -> bool;
+
+/// The weighted driver of the types whose quantizer is a search.
+fn weighted_run(ty: GgmlType) -> Option<WeightedRun> {
+    Some(match ty {
+        GgmlType::Q4_0 => encode_all_weighted::<Q4_0>,
+        GgmlType::Q4_1 => encode_all_weighted::<Q4_1>,
+        GgmlType::Q5_0 => encode_all_weighted::<Q5_0>,
+        GgmlType::Q5_1 => encode_all_weighted::<Q5_1>,
+        GgmlType::Q2_K => encode_all_weighted::<kquants::Q2_K>,
+        GgmlType::Q3_K => encode_all_weighted::<kquants::Q3_K>,
+        GgmlType::Q4_K => encode_all_weighted::<kquants::Q4_K>,
+        GgmlType::Q5_K => encode_all_weighted::<kquants::Q5_K>,
+        GgmlType::Q6_K => encode_all_weighted::<kquants::Q6_K>,
+        GgmlType::IQ4_NL => encode_all_weighted::<codebook::IQ4_NL>,
+        GgmlType::IQ4_XS => encode_all_weighted::<codebook::IQ4_XS>,
+        GgmlType::NVFP4 => encode_all_weighted::<codebook::NVFP4>,
+        _ => return None,
+    })
 }
 
 /// Dequantize `blocks` (whole blocks of `ty`) into `out` (`block_size` values a block). Every
@@ -308,6 +368,23 @@ pub fn dequantize(ty: GgmlType, blocks: &[u8], out: &mut [f32]) {
         GgmlType::IQ4_XS => decode_all::<codebook::IQ4_XS>(blocks, out),
         GgmlType::NVFP4 => decode_all::<codebook::NVFP4>(blocks, out),
     })
+}
+
+/// `x` is whole rows of whole blocks and `out` their length.
+fn check_rows(ty: GgmlType, x: Input<'_>, row_len: usize, out: &[u8]) -> Result<()> {
+    ty.row_bytes(row_len)?;
+    if !x.len().is_multiple_of(ty.block_size()) {
+        return Err(QuantError::Layout(format!(
+            "{} values are not whole rows of {row_len}",
+            x.len()
+        )));
+    }
+    assert_eq!(
+        out.len(),
+        x.len() / ty.block_size() * ty.type_size(),
+        "output length"
+    );
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -362,6 +439,75 @@ fn encode_run_portable<B: Block>(_: B, xs: &[f32], out: &mut [u8]) -> bool {
         bad |= B::encode(x, o);
     }
     bad
+}
+
+/// The importance rows of [`quantize_weighted`]: row r of the tensor takes row r / `rows_per`.
+struct Importance<'a> {
+    w: &'a [f32],
+    row_len: usize,
+    rows_per: usize,
+}
+
+impl Importance<'_> {
+    /// The weights of the `len` values from flat index `start` (inside one row).
+    fn of(&self, start: usize, len: usize) -> &[f32] {
+        let (row, col) = (start / self.row_len, start % self.row_len);
+        let at = row / self.rows_per * self.row_len + col;
+        &self.w[at..at + len]
+    }
+}
+
+/// [`encode_all`] with importance weights, one block at a time (no hand-written runs: the
+/// searches are the cost here).
+fn encode_all_weighted<B: Block>(x: Input<'_>, imp: &Importance<'_>, out: &mut [u8]) -> bool {
+    let blocks_per_task = (TASK_VALUES / B::BS).max(1);
+    out.par_chunks_mut(blocks_per_task * B::TS)
+        .enumerate()
+        .map_init(Vec::new, |buf, (t, o)| {
+            let start = t * blocks_per_task * B::BS;
+            let xs = x.read(start, o.len() / B::TS * B::BS, buf);
+            let mut bad = false;
+            for (i, (xb, ob)) in xs
+                .chunks_exact(B::BS)
+                .zip(o.chunks_exact_mut(B::TS))
+                .enumerate()
+            {
+                bad |= encode_block_weighted::<B>(xb, imp.of(start + i * B::BS, B::BS), ob);
+            }
+            bad
+        })
+        .reduce(|| false, |a, b| a | b)
+}
+
+/// Bytes and values of the largest block (Q6_K's 210 bytes, 256 values).
+const MAX_TS: usize = 256;
+const MAX_BS: usize = 256;
+
+/// One block by the weighted search and by the plain quantizer; the weighted search's bytes
+/// only where they leave less weighted error as decoded.
+fn encode_block_weighted<B: Block>(x: &[f32], w: &[f32], out: &mut [u8]) -> bool {
+    let mut plain = [0u8; MAX_TS];
+    let plain = &mut plain[..B::TS];
+    if B::encode(x, plain) {
+        return true;
+    }
+    B::encode_weighted(x, w, out);
+    let mut y = [0f32; MAX_BS];
+    let y = &mut y[..B::BS];
+    let error = |b: &[u8], y: &mut [f32]| {
+        B::decode(b, y);
+        x.iter()
+            .zip(y.iter())
+            .zip(w)
+            .fold(0.0f64, |acc, ((&v, &q), &wi)| {
+                let d = v as f64 - q as f64;
+                acc + wi as f64 * d * d
+            })
+    };
+    if error(plain, y) <= error(out, y) {
+        out.copy_from_slice(plain);
+    }
+    false
 }
 
 fn decode_all<B: Block>(blocks: &[u8], out: &mut [f32]) {
@@ -449,3 +595,5 @@ fn decode_run_portable<B: Block>(_: B, blocks: &[u8], out: &mut [f32]) {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod weighted_tests;

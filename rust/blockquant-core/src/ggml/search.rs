@@ -14,6 +14,44 @@
 use super::block::round_away;
 use super::float16::{f16_to_f32, f32_to_f16};
 
+/// The importance of each value of a block, which the searches weigh its squared error by:
+/// [`Unit`] for the plain quantizers (every value weighs 1) or the block's slice of an
+/// importance row (llama.cpp's imatrix). Each weighted sum is written `w·(term)` with the
+/// weight first, so that under [`Unit`] it is `1·term`, which is `term` exactly: the plain
+/// quantizers' bytes do not change, and once inlined the products by 1 fold away.
+pub(super) trait Weigh: Copy {
+    /// The weight of value `i`.
+    fn at(self, i: usize) -> f32;
+    /// The weights of values `start..start + len`.
+    fn sub(self, start: usize, len: usize) -> Self;
+}
+
+/// Every value weighs 1.
+#[derive(Clone, Copy)]
+pub(super) struct Unit;
+
+impl Weigh for Unit {
+    #[inline(always)]
+    fn at(self, _: usize) -> f32 {
+        1.0
+    }
+    #[inline(always)]
+    fn sub(self, _: usize, _: usize) -> Self {
+        self
+    }
+}
+
+impl Weigh for &[f32] {
+    #[inline(always)]
+    fn at(self, i: usize) -> f32 {
+        self[i]
+    }
+    #[inline(always)]
+    fn sub(self, start: usize, len: usize) -> Self {
+        &self[start..start + len]
+    }
+}
+
 /// A set of codes a value rounds to (times a scale).
 pub(super) trait Grid {
     /// The code nearest `v` (a scaled value, any finite or infinite f32) and its value.
@@ -122,10 +160,10 @@ fn fold8<T: Copy + std::ops::Add<Output = T>>(a: [T; 8]) -> T {
 /// Candidate end-points tried on each side of the grid by default, as fractions of the end.
 pub(super) const STEPS: usize = 12;
 
-/// The scale s minimizing Σ(x − s·g)² over codes g of `grid` (s may be negative: a signed
+/// The scale s minimizing Σw·(x − s·g)² over codes g of `grid` (s may be negative: a signed
 /// scale lets the largest value take either end). 0 for an all-zero block. x has ≤ 32 values.
 #[inline(always)]
-pub(super) fn symmetric<G: Grid>(x: &[f32], grid: &G, steps: usize) -> f32 {
+pub(super) fn symmetric<G: Grid, W: Weigh>(x: &[f32], w: W, grid: &G, steps: usize) -> f32 {
     let (m, amax) = signed_max(x);
     if amax == 0.0 {
         return 0.0;
@@ -144,35 +182,36 @@ pub(super) fn symmetric<G: Grid>(x: &[f32], grid: &G, steps: usize) -> f32 {
             // The largest value lands from half a step past the end to ~20% inside it.
             let t = end * (1.0 + 0.5 / end.abs() - 0.2 * k as f32 / steps as f32);
             let s = sign / t;
-            let (gain, refit) = refit_scale(y, s, grid);
+            let (gain, refit) = refit_scale(y, w, s, grid);
             if gain > best.0 {
                 best = (gain, refit);
             }
         }
     }
     // One more round from the winner: its codes, refit.
-    let (gain, refit) = refit_scale(y, best.1, grid);
+    let (gain, refit) = refit_scale(y, w, best.1, grid);
     if gain > best.0 {
         best = (gain, refit);
     }
     best.1 * amax
 }
 
-/// Codes of y at scale s, then the least-squares scale for those codes: (Σyg)²/Σg² (the error
-/// it removes, to maximize) and Σyg/Σg².
+/// Codes of y at scale s, then the least-squares scale for those codes: (Σwyg)²/Σwg² (the
+/// error it removes, to maximize) and Σwyg/Σwg².
 #[inline(always)]
-fn refit_scale<G: Grid>(y: &[f32], s: f32, grid: &G) -> (f32, f32) {
+fn refit_scale<G: Grid, W: Weigh>(y: &[f32], w: W, s: f32, grid: &G) -> (f32, f32) {
     if s == 0.0 || !s.is_finite() {
         return (0.0, 0.0);
     }
     // Candidates only steer the search: a product with 1/s is as good as a division here.
     let inv = 1.0 / s;
     let (mut sxg, mut sgg) = ([0.0f32; 8], [0.0f32; 8]);
-    for c in y.chunks_exact(8) {
+    for (k, c) in y.chunks_exact(8).enumerate() {
         for l in 0..8 {
             let (_, g) = grid.nearest(c[l] * inv);
-            sxg[l] += c[l] * g;
-            sgg[l] += g * g;
+            let wl = w.at(8 * k + l);
+            sxg[l] += wl * c[l] * g;
+            sgg[l] += wl * g * g;
         }
     }
     let (sxg, sgg) = (fold8(sxg), fold8(sgg));
@@ -182,45 +221,49 @@ fn refit_scale<G: Grid>(y: &[f32], s: f32, grid: &G) -> (f32, f32) {
     (sxg * sxg / sgg, sxg / sgg)
 }
 
-/// (a, b) ≥ 0 minimizing Σ(x − (a·q − b))² over codes q in 0..=nmax (the K-quants with a
-/// minimum: the offset −b is at most 0, since b is stored unsigned). x has ≤ 32 values.
+/// (a, b), a ≥ 0, minimizing Σw·(x − (a·q − b))² over codes q in 0..=nmax. For the K-quants
+/// with a minimum the offset −b is at most 0 (b ≥ 0: it is stored unsigned); with `FREE` it
+/// is any (Q4_1/Q5_1's stored minimum). x has ≤ 32 values.
 #[inline(always)]
-pub(super) fn affine(x: &[f32], nmax: i32) -> (f32, f32) {
+pub(super) fn affine<W: Weigh, const FREE: bool>(x: &[f32], w: W, nmax: i32) -> (f32, f32) {
     let (_, amax) = signed_max(x);
     if amax == 0.0 {
         return (0.0, 0.0);
     }
     let mut y = [0.0f32; 32];
     let y = &mut y[..x.len()];
-    let (mut mn, mut mx) = (0.0f32, f32::NEG_INFINITY);
+    let mut mn = if FREE { f32::INFINITY } else { 0.0f32 };
+    let mut mx = f32::NEG_INFINITY;
     for (y, &v) in y.iter_mut().zip(x) {
         *y = v / amax;
         mn = mn.min(*y);
         mx = mx.max(*y);
     }
     if mx <= mn {
-        // Every value equal to the minimum (≤ 0): the offset alone holds it.
+        // Every value equal to the minimum: the offset alone holds it.
         return (0.0, -mn * amax);
     }
-    let n = y.len() as f32;
-    let sy: f32 = sum8(y.len(), |i| y[i]);
-    let syy: f64 = sum8(y.len(), |i| y[i] * y[i]) as f64;
+    // Σw (the count under Unit: a sum of ones, exact).
+    let n: f32 = sum8(y.len(), |i| w.at(i));
+    let sy: f32 = sum8(y.len(), |i| w.at(i) * y[i]);
+    let syy: f64 = sum8(y.len(), |i| w.at(i) * y[i] * y[i]) as f64;
     let top = nmax as f32;
     // The plain min–max fit first, so a search never does worse.
     let mut best = (
-        affine_error(y, (mx - mn) / top, mn, nmax),
+        affine_error(y, w, (mx - mn) / top, mn, nmax),
         (mx - mn) / top,
         mn,
     );
     for k in 0..=20 {
         let iscale = (top - 1.0 + 0.1 * k as f32) / (mx - mn);
         let (mut sq, mut sqq, mut syq) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
-        for yc in y.chunks_exact(8) {
+        for (k, yc) in y.chunks_exact(8).enumerate() {
             for l in 0..8 {
                 let c = round_away(((yc[l] - mn) * iscale).clamp(0.0, top)) as f32;
-                sq[l] += c;
-                sqq[l] += c * c;
-                syq[l] += yc[l] * c;
+                let wl = w.at(8 * k + l);
+                sq[l] += wl * c;
+                sqq[l] += wl * c * c;
+                syq[l] += wl * yc[l] * c;
             }
         }
         let (sq, sqq, syq) = (fold8(sq), fold8(sqq), fold8(syq));
@@ -230,7 +273,7 @@ pub(super) fn affine(x: &[f32], nmax: i32) -> (f32, f32) {
         }
         let mut a = (n * syq - sy * sq) / det;
         let mut c = (sy - a * sq) / n;
-        if c > 0.0 {
+        if c > 0.0 && !FREE {
             // The offset cannot be positive: refit the scale alone.
             c = 0.0;
             a = syq / sqq;
@@ -251,11 +294,21 @@ pub(super) fn affine(x: &[f32], nmax: i32) -> (f32, f32) {
     (best.1 * amax, -best.2 * amax)
 }
 
+/// The code of v for the decoded value ea·q − eb (0 when ea is 0).
 #[inline(always)]
-fn affine_error(y: &[f32], a: f32, c: f32, nmax: i32) -> f32 {
+pub(super) fn affine_code(v: f32, ea: f32, eb: f32, nmax: i32) -> i32 {
+    if ea == 0.0 {
+        0
+    } else {
+        round_away(((v + eb) / ea).clamp(0.0, nmax as f32))
+    }
+}
+
+#[inline(always)]
+fn affine_error<W: Weigh>(y: &[f32], w: W, a: f32, c: f32, nmax: i32) -> f32 {
     sum8(y.len(), |i| {
         let q = round_away(((y[i] - c) / a).clamp(0.0, nmax as f32)) as f32;
-        (y[i] - (a * q + c)) * (y[i] - (a * q + c))
+        w.at(i) * (y[i] - (a * q + c)) * (y[i] - (a * q + c))
     })
 }
 
@@ -267,17 +320,17 @@ pub(super) fn f16_sat(v: f32) -> (u16, f32) {
     (h, f16_to_f32(h))
 }
 
-/// Σ(x − e·g)² in f64 for codes of `grid` at the decoded scale `e` (the codes as
+/// Σw·(x − e·g)² in f64 for codes of `grid` at the decoded scale `e` (the codes as
 /// [`nearest_codes`] picks them).
 #[inline(always)]
-pub(super) fn scaled_error<G: Grid>(x: &[f32], e: f32, grid: &G) -> f64 {
+pub(super) fn scaled_error<G: Grid, W: Weigh>(x: &[f32], w: W, e: f32, grid: &G) -> f64 {
     if e == 0.0 {
-        return sum8(x.len(), |i| (x[i] as f64) * (x[i] as f64));
+        return sum8(x.len(), |i| w.at(i) as f64 * (x[i] as f64) * (x[i] as f64));
     }
     sum8(x.len(), |i| {
         let (_, g) = grid.nearest(x[i] / e);
         let d = x[i] as f64 - (e * g) as f64;
-        d * d
+        w.at(i) as f64 * d * d
     })
 }
 
@@ -291,10 +344,12 @@ pub(super) fn nearest_codes<G: Grid>(x: &[f32], e: f32, grid: &G, out: &mut [i32
 
 /// Given sub-block scales `s` (any sign) and the stored sub-scale range lo..=hi: the super-block
 /// scale (f16 bits), each sub-block's integer sub-scale, chosen among the nearest and its two
-/// neighbours by the sub-block's error at the scale as decoded (f16(d)·sub-scale in f32).
+/// neighbours by the sub-block's (weighted) error at the scale as decoded (f16(d)·sub-scale in
+/// f32).
 #[inline(always)]
-pub(super) fn signed_subscales<G: Grid>(
+pub(super) fn signed_subscales<G: Grid, W: Weigh>(
     x: &[f32],
+    w: W,
     sub: usize,
     s: &[f32],
     lo: i32,
@@ -309,7 +364,7 @@ pub(super) fn signed_subscales<G: Grid>(
     }
     // The largest sub-scale takes the negative end, exactly representable.
     let (bits, d) = f16_sat(smax / lo as f32);
-    for ((o, &sj), xj) in out.iter_mut().zip(s).zip(x.chunks_exact(sub)) {
+    for (j, ((o, &sj), xj)) in out.iter_mut().zip(s).zip(x.chunks_exact(sub)).enumerate() {
         if d == 0.0 {
             *o = 0;
             continue;
@@ -320,7 +375,7 @@ pub(super) fn signed_subscales<G: Grid>(
             if c < lo || c > hi {
                 continue;
             }
-            let err = scaled_error(xj, d * c as f32, grid);
+            let err = scaled_error(xj, w.sub(j * sub, sub), d * c as f32, grid);
             if err < best.0 {
                 best = (err, c);
             }

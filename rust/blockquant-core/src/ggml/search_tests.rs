@@ -43,15 +43,15 @@ fn searched_scales_beat_the_max_to_end_scale() {
             })
             .collect();
         let (m, _) = signed_max(&x);
-        let plain = scaled_error(&x, m / -8.0, &grid);
-        let searched = scaled_error(&x, symmetric(&x, &grid, STEPS), &grid);
+        let plain = scaled_error(&x, Unit, m / -8.0, &grid);
+        let searched = scaled_error(&x, Unit, symmetric(&x, Unit, &grid, STEPS), &grid);
         assert!(searched <= plain * (1.0 + 1e-6), "{searched} > {plain}");
-        let (a, b) = affine(&x, 15);
+        let (a, b) = affine::<_, false>(&x, Unit, 15);
         assert!(a > 0.0 && b >= 0.0);
     }
-    assert_eq!(symmetric(&[0.0; 16], &grid, STEPS), 0.0);
-    assert_eq!(affine(&[0.0; 16], 15), (0.0, 0.0));
-    assert_eq!(affine(&[-2.0; 16], 15), (0.0, 2.0));
+    assert_eq!(symmetric(&[0.0; 16], Unit, &grid, STEPS), 0.0);
+    assert_eq!(affine::<_, false>(&[0.0; 16], Unit, 15), (0.0, 0.0));
+    assert_eq!(affine::<_, false>(&[-2.0; 16], Unit, 15), (0.0, 2.0));
 }
 
 #[test]
