@@ -19,6 +19,9 @@ static int block_values(int t) {
 static int block_bytes(int t) {
     switch (t) {
     case 2: return 18;   /* Q4_0 */
+    case 3: return 20;   /* Q4_1 */
+    case 6: return 22;   /* Q5_0 */
+    case 7: return 24;   /* Q5_1 */
     case 8: return 34;   /* Q8_0 */
     case 10: return 84;  /* Q2_K */
     case 11: return 110; /* Q3_K */

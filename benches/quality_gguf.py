@@ -22,13 +22,17 @@ import functools
 from pathlib import Path
 
 import numpy as np
-from quality import DEFAULT_PATTERN, load_tensors, median_time  # benches/quality.py
+from quality import DEFAULT_PATTERN, load_tensors, median_times  # benches/quality.py
 
 import blockquant as bq
 from blockquant import gguf as bg
 
 TYPES = ["Q8_0", "Q6_K", "Q5_K", "Q4_K", "IQ4_XS", "IQ4_NL", "NVFP4", "Q4_0", "MXFP4", "Q3_K",
          "Q2_K"]
+
+
+def median_time(fn, repeat: int) -> float:
+    return median_times([fn], repeat)[0]
 
 
 def sqnr(xs: list[np.ndarray], ys: list[np.ndarray]) -> float:

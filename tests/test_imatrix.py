@@ -15,7 +15,7 @@ import pytest
 
 import blockquant as bq
 from blockquant.checkpoint import CheckpointError, FileOptions
-from blockquant.checkpoint.imatrix import read_imatrix
+from blockquant.checkpoint.imatrix import ggml_floor, read_imatrix
 from blockquant.cli import main
 from blockquant.presets import resolve
 
@@ -174,12 +174,13 @@ def test_report_weighs_a_gguf_files_error_by_the_matrix(tmp_path, capsys):
                  "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     rows = {r["name"]: r for r in rep["tensors"]}
-    # measured as written: Q4_0 searched under the tensor's importance
-    y = bq.gguf.dequantize(bq.gguf.quantize(x, "Q4_0", weights=imp), "Q4_0")
+    # measured as written: Q4_0 searched under the tensor's importance (as read, floored)
+    read = read_imatrix(im).values["blk.0.attn_q.weight"][0]
+    y = bq.gguf.dequantize(bq.gguf.quantize(x, "Q4_0", weights=ggml_floor(read)), "Q4_0")
     plain = bq.gguf.dequantize(bq.gguf.quantize(x, "Q4_0"), "Q4_0")
     got = rows["blk.0.attn_q.weight"]["sqnr_imatrix_db"]
-    assert got == pytest.approx(weighted_sqnr(x, y, imp), abs=1e-9)
-    assert got > weighted_sqnr(x, plain, imp) + 1.0  # the weights pay where they are large
+    assert got == pytest.approx(weighted_sqnr(x, y, read), abs=1e-9)
+    assert got > weighted_sqnr(x, plain, read) + 1.0  # the weights pay where they are large
     assert rows["blk.0.attn_k.weight"]["sqnr_imatrix_db"] is None  # no entry for it
     assert rep["overall"]["imatrix_tensors"] == 1
     # a GGUF output takes it too: the tensor it names is weighted, the other one is not
@@ -189,7 +190,7 @@ def test_report_weighs_a_gguf_files_error_by_the_matrix(tmp_path, capsys):
     capsys.readouterr()
     tensors = {t.name: t for t in GGUFReader(out).tensors}
     assert bytes(tensors["blk.0.attn_q.weight"].data) == \
-        bq.gguf.quantize(x, "Q4_0", weights=imp).tobytes()
+        bq.gguf.quantize(x, "Q4_0", weights=ggml_floor(read)).tobytes()
     assert bytes(tensors["blk.0.attn_k.weight"].data) == \
         bq.gguf.quantize(x[:, :32], "Q4_0").tobytes()
 

@@ -32,8 +32,8 @@ import numpy as np
 
 from .base import CheckpointError, os_reason
 
-__all__ = ["ImportanceMatrix", "read_imatrix", "weights_for", "ggml_weights", "weighted_sums",
-           "sqnr_from", "importance_row", "importance_overall"]
+__all__ = ["ImportanceMatrix", "read_imatrix", "weights_for", "ggml_weights", "ggml_floor",
+           "weighted_sums", "sqnr_from", "importance_row", "importance_overall"]
 
 #: The most entries a legacy file may claim (a 400-layer MoE model has a few thousand).
 MAX_ENTRIES = 1 << 20
@@ -214,13 +214,33 @@ def weights_for(imatrix_path: str | None, names: tuple[str, ...], shape: tuple[i
     return None
 
 
+#: The share of a tensor's mean importance every column's importance is raised by before ggml's
+#: searches take it (:func:`ggml_floor`).
+GGML_FLOOR = 0.25
+
+
+def ggml_floor(w: np.ndarray) -> np.ndarray:
+    """The weights ggml's searched types take from an importance ``w`` (one row, or one per
+    expert): each column's importance plus a quarter of the row's mean. An importance matrix
+    is an estimate from a calibration set, and a column it saw little of still carries some
+    error into the output; ggml's own quantizers hedge the same way (their weights mix the
+    importance with the values' magnitudes). Measured on real weights against ggml's
+    quantizers given the same matrix (``benches/quality_imatrix.py``): with the floor both the
+    plain and the importance-weighted SQNR come out at least ggml's (but Q4_0's plain SQNR,
+    0.05 dB short), where the bare importance gives up to 1.8 dB of plain SQNR for up to
+    1 dB more weighted SQNR."""
+    w = np.asarray(w, np.float32)
+    return w + np.float32(GGML_FLOOR) * w.mean(axis=-1, keepdims=True, dtype=np.float64).astype(
+        np.float32)
+
+
 def ggml_weights(imatrix_path: str | None, names: tuple[str, ...], shape: tuple[int, ...],
                  qtype: str, required: bool = False) -> np.ndarray | None:
-    """The importance a tensor takes into ggml's ``qtype`` (``blockquant.gguf.quantize``'s
-    ``weights``): its entry when the type's quantizer takes weights, else None (llama-quantize
-    too quantizes a tensor the matrix does not name without one). ``required``: a tensor
-    without an entry is an error, as llama-quantize makes Q2_K_S's Q2_K tensors only with
-    one."""
+    """The weights a tensor takes into ggml's ``qtype`` (``blockquant.gguf.quantize``'s
+    ``weights``): its importance, floored (:func:`ggml_floor`), when the type's quantizer takes
+    weights, else None (llama-quantize too quantizes a tensor the matrix does not name without
+    one). ``required``: a tensor without an entry is an error, as llama-quantize makes
+    Q2_K_S's Q2_K tensors only with one."""
     from .. import gguf as bg
 
     if imatrix_path is None or not bg.TYPES[qtype].takes_weights:
@@ -230,7 +250,7 @@ def ggml_weights(imatrix_path: str | None, names: tuple[str, ...], shape: tuple[
         raise CheckpointError(imatrix_path, names[0], f"has no importance for the tensor, which "
                               f"{qtype} in this mix takes only with one (as llama-quantize "
                               f"requires); --tensor-type or --rule give it another type")
-    return w
+    return None if w is None else ggml_floor(w)
 
 
 def weighted_sums(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, float]:

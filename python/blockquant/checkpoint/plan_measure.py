@@ -72,8 +72,12 @@ class Candidate:
         if self.kind == "ggml":
             from .. import gguf
 
+            from .imatrix import ggml_floor
+
+            w = None if weights is None or not gguf.TYPES[self.name].takes_weights \
+                else ggml_floor(weights)  # as the GGUF writer weighs them
             return gguf.dequantize(gguf.quantize(np.asarray(x, np.float32), self.name,
-                                                 weights=weights), self.name)
+                                                 weights=w), self.name)
         if self.kind == "mlx":
             from .mlx_codec import dequantize as mlx_dequantize
             from .mlx_folder import layer_tensors

@@ -20,6 +20,9 @@ use super::float16::{f16_to_f32, f32_to_f16};
 /// weight first, so that under [`Unit`] it is `1·term`, which is `term` exactly: the plain
 /// quantizers' bytes do not change, and once inlined the products by 1 fold away.
 pub(super) trait Weigh: Copy {
+    /// Whether the searches widen where weights make it pay (the plain ones keep their
+    /// candidates, so their bytes and pace stay as they were).
+    const WIDE: bool;
     /// The weight of value `i`.
     fn at(self, i: usize) -> f32;
     /// The weights of values `start..start + len`.
@@ -31,6 +34,7 @@ pub(super) trait Weigh: Copy {
 pub(super) struct Unit;
 
 impl Weigh for Unit {
+    const WIDE: bool = false;
     #[inline(always)]
     fn at(self, _: usize) -> f32 {
         1.0
@@ -42,6 +46,7 @@ impl Weigh for Unit {
 }
 
 impl Weigh for &[f32] {
+    const WIDE: bool = true;
     #[inline(always)]
     fn at(self, i: usize) -> f32 {
         self[i]
@@ -187,6 +192,15 @@ pub(super) fn symmetric<G: Grid, W: Weigh>(x: &[f32], w: W, grid: &G, steps: usi
                 best = (gain, refit);
             }
         }
+        // Under importance weights the largest value may matter little: scales that clip it
+        // (it lands up to half the range past the end) are tried too.
+        for k in 1..if W::WIDE { steps + 1 } else { 0 } {
+            let t = end * (1.0 + 0.5 / end.abs() + 0.5 * k as f32 / steps as f32);
+            let (gain, refit) = refit_scale(y, w, sign / t, grid);
+            if gain > best.0 {
+                best = (gain, refit);
+            }
+        }
     }
     // One more round from the winner: its codes, refit.
     let (gain, refit) = refit_scale(y, w, best.1, grid);
@@ -254,44 +268,83 @@ pub(super) fn affine<W: Weigh, const FREE: bool>(x: &[f32], w: W, nmax: i32) -> 
         (mx - mn) / top,
         mn,
     );
-    for k in 0..=20 {
+    // Code ranges from one short of the top to one past it; under importance weights, up to
+    // four past (the largest values clipped, when they matter little).
+    let sums = Sums { n, sy, syy };
+    for k in 0..=if W::WIDE { 50 } else { 20 } {
         let iscale = (top - 1.0 + 0.1 * k as f32) / (mx - mn);
-        let (mut sq, mut sqq, mut syq) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
-        for (k, yc) in y.chunks_exact(8).enumerate() {
-            for l in 0..8 {
-                let c = round_away(((yc[l] - mn) * iscale).clamp(0.0, top)) as f32;
-                let wl = w.at(8 * k + l);
-                sq[l] += wl * c;
-                sqq[l] += wl * c * c;
-                syq[l] += wl * yc[l] * c;
+        let fit = least_squares::<W, FREE>(y, w, &sums, |v| {
+            round_away(((v - mn) * iscale).clamp(0.0, top)) as f32
+        });
+        if let Some((err, a, c)) = fit {
+            if err < best.0 {
+                best = (err, a, c);
             }
         }
-        let (sq, sqq, syq) = (fold8(sq), fold8(sqq), fold8(syq));
-        let det = n * sqq - sq * sq;
-        if det <= 0.0 {
-            continue;
-        }
-        let mut a = (n * syq - sy * sq) / det;
-        let mut c = (sy - a * sq) / n;
-        if c > 0.0 && !FREE {
-            // The offset cannot be positive: refit the scale alone.
-            c = 0.0;
-            a = syq / sqq;
-        }
-        if a <= 0.0 {
-            continue;
-        }
-        // Σ(y − a·q − c)² from the sums (in f64: the terms nearly cancel), not another pass.
-        let (a64, c64) = (a as f64, c as f64);
-        let err = (syy - 2.0 * a64 * syq as f64 - 2.0 * c64 * sy as f64
-            + a64 * a64 * sqq as f64
-            + 2.0 * a64 * c64 * sq as f64
-            + n as f64 * c64 * c64) as f32;
-        if err < best.0 {
-            best = (err, a, c);
+    }
+    // Under importance weights, a few more rounds from the winner: its codes, refit.
+    for _ in 0..if W::WIDE { 3 } else { 0 } {
+        let (a0, c0) = (best.1, best.2);
+        let fit = least_squares::<W, FREE>(y, w, &sums, |v| {
+            round_away(((v - c0) / a0).clamp(0.0, top)) as f32
+        });
+        match fit {
+            Some((err, a, c)) if err < best.0 => best = (err, a, c),
+            _ => break,
         }
     }
     (best.1 * amax, -best.2 * amax)
+}
+
+/// Σw, Σw·y and Σw·y² of a block.
+struct Sums {
+    n: f32,
+    sy: f32,
+    syy: f64,
+}
+
+/// The codes `code(y)` of the block, then the scale a > 0 and offset c (≤ 0 unless `FREE`)
+/// minimizing Σw·(y − a·q − c)² for them, and that error; None when no such fit exists.
+#[inline(always)]
+fn least_squares<W: Weigh, const FREE: bool>(
+    y: &[f32],
+    w: W,
+    s: &Sums,
+    code: impl Fn(f32) -> f32,
+) -> Option<(f32, f32, f32)> {
+    let (mut sq, mut sqq, mut syq) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
+    for (k, yc) in y.chunks_exact(8).enumerate() {
+        for l in 0..8 {
+            let c = code(yc[l]);
+            let wl = w.at(8 * k + l);
+            sq[l] += wl * c;
+            sqq[l] += wl * c * c;
+            syq[l] += wl * yc[l] * c;
+        }
+    }
+    let (sq, sqq, syq) = (fold8(sq), fold8(sqq), fold8(syq));
+    let (n, sy) = (s.n, s.sy);
+    let det = n * sqq - sq * sq;
+    if det <= 0.0 {
+        return None;
+    }
+    let mut a = (n * syq - sy * sq) / det;
+    let mut c = (sy - a * sq) / n;
+    if c > 0.0 && !FREE {
+        // The offset cannot be positive: refit the scale alone.
+        c = 0.0;
+        a = syq / sqq;
+    }
+    if a <= 0.0 {
+        return None;
+    }
+    // Σ(y − a·q − c)² from the sums (in f64: the terms nearly cancel), not another pass.
+    let (a64, c64) = (a as f64, c as f64);
+    let err = (s.syy - 2.0 * a64 * syq as f64 - 2.0 * c64 * sy as f64
+        + a64 * a64 * sqq as f64
+        + 2.0 * a64 * c64 * sq as f64
+        + n as f64 * c64 * c64) as f32;
+    Some((err, a, c))
 }
 
 /// The code of v for the decoded value ea·q − eb (0 when ea is 0).
@@ -362,8 +415,44 @@ pub(super) fn signed_subscales<G: Grid, W: Weigh>(
         out.fill(0);
         return 0;
     }
-    // The largest sub-scale takes the negative end, exactly representable.
-    let (bits, d) = f16_sat(smax / lo as f32);
+    // The largest sub-scale takes the negative end, exactly representable. With importance
+    // weights, super-block scales that put it further inside the range are tried too: the
+    // sub-blocks that matter may round better on another grid of sub-scales.
+    let mut best = (f64::INFINITY, 0u16);
+    let mut sc = [0i32; 16];
+    for k in 0..if W::WIDE { SUPER_TRIES } else { 1 } {
+        let t = lo as f32 * (1.0 - SUPER_STEP * k as f32);
+        let (bits, d) = f16_sat(smax / t);
+        let err = subscales_at(x, w, sub, s, d, lo, hi, grid, &mut sc[..out.len()]);
+        if k == 0 || err < best.0 {
+            best = (err, bits);
+            out.copy_from_slice(&sc[..out.len()]);
+        }
+    }
+    best.1
+}
+
+/// Super-block scales [`signed_subscales`] tries under importance weights, and the step
+/// between them (as a fraction of the end of the range the largest sub-scale takes).
+const SUPER_TRIES: usize = 8;
+const SUPER_STEP: f32 = 0.025;
+
+/// Each sub-block's sub-scale at the decoded super-block scale `d`, and the (weighted) error
+/// they leave in all.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn subscales_at<G: Grid, W: Weigh>(
+    x: &[f32],
+    w: W,
+    sub: usize,
+    s: &[f32],
+    d: f32,
+    lo: i32,
+    hi: i32,
+    grid: &G,
+    out: &mut [i32],
+) -> f64 {
+    let mut total = 0.0f64;
     for (j, ((o, &sj), xj)) in out.iter_mut().zip(s).zip(x.chunks_exact(sub)).enumerate() {
         if d == 0.0 {
             *o = 0;
@@ -381,8 +470,9 @@ pub(super) fn signed_subscales<G: Grid, W: Weigh>(
             }
         }
         *o = best.1;
+        total += best.0;
     }
-    bits
+    total
 }
 
 #[cfg(test)]
