@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
+
 import numpy as np
 from quality import DEFAULT_PATTERN, load_tensors, median_times  # benches/quality.py
 
@@ -62,6 +64,10 @@ def ggml_quantizer(lib_path: str):
     return quantize
 
 
+def quantize_all(xs, name, ws):
+    return [bg.quantize(x, name, weights=w) for x, w in zip(xs, ws)]
+
+
 def importance(rng: np.random.Generator, n: int, sigma: float) -> np.ndarray:
     w = np.exp(sigma * rng.standard_normal(n))
     w[rng.choice(n, max(1, n // 100), replace=False)] *= 100.0
@@ -88,16 +94,13 @@ def main() -> None:
         cols += " ggml | ggml + imatrix | blockquant − ggml, both with (plain / weighted) |"
     print(cols)
     print("|---" * cols.count(" |") + "|")
+    floored = [ggml_floor(w) for w in ws]
     for name in TYPES:
-        def ours(w_on: bool):
-            return [bg.dequantize(bg.quantize(x, name, weights=ggml_floor(w) if w_on else None),
-                                  name) for x, w in zip(xs, ws)]
-
-        p, q = sums(xs, ours(False), ws), sums(xs, ours(True), ws)
-        tp, tw = median_times([lambda: [bg.quantize(x, name) for x in xs],
-                               lambda: [bg.quantize(x, name, weights=ggml_floor(w))
-                                        for x, w in zip(xs, ws)]],
-                              repeat=3)
+        plain_run = functools.partial(quantize_all, xs, name, [None] * len(xs))
+        weighted_run = functools.partial(quantize_all, xs, name, floored)
+        p = sums(xs, [bg.dequantize(b, name) for b in plain_run()], ws)
+        q = sums(xs, [bg.dequantize(b, name) for b in weighted_run()], ws)
+        tp, tw = median_times([plain_run, weighted_run], repeat=3)
         line = (f"| {name} | {p[0]:.2f} / {p[1]:.2f} | {q[0]:.2f} / {q[1]:.2f} | "
                 f"{q[1] - p[1]:+.2f} | {tw / tp:.1f}x |")
         if ggml is not None:

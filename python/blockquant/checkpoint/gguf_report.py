@@ -10,8 +10,14 @@ from typing import Any, Callable
 
 from .. import gguf as bg
 from ..metrics import ErrorStats, bits_per_weight
-from .gguf_file import (GGUFCheckpoint, _tensor_data, as_mix, needs_importance, plan_requantize,
-                        values)
+from .gguf_file import (
+    GGUFCheckpoint,
+    _tensor_data,
+    as_mix,
+    needs_importance,
+    plan_requantize,
+    values,
+)
 from .imatrix import importance_overall, importance_row, weights_for
 from .options import FileOptions
 

@@ -143,7 +143,7 @@ def _read_legacy(path: Any) -> ImportanceMatrix:
 
 
 def _read_gguf(path: Any) -> ImportanceMatrix:
-    from .gguf_file import open_reader
+    from .gguf_reader import open_reader
 
     reader = open_reader(path)
     sums: dict[str, Any] = {}

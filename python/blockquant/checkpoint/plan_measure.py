@@ -71,7 +71,6 @@ class Candidate:
         ``quantize --imatrix`` does)."""
         if self.kind == "ggml":
             from .. import gguf
-
             from .imatrix import ggml_floor
 
             w = None if weights is None or not gguf.TYPES[self.name].takes_weights \
