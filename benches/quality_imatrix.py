@@ -64,7 +64,9 @@ def ggml_quantizer(lib_path: str):
     return quantize
 
 
-def quantize_all(xs, name, ws):
+def quantize_all(xs, name, ws, ggml=None):
+    if ggml is not None:
+        return [ggml(x, name, w) for x, w in zip(xs, ws)]
     return [bg.quantize(x, name, weights=w) for x, w in zip(xs, ws)]
 
 
@@ -91,7 +93,8 @@ def main() -> None:
     print()
     cols = ("| type | blockquant | blockquant --imatrix | gain (weighted) | time with / without |")
     if ggml is not None:
-        cols += " ggml | ggml + imatrix | blockquant − ggml, both with (plain / weighted) |"
+        cols += (" ggml | ggml + imatrix | blockquant − ggml, both with (plain / weighted) |"
+                 " time with: blockquant / ggml |")
     print(cols)
     print("|---" * cols.count(" |") + "|")
     floored = [ggml_floor(w) for w in ws]
@@ -106,8 +109,10 @@ def main() -> None:
         if ggml is not None:
             g0 = sums(xs, [bg.dequantize(ggml(x, name, None), name) for x in xs], ws)
             g1 = sums(xs, [bg.dequantize(ggml(x, name, w), name) for x, w in zip(xs, ws)], ws)
+            ggml_run = functools.partial(quantize_all, xs, name, ws, ggml)
+            tq, tg = median_times([weighted_run, ggml_run], repeat=3)
             line += (f" {g0[0]:.2f} / {g0[1]:.2f} | {g1[0]:.2f} / {g1[1]:.2f} | "
-                     f"{q[0] - g1[0]:+.2f} / {q[1] - g1[1]:+.2f} |")
+                     f"{q[0] - g1[0]:+.2f} / {q[1] - g1[1]:+.2f} | {tq:.3f} / {tg:.3f} s |")
         print(line, flush=True)
 
 

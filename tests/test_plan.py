@@ -249,6 +249,34 @@ def test_an_importance_matrix_weighs_the_errors_and_the_choice(model, tmp_path):
     assert weighted_total(p) <= weighted_total(plain)
 
 
+def test_a_gguf_plan_measures_ggml_types_as_quantize_imatrix_writes_them(tmp_path):
+    from test_imatrix import legacy
+
+    from blockquant.checkpoint.imatrix import ggml_floor
+
+    rng = np.random.default_rng(9)
+    cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 128,
+           "intermediate_size": 256, "num_hidden_layers": 1, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "vocab_size": 64, "rms_norm_eps": 1e-5,
+           "max_position_embeddings": 64, "rope_theta": 10000.0, "tie_word_embeddings": False}
+    src = tmp_path / "m"
+    exact = write_model(src, llama_tensors(rng, hidden=128, inter=256, layers=1, kv=64,
+                                           vocab=64), config=cfg)
+    name = "model.layers.0.mlp.down_proj.weight"  # rows of 256: the K-quants fit
+    x = exact[name]
+    w = np.exp(np.random.default_rng(4).normal(0, 1.5, x.shape[1])).astype(np.float32)
+    path = tmp_path / "imatrix.dat"
+    path.write_bytes(legacy([(name.encode(), 1, w.tolist())]))
+    p = plan_json(src, "--format", "gguf", "--target-bpw", "9", "--candidates", "q4_k,q6_k,q8_0",
+                  "--imatrix", path, "--floor", "x=0")
+    row = next(t for t in p["tensors"] if t["name"] == name)
+    for qtype in ("Q4_K", "Q6_K"):
+        y = bq.gguf.dequantize(bq.gguf.quantize(x, qtype, weights=ggml_floor(w)), qtype)
+        d = x.astype(np.float64) - y
+        assert row["options"][qtype.lower()]["error"] == pytest.approx(
+            float((d * d).sum(axis=0) @ w.astype(np.float64)), rel=1e-9)
+
+
 def test_a_plan_for_gguf_output_from_safetensors_names_the_gguf_tensors(tmp_path):
     from gguf import GGUFReader
 

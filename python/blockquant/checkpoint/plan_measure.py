@@ -73,7 +73,7 @@ class Candidate:
             from .. import gguf
             from .imatrix import ggml_floor
 
-            w = None if weights is None or not gguf.TYPES[self.name].takes_weights \
+            w = None if weights is None or not gguf.ggml_type(self.name).takes_weights \
                 else ggml_floor(weights)  # as the GGUF writer weighs them
             return gguf.dequantize(gguf.quantize(np.asarray(x, np.float32), self.name,
                                                  weights=w), self.name)

@@ -112,10 +112,10 @@ fn encode_affine<W: Weigh>(x: &[f32], w: W, sub: usize, nmax: i32, top: i32) -> 
 
 #[inline(always)]
 fn affine_error<W: Weigh>(x: &[f32], w: W, ea: f32, eb: f32, nmax: i32) -> f64 {
-    search::sum8(x.len(), |i| {
+    search::wsum8(x.len(), w, |i| {
         let q = affine_code(x[i], ea, eb, nmax);
         let e = x[i] as f64 - (ea * q as f32 - eb) as f64;
-        w.at(i) as f64 * e * e
+        e * e
     })
 }
 

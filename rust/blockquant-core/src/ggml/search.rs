@@ -25,6 +25,8 @@ pub(super) trait Weigh: Copy {
     const WIDE: bool;
     /// The weight of value `i`.
     fn at(self, i: usize) -> f32;
+    /// The weights of values `8k..8k + 8` (one bounds check for the eight).
+    fn lanes(self, k: usize) -> [f32; 8];
     /// The weights of values `start..start + len`.
     fn sub(self, start: usize, len: usize) -> Self;
 }
@@ -40,6 +42,10 @@ impl Weigh for Unit {
         1.0
     }
     #[inline(always)]
+    fn lanes(self, _: usize) -> [f32; 8] {
+        [1.0; 8]
+    }
+    #[inline(always)]
     fn sub(self, _: usize, _: usize) -> Self {
         self
     }
@@ -50,6 +56,12 @@ impl Weigh for &[f32] {
     #[inline(always)]
     fn at(self, i: usize) -> f32 {
         self[i]
+    }
+    #[inline(always)]
+    fn lanes(self, k: usize) -> [f32; 8] {
+        let mut out = [0.0; 8];
+        out.copy_from_slice(&self[8 * k..8 * k + 8]);
+        out
     }
     #[inline(always)]
     fn sub(self, start: usize, len: usize) -> Self {
@@ -157,6 +169,19 @@ where
     fold8(acc)
 }
 
+/// Σ w(i)·f(i) for i in 0..n (a multiple of 8), as [`sum8`] (under [`Unit`], `sum8` of f).
+#[inline(always)]
+pub(super) fn wsum8<W: Weigh>(n: usize, w: W, f: impl Fn(usize) -> f64) -> f64 {
+    let mut acc = [0.0f64; 8];
+    for c in 0..n / 8 {
+        let wc = w.lanes(c);
+        for (l, a) in acc.iter_mut().enumerate() {
+            *a += wc[l] as f64 * f(8 * c + l);
+        }
+    }
+    fold8(acc)
+}
+
 #[inline(always)]
 fn fold8<T: Copy + std::ops::Add<Output = T>>(a: [T; 8]) -> T {
     ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
@@ -221,9 +246,10 @@ fn refit_scale<G: Grid, W: Weigh>(y: &[f32], w: W, s: f32, grid: &G) -> (f32, f3
     let inv = 1.0 / s;
     let (mut sxg, mut sgg) = ([0.0f32; 8], [0.0f32; 8]);
     for (k, c) in y.chunks_exact(8).enumerate() {
+        let wk = w.lanes(k);
         for l in 0..8 {
             let (_, g) = grid.nearest(c[l] * inv);
-            let wl = w.at(8 * k + l);
+            let wl = wk[l];
             sxg[l] += wl * c[l] * g;
             sgg[l] += wl * g * g;
         }
@@ -314,9 +340,10 @@ fn least_squares<W: Weigh, const FREE: bool>(
 ) -> Option<(f32, f32, f32)> {
     let (mut sq, mut sqq, mut syq) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
     for (k, yc) in y.chunks_exact(8).enumerate() {
+        let wk = w.lanes(k);
         for l in 0..8 {
             let c = code(yc[l]);
-            let wl = w.at(8 * k + l);
+            let wl = wk[l];
             sq[l] += wl * c;
             sqq[l] += wl * c * c;
             syq[l] += wl * yc[l] * c;
@@ -378,12 +405,12 @@ pub(super) fn f16_sat(v: f32) -> (u16, f32) {
 #[inline(always)]
 pub(super) fn scaled_error<G: Grid, W: Weigh>(x: &[f32], w: W, e: f32, grid: &G) -> f64 {
     if e == 0.0 {
-        return sum8(x.len(), |i| w.at(i) as f64 * (x[i] as f64) * (x[i] as f64));
+        return wsum8(x.len(), w, |i| (x[i] as f64) * (x[i] as f64));
     }
-    sum8(x.len(), |i| {
+    wsum8(x.len(), w, |i| {
         let (_, g) = grid.nearest(x[i] / e);
         let d = x[i] as f64 - (e * g) as f64;
-        w.at(i) as f64 * d * d
+        d * d
     })
 }
 
