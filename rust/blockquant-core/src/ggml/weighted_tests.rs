@@ -114,7 +114,10 @@ fn zero_weights_keep_the_plain_bytes_and_unit_weights_the_plain_error() {
         let zero = weighted(ty, &x, row_len, &vec![0.0; row_len]);
         assert_eq!(zero, plain(ty, &x, row_len), "{ty} zero weights");
         let (p, q) = (plain(ty, &x, row_len), weighted(ty, &x, row_len, &ones));
-        let (ep, eq) = (weighted_error(ty, &x, &p, &ones), weighted_error(ty, &x, &q, &ones));
+        let (ep, eq) = (
+            weighted_error(ty, &x, &p, &ones),
+            weighted_error(ty, &x, &q, &ones),
+        );
         assert!(eq <= ep, "{ty}: {eq} > {ep}");
     }
 }
