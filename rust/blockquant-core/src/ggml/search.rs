@@ -427,6 +427,7 @@ pub(super) fn nearest_codes<G: Grid>(x: &[f32], e: f32, grid: &G, out: &mut [i32
 /// neighbours by the sub-block's (weighted) error at the scale as decoded (f16(d)·sub-scale in
 /// f32).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(super) fn signed_subscales<G: Grid, W: Weigh>(
     x: &[f32],
     w: W,
