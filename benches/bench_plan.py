@@ -58,6 +58,7 @@ def generated_imatrix(src: Path, path: Path, seed: int = 0) -> str:
     import struct
 
     import numpy as np
+    from quality_imatrix import importance  # benches/quality_imatrix.py
 
     from blockquant.checkpoint.gguf_names import gguf_names
     from blockquant.checkpoint.readers import open_checkpoint
@@ -72,8 +73,7 @@ def generated_imatrix(src: Path, path: Path, seed: int = 0) -> str:
                 if len(t.shape) != 2:
                     continue
                 n = t.shape[-1]
-                w = np.exp(1.5 * rng.standard_normal(n))
-                w[rng.choice(n, max(1, n // 100), replace=False)] *= 100.0
+                w = importance(rng, n)
                 name = names.get(t.name, t.name).encode()
                 entries.append(struct.pack("<i", len(name)) + name + struct.pack("<ii", 1, n)
                                + w.astype("<f4").tobytes())

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from bench_plan import generated_imatrix  # benches/bench_plan.py
 from gguf import GGUFReader
-from quality_imatrix import ggml_quantizer  # benches/quality_imatrix.py
+from quality_gguf import ggml_quantizer  # benches/quality_gguf.py
 
 from blockquant import gguf as bg
 from blockquant.checkpoint.imatrix import read_imatrix

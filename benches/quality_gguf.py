@@ -42,16 +42,23 @@ def sqnr(xs: list[np.ndarray], ys: list[np.ndarray]) -> float:
 
 
 def ggml_quantizer(lib_path: str):
+    """ggml's ``quantize_<type>(src, dst, nrow, n_per_row, quant_weights)`` of the library at
+    ``lib_path``, as ``quantize(x, name, w=None)``: ``w`` one importance per column (what
+    llama-quantize passes with an imatrix), None as it calls it without one."""
     lib = ctypes.CDLL(lib_path)
 
-    def quantize(x: np.ndarray, name: str) -> np.ndarray:
+    def quantize(x: np.ndarray, name: str, w: np.ndarray | None = None) -> np.ndarray:
         fn = getattr(lib, "quantize_" + name.lower().replace("_k", "_K"))
         fn.restype = ctypes.c_size_t
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                        ctypes.c_void_p]
         x = np.ascontiguousarray(x, np.float32)
         out = np.zeros(bg.byte_shape(x.shape, name), np.uint8)
-        fn(x.ctypes.data, out.ctypes.data, x.shape[0], x.shape[1], None)
+        wp = None
+        if w is not None:
+            w = np.ascontiguousarray(w, np.float32)
+            wp = w.ctypes.data
+        fn(x.ctypes.data, out.ctypes.data, x.shape[0], x.shape[1], wp)
         return out
 
     return quantize

@@ -19,11 +19,11 @@ squares). ggml's library is built as benches/ggml_stubs.c says. A benchmark: not
 from __future__ import annotations
 
 import argparse
-import ctypes
 import functools
 
 import numpy as np
 from quality import DEFAULT_PATTERN, load_tensors, median_times  # benches/quality.py
+from quality_gguf import ggml_quantizer  # benches/quality_gguf.py
 
 import blockquant as bq
 from blockquant import gguf as bg
@@ -44,33 +44,14 @@ def sums(xs, ys, ws):
     return 10 * np.log10(sig / err), 10 * np.log10(wsig / werr)
 
 
-def ggml_quantizer(lib_path: str):
-    lib = ctypes.CDLL(lib_path)
-
-    def quantize(x: np.ndarray, name: str, w: np.ndarray | None) -> np.ndarray:
-        fn = getattr(lib, "quantize_" + name.lower().replace("_k", "_K"))
-        fn.restype = ctypes.c_size_t
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                       ctypes.c_void_p]
-        x = np.ascontiguousarray(x, np.float32)
-        out = np.zeros(bg.byte_shape(x.shape, name), np.uint8)
-        wp = None
-        if w is not None:
-            w = np.ascontiguousarray(w, np.float32)
-            wp = w.ctypes.data
-        fn(x.ctypes.data, out.ctypes.data, x.shape[0], x.shape[1], wp)
-        return out
-
-    return quantize
-
-
 def quantize_all(xs, name, ws, ggml=None):
     if ggml is not None:
         return [ggml(x, name, w) for x, w in zip(xs, ws)]
     return [bg.quantize(x, name, weights=w) for x, w in zip(xs, ws)]
 
 
-def importance(rng: np.random.Generator, n: int, sigma: float) -> np.ndarray:
+def importance(rng: np.random.Generator, n: int, sigma: float = 1.5) -> np.ndarray:
+    """A generated importance of ``n`` columns: log-normal, one column in a hundred x100."""
     w = np.exp(sigma * rng.standard_normal(n))
     w[rng.choice(n, max(1, n // 100), replace=False)] *= 100.0
     return w.astype(np.float32)

@@ -435,7 +435,7 @@ def test_a_gguf_header_whose_counts_lie_is_refused_before_gguf_py_reads_it(tmp_p
 
 def test_real_gguf_headers_pass_the_length_walk(model):
     # every key/value type and a tokenizer array, as gguf-py writes them
-    from blockquant.checkpoint.gguf_file import _check_lengths
+    from blockquant.checkpoint.gguf_reader import _check_lengths
 
     _check_lengths(model)
 
@@ -481,7 +481,7 @@ def test_corrupt_scales_of_another_type_are_one_error_line_without_numpys_warnin
 
 def test_gguf_metadata_arrays_past_any_tokenizer_are_refused_before_gguf_py_reads_them(
         tmp_path, capsys):
-    from blockquant.checkpoint.gguf_file import MAX_ARRAY_ITEMS
+    from blockquant.checkpoint.gguf_reader import MAX_ARRAY_ITEMS
 
     # honest counts: 2 Mi + 1 one-byte items fit the file, yet gguf-py would make a numpy
     # object of each (gigabytes)

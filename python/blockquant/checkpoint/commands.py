@@ -39,7 +39,8 @@ from .format import (
 )
 from .formats import CHOOSABLE, refuse_model_output
 from .formats import output_format as decide_output
-from .gguf_file import dequantize_gguf, inspect_gguf, is_gguf
+from .gguf_file import dequantize_gguf, inspect_gguf
+from .gguf_reader import is_gguf
 from .imatrix import importance_overall, importance_row
 from .layered import layer_count
 from .options import FileOptions

@@ -39,17 +39,7 @@ from .. import gguf as bg
 from ..errors import QuantError
 from .base import NAME_TO_ST, Checkpoint, CheckpointError, TensorInfo, st_nbytes
 from .gguf_mixes import Mix, ModelFacts, choose_types, resolve_mix
-from .gguf_reader import (  # noqa: F401 - is_gguf, is_gguf_path, MAX_ARRAY_ITEMS: this module's API
-    _ARRAY,
-    MAGIC,
-    MAX_ARRAY_ITEMS,
-    _check_lengths,
-    _gguf_py,
-    _one_line,
-    is_gguf,
-    is_gguf_path,
-    open_reader,
-)
+from .gguf_reader import _ARRAY, MAGIC, _gguf_py, open_reader
 from .options import FileOptions
 from .outputs import OutputFile, check_output
 from .rules import rank_kept

@@ -113,7 +113,7 @@ def _onnx_scheme(scheme: Union[QuantScheme, str, None]) -> QuantScheme:
 
 
 def _plan_checkpoint(req: QuantizeRequest, fmt: Format) -> Plan:
-    from .gguf_file import is_gguf
+    from .gguf_reader import is_gguf
 
     options = req.options
     if req.allow_requantize:
@@ -216,7 +216,8 @@ def not_gguf_reason(path: Any) -> str:
 
 
 def _plan_gguf(req: QuantizeRequest, fmt: Format) -> GGUFRun:
-    from .gguf_file import GGUFCheckpoint, is_gguf, is_gguf_path, plan_requantize
+    from .gguf_file import GGUFCheckpoint, plan_requantize
+    from .gguf_reader import is_gguf, is_gguf_path
 
     src = req.src
     if not is_gguf(src):
@@ -347,7 +348,7 @@ def plan_report(src: Any, scheme: Any, options: FileOptions,
                 gguf: MixOptions | None = None) -> ReportRun:
     """A report of ``src`` under ``scheme``: for a GGUF file with a ggml type, ggml's rules;
     for an ONNX model its weights; else blockquant's scheme on every checkpoint tensor."""
-    from .gguf_file import is_gguf
+    from .gguf_reader import is_gguf
 
     if ONNX.named_by(src):
         return ReportRun(src, "onnx", _onnx_scheme(scheme), options)

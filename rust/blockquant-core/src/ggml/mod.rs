@@ -391,13 +391,24 @@ fn check_rows(ty: GgmlType, x: Input<'_>, row_len: usize, out: &[u8]) -> Result<
 // The drivers: runs of blocks on the pool, each run compiled once portably and once for AVX2.
 
 fn encode_all<B: Block>(x: Input<'_>, out: &mut [u8]) -> bool {
+    encode_tasks::<B>(x, out, |_, xs, o| encode_run_best::<B>(xs, o))
+}
+
+/// `x`'s blocks in tasks of [`TASK_VALUES`] values on the pool: `run(start, xs, out)` quantizes
+/// one task's values (from flat index `start`, read as f32) into its bytes; true when any task
+/// met a NaN or infinity.
+fn encode_tasks<B: Block>(
+    x: Input<'_>,
+    out: &mut [u8],
+    run: impl Fn(usize, &[f32], &mut [u8]) -> bool + Sync,
+) -> bool {
     let blocks_per_task = (TASK_VALUES / B::BS).max(1);
     out.par_chunks_mut(blocks_per_task * B::TS)
         .enumerate()
         .map_init(Vec::new, |buf, (t, o)| {
             let start = t * blocks_per_task * B::BS;
             let xs = x.read(start, o.len() / B::TS * B::BS, buf);
-            encode_run_best::<B>(xs, o)
+            run(start, xs, o)
         })
         .reduce(|| false, |a, b| a | b)
 }
@@ -460,23 +471,17 @@ impl Importance<'_> {
 /// [`encode_all`] with importance weights, one block at a time (no hand-written runs: the
 /// searches are the cost here).
 fn encode_all_weighted<B: Block>(x: Input<'_>, imp: &Importance<'_>, out: &mut [u8]) -> bool {
-    let blocks_per_task = (TASK_VALUES / B::BS).max(1);
-    out.par_chunks_mut(blocks_per_task * B::TS)
-        .enumerate()
-        .map_init(Vec::new, |buf, (t, o)| {
-            let start = t * blocks_per_task * B::BS;
-            let xs = x.read(start, o.len() / B::TS * B::BS, buf);
-            let mut bad = false;
-            for (i, (xb, ob)) in xs
-                .chunks_exact(B::BS)
-                .zip(o.chunks_exact_mut(B::TS))
-                .enumerate()
-            {
-                bad |= encode_block_weighted::<B>(xb, imp.of(start + i * B::BS, B::BS), ob);
-            }
-            bad
-        })
-        .reduce(|| false, |a, b| a | b)
+    encode_tasks::<B>(x, out, |start, xs, o| {
+        let mut bad = false;
+        for (i, (xb, ob)) in xs
+            .chunks_exact(B::BS)
+            .zip(o.chunks_exact_mut(B::TS))
+            .enumerate()
+        {
+            bad |= encode_block_weighted::<B>(xb, imp.of(start + i * B::BS, B::BS), ob);
+        }
+        bad
+    })
 }
 
 /// Bytes and values of the largest block (Q6_K's 210 bytes, 256 values).
